@@ -1,0 +1,71 @@
+//! The broker layer: the only place in agentq that imports `lapin`.
+//!
+//! RabbitMQ carries pointers, never state: losing a message costs latency (the scheduler
+//! re-dispatches from Postgres), never an operation. Every exchange and queue name is built
+//! from the namespace by [`Names`], so deployments and tests can share one broker.
+
+mod consumer;
+mod publisher;
+mod topology;
+
+pub use consumer::{Consumer, Delivery};
+pub use publisher::Publisher;
+pub use topology::{Names, declare_topology, delete_topology, purge_lane, queue_depth};
+
+use lapin::{Connection, ConnectionProperties};
+
+/// Deliveries a queue allows before the broker dead-letters a message (set explicitly: 3.10
+/// has no default).
+pub const DELIVERY_LIMIT: i32 = 20;
+
+/// Errors of the broker layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The client library reported a connection, channel or protocol error.
+    #[error("rabbitmq: {0}")]
+    Amqp(#[from] lapin::Error),
+    /// The broker did not confirm a publish (nack, or unroutable with `mandatory`).
+    #[error("rabbitmq refused the message: {0}")]
+    NotConfirmed(String),
+    /// A broker call took longer than its deadline.
+    #[error("rabbitmq did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+    /// The namespace is not a valid name prefix.
+    #[error("{0}")]
+    Namespace(String),
+}
+
+/// Result alias of the broker layer.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Opens a connection, named after the process role so it is recognisable in the management UI.
+pub async fn connect(url: &str, role: &str) -> Result<Connection> {
+    let props =
+        ConnectionProperties::default().with_connection_name(format!("agentq-{role}").into());
+    let conn = tokio::time::timeout(CALL_TIMEOUT, Connection::connect(url, props))
+        .await
+        .map_err(|_| Error::Timeout(CALL_TIMEOUT))??;
+    Ok(conn)
+}
+
+/// Deadline of one broker round trip (declare, publish confirm). lapin calls can hang when the
+/// server goes away mid-call, so every hot-path await is bounded.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A namespace is 1–64 characters of `[a-z0-9_-]` and may contain dots between parts.
+pub fn validate_namespace(ns: &str) -> Result<(), String> {
+    let ok = !ns.is_empty()
+        && ns.len() <= 64
+        && !ns.starts_with('.')
+        && !ns.ends_with('.')
+        && ns
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "AGENTQ_NAMESPACE {ns:?} is invalid: use 1-64 characters of a-z, 0-9, '_', '-', '.'"
+        ))
+    }
+}

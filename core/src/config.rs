@@ -1,0 +1,194 @@
+//! Configuration: every setting is an environment variable and a command-line flag, with a
+//! default that works against PostgreSQL and RabbitMQ on the local machine.
+//!
+//! `Config` deliberately does not implement `Debug`: URLs may carry passwords and the model API
+//! key is a secret. Use [`Config::redacted`] to describe it in logs.
+
+use std::time::Duration;
+
+/// Shared settings of every agentq process (`agentq <cmd> --help` lists them with defaults).
+#[derive(clap::Args, Clone)]
+pub struct Config {
+    /// PostgreSQL URL; `agentq migrate` creates the database if it does not exist.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/agentq",
+        global = true,
+        hide_env_values = true
+    )]
+    pub database_url: String,
+
+    /// RabbitMQ URL.
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        global = true,
+        hide_env_values = true
+    )]
+    pub amqp_url: String,
+
+    /// Prefix of every exchange and queue name, so deployments and tests can share a broker.
+    #[arg(
+        long,
+        env = "AGENTQ_NAMESPACE",
+        default_value = "agentq",
+        global = true
+    )]
+    pub namespace: String,
+
+    /// Base URL of an OpenAI-compatible model API; unset → the built-in local model.
+    #[arg(long, env = "AGENTQ_MODEL_BASE_URL", global = true)]
+    pub model_base_url: Option<String>,
+
+    /// API key for the model API (never logged).
+    #[arg(
+        long,
+        env = "AGENTQ_MODEL_API_KEY",
+        global = true,
+        hide_env_values = true
+    )]
+    pub model_api_key: Option<String>,
+
+    /// Model name sent to the model API.
+    #[arg(long, env = "AGENTQ_MODEL", global = true)]
+    pub model: Option<String>,
+
+    /// Lease length: a worker that stops heartbeating loses its operations after this long.
+    #[arg(
+        long,
+        env = "AGENTQ_LEASE_TTL_SECS",
+        default_value_t = 30,
+        global = true
+    )]
+    pub lease_ttl_secs: u64,
+
+    /// Crash recoveries allowed per operation before it goes to the DLQ as `crash_loop`.
+    #[arg(long, env = "AGENTQ_RESTART_LIMIT", default_value_t = 3, global = true)]
+    pub restart_limit: i32,
+
+    /// Default attempts per operation (job-level retries), when the enqueue does not say.
+    #[arg(long, env = "AGENTQ_MAX_ATTEMPTS", default_value_t = 5, global = true)]
+    pub max_attempts: i32,
+
+    /// Operations run at once per worker process on the interactive lane.
+    #[arg(
+        long,
+        env = "AGENTQ_CONCURRENCY_INTERACTIVE",
+        default_value_t = 64,
+        global = true
+    )]
+    pub concurrency_interactive: u16,
+
+    /// Operations run at once per worker process on the batch lane.
+    #[arg(
+        long,
+        env = "AGENTQ_CONCURRENCY_BATCH",
+        default_value_t = 16,
+        global = true
+    )]
+    pub concurrency_batch: u16,
+
+    /// Days a finished operation and its journal are kept.
+    #[arg(
+        long,
+        env = "AGENTQ_RETENTION_DAYS",
+        default_value_t = 30,
+        global = true
+    )]
+    pub retention_days: u32,
+
+    /// Address of the HTTP API (`agentq serve`, `agentq dev`).
+    #[arg(
+        long,
+        env = "AGENTQ_LISTEN",
+        default_value = "127.0.0.1:8080",
+        global = true
+    )]
+    pub listen: String,
+
+    /// Seconds a committed operation may wait for its producer's publish before the scheduler
+    /// publishes it instead (a producer that crashed between commit and publish).
+    #[arg(long, env = "AGENTQ_DISPATCH_GRACE_SECS", default_value_t = 5, global = true)]
+    pub dispatch_grace_secs: u64,
+
+    /// Connections in this process's PostgreSQL pool.
+    #[arg(long, env = "AGENTQ_DB_POOL", default_value_t = 16, global = true)]
+    pub db_pool: u32,
+}
+
+impl Config {
+    /// Lease length as a duration.
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_secs(self.lease_ttl_secs.max(1))
+    }
+
+    /// Checks what clap cannot: values that would make the system misbehave rather than fail.
+    pub fn validate(&self) -> Result<(), String> {
+        crate::broker::validate_namespace(&self.namespace)?;
+        if self.lease_ttl_secs < 3 {
+            return Err(format!(
+                "AGENTQ_LEASE_TTL_SECS must be at least 3 (got {}): heartbeats run every ttl/3",
+                self.lease_ttl_secs
+            ));
+        }
+        if self.max_attempts < 1 {
+            return Err("AGENTQ_MAX_ATTEMPTS must be at least 1".into());
+        }
+        if self.concurrency_interactive == 0 && self.concurrency_batch == 0 {
+            return Err("at least one lane needs a concurrency above 0".into());
+        }
+        if self.db_pool < 2 {
+            return Err("AGENTQ_DB_POOL must be at least 2".into());
+        }
+        Ok(())
+    }
+
+    /// A description safe to log: passwords in URLs are replaced and the API key is omitted.
+    pub fn redacted(&self) -> String {
+        format!(
+            "database={} broker={} namespace={} model={} lease_ttl={}s",
+            redact_url(&self.database_url),
+            redact_url(&self.amqp_url),
+            self.namespace,
+            self.model_base_url
+                .as_deref()
+                .map(redact_url)
+                .unwrap_or_else(|| "built-in local model".into()),
+            self.lease_ttl_secs
+        )
+    }
+}
+
+/// Replaces the password of `scheme://user:password@host/...` with `***`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let Some((userinfo, host)) = rest.split_once('@') else {
+        return url.to_string();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_url_hides_passwords_only() {
+        assert_eq!(
+            redact_url("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(
+            redact_url("postgres://postgres@127.0.0.1/agentq"),
+            "postgres://postgres@127.0.0.1/agentq"
+        );
+        assert_eq!(redact_url("not a url"), "not a url");
+    }
+}

@@ -1,0 +1,169 @@
+//! The database layer: the only place in agentq that contains SQL.
+//!
+//! Every state transition is one statement guarded by the expected current status (and by the
+//! epoch for anything written after a claim), so a transition attempted twice, or by two
+//! processes, happens once. Nothing here holds a transaction across an await on anything but
+//! PostgreSQL itself.
+
+pub mod operations;
+pub mod steps;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgConnection};
+
+pub use operations::*;
+pub use steps::*;
+
+/// Errors of the database layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The URL could not be parsed.
+    #[error("invalid DATABASE_URL: {0}")]
+    Url(String),
+    /// PostgreSQL refused or failed a query.
+    #[error(transparent)]
+    Sqlx(#[from] sqlx::Error),
+    /// Applying migrations failed.
+    #[error("applying migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// Result alias of the database layer.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn options(url: &str) -> Result<PgConnectOptions> {
+    PgConnectOptions::from_str(url)
+        .map_err(|e| Error::Url(e.to_string()))
+        .map(|o| o.disable_statement_logging())
+}
+
+/// Opens a pool. `acquire_timeout` is short so an exhausted pool shows up as an error, not a hang.
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options(url)?)
+        .await?;
+    Ok(pool)
+}
+
+/// Creates the database named in `url` when it does not exist, then applies the migrations.
+/// Safe to run twice and from two processes at once: creation tolerates losing the race and
+/// the migrator serializes itself with an advisory lock.
+pub async fn migrate(url: &str) -> Result<()> {
+    create_database_if_missing(url).await?;
+    let mut conn = options(url)?.connect().await?;
+    crate::MIGRATOR.run(&mut conn).await?;
+    conn.close().await?;
+    Ok(())
+}
+
+/// The maintenance connection (database `postgres`) of the server in `url`, and the database name.
+async fn maintenance(url: &str) -> Result<(PgConnection, String)> {
+    let opts = options(url)?;
+    let name = opts
+        .get_database()
+        .map(str::to_string)
+        .ok_or_else(|| Error::Url("the URL names no database".into()))?;
+    let conn = opts.database("postgres").connect().await?;
+    Ok((conn, name))
+}
+
+/// Creates the database of `url` if it is missing; returns whether it created it.
+pub async fn create_database_if_missing(url: &str) -> Result<bool> {
+    let (mut conn, name) = maintenance(url).await?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(&name)
+            .fetch_one(&mut conn)
+            .await?;
+    if exists {
+        return Ok(false);
+    }
+    let sql = format!("CREATE DATABASE {}", quote_ident(&name));
+    let created = match sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(&mut conn)
+        .await
+    {
+        Ok(_) => true,
+        // 42P04 duplicate_database / 23505: another process created it first.
+        Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {
+            false
+        }
+        Err(e) => return Err(e.into()),
+    };
+    conn.close().await?;
+    Ok(created)
+}
+
+/// Drops the database of `url` (tests and `agentq bench` clean up after themselves with it).
+pub async fn drop_database(url: &str) -> Result<()> {
+    let (mut conn, name) = maintenance(url).await?;
+    let sql = format!(
+        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+        quote_ident(&name)
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(())
+}
+
+/// Commits in the database of `url` so far (`pg_stat_database.xact_commit`), for `agentq bench`.
+pub async fn commit_count(pool: &PgPool) -> Result<i64> {
+    let n = sqlx::query_scalar(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(n)
+}
+
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Replaces the database name in `url` (tests and the benchmark run in databases of their own).
+pub fn with_database(url: &str, database: &str) -> Result<String> {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let path_start = base[scheme_end..]
+        .find('/')
+        .map(|i| i + scheme_end)
+        .unwrap_or(base.len());
+    let mut out = format!("{}/{}", &base[..path_start], database);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    options(&out)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_database_replaces_only_the_name() {
+        assert_eq!(
+            with_database("postgres://u@h:5432/agentq", "t1").unwrap(),
+            "postgres://u@h:5432/t1"
+        );
+        assert_eq!(
+            with_database("postgres://u@h:5432/agentq?sslmode=disable", "t1").unwrap(),
+            "postgres://u@h:5432/t1?sslmode=disable"
+        );
+        assert_eq!(
+            with_database("postgres://u@h", "t1").unwrap(),
+            "postgres://u@h/t1"
+        );
+    }
+}

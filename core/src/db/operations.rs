@@ -1,0 +1,468 @@
+//! SQL for the `operations` table: insert (idempotent enqueue), claim, lease renewal, the final
+//! transitions, dispatch bookkeeping and reads.
+//!
+//! Every write after a claim is fenced by `id AND epoch AND status = 'running'`: zero rows
+//! updated means the lease was lost and the caller must stop writing for that operation.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{FromRow, PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::{Result, StepWrite};
+use crate::operation::{Lane, OperationId, OperationView, Status};
+
+/// What an enqueue asks to store.
+#[derive(Clone, Debug)]
+pub struct NewOperation {
+    pub id: OperationId,
+    pub tenant: String,
+    pub kind: String,
+    pub lane: Lane,
+    pub priority: i16,
+    pub input: Value,
+    pub input_sha256: String,
+    pub dedupe_key: Option<String>,
+    pub ordering_key: Option<String>,
+    pub batch_id: Option<Uuid>,
+    pub max_attempts: i32,
+    pub run_at: Option<DateTime<Utc>>,
+    pub deadline: Option<DateTime<Utc>>,
+    pub request_id: Option<String>,
+    pub traceparent: Option<String>,
+}
+
+/// The outcome of [`insert_operation`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Inserted {
+    /// A new row; `epoch` is what a dispatch of it must be stamped with.
+    Created { id: OperationId, epoch: i64 },
+    /// The dedupe key already named an operation; the caller compares `input_sha256`.
+    Existing {
+        id: OperationId,
+        status: Status,
+        input_sha256: String,
+    },
+}
+
+/// Inserts an operation, or finds the one its `(tenant, dedupe_key)` already names.
+/// Takes a connection so it can run inside the caller's own transaction.
+pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Result<Inserted> {
+    let row: Option<(Uuid, i64)> = sqlx::query_as(
+        "INSERT INTO operations (id, tenant_id, kind, lane, priority, input, input_sha256,
+                                 dedupe_key, ordering_key, batch_id, max_attempts, run_at,
+                                 deadline, request_id, traceparent)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE($12, now()), $13, $14, $15)
+         ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+         RETURNING id, epoch",
+    )
+    .bind(op.id.0)
+    .bind(&op.tenant)
+    .bind(&op.kind)
+    .bind(op.lane.as_str())
+    .bind(op.priority)
+    .bind(&op.input)
+    .bind(&op.input_sha256)
+    .bind(&op.dedupe_key)
+    .bind(&op.ordering_key)
+    .bind(op.batch_id)
+    .bind(op.max_attempts)
+    .bind(op.run_at)
+    .bind(op.deadline)
+    .bind(&op.request_id)
+    .bind(&op.traceparent)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some((id, epoch)) = row {
+        return Ok(Inserted::Created {
+            id: OperationId(id),
+            epoch,
+        });
+    }
+    let (id, status, input_sha256): (Uuid, String, String) = sqlx::query_as(
+        "SELECT id, status, input_sha256 FROM operations WHERE tenant_id = $1 AND dedupe_key = $2",
+    )
+    .bind(&op.tenant)
+    .bind(&op.dedupe_key)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(Inserted::Existing {
+        id: OperationId(id),
+        status: status.parse().unwrap_or(Status::Queued),
+        input_sha256,
+    })
+}
+
+#[derive(FromRow)]
+struct OperationRow {
+    id: Uuid,
+    tenant_id: String,
+    kind: String,
+    lane: String,
+    status: String,
+    attempt: i32,
+    max_attempts: i32,
+    restarts: i32,
+    run_at: DateTime<Utc>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+    result: Option<Value>,
+    error_class: Option<String>,
+    error_message: Option<String>,
+    waiting_for: Option<String>,
+    batch_id: Option<Uuid>,
+    dedupe_key: Option<String>,
+    ordering_key: Option<String>,
+}
+
+impl From<OperationRow> for OperationView {
+    fn from(r: OperationRow) -> Self {
+        OperationView {
+            op_id: OperationId(r.id),
+            tenant: r.tenant_id,
+            kind: r.kind,
+            lane: r.lane.parse().unwrap_or_default(),
+            status: r.status.parse().unwrap_or(Status::Queued),
+            attempt: r.attempt,
+            max_attempts: r.max_attempts,
+            restarts: r.restarts,
+            run_at: r.run_at,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            finished_at: r.finished_at,
+            result: r.result,
+            error_class: r.error_class,
+            error_message: r.error_message,
+            waiting_for: r.waiting_for,
+            batch_id: r.batch_id,
+            dedupe_key: r.dedupe_key,
+            ordering_key: r.ordering_key,
+        }
+    }
+}
+
+/// Reads one operation; with `tenant`, another tenant's id is not found (never "forbidden").
+pub async fn find_operation(
+    pool: &PgPool,
+    id: OperationId,
+    tenant: Option<&str>,
+) -> Result<Option<OperationView>> {
+    let row: Option<OperationRow> = sqlx::query_as(
+        "SELECT o.id, o.tenant_id, o.kind, o.lane, o.status, o.attempt, o.max_attempts, o.restarts,
+                o.run_at, o.created_at, o.updated_at, o.finished_at, o.result, o.error_class,
+                o.error_message, o.batch_id, o.dedupe_key, o.ordering_key,
+                (SELECT s.name FROM operation_steps s
+                  WHERE s.op_id = o.id AND s.kind = 'signal' AND s.status = 'started'
+                  ORDER BY s.seq DESC LIMIT 1) AS waiting_for
+           FROM operations o
+          WHERE o.id = $1 AND ($2::text IS NULL OR o.tenant_id = $2)",
+    )
+    .bind(id.0)
+    .bind(tenant)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(Into::into))
+}
+
+/// An operation a worker has just claimed: everything it needs to run the job function.
+#[derive(Clone, Debug, FromRow)]
+pub struct Claimed {
+    pub id: Uuid,
+    pub tenant_id: String,
+    pub kind: String,
+    pub input: Value,
+    pub epoch: i64,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub restarts: i32,
+    pub deadline: Option<DateTime<Utc>>,
+    /// Whether the journal has rows; a first run skips loading it.
+    pub has_journal: bool,
+}
+
+/// Claims every operation of `ids` that is queued and due, in one committed statement: status
+/// `running`, a new epoch, the next attempt and a lease for `owner`. Ids that are running
+/// elsewhere, finished, not yet due or unknown are simply not returned.
+pub async fn claim_operations(
+    pool: &PgPool,
+    ids: &[Uuid],
+    owner: &str,
+    lease_ttl: Duration,
+) -> Result<Vec<Claimed>> {
+    let rows = sqlx::query_as(
+        "UPDATE operations o
+            SET status = 'running', epoch = o.epoch + 1, attempt = o.attempt + 1,
+                lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3),
+                updated_at = now()
+          WHERE o.id = ANY($1) AND o.status = 'queued' AND o.run_at <= now()
+      RETURNING o.id, o.tenant_id, o.kind, o.input, o.epoch, o.attempt, o.max_attempts,
+                o.restarts, o.deadline,
+                EXISTS (SELECT 1 FROM operation_steps s WHERE s.op_id = o.id) AS has_journal",
+    )
+    .bind(ids)
+    .bind(owner)
+    .bind(lease_ttl.as_secs_f64())
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Extends the leases of every operation `owner` runs, in one statement. Returns the ids still
+/// held, each with whether a cancel was requested; an id missing from the answer was lost.
+pub async fn renew_leases(
+    pool: &PgPool,
+    owner: &str,
+    held: &[(Uuid, i64)],
+    lease_ttl: Duration,
+) -> Result<Vec<(Uuid, bool)>> {
+    let (ids, epochs): (Vec<Uuid>, Vec<i64>) = held.iter().copied().unzip();
+    let rows = sqlx::query_as(
+        "UPDATE operations o
+            SET lease_expires_at = now() + make_interval(secs => $4)
+           FROM unnest($2::uuid[], $3::bigint[]) AS h(id, epoch)
+          WHERE o.id = h.id AND o.epoch = h.epoch AND o.status = 'running'
+            AND o.lease_owner = $1 AND o.lease_expires_at > now()
+      RETURNING o.id, o.cancel_requested",
+    )
+    .bind(owner)
+    .bind(&ids)
+    .bind(&epochs)
+    .bind(lease_ttl.as_secs_f64())
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Finishes a running operation with its result, writing its pending journal rows in the same
+/// statement. Returns false when the lease was lost (nothing was written).
+pub async fn complete_operation(
+    pool: &PgPool,
+    id: Uuid,
+    epoch: i64,
+    result: &Value,
+    steps: &[StepWrite],
+) -> Result<bool> {
+    let cols = super::steps::StepColumns::from(steps);
+    let done: Option<Uuid> = sqlx::query_scalar(
+        "WITH done AS (
+            UPDATE operations
+               SET status = 'succeeded', result = $3, finished_at = now(), updated_at = now(),
+                   lease_owner = NULL, lease_expires_at = NULL,
+                   error_class = NULL, error_message = NULL
+             WHERE id = $1 AND epoch = $2 AND status = 'running'
+         RETURNING id
+         ), journal AS (
+            INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
+                                         output, error, epoch, started_at, completed_at, usage)
+            SELECT done.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output, s.error,
+                   $2, s.started_at, s.completed_at, s.usage
+              FROM done, unnest($4::int[], $5::text[], $6::text[], $7::text[], $8::text[],
+                                $9::text[], $10::jsonb[], $11::text[], $12::timestamptz[],
+                                $13::timestamptz[], $14::jsonb[])
+                   AS s(seq, name, kind, replay, key, status, output, error, started_at,
+                        completed_at, usage)
+            ON CONFLICT (op_id, seq) DO UPDATE
+               SET status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
+                   epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
+                   usage = EXCLUDED.usage
+         )
+         SELECT id FROM done",
+    )
+    .bind(id)
+    .bind(epoch)
+    .bind(result)
+    .bind(&cols.seq)
+    .bind(&cols.name)
+    .bind(&cols.kind)
+    .bind(&cols.replay)
+    .bind(&cols.key)
+    .bind(&cols.status)
+    .bind(&cols.output)
+    .bind(&cols.error)
+    .bind(&cols.started_at)
+    .bind(&cols.completed_at)
+    .bind(&cols.usage)
+    .fetch_optional(pool)
+    .await?;
+    Ok(done.is_some())
+}
+
+/// Ends a running operation as failed: back to `queued` with `run_at = retry_at` when a retry
+/// is given, else `dead` with an open dead letter. Pending journal rows are written in the same
+/// statement. Returns false when the lease was lost.
+#[allow(clippy::too_many_arguments)]
+pub async fn fail_operation(
+    pool: &PgPool,
+    id: Uuid,
+    epoch: i64,
+    class: &str,
+    message: &str,
+    retry_at: Option<DateTime<Utc>>,
+    failed_step: Option<i32>,
+    steps: &[StepWrite],
+) -> Result<bool> {
+    let cols = super::steps::StepColumns::from(steps);
+    let done: Option<Uuid> = sqlx::query_scalar(
+        "WITH failed AS (
+            UPDATE operations
+               SET status = CASE WHEN $5::timestamptz IS NULL THEN 'dead' ELSE 'queued' END,
+                   run_at = COALESCE($5, run_at),
+                   dispatched_at = NULL,
+                   finished_at = CASE WHEN $5::timestamptz IS NULL THEN now() END,
+                   error_class = $3, error_message = $4, updated_at = now(),
+                   lease_owner = NULL, lease_expires_at = NULL
+             WHERE id = $1 AND epoch = $2 AND status = 'running'
+         RETURNING id, tenant_id, kind, attempt, status
+         ), letter AS (
+            INSERT INTO dead_letters (id, op_id, tenant_id, kind, class, reason, failed_step, attempts)
+            SELECT gen_random_uuid(), id, tenant_id, kind, $3, $4, $6, attempt
+              FROM failed WHERE status = 'dead'
+            ON CONFLICT (op_id) WHERE status = 'open' DO UPDATE
+               SET class = EXCLUDED.class, reason = EXCLUDED.reason,
+                   failed_step = EXCLUDED.failed_step, attempts = EXCLUDED.attempts
+         ), journal AS (
+            INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
+                                         output, error, epoch, started_at, completed_at, usage)
+            SELECT failed.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
+                   s.error, $2, s.started_at, s.completed_at, s.usage
+              FROM failed, unnest($7::int[], $8::text[], $9::text[], $10::text[], $11::text[],
+                                  $12::text[], $13::jsonb[], $14::text[], $15::timestamptz[],
+                                  $16::timestamptz[], $17::jsonb[])
+                   AS s(seq, name, kind, replay, key, status, output, error, started_at,
+                        completed_at, usage)
+            ON CONFLICT (op_id, seq) DO UPDATE
+               SET status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
+                   epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
+                   usage = EXCLUDED.usage
+         )
+         SELECT id FROM failed",
+    )
+    .bind(id)
+    .bind(epoch)
+    .bind(class)
+    .bind(message)
+    .bind(retry_at)
+    .bind(failed_step)
+    .bind(&cols.seq)
+    .bind(&cols.name)
+    .bind(&cols.kind)
+    .bind(&cols.replay)
+    .bind(&cols.key)
+    .bind(&cols.status)
+    .bind(&cols.output)
+    .bind(&cols.error)
+    .bind(&cols.started_at)
+    .bind(&cols.completed_at)
+    .bind(&cols.usage)
+    .fetch_optional(pool)
+    .await?;
+    Ok(done.is_some())
+}
+
+/// A pointer to (re)publish: the fields of the message plus the epoch it was taken at.
+#[derive(Clone, Debug, FromRow)]
+pub struct Dispatch {
+    pub id: Uuid,
+    pub tenant_id: String,
+    pub kind: String,
+    pub lane: String,
+    pub epoch: i64,
+}
+
+/// Records that pointers were confirmed by the broker. A mark stamped with an older epoch (the
+/// operation was claimed meanwhile) or for an operation no longer queued changes nothing.
+pub async fn mark_dispatched(pool: &PgPool, sent: &[(Uuid, i64)]) -> Result<u64> {
+    let (ids, epochs): (Vec<Uuid>, Vec<i64>) = sent.iter().copied().unzip();
+    let n = sqlx::query(
+        "UPDATE operations o SET dispatched_at = now()
+           FROM unnest($1::uuid[], $2::bigint[]) AS d(id, epoch)
+          WHERE o.id = d.id AND o.epoch = d.epoch AND o.status = 'queued'
+            AND o.dispatched_at IS NULL",
+    )
+    .bind(&ids)
+    .bind(&epochs)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(n)
+}
+
+/// Takes up to `limit` due, queued operations that were committed at least `grace` ago but whose
+/// pointer was never confirmed (the producer died between commit and publish, or a retry came
+/// due), marking them dispatched in the same statement. `SKIP LOCKED` lets several schedulers
+/// sweep at once without taking the same rows.
+pub async fn take_undispatched(
+    pool: &PgPool,
+    grace: Duration,
+    limit: i64,
+) -> Result<Vec<Dispatch>> {
+    let rows = sqlx::query_as(
+        "UPDATE operations o SET dispatched_at = now()
+          WHERE o.id IN (SELECT id FROM operations
+                          WHERE status = 'queued' AND dispatched_at IS NULL
+                            AND updated_at < now() - make_interval(secs => $1)
+                            AND run_at <= now()
+                          ORDER BY updated_at
+                          LIMIT $2
+                          FOR UPDATE SKIP LOCKED)
+      RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch",
+    )
+    .bind(grace.as_secs_f64())
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Takes up to `limit` due, queued operations of `lane` whose pointer was confirmed more than
+/// `stale` ago. Only called when the lane's queue is empty, so these pointers were lost (a
+/// broker reset, a purged queue): republishing them cannot flood a legitimate backlog.
+pub async fn take_lost_dispatches(
+    pool: &PgPool,
+    lane: Lane,
+    stale: Duration,
+    limit: i64,
+) -> Result<Vec<Dispatch>> {
+    let rows = sqlx::query_as(
+        "UPDATE operations o SET dispatched_at = now()
+          WHERE o.id IN (SELECT id FROM operations
+                          WHERE status = 'queued' AND lane = $1 AND run_at <= now()
+                            AND dispatched_at < now() - make_interval(secs => $2)
+                          ORDER BY run_at
+                          LIMIT $3
+                          FOR UPDATE SKIP LOCKED)
+      RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch",
+    )
+    .bind(lane.as_str())
+    .bind(stale.as_secs_f64())
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Counts operations by status (for `agentq bench` and, later, `/metrics`).
+pub async fn count_by_status(pool: &PgPool) -> Result<Vec<(String, i64)>> {
+    let rows = sqlx::query_as("SELECT status, count(*) FROM operations GROUP BY status")
+        .fetch_all(pool)
+        .await?;
+    Ok(rows)
+}
+
+/// Timing of finished operations, for `agentq bench`: created, first claimed, finished.
+pub async fn finished_timings(
+    pool: &PgPool,
+) -> Result<Vec<(DateTime<Utc>, DateTime<Utc>, DateTime<Utc>)>> {
+    let rows = sqlx::query_as(
+        "SELECT o.created_at, COALESCE(min(s.started_at), o.finished_at), o.finished_at
+           FROM operations o LEFT JOIN operation_steps s ON s.op_id = o.id
+          WHERE o.finished_at IS NOT NULL
+          GROUP BY o.id",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}

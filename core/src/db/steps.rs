@@ -1,0 +1,189 @@
+//! SQL for the step journal (`operation_steps`).
+//!
+//! Journal writes after a claim are fenced: they happen only while the operation is `running`
+//! at the writer's epoch, and they lock the operation row for the length of the statement, so
+//! a reaper or a new claim cannot slip between the check and the write.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{FromRow, PgPool};
+use uuid::Uuid;
+
+use super::Result;
+use crate::operation::StepView;
+
+/// One journal row to write (a step started, or a step finished).
+#[derive(Clone, Debug)]
+pub struct StepWrite {
+    pub seq: i32,
+    pub name: String,
+    /// `model`, `tool`, `sleep`, `signal`, `now` or `custom`.
+    pub kind: &'static str,
+    /// `safe` or `unsafe`.
+    pub replay: &'static str,
+    pub idempotency_key: String,
+    /// `started`, `completed`, `failed` or `unknown`.
+    pub status: &'static str,
+    pub output: Option<Value>,
+    pub error: Option<String>,
+    pub started_at: DateTime<Utc>,
+    pub completed_at: Option<DateTime<Utc>>,
+    pub usage: Option<Value>,
+}
+
+/// Column arrays of a batch of [`StepWrite`]s, bound to `unnest(...)` so one statement writes them all.
+pub(crate) struct StepColumns {
+    pub seq: Vec<i32>,
+    pub name: Vec<String>,
+    pub kind: Vec<String>,
+    pub replay: Vec<String>,
+    pub key: Vec<String>,
+    pub status: Vec<String>,
+    pub output: Vec<Option<Value>>,
+    pub error: Vec<Option<String>>,
+    pub started_at: Vec<DateTime<Utc>>,
+    pub completed_at: Vec<Option<DateTime<Utc>>>,
+    pub usage: Vec<Option<Value>>,
+}
+
+impl From<&[StepWrite]> for StepColumns {
+    fn from(steps: &[StepWrite]) -> Self {
+        StepColumns {
+            seq: steps.iter().map(|s| s.seq).collect(),
+            name: steps.iter().map(|s| s.name.clone()).collect(),
+            kind: steps.iter().map(|s| s.kind.to_string()).collect(),
+            replay: steps.iter().map(|s| s.replay.to_string()).collect(),
+            key: steps.iter().map(|s| s.idempotency_key.clone()).collect(),
+            status: steps.iter().map(|s| s.status.to_string()).collect(),
+            output: steps.iter().map(|s| s.output.clone()).collect(),
+            error: steps.iter().map(|s| s.error.clone()).collect(),
+            started_at: steps.iter().map(|s| s.started_at).collect(),
+            completed_at: steps.iter().map(|s| s.completed_at).collect(),
+            usage: steps.iter().map(|s| s.usage.clone()).collect(),
+        }
+    }
+}
+
+/// Writes journal rows for a running operation, fenced by its epoch. Returns false when the
+/// lease was lost (nothing was written): the caller must stop the operation at once.
+pub async fn record_steps(
+    pool: &PgPool,
+    id: Uuid,
+    epoch: i64,
+    steps: &[StepWrite],
+) -> Result<bool> {
+    let cols = StepColumns::from(steps);
+    let held: Option<Uuid> = sqlx::query_scalar(
+        "WITH lease AS (
+            SELECT id FROM operations
+             WHERE id = $1 AND epoch = $2 AND status = 'running'
+               FOR SHARE
+         ), journal AS (
+            INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
+                                         output, error, epoch, started_at, completed_at, usage)
+            SELECT lease.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
+                   s.error, $2, s.started_at, s.completed_at, s.usage
+              FROM lease, unnest($3::int[], $4::text[], $5::text[], $6::text[], $7::text[],
+                                 $8::text[], $9::jsonb[], $10::text[], $11::timestamptz[],
+                                 $12::timestamptz[], $13::jsonb[])
+                   AS s(seq, name, kind, replay, key, status, output, error, started_at,
+                        completed_at, usage)
+            ON CONFLICT (op_id, seq) DO UPDATE
+               SET status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
+                   epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
+                   usage = EXCLUDED.usage
+         )
+         SELECT id FROM lease",
+    )
+    .bind(id)
+    .bind(epoch)
+    .bind(&cols.seq)
+    .bind(&cols.name)
+    .bind(&cols.kind)
+    .bind(&cols.replay)
+    .bind(&cols.key)
+    .bind(&cols.status)
+    .bind(&cols.output)
+    .bind(&cols.error)
+    .bind(&cols.started_at)
+    .bind(&cols.completed_at)
+    .bind(&cols.usage)
+    .fetch_optional(pool)
+    .await?;
+    Ok(held.is_some())
+}
+
+/// A journal row as replay needs it.
+#[derive(Clone, Debug, FromRow)]
+pub struct JournalEntry {
+    pub seq: i32,
+    pub name: String,
+    pub kind: String,
+    pub replay: String,
+    pub status: String,
+    pub output: Option<Value>,
+    pub error: Option<String>,
+    pub wake_at: Option<DateTime<Utc>>,
+}
+
+/// Loads the journal of an operation in sequence order (replay reads it once per claim).
+pub async fn load_journal(pool: &PgPool, id: Uuid) -> Result<Vec<JournalEntry>> {
+    let rows = sqlx::query_as(
+        "SELECT seq, name, kind, replay, status, output, error, wake_at
+           FROM operation_steps WHERE op_id = $1 ORDER BY seq",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+#[derive(FromRow)]
+struct StepRow {
+    seq: i32,
+    name: String,
+    kind: String,
+    replay: String,
+    status: String,
+    idempotency_key: String,
+    epoch: i64,
+    started_at: DateTime<Utc>,
+    completed_at: Option<DateTime<Utc>>,
+    wake_at: Option<DateTime<Utc>>,
+    output: Option<Value>,
+    error: Option<String>,
+    usage: Option<Value>,
+}
+
+/// Lists the journal of an operation for display, filtered by tenant when one is given.
+pub async fn list_steps(pool: &PgPool, id: Uuid, tenant: Option<&str>) -> Result<Vec<StepView>> {
+    let rows: Vec<StepRow> = sqlx::query_as(
+        "SELECT s.seq, s.name, s.kind, s.replay, s.status, s.idempotency_key, s.epoch,
+                s.started_at, s.completed_at, s.wake_at, s.output, s.error, s.usage
+           FROM operation_steps s JOIN operations o ON o.id = s.op_id
+          WHERE s.op_id = $1 AND ($2::text IS NULL OR o.tenant_id = $2)
+          ORDER BY s.seq",
+    )
+    .bind(id)
+    .bind(tenant)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| StepView {
+            seq: r.seq,
+            name: r.name,
+            kind: r.kind,
+            replay: r.replay,
+            status: r.status,
+            idempotency_key: r.idempotency_key,
+            epoch: r.epoch,
+            started_at: r.started_at,
+            completed_at: r.completed_at,
+            wake_at: r.wake_at,
+            output: r.output,
+            error: r.error,
+            usage: r.usage,
+        })
+        .collect())
+}

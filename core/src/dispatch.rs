@@ -1,0 +1,179 @@
+//! Dispatching: publishing the pointer of a committed operation and recording, in batches, that
+//! the broker confirmed it.
+//!
+//! Order of events for every dispatch: the operation row is committed first (by the producer or
+//! a scheduler transition), then the pointer is published and confirmed, then `dispatched_at`
+//! is set. A crash anywhere in between leaves `dispatched_at` NULL, and the scheduler's sweeper
+//! publishes again: a duplicate pointer is harmless, a missing one is not. Marks are batched
+//! (one UPDATE for many confirms) because a commit per publish would double the enqueue cost.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use lapin::Connection;
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use crate::broker::{self, Names, Publisher};
+use crate::db;
+use crate::operation::{Lane, OperationId, Pointer};
+
+/// How many confirmed dispatches may wait to be marked before publishers slow down.
+const MARK_BACKLOG: usize = 8192;
+/// At most this many marks per UPDATE.
+const MARK_BATCH: usize = 1000;
+
+/// Errors of dispatching.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The broker was unreachable or refused the pointer; the sweeper will retry it.
+    #[error(transparent)]
+    Broker(#[from] broker::Error),
+}
+
+/// What to publish for one operation.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub op_id: OperationId,
+    pub tenant: String,
+    pub kind: String,
+    pub lane: Lane,
+    /// The epoch the operation had when it was committed as queued; the mark applies only if
+    /// nothing claimed it since.
+    pub epoch: i64,
+}
+
+impl From<db::Dispatch> for Target {
+    fn from(d: db::Dispatch) -> Self {
+        Target {
+            op_id: OperationId(d.id),
+            tenant: d.tenant_id,
+            kind: d.kind,
+            lane: d.lane.parse().unwrap_or_default(),
+            epoch: d.epoch,
+        }
+    }
+}
+
+struct Link {
+    conn: Connection,
+    publisher: Publisher,
+}
+
+/// Publishes pointers over a lazily (re)opened connection and marks them dispatched in batches.
+pub struct Dispatcher {
+    amqp_url: String,
+    names: Names,
+    role: String,
+    link: tokio::sync::Mutex<Option<Link>>,
+    marks: Mutex<Option<mpsc::Sender<(Uuid, i64)>>>,
+    marker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Dispatcher {
+    /// A dispatcher for `names`; it connects on first use and declares the topology each time
+    /// it (re)connects.
+    pub fn new(pool: PgPool, amqp_url: &str, names: Names, role: &str) -> Self {
+        let (tx, rx) = mpsc::channel(MARK_BACKLOG);
+        let marker = tokio::spawn(run_marker(pool, rx));
+        Self {
+            amqp_url: amqp_url.to_string(),
+            names,
+            role: role.to_string(),
+            link: tokio::sync::Mutex::new(None),
+            marks: Mutex::new(Some(tx)),
+            marker: Mutex::new(Some(marker)),
+        }
+    }
+
+    /// The publisher of the current link, connecting (and declaring the topology) if needed.
+    async fn publisher(&self) -> Result<Publisher, Error> {
+        let mut link = self.link.lock().await;
+        if let Some(l) = link.as_ref()
+            && l.publisher.is_usable()
+        {
+            return Ok(l.publisher.clone());
+        }
+        let conn = broker::connect(&self.amqp_url, &self.role).await?;
+        broker::declare_topology(&conn, &self.names).await?;
+        let publisher = Publisher::open(&conn, self.names.clone()).await?;
+        *link = Some(Link {
+            conn,
+            publisher: publisher.clone(),
+        });
+        Ok(publisher)
+    }
+
+    /// Publishes the pointer of `target` and, once confirmed, queues its dispatch mark.
+    pub async fn dispatch(&self, target: &Target) -> Result<(), Error> {
+        let publisher = self.publisher().await?;
+        let pointer = Pointer::new(target.op_id, &target.tenant, &target.kind);
+        if let Err(e) = publisher.publish(&pointer, target.lane).await {
+            self.drop_link_if_broken().await;
+            return Err(e.into());
+        }
+        let tx = self.marks.lock().expect("marks lock").clone();
+        if let Some(tx) = tx {
+            // A closed marker only means we are shutting down: the sweeper re-dispatches.
+            let _ = tx.send((target.op_id.0, target.epoch)).await;
+        }
+        Ok(())
+    }
+
+    async fn drop_link_if_broken(&self) {
+        let mut link = self.link.lock().await;
+        if link.as_ref().is_some_and(|l| !l.publisher.is_usable()) {
+            *link = None;
+        }
+    }
+
+    /// The connection this dispatcher publishes on, opening it if needed (the scheduler reads
+    /// queue depths through it).
+    pub async fn with_connection<T>(
+        &self,
+        f: impl AsyncFnOnce(&Connection) -> broker::Result<T>,
+    ) -> Result<T, Error> {
+        self.publisher().await?;
+        let link = self.link.lock().await;
+        let l = link.as_ref().expect("publisher() just opened the link");
+        Ok(f(&l.conn).await?)
+    }
+
+    /// Writes the outstanding dispatch marks and closes the connection.
+    pub async fn close(&self) {
+        drop(self.marks.lock().expect("marks lock").take());
+        let marker = self.marker.lock().expect("marker lock").take();
+        if let Some(marker) = marker {
+            let _ = marker.await;
+        }
+        if let Some(l) = self.link.lock().await.take() {
+            let _ = l.conn.close(200, "dispatcher closed".into()).await;
+        }
+    }
+}
+
+/// Drains confirmed dispatches and marks them in batches until every sender is gone.
+async fn run_marker(pool: PgPool, mut rx: mpsc::Receiver<(Uuid, i64)>) {
+    let mut batch = Vec::with_capacity(MARK_BATCH);
+    while rx.recv_many(&mut batch, MARK_BATCH).await > 0 {
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match db::mark_dispatched(&pool, &batch).await {
+                Ok(_) => break,
+                Err(e) => {
+                    // Unmarked rows are re-published by the sweeper: harmless, so give up
+                    // after a few tries rather than hold the batch forever.
+                    tracing::warn!(error = %e, n = batch.len(), "marking dispatches failed");
+                    if delay > Duration::from_secs(2) {
+                        break;
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+            }
+        }
+        batch.clear();
+    }
+}

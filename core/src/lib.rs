@@ -1,0 +1,22 @@
+//! agentq-core: the pieces every agentq process shares.
+//!
+//! - [`operation`]: domain types (ids, lanes, states, the operation view, the broker pointer);
+//! - [`config`]: environment variables and flags, with working local defaults;
+//! - [`db`]: the only module that contains SQL;
+//! - [`broker`]: the only module that imports `lapin`;
+//! - [`dispatch`]: publishing pointers for committed operations and recording that they were sent;
+//! - [`telemetry`]: logging set-up (never logs inputs, prompts, outputs or secrets).
+
+pub mod broker;
+pub mod config;
+pub mod db;
+pub mod dispatch;
+pub mod operation;
+pub mod retry;
+pub mod telemetry;
+
+pub use config::Config;
+pub use operation::{Lane, OperationId, Status, TenantId};
+
+/// The migrations of `migrations/`, embedded so every binary and test applies the same schema.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

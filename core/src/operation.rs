@@ -1,0 +1,328 @@
+//! Domain types of an operation: ids, lanes, states, the public operation and step views, and the
+//! pointer message that travels through RabbitMQ.
+//!
+//! Invariant kept here: a [`Pointer`] carries only `{v, op_id, tenant, kind}`, never the input.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+/// An operation's id: a random UUIDv4 minted at ingress (unguessable, carries no content).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct OperationId(pub Uuid);
+
+impl OperationId {
+    /// Mints a new random id.
+    pub fn new() -> Self {
+        Self(Uuid::new_v4())
+    }
+
+    /// Parses a user-supplied id, with an error that says what was expected.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Uuid::parse_str(s.trim())
+            .map(Self)
+            .map_err(|_| format!("{s:?} is not an operation id (expected a UUID like 3f0c…-…)"))
+    }
+}
+
+impl Default for OperationId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for OperationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A tenant: non-empty, at most 128 characters of `[A-Za-z0-9_.:-]`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TenantId(String);
+
+impl TenantId {
+    /// Validates a tenant name.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s.is_empty() {
+            return Err("tenant must not be empty (pass --tenant NAME)".into());
+        }
+        if s.len() > 128 {
+            return Err(format!(
+                "tenant is {} characters long; the limit is 128",
+                s.len()
+            ));
+        }
+        if let Some(c) = s
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')))
+        {
+            return Err(format!(
+                "tenant {s:?} contains {c:?}; use letters, digits, '_', '-', '.' or ':'"
+            ));
+        }
+        Ok(Self(s.to_string()))
+    }
+
+    /// The tenant as stored.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Which queue an operation travels on: interactive work is never stuck behind a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Lane {
+    /// Latency-sensitive work (webhooks, API calls).
+    #[default]
+    Interactive,
+    /// Bulk work (campaigns, migrations).
+    Batch,
+}
+
+impl Lane {
+    /// Both lanes, in the order workers consume them.
+    pub const ALL: [Lane; 2] = [Lane::Interactive, Lane::Batch];
+
+    /// The stored and routed name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Interactive => "interactive",
+            Lane::Batch => "batch",
+        }
+    }
+}
+
+impl FromStr for Lane {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "interactive" => Ok(Lane::Interactive),
+            "batch" => Ok(Lane::Batch),
+            other => Err(format!("unknown lane {other:?}: use interactive or batch")),
+        }
+    }
+}
+
+impl fmt::Display for Lane {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The operation state machine (ARCHITECTURE.md draws it). Stored as snake_case text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Waiting for a worker (possibly not before `run_at`).
+    Queued,
+    /// Claimed by a worker holding a lease.
+    Running,
+    /// In a durable sleep; the scheduler wakes it.
+    Sleeping,
+    /// Waiting for a signal (human approval) or its timeout.
+    Waiting,
+    /// Finished with a result.
+    Succeeded,
+    /// Failed for good; has an open dead letter for a human.
+    Dead,
+    /// Stopped on request.
+    Cancelled,
+    /// Dropped from the DLQ by an operator.
+    Discarded,
+}
+
+impl Status {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Queued => "queued",
+            Status::Running => "running",
+            Status::Sleeping => "sleeping",
+            Status::Waiting => "waiting",
+            Status::Succeeded => "succeeded",
+            Status::Dead => "dead",
+            Status::Cancelled => "cancelled",
+            Status::Discarded => "discarded",
+        }
+    }
+
+    /// True when nothing will move the operation again without a human.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Status::Succeeded | Status::Dead | Status::Cancelled | Status::Discarded
+        )
+    }
+}
+
+impl FromStr for Status {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "queued" => Status::Queued,
+            "running" => Status::Running,
+            "sleeping" => Status::Sleeping,
+            "waiting" => Status::Waiting,
+            "succeeded" => Status::Succeeded,
+            "dead" => Status::Dead,
+            "cancelled" => Status::Cancelled,
+            "discarded" => Status::Discarded,
+            other => return Err(format!("unknown status {other:?}")),
+        })
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The one operation object: the same in `agentq status --json` and the HTTP API.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OperationView {
+    pub op_id: OperationId,
+    pub tenant: String,
+    pub kind: String,
+    pub lane: Lane,
+    pub status: Status,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub restarts: i32,
+    pub run_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub result: Option<serde_json::Value>,
+    pub error_class: Option<String>,
+    pub error_message: Option<String>,
+    pub waiting_for: Option<String>,
+    pub batch_id: Option<Uuid>,
+    pub dedupe_key: Option<String>,
+    pub ordering_key: Option<String>,
+}
+
+/// One journal entry as shown by `agentq steps` (outputs are shown; they are the user's data).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StepView {
+    pub seq: i32,
+    pub name: String,
+    pub kind: String,
+    pub replay: String,
+    pub status: String,
+    pub idempotency_key: String,
+    pub epoch: i64,
+    pub started_at: DateTime<Utc>,
+    pub completed_at: Option<DateTime<Utc>>,
+    pub wake_at: Option<DateTime<Utc>>,
+    pub output: Option<serde_json::Value>,
+    pub error: Option<String>,
+    pub usage: Option<serde_json::Value>,
+}
+
+/// The message published to RabbitMQ: a pointer to a row in Postgres, never the job input.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pointer {
+    /// Message format version; workers reject versions they do not know.
+    pub v: u32,
+    pub op_id: OperationId,
+    pub tenant: String,
+    pub kind: String,
+}
+
+impl Pointer {
+    /// The only format version this build writes and reads.
+    pub const VERSION: u32 = 1;
+
+    /// A pointer to `op_id`.
+    pub fn new(op_id: OperationId, tenant: &str, kind: &str) -> Self {
+        Self {
+            v: Self::VERSION,
+            op_id,
+            tenant: tenant.to_string(),
+            kind: kind.to_string(),
+        }
+    }
+
+    /// Encodes the pointer as JSON bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a pointer always serializes")
+    }
+
+    /// Decodes a delivery body; an error means the message is poison.
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let p: Pointer =
+            serde_json::from_slice(bytes).map_err(|e| format!("not a pointer: {e}"))?;
+        if p.v != Self::VERSION {
+            return Err(format!("unsupported pointer version {}", p.v));
+        }
+        Ok(p)
+    }
+}
+
+/// Hex SHA-256 of the canonical JSON of an input: how an idempotent enqueue recognises "same input".
+pub fn input_sha256(input: &serde_json::Value) -> String {
+    // serde_json's Map is ordered by key (no `preserve_order` feature), so this is canonical.
+    let bytes = serde_json::to_vec(input).expect("a JSON value always serializes");
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// The idempotency key of a step: hex SHA-256 of `op_id ‖ seq ‖ name`, stable across retries.
+pub fn step_idempotency_key(op_id: OperationId, seq: i32, name: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(op_id.0.as_bytes());
+    h.update(seq.to_be_bytes());
+    h.update(name.as_bytes());
+    hex::encode(h.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pointer_round_trips_and_rejects_garbage() {
+        let p = Pointer::new(OperationId::new(), "acme", "echo");
+        assert_eq!(Pointer::decode(&p.encode()).unwrap(), p);
+        assert!(Pointer::decode(b"{not json").is_err());
+        assert!(Pointer::decode(br#"{"v":2,"op_id":"00000000-0000-0000-0000-000000000000","tenant":"a","kind":"k"}"#).is_err());
+    }
+
+    #[test]
+    fn input_hash_ignores_key_order() {
+        let a: serde_json::Value = serde_json::from_str(r#"{"a":1,"b":2}"#).unwrap();
+        let b: serde_json::Value = serde_json::from_str(r#"{"b":2,"a":1}"#).unwrap();
+        assert_eq!(input_sha256(&a), input_sha256(&b));
+    }
+
+    #[test]
+    fn tenant_rules() {
+        assert!(TenantId::parse("").is_err());
+        assert!(TenantId::parse("a b").is_err());
+        assert!(TenantId::parse("acme-prod.eu:1").is_ok());
+    }
+
+    #[test]
+    fn step_keys_differ_by_seq_and_name() {
+        let op = OperationId::new();
+        let k = step_idempotency_key(op, 0, "send");
+        assert_eq!(k.len(), 64);
+        assert_ne!(k, step_idempotency_key(op, 1, "send"));
+        assert_ne!(k, step_idempotency_key(op, 0, "send2"));
+        assert_eq!(k, step_idempotency_key(op, 0, "send"));
+    }
+}

@@ -1,0 +1,261 @@
+//! agentq-producer: accept work, give it an operation id, store it in Postgres and publish a
+//! pointer to RabbitMQ.
+//!
+//! Invariant kept here: bad input is refused before anything is written ([`Error::Invalid`]),
+//! and an operation is committed before its pointer is published, so a crash between the two
+//! leaves a row the scheduler's dispatch sweeper publishes later: never a lost job.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use agentq_core::db::{self, Inserted, NewOperation};
+use agentq_core::dispatch::{Dispatcher, Target};
+use agentq_core::operation::{Lane, OperationId, Status, TenantId, input_sha256};
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+/// Largest accepted input, serialized (inputs are stored in Postgres, not sent to the broker).
+pub const MAX_INPUT_BYTES: usize = 1024 * 1024;
+/// Longest accepted dedupe or ordering key.
+pub const MAX_KEY_LEN: usize = 256;
+
+/// What a caller asks to run.
+#[derive(Clone, Debug, Default)]
+pub struct EnqueueRequest {
+    pub tenant: String,
+    pub kind: String,
+    pub input: Value,
+    /// Idempotency key: same tenant + key + input → the same operation.
+    pub dedupe_key: Option<String>,
+    /// Operations sharing an ordering key run one at a time, in creation order.
+    pub ordering_key: Option<String>,
+    pub lane: Lane,
+    pub priority: i16,
+    /// Attempts before the operation is dead; `None` → the configured default.
+    pub max_attempts: Option<i32>,
+    /// Do not start before this time.
+    pub run_at: Option<DateTime<Utc>>,
+    /// Stop (dead, `deadline_exceeded`) if not finished by then.
+    pub deadline: Option<DateTime<Utc>>,
+    pub batch_id: Option<Uuid>,
+    pub request_id: Option<String>,
+    pub traceparent: Option<String>,
+}
+
+/// The answer to an enqueue.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Enqueued {
+    pub op_id: OperationId,
+    /// False when the dedupe key named an existing operation with the same input.
+    pub created: bool,
+    pub status: Status,
+}
+
+/// Why an enqueue was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request itself is wrong; nothing was written. The message says what to change.
+    #[error("{0}")]
+    Invalid(String),
+    /// The dedupe key already names an operation with a different input; nothing was written.
+    #[error(
+        "dedupe key {key:?} already names operation {op_id} with a different input; \
+         use a new key, or send the same input to get that operation back"
+    )]
+    KeyConflict { key: String, op_id: OperationId },
+    /// The database failed.
+    #[error("storing the operation: {0}")]
+    Db(#[from] db::Error),
+}
+
+impl Error {
+    /// True when the caller's input was refused (exit code 2, HTTP 4xx).
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, Error::Invalid(_) | Error::KeyConflict { .. })
+    }
+}
+
+/// An operation committed by [`Producer::enqueue_in`] whose pointer is not published yet.
+#[derive(Clone, Debug)]
+pub struct Pending {
+    pub enqueued: Enqueued,
+    target: Option<Target>,
+}
+
+/// Checks an input against its kind before anything is written (e.g. the worker registry's
+/// typed decoding), returning what is wrong.
+pub type InputCheck = Arc<dyn Fn(&str, &Value) -> Result<(), String> + Send + Sync>;
+
+/// The enqueue API. Cheap to clone; share one per process.
+#[derive(Clone)]
+pub struct Producer {
+    pool: PgPool,
+    dispatcher: Arc<Dispatcher>,
+    kinds: Arc<BTreeSet<String>>,
+    check: Option<InputCheck>,
+    default_max_attempts: i32,
+}
+
+impl Producer {
+    /// A producer that accepts the job kinds in `kinds` (what the workers can run).
+    pub fn new(
+        pool: PgPool,
+        dispatcher: Arc<Dispatcher>,
+        kinds: impl IntoIterator<Item = String>,
+        default_max_attempts: i32,
+    ) -> Self {
+        Self {
+            pool,
+            dispatcher,
+            kinds: Arc::new(kinds.into_iter().collect()),
+            check: None,
+            default_max_attempts,
+        }
+    }
+
+    /// Refuses inputs that `check` rejects, before anything is written.
+    pub fn with_input_check(mut self, check: InputCheck) -> Self {
+        self.check = Some(check);
+        self
+    }
+
+    /// Stores the operation and publishes its pointer. A publish failure is not an error: the
+    /// row is committed and the dispatch sweeper publishes it later (a warning is logged).
+    pub async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, Error> {
+        let mut conn = self.pool.acquire().await.map_err(db::Error::from)?;
+        let pending = self.enqueue_in(&mut conn, req).await?;
+        drop(conn);
+        Ok(self.dispatch(pending).await)
+    }
+
+    /// Stores the operation through the caller's connection or transaction. Call
+    /// [`Producer::dispatch`] after the caller commits; if it never does, the sweeper will.
+    pub async fn enqueue_in(
+        &self,
+        conn: &mut PgConnection,
+        req: EnqueueRequest,
+    ) -> Result<Pending, Error> {
+        let op = self.validate(req)?;
+        match db::insert_operation(conn, &op).await? {
+            Inserted::Created { id, epoch } => Ok(Pending {
+                enqueued: Enqueued {
+                    op_id: id,
+                    created: true,
+                    status: Status::Queued,
+                },
+                target: Some(Target {
+                    op_id: id,
+                    tenant: op.tenant,
+                    kind: op.kind,
+                    lane: op.lane,
+                    epoch,
+                }),
+            }),
+            Inserted::Existing {
+                id,
+                status,
+                input_sha256,
+            } => {
+                if input_sha256 != op.input_sha256 {
+                    return Err(Error::KeyConflict {
+                        key: op.dedupe_key.unwrap_or_default(),
+                        op_id: id,
+                    });
+                }
+                Ok(Pending {
+                    enqueued: Enqueued {
+                        op_id: id,
+                        created: false,
+                        status,
+                    },
+                    target: None,
+                })
+            }
+        }
+    }
+
+    /// Publishes the pointer of a committed [`Pending`] operation.
+    pub async fn dispatch(&self, pending: Pending) -> Enqueued {
+        if let Some(target) = &pending.target
+            && let Err(e) = self.dispatcher.dispatch(target).await
+        {
+            tracing::warn!(
+                op_id = %target.op_id, error = %e,
+                "operation stored but its pointer was not published; the scheduler will dispatch it"
+            );
+        }
+        pending.enqueued
+    }
+
+    /// The job kinds this producer accepts.
+    pub fn kinds(&self) -> impl Iterator<Item = &str> {
+        self.kinds.iter().map(String::as_str)
+    }
+
+    fn validate(&self, req: EnqueueRequest) -> Result<NewOperation, Error> {
+        let tenant = TenantId::parse(&req.tenant).map_err(Error::Invalid)?;
+        if !self.kinds.contains(&req.kind) {
+            let known: Vec<&str> = self.kinds().collect();
+            return Err(Error::Invalid(format!(
+                "unknown kind {:?}; this deployment runs: {}",
+                req.kind,
+                known.join(", ")
+            )));
+        }
+        if let Some(check) = &self.check {
+            check(&req.kind, &req.input).map_err(Error::Invalid)?;
+        }
+        let size = serde_json::to_vec(&req.input)
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX);
+        if size > MAX_INPUT_BYTES {
+            return Err(Error::Invalid(format!(
+                "input is {size} bytes; the limit is {MAX_INPUT_BYTES} (store large documents \
+                 elsewhere and pass a reference)"
+            )));
+        }
+        for (what, key) in [
+            ("dedupe key", &req.dedupe_key),
+            ("ordering key", &req.ordering_key),
+        ] {
+            if let Some(k) = key
+                && (k.is_empty() || k.len() > MAX_KEY_LEN)
+            {
+                return Err(Error::Invalid(format!(
+                    "{what} must be 1-{MAX_KEY_LEN} characters (got {})",
+                    k.len()
+                )));
+            }
+        }
+        let max_attempts = req.max_attempts.unwrap_or(self.default_max_attempts);
+        if !(1..=1000).contains(&max_attempts) {
+            return Err(Error::Invalid(format!(
+                "max attempts must be between 1 and 1000 (got {max_attempts})"
+            )));
+        }
+        if let (Some(run_at), Some(deadline)) = (req.run_at, req.deadline)
+            && deadline <= run_at
+        {
+            return Err(Error::Invalid("deadline must be after run_at".into()));
+        }
+        Ok(NewOperation {
+            id: OperationId::new(),
+            tenant: tenant.to_string(),
+            input_sha256: input_sha256(&req.input),
+            kind: req.kind,
+            lane: req.lane,
+            priority: req.priority,
+            input: req.input,
+            dedupe_key: req.dedupe_key,
+            ordering_key: req.ordering_key,
+            batch_id: req.batch_id,
+            max_attempts,
+            run_at: req.run_at,
+            deadline: req.deadline,
+            request_id: req.request_id,
+            traceparent: req.traceparent,
+        })
+    }
+}

@@ -1,0 +1,157 @@
+//! agentq-scheduler: fires what is due. This build runs the dispatch sweeper:
+//!
+//! - committed but never confirmed pointers (`queued`, `dispatched_at IS NULL`, older than a
+//!   grace period): the producer died between its commit and its publish, or a retry came due;
+//! - lost pointers: queued operations confirmed long ago while their lane's queue is empty (the
+//!   broker lost them). Checking the queue first means a large legitimate backlog never causes
+//!   mass re-publication.
+//!
+//! Every sweep takes its rows with `FOR UPDATE SKIP LOCKED` and marks them in the same
+//! statement, so several schedulers can run at once without publishing a row twice per sweep.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentq_core::broker::{self, Names};
+use agentq_core::db;
+use agentq_core::dispatch::{Dispatcher, Target};
+use agentq_core::operation::Lane;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+/// Scheduler settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Pause between sweeps when there was nothing to do.
+    pub tick: Duration,
+    /// How old an unconfirmed row must be before the sweeper publishes it (the producer's own
+    /// publish normally lands within milliseconds).
+    pub dispatch_grace: Duration,
+    /// How old a confirmed pointer of a queued row must be to count as lost when its queue is empty.
+    pub lost_after: Duration,
+    /// How often to check for lost pointers.
+    pub lost_check_every: Duration,
+    /// Rows per sweep statement.
+    pub batch: i64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            tick: Duration::from_millis(500),
+            dispatch_grace: Duration::from_secs(5),
+            lost_after: Duration::from_secs(60),
+            lost_check_every: Duration::from_secs(30),
+            batch: 500,
+        }
+    }
+}
+
+/// The scheduler engine.
+pub struct Scheduler {
+    settings: Settings,
+    pool: PgPool,
+    dispatcher: Arc<Dispatcher>,
+    names: Names,
+}
+
+impl Scheduler {
+    /// A scheduler publishing through `dispatcher`.
+    pub fn new(
+        settings: Settings,
+        pool: PgPool,
+        dispatcher: Arc<Dispatcher>,
+        namespace: &str,
+    ) -> Self {
+        Self {
+            settings,
+            pool,
+            dispatcher,
+            names: Names::new(namespace),
+        }
+    }
+
+    /// Runs the loops until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        tracing::info!("scheduler started");
+        let mut last_lost_check = Instant::now();
+        loop {
+            let mut busy = false;
+            match self.sweep_undispatched().await {
+                Ok(n) => busy |= n as i64 >= self.settings.batch,
+                Err(e) => tracing::warn!(error = %e, "dispatch sweep failed"),
+            }
+            if last_lost_check.elapsed() >= self.settings.lost_check_every {
+                last_lost_check = Instant::now();
+                if let Err(e) = self.sweep_lost().await {
+                    tracing::warn!(error = %e, "lost-dispatch sweep failed");
+                }
+            }
+            if busy {
+                continue;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(self.settings.tick) => {}
+            }
+        }
+        self.dispatcher.close().await;
+        Ok(())
+    }
+
+    /// One pass of the dispatch sweeper; returns how many pointers it published.
+    pub async fn sweep_undispatched(&self) -> anyhow::Result<usize> {
+        let due = db::take_undispatched(
+            &self.pool,
+            self.settings.dispatch_grace,
+            self.settings.batch,
+        )
+        .await?;
+        self.publish(due).await
+    }
+
+    /// One pass of the lost-pointer check; returns how many pointers it published.
+    pub async fn sweep_lost(&self) -> anyhow::Result<usize> {
+        let mut n = 0;
+        for lane in Lane::ALL {
+            let names = self.names.clone();
+            let depth = self
+                .dispatcher
+                .with_connection(async |conn| broker::queue_depth(conn, &names, lane).await)
+                .await?;
+            if depth > 0 {
+                continue;
+            }
+            let lost = db::take_lost_dispatches(
+                &self.pool,
+                lane,
+                self.settings.lost_after,
+                self.settings.batch,
+            )
+            .await?;
+            if !lost.is_empty() {
+                tracing::warn!(lane = %lane, n = lost.len(), "republishing pointers the broker lost");
+            }
+            n += self.publish(lost).await?;
+        }
+        Ok(n)
+    }
+
+    async fn publish(&self, rows: Vec<db::Dispatch>) -> anyhow::Result<usize> {
+        let n = rows.len();
+        if n > 0 {
+            tracing::info!(n, "dispatching operations");
+        }
+        let sends = rows.into_iter().map(|row| {
+            let target = Target::from(row);
+            let dispatcher = self.dispatcher.clone();
+            async move { dispatcher.dispatch(&target).await }
+        });
+        // Confirms pipeline when publishes run concurrently. A failure leaves the row marked
+        // dispatched; the lost-pointer check republishes it once the queue drains.
+        for r in futures_util::future::join_all(sends).await {
+            r?;
+        }
+        Ok(n)
+    }
+}

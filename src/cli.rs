@@ -1,0 +1,105 @@
+//! The command line: every subcommand, its flags and their defaults (`agentq <cmd> --help`).
+
+use agentq_core::Config;
+use agentq_core::operation::Lane;
+use clap::{Parser, Subcommand};
+
+/// agentq: durable, crash-safe execution of long-running AI-agent jobs on PostgreSQL + RabbitMQ.
+#[derive(Parser)]
+#[command(name = "agentq", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub config: Config,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Create the database if missing and apply migrations (safe to repeat, safe to race).
+    Migrate,
+    /// Consume both lanes and run operations.
+    Worker {
+        /// Operations run at once on each lane (overrides AGENTQ_CONCURRENCY_*).
+        #[arg(long)]
+        concurrency: Option<u16>,
+    },
+    /// Fire what is due: dispatch sweeps (and, as they land, timers, reaping, retention).
+    Scheduler,
+    /// The quickstart: migrate, then run a worker and a scheduler in this one process.
+    Dev,
+    /// Enqueue an operation.
+    Enqueue(EnqueueArgs),
+    /// Show an operation.
+    Status {
+        /// Operation id.
+        op: String,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show an operation's journal, one step per line.
+    Steps {
+        /// Operation id.
+        op: String,
+        /// Print JSON Lines, one object per step.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure end-to-end throughput and latency in a throwaway database and namespace.
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+pub struct EnqueueArgs {
+    /// Tenant the operation belongs to.
+    #[arg(long)]
+    pub tenant: String,
+    /// Job kind (e.g. echo).
+    #[arg(long)]
+    pub kind: String,
+    /// Input as JSON (e.g. '{"text":"hi"}').
+    #[arg(long)]
+    pub input: String,
+    /// Idempotency key: same tenant + key + input returns the same operation.
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Operations with the same ordering key run one at a time, in creation order.
+    #[arg(long)]
+    pub ordering_key: Option<String>,
+    /// interactive or batch.
+    #[arg(long, default_value = "interactive")]
+    pub lane: Lane,
+    /// Attempts before the operation goes to the DLQ (default AGENTQ_MAX_ATTEMPTS).
+    #[arg(long)]
+    pub max_attempts: Option<i32>,
+    /// Print one JSON object: {"op_id", "created", "status"}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct BenchArgs {
+    /// Operations to run.
+    #[arg(long, default_value_t = 2000)]
+    pub jobs: usize,
+    /// Operations a worker runs at once (per lane).
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: u16,
+    /// Lane to enqueue on.
+    #[arg(long, default_value = "interactive")]
+    pub lane: Lane,
+    /// Concurrent one-by-one enqueuers (like webhook requests arriving at once).
+    #[arg(long, default_value_t = 32)]
+    pub producers: usize,
+    /// Run the workers as this many separate `agentq worker` processes instead of in-process.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Keep the benchmark database and namespace afterwards (for inspection).
+    #[arg(long)]
+    pub keep: bool,
+    /// Give up if the run has not finished after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_secs: u64,
+}

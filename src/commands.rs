@@ -1,0 +1,297 @@
+//! The subcommands. Each builds what it needs from [`Config`] and calls into the library crates;
+//! none contains SQL or AMQP.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentq_core::broker::Names;
+use agentq_core::dispatch::Dispatcher;
+use agentq_core::operation::{OperationId, OperationView, StepView};
+use agentq_core::{Config, db};
+use agentq_producer::{EnqueueRequest, Producer};
+use agentq_worker::{LocalModel, ModelClient, Registry, Worker};
+use anyhow::Context;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{Cli, Command, EnqueueArgs};
+
+/// The user's input was refused: exit code 2, nothing was changed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+fn refuse(msg: impl Into<String>) -> anyhow::Error {
+    Refused(msg.into()).into()
+}
+
+/// Runs one command to completion.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = cli.config;
+    config.validate().map_err(refuse)?;
+    match cli.command {
+        Command::Migrate => {
+            db::migrate(&config.database_url)
+                .await
+                .context("migrating the database")?;
+            println!(
+                "database migrated: {}",
+                agentq_core::config::redact_url(&config.database_url)
+            );
+            Ok(())
+        }
+        Command::Worker { concurrency } => {
+            let pool = connect(&config).await?;
+            let shutdown = shutdown_on_signal();
+            worker(&config, pool, concurrency).run(shutdown).await
+        }
+        Command::Scheduler => {
+            let pool = connect(&config).await?;
+            let shutdown = shutdown_on_signal();
+            scheduler(&config, pool).run(shutdown).await
+        }
+        Command::Dev => dev(config).await,
+        Command::Enqueue(args) => enqueue(config, args).await,
+        Command::Status { op, json } => status(config, &op, json).await,
+        Command::Steps { op, json } => steps(config, &op, json).await,
+        Command::Bench(args) => crate::bench::run(config, args).await,
+    }
+}
+
+/// A pool for `config`, with an error that says what to do when the database is missing.
+pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
+    db::connect(&config.database_url, config.db_pool)
+        .await
+        .with_context(|| {
+            format!(
+                "connecting to {} (is PostgreSQL running, and has `agentq migrate` been run?)",
+                agentq_core::config::redact_url(&config.database_url)
+            )
+        })
+}
+
+/// The model client the configuration asks for.
+pub fn model_client(config: &Config) -> Arc<dyn ModelClient> {
+    if config.model_base_url.is_some() {
+        tracing::warn!(
+            "AGENTQ_MODEL_BASE_URL is set but the HTTP model client is not built yet; using the built-in local model"
+        );
+    } else {
+        tracing::info!("no AGENTQ_MODEL_BASE_URL: using the built-in deterministic local model");
+    }
+    Arc::new(LocalModel)
+}
+
+/// A worker for `config`.
+pub fn worker(config: &Config, pool: PgPool, concurrency: Option<u16>) -> Worker {
+    let settings = agentq_worker::Settings {
+        amqp_url: config.amqp_url.clone(),
+        namespace: config.namespace.clone(),
+        lease_ttl: config.lease_ttl(),
+        concurrency_interactive: concurrency.unwrap_or(config.concurrency_interactive),
+        concurrency_batch: concurrency.unwrap_or(config.concurrency_batch),
+        shutdown_grace: config.lease_ttl(),
+    };
+    Worker::new(settings, pool, Registry::builtin(), model_client(config))
+}
+
+/// A scheduler for `config`.
+pub fn scheduler(config: &Config, pool: PgPool) -> agentq_scheduler::Scheduler {
+    let dispatcher = Arc::new(Dispatcher::new(
+        pool.clone(),
+        &config.amqp_url,
+        Names::new(&config.namespace),
+        "scheduler",
+    ));
+    let settings = agentq_scheduler::Settings {
+        dispatch_grace: Duration::from_secs(config.dispatch_grace_secs),
+        ..Default::default()
+    };
+    agentq_scheduler::Scheduler::new(settings, pool, dispatcher, &config.namespace)
+}
+
+/// A producer accepting the built-in kinds, checking inputs against their types.
+pub fn producer(config: &Config, pool: PgPool, role: &str) -> (Producer, Arc<Dispatcher>) {
+    let registry = Registry::builtin();
+    let dispatcher = Arc::new(Dispatcher::new(
+        pool.clone(),
+        &config.amqp_url,
+        Names::new(&config.namespace),
+        role,
+    ));
+    let kinds = registry.kinds();
+    let producer = Producer::new(pool, dispatcher.clone(), kinds, config.max_attempts)
+        .with_input_check(Arc::new(move |kind, input| {
+            registry.check_input(kind, input)
+        }));
+    (producer, dispatcher)
+}
+
+async fn dev(config: Config) -> anyhow::Result<()> {
+    db::migrate(&config.database_url)
+        .await
+        .context("migrating the database")?;
+    let pool = connect(&config).await?;
+    let shutdown = shutdown_on_signal();
+    tracing::info!(config = %config.redacted(), "agentq dev: worker + scheduler in one process");
+    tracing::info!(
+        "try: agentq enqueue --tenant demo --kind echo --input '{{\"text\":\"hello\"}}' --json"
+    );
+    let worker = worker(&config, pool.clone(), None);
+    let scheduler = scheduler(&config, pool);
+    let (w, s) = tokio::join!(
+        worker.run(shutdown.clone()),
+        scheduler.run(shutdown.clone())
+    );
+    w.and(s)
+}
+
+async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {
+    let input: serde_json::Value = serde_json::from_str(&args.input).map_err(|e| {
+        refuse(format!(
+            "--input is not valid JSON ({e}); pass an object such as '{{\"text\":\"hi\"}}'"
+        ))
+    })?;
+    let pool = connect(&config).await?;
+    let (producer, dispatcher) = producer(&config, pool, "enqueue");
+    let req = EnqueueRequest {
+        tenant: args.tenant,
+        kind: args.kind,
+        input,
+        dedupe_key: args.key,
+        ordering_key: args.ordering_key,
+        lane: args.lane,
+        max_attempts: args.max_attempts,
+        ..EnqueueRequest::default()
+    };
+    let result = producer.enqueue(req).await;
+    dispatcher.close().await;
+    let enqueued = result.map_err(|e| {
+        if e.is_refusal() {
+            refuse(e.to_string())
+        } else {
+            anyhow::Error::new(e)
+        }
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&enqueued)?);
+    } else {
+        let verb = if enqueued.created {
+            "enqueued"
+        } else {
+            "already enqueued"
+        };
+        println!("{verb} {} ({})", enqueued.op_id, enqueued.status);
+        println!("watch it: agentq status {}", enqueued.op_id);
+    }
+    Ok(())
+}
+
+async fn find(config: &Config, op: &str) -> anyhow::Result<(PgPool, OperationView)> {
+    let id = OperationId::parse(op).map_err(refuse)?;
+    let pool = connect(config).await?;
+    let view = db::find_operation(&pool, id, None)
+        .await
+        .context("reading the operation")?
+        .ok_or_else(|| refuse(format!("no operation {id}")))?;
+    Ok((pool, view))
+}
+
+async fn status(config: Config, op: &str, json: bool) -> anyhow::Result<()> {
+    let (_, v) = find(&config, op).await?;
+    if json {
+        println!("{}", serde_json::to_string(&v)?);
+        return Ok(());
+    }
+    println!("op_id:       {}", v.op_id);
+    println!("status:      {}", v.status);
+    println!(
+        "kind:        {}  (tenant {}, lane {})",
+        v.kind, v.tenant, v.lane
+    );
+    println!(
+        "attempt:     {} of {} (restarts {})",
+        v.attempt, v.max_attempts, v.restarts
+    );
+    println!("created_at:  {}", v.created_at);
+    println!("updated_at:  {}", v.updated_at);
+    if let Some(f) = v.finished_at {
+        println!("finished_at: {f}");
+    }
+    if v.status == agentq_core::Status::Queued && v.run_at > chrono::Utc::now() {
+        println!("retry_at:    {}", v.run_at);
+    }
+    if let Some(class) = &v.error_class {
+        println!(
+            "error:       [{class}] {}",
+            v.error_message.as_deref().unwrap_or("")
+        );
+    }
+    if let Some(r) = &v.result {
+        println!("result:      {r}");
+    }
+    Ok(())
+}
+
+async fn steps(config: Config, op: &str, json: bool) -> anyhow::Result<()> {
+    let (pool, v) = find(&config, op).await?;
+    let steps: Vec<StepView> = db::list_steps(&pool, v.op_id.0, None)
+        .await
+        .context("reading the journal")?;
+    for s in steps {
+        if json {
+            println!("{}", serde_json::to_string(&s)?);
+        } else {
+            let took = s
+                .completed_at
+                .map(|c| format!("{} ms", (c - s.started_at).num_milliseconds()))
+                .unwrap_or_else(|| "-".into());
+            println!(
+                "{:>3}  {:<20} {:<7} {:<7} {:<10} {:>8}  key {}",
+                s.seq,
+                s.name,
+                s.kind,
+                s.replay,
+                s.status,
+                took,
+                &s.idempotency_key[..12]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A token cancelled on SIGINT or SIGTERM.
+pub fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing the SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+        t.cancel();
+    });
+    token
+}
+
+/// Polls `f` every `every` until it returns `Some`, or `deadline` passes.
+pub async fn poll_until<T, F, Fut>(deadline: Duration, every: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = tokio::time::Instant::now() + deadline;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() >= end {
+            return None;
+        }
+        tokio::time::sleep(every).await;
+    }
+}

@@ -1,0 +1,38 @@
+//! The `agentq` binary: parses the command line, installs logging, and hands the command to
+//! [`commands::run`]. Exit codes: 0 success, 2 the input was refused (the message on stderr
+//! says what and why), 1 anything else.
+
+mod bench;
+mod cli;
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    agentq_core::telemetry::init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if let Some(refusal) = e.downcast_ref::<commands::Refused>() {
+                eprintln!("error: {refusal}");
+                ExitCode::from(2)
+            } else {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}

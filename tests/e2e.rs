@@ -1,0 +1,401 @@
+//! End-to-end tests of agentq on real PostgreSQL and RabbitMQ: the real binary as child
+//! processes wherever a process boundary matters, the library crates where a test needs to
+//! look inside a job.
+
+mod harness;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentq_core::broker::{self, Publisher};
+use agentq_core::db;
+use agentq_core::operation::{Lane, OperationId, Pointer};
+use agentq_producer::EnqueueRequest;
+use agentq_worker::{JobContext, JobError, LocalModel, Registry, Worker};
+use harness::TestApp;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn enqueued_echo_runs_to_succeeded_with_its_output() {
+    let mut app = TestApp::start().await;
+    app.spawn(&["worker"]);
+    let op = app.enqueue_echo("hello agentq");
+
+    app.wait_status(&op, "succeeded", DEADLINE).await;
+    let status = app.agentq_json(&["status", &op, "--json"]);
+    assert_eq!(status["status"], "succeeded");
+    assert_eq!(status["result"], json!({ "text": "hello agentq" }));
+    assert_eq!(status["attempt"], 1);
+    assert!(status["finished_at"].is_string());
+
+    let out = app.agentq(&["steps", &op, "--json"]);
+    assert!(out.status.success());
+    let steps: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(steps.len(), 1, "echo journals exactly one model step");
+    assert_eq!(steps[0]["kind"], "model");
+    assert_eq!(steps[0]["status"], "completed");
+    assert_eq!(steps[0]["idempotency_key"].as_str().unwrap().len(), 64);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn same_key_returns_the_same_operation_and_different_input_is_refused() {
+    let app = TestApp::start().await;
+    let args = |text: &str| {
+        vec![
+            "enqueue".to_string(),
+            "--tenant".into(),
+            "t1".into(),
+            "--kind".into(),
+            "echo".into(),
+            "--input".into(),
+            json!({ "text": text }).to_string(),
+            "--key".into(),
+            "order-42".into(),
+            "--json".into(),
+        ]
+    };
+    let run = |a: Vec<String>| app.agentq(&a.iter().map(String::as_str).collect::<Vec<_>>());
+
+    let first: Value = serde_json::from_slice(&run(args("a")).stdout).unwrap();
+    assert_eq!(first["created"], true);
+    let again: Value = serde_json::from_slice(&run(args("a")).stdout).unwrap();
+    assert_eq!(again["created"], false);
+    assert_eq!(again["op_id"], first["op_id"]);
+
+    let conflict = run(args("b"));
+    assert_eq!(conflict.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&conflict.stderr);
+    assert!(stderr.contains("order-42") && stderr.contains("different input"), "{stderr}");
+    assert_eq!(app.operation_count().await, 1, "a refused enqueue writes nothing");
+
+    // The key is scoped per tenant: another tenant may use it for its own operation.
+    let other = app.agentq_json(&[
+        "enqueue", "--tenant", "t2", "--kind", "echo", "--input", r#"{"text":"b"}"#, "--key",
+        "order-42", "--json",
+    ]);
+    assert_eq!(other["created"], true);
+    assert_ne!(other["op_id"], first["op_id"]);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_exit_code_2_and_writes_nothing() {
+    let app = TestApp::start().await;
+    let cases: [(&[&str], &str); 5] = [
+        (&["--tenant", "t1", "--kind", "echo", "--input", "{not json"], "not valid JSON"),
+        (&["--tenant", "t1", "--kind", "nope", "--input", "{}"], "unknown kind"),
+        (&["--tenant", "", "--kind", "echo", "--input", r#"{"text":"x"}"#], "tenant must not be empty"),
+        (&["--tenant", "t1", "--kind", "echo", "--input", r#"{"txt":"x"}"#], "does not fit kind"),
+        (&["--tenant", "t1", "--kind", "echo", "--input", r#"{"text":"x"}"#, "--lane", "fast"], "lane"),
+    ];
+    for (args, expected) in cases {
+        let mut full = vec!["enqueue"];
+        full.extend_from_slice(args);
+        let out = app.agentq(&full);
+        assert_eq!(out.status.code(), Some(2), "{args:?} should be refused");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{args:?}: expected {expected:?} in {stderr}");
+    }
+    assert_eq!(app.operation_count().await, 0);
+    let out = app.agentq(&["status", "not-an-id"]);
+    assert_eq!(out.status.code(), Some(2));
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_same_pointer_published_five_times_runs_the_job_once() {
+    let mut app = TestApp::start().await;
+    let op = app.enqueue_echo("once");
+    // Four more copies of the same pointer, as a retrying publisher or a redelivery would make.
+    let conn = broker::connect(&app.amqp_url, "test").await.unwrap();
+    let publisher = Publisher::open(&conn, app.names()).await.unwrap();
+    let pointer = Pointer::new(OperationId::parse(&op).unwrap(), "t1", "echo");
+    for _ in 0..4 {
+        publisher.publish(&pointer, Lane::Interactive).await.unwrap();
+    }
+    app.spawn(&["worker"]);
+
+    let done = app.wait_status(&op, "succeeded", DEADLINE).await;
+    // Every copy must be consumed (acked) before judging.
+    let names = app.names();
+    app.wait_for("the queue to drain", DEADLINE, || async {
+        broker::queue_depth(&conn, &names, Lane::Interactive).await.unwrap() == 0
+    })
+    .await;
+    let epoch: i64 = sqlx::query_scalar("SELECT epoch FROM operations WHERE id = $1::uuid")
+        .bind(&op)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(epoch, 1, "exactly one claim");
+    assert_eq!(done.attempt, 1);
+    let steps = db::list_steps(&app.pool, done.op_id.0, None).await.unwrap();
+    assert_eq!(steps.len(), 1);
+    let _ = conn.close(200, "done".into()).await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn two_workers_racing_for_one_operation_claim_it_once() {
+    let mut app = TestApp::start().await;
+    // Two real worker processes on the same queue, each handed a copy of the pointer.
+    app.spawn(&["worker"]);
+    app.spawn(&["worker"]);
+    let op = app.enqueue_echo("race");
+    let conn = broker::connect(&app.amqp_url, "test").await.unwrap();
+    let publisher = Publisher::open(&conn, app.names()).await.unwrap();
+    let pointer = Pointer::new(OperationId::parse(&op).unwrap(), "t1", "echo");
+    for _ in 0..3 {
+        publisher.publish(&pointer, Lane::Interactive).await.unwrap();
+    }
+    app.wait_status(&op, "succeeded", DEADLINE).await;
+    let epoch: i64 = sqlx::query_scalar("SELECT epoch FROM operations WHERE id = $1::uuid")
+        .bind(&op)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(epoch, 1, "exactly one claim across both workers");
+
+    // The claim statement itself, raced by 8 concurrent claimers on a fresh operation.
+    app.kill(0);
+    app.kill(1);
+    let fresh = app.enqueue_echo("race again");
+    let id = OperationId::parse(&fresh).unwrap().0;
+    let claims = futures_util::future::join_all((0..8).map(|i| {
+        let pool = app.pool.clone();
+        async move {
+            db::claim_operations(&pool, &[id], &format!("racer-{i}"), Duration::from_secs(30))
+                .await
+                .unwrap()
+                .len()
+        }
+    }))
+    .await;
+    assert_eq!(claims.iter().sum::<usize>(), 1, "one winner: {claims:?}");
+    let _ = conn.close(200, "done".into()).await;
+    app.cleanup().await;
+}
+
+/// What a job saw of its own row, through a separate connection, before doing anything.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Observed {
+    status: String,
+    epoch: i64,
+    lease_owner: Option<String>,
+    lease_in_future: bool,
+}
+
+#[tokio::test]
+async fn the_job_function_runs_only_after_running_is_committed() {
+    let app = TestApp::start().await;
+    let observer = app.pool.clone();
+    let mut registry = Registry::builtin();
+    registry.register("observe", move |ctx: JobContext, _input: Value| {
+        let observer = observer.clone();
+        async move {
+            // A different connection sees only committed state: this is the claim as committed.
+            let row: (String, i64, Option<String>, bool) = sqlx::query_as(
+                "SELECT status, epoch, lease_owner, lease_expires_at > now()
+                   FROM operations WHERE id = $1",
+            )
+            .bind(ctx.info().op_id.0)
+            .fetch_one(&observer)
+            .await
+            .map_err(|e| JobError::NonRetryable(e.to_string()))?;
+            Ok::<_, JobError>(Observed {
+                status: row.0,
+                epoch: row.1,
+                lease_owner: row.2,
+                lease_in_future: row.3,
+            })
+        }
+    });
+    let kinds = registry.kinds();
+    let worker = Worker::new(
+        agentq_worker::Settings {
+            amqp_url: app.amqp_url.clone(),
+            namespace: app.namespace.clone(),
+            lease_ttl: Duration::from_secs(30),
+            concurrency_interactive: 4,
+            concurrency_batch: 1,
+            shutdown_grace: Duration::from_secs(5),
+        },
+        app.pool.clone(),
+        registry,
+        Arc::new(LocalModel),
+    );
+    let owner = worker.owner().to_string();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+
+    let dispatcher = Arc::new(agentq_core::dispatch::Dispatcher::new(
+        app.pool.clone(),
+        &app.amqp_url,
+        app.names(),
+        "test",
+    ));
+    let producer = agentq_producer::Producer::new(app.pool.clone(), dispatcher.clone(), kinds, 3);
+    let op = producer
+        .enqueue(EnqueueRequest {
+            tenant: "t1".into(),
+            kind: "observe".into(),
+            input: json!({}),
+            ..EnqueueRequest::default()
+        })
+        .await
+        .unwrap();
+    let done = app
+        .wait_status(&op.op_id.to_string(), "succeeded", DEADLINE)
+        .await;
+    let seen: Observed = serde_json::from_value(done.result.unwrap()).unwrap();
+    assert_eq!(seen.status, "running");
+    assert_eq!(seen.epoch, 1);
+    assert_eq!(seen.lease_owner.as_deref(), Some(owner.as_str()));
+    assert!(seen.lease_in_future);
+
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+    dispatcher.close().await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_operation_committed_but_never_published_still_completes() {
+    let mut app = TestApp::start().await;
+    // The producer commits the row and "crashes" before publishing: enqueue_in writes the row
+    // in our transaction, we commit, and the pointer is never sent.
+    let dispatcher = Arc::new(agentq_core::dispatch::Dispatcher::new(
+        app.pool.clone(),
+        &app.amqp_url,
+        app.names(),
+        "test",
+    ));
+    let producer =
+        agentq_producer::Producer::new(app.pool.clone(), dispatcher.clone(), ["echo".to_string()], 3);
+    let mut tx = app.pool.begin().await.unwrap();
+    let pending = producer
+        .enqueue_in(
+            &mut tx,
+            EnqueueRequest {
+                tenant: "t1".into(),
+                kind: "echo".into(),
+                input: json!({ "text": "orphan" }),
+                ..EnqueueRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    drop(pending);
+    dispatcher.close().await;
+    let op = producer_op_id(&app).await;
+    let names = app.names();
+    let conn = broker::connect(&app.amqp_url, "test").await.unwrap();
+    assert_eq!(broker::queue_depth(&conn, &names, Lane::Interactive).await.unwrap(), 0);
+
+    app.spawn(&["worker"]);
+    app.spawn(&["scheduler"]);
+    let done = app.wait_status(&op, "succeeded", DEADLINE).await;
+    assert_eq!(done.result, Some(json!({ "text": "orphan" })));
+    let _ = conn.close(200, "done".into()).await;
+    app.cleanup().await;
+}
+
+async fn producer_op_id(app: &TestApp) -> String {
+    let id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM operations")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    id.to_string()
+}
+
+#[tokio::test]
+async fn lost_pointers_are_republished_but_a_backlog_is_left_alone() {
+    let app = TestApp::start().await;
+    let mut ops = Vec::new();
+    for i in 0..5 {
+        ops.push(app.enqueue_echo(&format!("backlog {i}")));
+    }
+    // Wait until the producers' dispatch marks landed.
+    app.wait_for("dispatch marks", DEADLINE, || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM operations WHERE dispatched_at IS NOT NULL")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        n == 5
+    })
+    .await;
+    let dispatcher = Arc::new(agentq_core::dispatch::Dispatcher::new(
+        app.pool.clone(),
+        &app.amqp_url,
+        app.names(),
+        "test",
+    ));
+    let settings = agentq_scheduler::Settings {
+        lost_after: Duration::ZERO,
+        ..Default::default()
+    };
+    let scheduler =
+        agentq_scheduler::Scheduler::new(settings, app.pool.clone(), dispatcher.clone(), &app.namespace);
+    let conn = broker::connect(&app.amqp_url, "test").await.unwrap();
+    let names = app.names();
+
+    // A legitimate backlog: the pointers are in the queue, nothing is republished.
+    assert_eq!(broker::queue_depth(&conn, &names, Lane::Interactive).await.unwrap(), 5);
+    assert_eq!(scheduler.sweep_lost().await.unwrap(), 0);
+    assert_eq!(broker::queue_depth(&conn, &names, Lane::Interactive).await.unwrap(), 5);
+
+    // The broker loses them: the sweep republishes each exactly once.
+    assert_eq!(broker::purge_lane(&conn, &names, Lane::Interactive).await.unwrap(), 5);
+    assert_eq!(scheduler.sweep_lost().await.unwrap(), 5);
+    assert_eq!(broker::queue_depth(&conn, &names, Lane::Interactive).await.unwrap(), 5);
+    assert_eq!(scheduler.sweep_lost().await.unwrap(), 0, "queue is no longer empty");
+
+    dispatcher.close().await;
+    let _ = conn.close(200, "done".into()).await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn migrate_is_safe_to_run_twice_and_concurrently() {
+    let app = TestApp::start().await;
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+    let url = db::with_database(&app.database_url, &format!("agentq_test_m_{tag}")).unwrap();
+    let runs: Vec<_> = (0..3)
+        .map(|_| {
+            app.command(&["migrate"])
+                .env("DATABASE_URL", &url)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for r in runs {
+        let out = r.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let again = app.command(&["migrate"]).env("DATABASE_URL", &url).output().unwrap();
+    assert!(again.status.success());
+    let pool = db::connect(&url, 2).await.unwrap();
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.tables
+          WHERE table_schema = 'public'
+            AND table_name IN ('operations', 'operation_steps', 'signals', 'dead_letters', 'operator_actions')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(tables, 5);
+    pool.close().await;
+    db::drop_database(&url).await.unwrap();
+    app.cleanup().await;
+}

@@ -1,0 +1,222 @@
+//! The integration-test harness: a fresh PostgreSQL database and a fresh broker namespace per
+//! test, the real `agentq` binary run as child processes, polling with deadlines (never bare
+//! sleeps), and cleanup of everything created, even when a test fails.
+
+#![allow(dead_code)]
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use agentq_core::broker::{self, Names};
+use agentq_core::db;
+use agentq_core::operation::OperationView;
+use serde_json::Value;
+use sqlx::PgPool;
+
+/// Where the test databases live (the server of `DATABASE_URL`, default local).
+fn base_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// One test's world: its database, its namespace, its processes.
+pub struct TestApp {
+    pub database_url: String,
+    pub amqp_url: String,
+    pub namespace: String,
+    pub pool: PgPool,
+    children: Vec<Child>,
+    cleaned: bool,
+}
+
+impl TestApp {
+    /// Creates and migrates a fresh database and declares a fresh namespace.
+    pub async fn start() -> Self {
+        let tag = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+        let database_url = db::with_database(&base_url(), &format!("agentq_test_{tag}")).unwrap();
+        db::migrate(&database_url).await.expect("migrating the test database");
+        let pool = db::connect(&database_url, 8).await.unwrap();
+        let namespace = format!("test-{tag}");
+        let amqp_url = amqp_url();
+        let conn = broker::connect(&amqp_url, "test").await.unwrap();
+        broker::declare_topology(&conn, &Names::new(&namespace)).await.unwrap();
+        let _ = conn.close(200, "declared".into()).await;
+        Self {
+            database_url,
+            amqp_url,
+            namespace,
+            pool,
+            children: Vec::new(),
+            cleaned: false,
+        }
+    }
+
+    /// The broker names of this test's namespace.
+    pub fn names(&self) -> Names {
+        Names::new(&self.namespace)
+    }
+
+    /// A command running the real binary against this test's database and namespace.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentq"));
+        cmd.args(args)
+            .env("DATABASE_URL", &self.database_url)
+            .env("AMQP_URL", &self.amqp_url)
+            .env("AGENTQ_NAMESPACE", &self.namespace)
+            .env("AGENTQ_DISPATCH_GRACE_SECS", "1")
+            .env("AGENTQ_LEASE_TTL_SECS", "6")
+            .env("RUST_LOG", "warn");
+        cmd
+    }
+
+    /// Runs `agentq ARGS` to completion.
+    pub fn agentq(&self, args: &[&str]) -> Output {
+        self.command(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running agentq")
+    }
+
+    /// Runs `agentq ARGS`, expects success and parses stdout as one JSON object.
+    pub fn agentq_json(&self, args: &[&str]) -> Value {
+        let out = self.agentq(args);
+        assert!(
+            out.status.success(),
+            "agentq {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("agentq {args:?} printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
+        })
+    }
+
+    /// Starts a long-running `agentq ARGS` process (killed at cleanup); returns its index.
+    pub fn spawn(&mut self, args: &[&str]) -> usize {
+        let child = self
+            .command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting agentq");
+        self.children.push(child);
+        self.children.len() - 1
+    }
+
+    /// `kill -9` of a process started by [`TestApp::spawn`].
+    pub fn kill(&mut self, index: usize) {
+        let child = &mut self.children[index];
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Enqueues an `echo` operation through the CLI; returns its id.
+    pub fn enqueue_echo(&self, text: &str) -> String {
+        let input = serde_json::json!({ "text": text }).to_string();
+        let v = self.agentq_json(&[
+            "enqueue", "--tenant", "t1", "--kind", "echo", "--input", &input, "--json",
+        ]);
+        v["op_id"].as_str().unwrap().to_string()
+    }
+
+    /// Reads an operation straight from the database.
+    pub async fn operation(&self, op: &str) -> OperationView {
+        let id = agentq_core::OperationId::parse(op).unwrap();
+        db::find_operation(&self.pool, id, None).await.unwrap().expect("operation exists")
+    }
+
+    /// Polls until the operation has `status`, panicking with its last state after `deadline`.
+    pub async fn wait_status(&self, op: &str, status: &str, deadline: Duration) -> OperationView {
+        let end = tokio::time::Instant::now() + deadline;
+        loop {
+            let v = self.operation(op).await;
+            if v.status.as_str() == status {
+                return v;
+            }
+            assert!(
+                tokio::time::Instant::now() < end,
+                "operation {op} did not reach {status} within {deadline:?}; last seen {:?} {:?} {:?}",
+                v.status,
+                v.error_class,
+                v.error_message
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Polls `f` until it is true, panicking with `what` after `deadline`.
+    pub async fn wait_for<F, Fut>(&self, what: &str, deadline: Duration, mut f: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let end = tokio::time::Instant::now() + deadline;
+        while !f().await {
+            assert!(tokio::time::Instant::now() < end, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Rows in `operations`.
+    pub async fn operation_count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM operations")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Stops the processes and deletes the database and the namespace.
+    pub async fn cleanup(mut self) {
+        self.cleanup_inner().await;
+    }
+
+    async fn cleanup_inner(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        self.cleaned = true;
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.pool.close().await;
+        let _ = db::drop_database(&self.database_url).await;
+        if let Ok(conn) = broker::connect(&self.amqp_url, "test-cleanup").await {
+            let _ = broker::delete_topology(&conn, &self.names()).await;
+            let _ = conn.close(200, "cleaned".into()).await;
+        }
+    }
+}
+
+impl Drop for TestApp {
+    /// A failed test still cleans up: on a thread with its own runtime, since Drop cannot await.
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.children.clear();
+        let database_url = self.database_url.clone();
+        let amqp_url = self.amqp_url.clone();
+        let names = self.names();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let _ = db::drop_database(&database_url).await;
+                if let Ok(conn) = broker::connect(&amqp_url, "test-cleanup").await {
+                    let _ = broker::delete_topology(&conn, &names).await;
+                }
+            });
+        })
+        .join();
+    }
+}

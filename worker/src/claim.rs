@@ -1,0 +1,129 @@
+//! Consuming a lane and claiming operations (DESIGN §7).
+//!
+//! For each batch of deliveries already buffered by the broker (at most one per free
+//! concurrency slot): decode the pointers, claim every due, queued operation among them in one
+//! committed `UPDATE`, start the claimed ones, and only then ack. A delivery that claims nothing
+//! (a duplicate, a finished operation, one running elsewhere, one not yet due) is acked and
+//! changes nothing; an undecodable one is rejected to the dead-letter exchange.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentq_core::broker::{self, Consumer, Delivery};
+use agentq_core::db;
+use agentq_core::operation::{Lane, Pointer};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use crate::Shared;
+
+/// Most deliveries claimed by one statement.
+const MAX_BATCH: usize = 128;
+
+/// Why a lane's consume loop ended.
+pub(crate) enum Ended {
+    /// Shutdown was requested.
+    Shutdown,
+    /// The channel or connection failed; reconnect.
+    Broken(String),
+}
+
+/// Consumes `lane` until shutdown or a broker failure.
+pub(crate) async fn consume_lane(
+    shared: Arc<Shared>,
+    mut consumer: Consumer,
+    lane: Lane,
+    slots: Arc<Semaphore>,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+) -> Ended {
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            p = slots.clone().acquire_owned() => p.expect("slots semaphore is never closed"),
+        };
+        let first = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            d = consumer.next() => d,
+        };
+        let mut batch = match first {
+            Some(Ok(d)) => vec![(d, permit)],
+            Some(Err(e)) => return Ended::Broken(e.to_string()),
+            None => return Ended::Broken(format!("consumer of lane {lane} was cancelled")),
+        };
+        while batch.len() < MAX_BATCH {
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                break;
+            };
+            match consumer.try_next() {
+                Some(Ok(d)) => batch.push((d, permit)),
+                Some(Err(e)) => return Ended::Broken(e.to_string()),
+                None => break,
+            }
+        }
+        if let Err(e) = claim_batch(&shared, batch, &tasks).await {
+            return Ended::Broken(e.to_string());
+        }
+    }
+    let _ = consumer.close().await;
+    Ended::Shutdown
+}
+
+/// Claims and starts what a batch of deliveries points at, then acks the deliveries.
+async fn claim_batch(
+    shared: &Arc<Shared>,
+    batch: Vec<(Delivery, OwnedSemaphorePermit)>,
+    tasks: &TaskTracker,
+) -> broker::Result<()> {
+    let mut pointed: Vec<(Uuid, Delivery, OwnedSemaphorePermit)> = Vec::with_capacity(batch.len());
+    for (delivery, permit) in batch {
+        match Pointer::decode(delivery.body()) {
+            Ok(p) => pointed.push((p.op_id.0, delivery, permit)),
+            Err(reason) => {
+                tracing::warn!(%reason, "rejecting an undecodable message to the dead-letter queue");
+                delivery.reject().await?;
+            }
+        }
+    }
+    if pointed.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = pointed.iter().map(|(id, _, _)| *id).collect();
+    let mut delay = Duration::from_millis(100);
+    let mut claimed = loop {
+        match db::claim_operations(
+            &shared.pool,
+            &ids,
+            shared.leases.owner(),
+            shared.leases.ttl(),
+        )
+        .await
+        {
+            Ok(c) => break c,
+            Err(e) => {
+                // Postgres is unavailable: hold the deliveries (unclaimed, unacked) and retry;
+                // if it stays down the broker redelivers them after we disconnect.
+                tracing::warn!(error = %e, "claiming failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    };
+    for (id, delivery, permit) in pointed {
+        // The same pointer twice in one batch claims once; the second permit is just dropped.
+        if let Some(i) = claimed.iter().position(|c| c.id == id) {
+            let op = claimed.swap_remove(i);
+            let stop = shared.leases.hold(op.id, op.epoch);
+            let shared = shared.clone();
+            tasks.spawn(async move {
+                crate::executor::execute(shared, op, stop).await;
+                drop(permit);
+            });
+        }
+        // Ack after the claim committed (or once it is known to change nothing).
+        delivery.ack().await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,398 @@
+//! The job context: the API a job function uses to do durable work (DESIGN §8).
+//!
+//! Execution is replay. Every `ctx` call takes the next sequence number; if the journal has a
+//! completed entry for it, the recorded output is returned without doing the work. Journal
+//! writes follow the commit budget of DESIGN §3.2:
+//! - an unsafe step runs only after its `started` row has committed (flushed together with any
+//!   pending rows, in one fenced statement);
+//! - a safe step's start and completion are one row, kept pending and written with the next
+//!   write: an unsafe start, the final transition, or a flush once rows have waited
+//!   [`PENDING_FLUSH_AFTER`];
+//! - an unsafe step's completion is written before the next step starts, or with the final
+//!   transition.
+//!
+//! Every write is fenced by the claim's epoch; a lost lease turns into [`JobError::LeaseLost`].
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agentq_core::db::{self, JournalEntry, StepWrite};
+use agentq_core::operation::{OperationId, step_idempotency_key};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::model::{ModelClient, ModelRequest, ModelResponse};
+
+/// Pending safe-step rows older than this are flushed at the next step boundary, so a long job
+/// does not lose much finished work to a crash.
+pub const PENDING_FLUSH_AFTER: Duration = Duration::from_secs(5);
+
+/// Whether a step may run again after a crash left its outcome unknown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replay {
+    /// Idempotent, or called with its idempotency key: run again on recovery.
+    Safe,
+    /// A side effect that must not repeat: reconcile or fail closed on recovery.
+    Unsafe,
+}
+
+impl Replay {
+    fn as_str(self) -> &'static str {
+        match self {
+            Replay::Safe => "safe",
+            Replay::Unsafe => "unsafe",
+        }
+    }
+}
+
+/// How a job (or one of its steps) failed. The class decides what happens next (DESIGN §9).
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// Transient: retry the operation later (job-level retries are data, not loops).
+    #[error("{message}")]
+    Retryable {
+        message: String,
+        not_before: Option<DateTime<Utc>>,
+    },
+    /// A provider is overloaded: back off harder.
+    #[error("{message}")]
+    Overloaded {
+        message: String,
+        not_before: Option<DateTime<Utc>>,
+    },
+    /// Can never succeed as is: straight to the DLQ.
+    #[error("{0}")]
+    NonRetryable(String),
+    /// Stopped on request.
+    #[error("cancelled")]
+    Cancelled,
+    /// This worker no longer holds the operation: write nothing more for it.
+    #[error("lease lost")]
+    LeaseLost,
+    /// The function asked for different steps than the journal recorded.
+    #[error("{0}")]
+    Nondeterminism(String),
+    /// An unsafe step was left `started` by a crash and cannot be reconciled.
+    #[error("step {seq} ({name}) may or may not have happened; idempotency key {key}")]
+    UnknownSideEffect { seq: i32, name: String, key: String },
+    /// The job function panicked (treated as a retryable failure of this attempt).
+    #[error("job panicked: {0}")]
+    Panicked(String),
+}
+
+impl JobError {
+    /// A retryable error with a message.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        JobError::Retryable {
+            message: message.into(),
+            not_before: None,
+        }
+    }
+
+    /// The stable snake_case class stored as `error_class`.
+    pub fn class(&self) -> &'static str {
+        match self {
+            JobError::Retryable { .. } | JobError::Panicked(_) => "retryable",
+            JobError::Overloaded { .. } => "overloaded",
+            JobError::NonRetryable(_) => "non_retryable",
+            JobError::Cancelled => "cancelled",
+            JobError::LeaseLost => "lease_lost",
+            JobError::Nondeterminism(_) => "nondeterminism",
+            JobError::UnknownSideEffect { .. } => "unknown_side_effect",
+        }
+    }
+}
+
+/// Facts about the claimed operation that a job may read.
+#[derive(Clone, Debug)]
+pub struct OperationInfo {
+    pub op_id: OperationId,
+    pub tenant: String,
+    pub kind: String,
+    pub attempt: i32,
+    pub epoch: i64,
+}
+
+struct State {
+    /// The journal as loaded at claim time, indexed by seq.
+    journal: Vec<JournalEntry>,
+    next_seq: i32,
+    /// Rows not yet written, and since when the oldest has waited.
+    pending: Vec<StepWrite>,
+    pending_since: Option<Instant>,
+    /// An unsafe completion is pending: write it before the next step starts.
+    pending_unsafe: bool,
+    /// The step that failed, if the job fails.
+    failed_step: Option<i32>,
+    /// Idempotency key of the step running now.
+    current_key: Option<String>,
+}
+
+struct Inner {
+    info: OperationInfo,
+    pool: PgPool,
+    model: Arc<dyn ModelClient>,
+    state: Mutex<State>,
+    lost: AtomicBool,
+    stop: CancellationToken,
+}
+
+/// The handle a job function receives. Cheap to clone; all clones share one journal cursor.
+#[derive(Clone)]
+pub struct JobContext {
+    inner: Arc<Inner>,
+}
+
+impl JobContext {
+    pub(crate) fn new(
+        info: OperationInfo,
+        pool: PgPool,
+        model: Arc<dyn ModelClient>,
+        journal: Vec<JournalEntry>,
+        stop: CancellationToken,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                info,
+                pool,
+                model,
+                state: Mutex::new(State {
+                    journal,
+                    next_seq: 0,
+                    pending: Vec::new(),
+                    pending_since: None,
+                    pending_unsafe: false,
+                    failed_step: None,
+                    current_key: None,
+                }),
+                lost: AtomicBool::new(false),
+                stop,
+            }),
+        }
+    }
+
+    /// The operation being run.
+    pub fn info(&self) -> &OperationInfo {
+        &self.inner.info
+    }
+
+    /// The idempotency key of the step running now (`None` outside a step): stable across
+    /// retries and crashes, so a tool can pass it downstream to make its effect happen once.
+    /// The step closure also receives it as its argument.
+    pub fn idempotency_key(&self) -> Option<String> {
+        self.state().current_key.clone()
+    }
+
+    /// Runs a journaled step. On replay a completed step returns its recorded output.
+    pub async fn step<T, F, Fut>(&self, name: &str, replay: Replay, f: F) -> Result<T, JobError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<T, JobError>>,
+    {
+        self.run_step(name, "custom", replay, |key| async move {
+            f(key).await.map(|v| (v, None))
+        })
+        .await
+    }
+
+    /// Calls the model as a replay-safe step; token usage is journaled with it.
+    pub async fn model(
+        &self,
+        name: &str,
+        request: ModelRequest,
+    ) -> Result<ModelResponse, JobError> {
+        let model = self.inner.model.clone();
+        self.run_step(name, "model", Replay::Safe, |_key| async move {
+            let resp = model.complete(&request).await?;
+            let usage = serde_json::to_value(resp.usage).ok();
+            Ok((resp, usage))
+        })
+        .await
+    }
+
+    /// The current time, journaled so a replay sees the same value.
+    pub async fn now(&self) -> Result<DateTime<Utc>, JobError> {
+        self.run_step("now", "now", Replay::Safe, |_| async {
+            Ok((Utc::now(), None))
+        })
+        .await
+    }
+
+    /// A random UUID, journaled so a replay sees the same value.
+    pub async fn uuid(&self) -> Result<uuid::Uuid, JobError> {
+        self.run_step("uuid", "now", Replay::Safe, |_| async {
+            Ok((uuid::Uuid::new_v4(), None))
+        })
+        .await
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.state.lock().expect("job context state lock")
+    }
+
+    async fn run_step<T, F, Fut>(
+        &self,
+        name: &str,
+        kind: &'static str,
+        replay: Replay,
+        f: F,
+    ) -> Result<T, JobError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<(T, Option<serde_json::Value>), JobError>>,
+    {
+        self.check_running()?;
+        let seq = {
+            let mut st = self.state();
+            let seq = st.next_seq;
+            st.next_seq += 1;
+            seq
+        };
+        let key = step_idempotency_key(self.inner.info.op_id, seq, name);
+
+        if let Some(entry) = self.recorded(seq) {
+            if entry.name != name || entry.kind != kind {
+                return Err(JobError::Nondeterminism(format!(
+                    "step {seq} was recorded as {:?} ({}) but the job now asks for {name:?} ({kind})",
+                    entry.name, entry.kind
+                )));
+            }
+            match entry.status.as_str() {
+                "completed" => {
+                    let out = entry.output.unwrap_or(serde_json::Value::Null);
+                    return serde_json::from_value(out).map_err(|e| {
+                        JobError::Nondeterminism(format!(
+                            "step {seq} ({name}) recorded an output of another shape: {e}"
+                        ))
+                    });
+                }
+                "started" | "unknown" if entry.replay == "unsafe" => {
+                    return Err(JobError::UnknownSideEffect {
+                        seq,
+                        name: name.to_string(),
+                        key,
+                    });
+                }
+                // A safe step left started, or a step that failed on an earlier attempt: run it again.
+                _ => {}
+            }
+        }
+
+        let started_at = Utc::now();
+        let row = |status: &'static str| StepWrite {
+            seq,
+            name: name.to_string(),
+            kind,
+            replay: replay.as_str(),
+            idempotency_key: key.clone(),
+            status,
+            output: None,
+            error: None,
+            started_at,
+            completed_at: None,
+            usage: None,
+        };
+
+        let must_flush = {
+            let st = self.state();
+            st.pending_unsafe
+                || st
+                    .pending_since
+                    .is_some_and(|t| t.elapsed() >= PENDING_FLUSH_AFTER)
+        };
+        if replay == Replay::Unsafe {
+            self.push(row("started"), false);
+            self.flush().await?;
+        } else if must_flush {
+            self.flush().await?;
+        }
+
+        self.state().current_key = Some(key.clone());
+        let outcome = f(key.clone()).await;
+        self.state().current_key = None;
+        match outcome {
+            Ok((value, usage)) => {
+                let output = serde_json::to_value(&value).map_err(|e| {
+                    JobError::NonRetryable(format!("step {name:?} output is not serializable: {e}"))
+                })?;
+                let mut done = row("completed");
+                done.output = Some(output);
+                done.usage = usage;
+                done.completed_at = Some(Utc::now());
+                self.push(done, replay == Replay::Unsafe);
+                Ok(value)
+            }
+            Err(e) => {
+                if !matches!(e, JobError::LeaseLost) {
+                    let mut failed = row("failed");
+                    failed.error = Some(e.to_string());
+                    failed.completed_at = Some(Utc::now());
+                    self.push(failed, false);
+                    self.state().failed_step = Some(seq);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn recorded(&self, seq: i32) -> Option<JournalEntry> {
+        let st = self.state();
+        st.journal.iter().find(|e| e.seq == seq).cloned()
+    }
+
+    fn push(&self, row: StepWrite, is_unsafe_completion: bool) {
+        let mut st = self.state();
+        // A later row for the same seq replaces the earlier one (started → completed).
+        st.pending.retain(|r| r.seq != row.seq);
+        st.pending.push(row);
+        st.pending_since.get_or_insert_with(Instant::now);
+        st.pending_unsafe |= is_unsafe_completion;
+    }
+
+    fn check_running(&self) -> Result<(), JobError> {
+        if self.inner.lost.load(Ordering::Acquire) || self.inner.stop.is_cancelled() {
+            return Err(JobError::LeaseLost);
+        }
+        Ok(())
+    }
+
+    /// Writes the pending rows in one fenced statement.
+    async fn flush(&self) -> Result<(), JobError> {
+        let rows = {
+            let st = self.state();
+            if st.pending.is_empty() {
+                return Ok(());
+            }
+            st.pending.clone()
+        };
+        let info = &self.inner.info;
+        let held = db::record_steps(&self.inner.pool, info.op_id.0, info.epoch, &rows)
+            .await
+            .map_err(|e| JobError::retryable(format!("writing the journal: {e}")))?;
+        if !held {
+            self.inner.lost.store(true, Ordering::Release);
+            return Err(JobError::LeaseLost);
+        }
+        let mut st = self.state();
+        st.pending
+            .retain(|r| !rows.iter().any(|w| w.seq == r.seq && w.status == r.status));
+        st.pending_since = None;
+        st.pending_unsafe = false;
+        Ok(())
+    }
+
+    /// The rows to write with the final transition, and the step that failed (if any).
+    pub(crate) fn take_pending(&self) -> (Vec<StepWrite>, Option<i32>) {
+        let mut st = self.state();
+        st.pending_since = None;
+        st.pending_unsafe = false;
+        (std::mem::take(&mut st.pending), st.failed_step)
+    }
+}

@@ -1,0 +1,128 @@
+//! Running one claimed operation: replay its journal, call the job function, and settle the
+//! outcome with one fenced statement ([`settle`] is the one place that maps an outcome to a
+//! transition).
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use agentq_core::db::{self, Claimed};
+use agentq_core::operation::OperationId;
+use agentq_core::retry;
+use futures_util::FutureExt;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::Shared;
+use crate::context::{JobContext, JobError, OperationInfo};
+
+/// Runs `op` to its next resting state. The lease is released when this returns.
+pub(crate) async fn execute(shared: Arc<Shared>, op: Claimed, stop: CancellationToken) {
+    let id = op.id;
+    run(&shared, op, stop).await;
+    shared.leases.release(id);
+}
+
+async fn run(shared: &Shared, op: Claimed, stop: CancellationToken) {
+    let journal = if op.has_journal {
+        match db::load_journal(&shared.pool, op.id).await {
+            Ok(j) => j,
+            Err(e) => {
+                // Without the journal nothing may run; the lease lapses and the reaper retries.
+                tracing::error!(op_id = %op.id, error = %e, "loading the journal failed");
+                return;
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    let info = OperationInfo {
+        op_id: OperationId(op.id),
+        tenant: op.tenant_id.clone(),
+        kind: op.kind.clone(),
+        attempt: op.attempt,
+        epoch: op.epoch,
+    };
+    let ctx = JobContext::new(
+        info,
+        shared.pool.clone(),
+        shared.model.clone(),
+        journal,
+        stop.clone(),
+    );
+    let outcome = match shared.registry.handler(&op.kind) {
+        None => Err(JobError::NonRetryable(format!(
+            "no worker here runs kind {:?}",
+            op.kind
+        ))),
+        Some(handler) => {
+            let job = AssertUnwindSafe(handler(ctx.clone(), op.input.clone())).catch_unwind();
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => Err(JobError::LeaseLost),
+                r = job => r.unwrap_or_else(|panic| Err(JobError::Panicked(panic_message(&panic)))),
+            }
+        }
+    };
+    settle(shared, &op, &ctx, outcome).await;
+}
+
+/// Maps a job's outcome to its database transition.
+async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result<Value, JobError>) {
+    let (steps, failed_step) = ctx.take_pending();
+    let written = match &outcome {
+        Ok(result) => db::complete_operation(&shared.pool, op.id, op.epoch, result, &steps).await,
+        Err(JobError::LeaseLost) => return,
+        Err(e) => {
+            let retry_at = match e {
+                JobError::Retryable { not_before, .. }
+                | JobError::Overloaded { not_before, .. }
+                    if op.attempt < op.max_attempts =>
+                {
+                    Some(retry::next_run_at(op.attempt, *not_before))
+                }
+                JobError::Panicked(_) if op.attempt < op.max_attempts => {
+                    Some(retry::next_run_at(op.attempt, None))
+                }
+                _ => None,
+            };
+            let retryable = matches!(
+                e,
+                JobError::Retryable { .. } | JobError::Overloaded { .. } | JobError::Panicked(_)
+            );
+            let class = if retryable && retry_at.is_none() {
+                "retries_exhausted"
+            } else {
+                e.class()
+            };
+            tracing::info!(op_id = %op.id, class, attempt = op.attempt, retry = retry_at.is_some(), "operation failed");
+            db::fail_operation(
+                &shared.pool,
+                op.id,
+                op.epoch,
+                class,
+                &e.to_string(),
+                retry_at,
+                failed_step,
+                &steps,
+            )
+            .await
+        }
+    };
+    match written {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(op_id = %op.id, "lease lost before the result was written; discarded")
+        }
+        Err(e) => {
+            tracing::error!(op_id = %op.id, error = %e, "writing the outcome failed; the lease will lapse and the operation rerun")
+        }
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
+}

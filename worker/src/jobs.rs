@@ -1,0 +1,35 @@
+//! Built-in job kinds.
+//!
+//! - `echo`: input `{"text": …}`; one model step through the configured model client (the
+//!   built-in local model echoes the text); output `{"text": …}`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::context::{JobContext, JobError};
+use crate::model::ModelRequest;
+use crate::registry::Registry;
+
+/// Input of `echo`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EchoInput {
+    pub text: String,
+}
+
+/// Output of `echo`.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct EchoOutput {
+    pub text: String,
+}
+
+/// Sends the text to the model and returns its answer.
+pub async fn echo(ctx: JobContext, input: EchoInput) -> Result<EchoOutput, JobError> {
+    let answer = ctx.model("echo", ModelRequest::user(input.text)).await?;
+    Ok(EchoOutput {
+        text: answer.content,
+    })
+}
+
+pub(crate) fn register_builtin(r: &mut Registry) {
+    r.register("echo", echo);
+}

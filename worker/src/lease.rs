@@ -1,0 +1,127 @@
+//! Leases: the table of operations this worker runs, and the heartbeat that renews all of them
+//! in one statement every `lease_ttl / 3`.
+//!
+//! An operation missing from the renewal's answer was lost (reaped, or claimed by another
+//! worker at a newer epoch): its stop token fires and it writes nothing more. If renewals keep
+//! failing until the lease would have expired, the worker stops everything itself
+//! (self-fencing), because another worker may already own those operations.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use agentq_core::db;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+struct Held {
+    epoch: i64,
+    stop: CancellationToken,
+}
+
+/// The operations this worker holds.
+pub(crate) struct Leases {
+    owner: String,
+    ttl: Duration,
+    active: Mutex<HashMap<Uuid, Held>>,
+}
+
+impl Leases {
+    pub(crate) fn new(owner: String, ttl: Duration) -> Self {
+        Self {
+            owner,
+            ttl,
+            active: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Held>> {
+        self.active.lock().expect("leases lock")
+    }
+
+    /// Starts tracking a claimed operation; the token fires when the lease is lost.
+    pub(crate) fn hold(&self, id: Uuid, epoch: i64) -> CancellationToken {
+        let stop = CancellationToken::new();
+        self.map().insert(
+            id,
+            Held {
+                epoch,
+                stop: stop.clone(),
+            },
+        );
+        stop
+    }
+
+    /// Stops tracking an operation (finished, or abandoned).
+    pub(crate) fn release(&self, id: Uuid) {
+        self.map().remove(&id);
+    }
+
+    /// Number of operations held.
+    pub(crate) fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    fn lose(&self, ids: impl IntoIterator<Item = Uuid>) {
+        let mut map = self.map();
+        for id in ids {
+            if let Some(h) = map.remove(&id) {
+                tracing::warn!(op_id = %id, epoch = h.epoch, "lease lost; stopping the operation");
+                h.stop.cancel();
+            }
+        }
+    }
+
+    /// Renews every held lease once; returns false if the database could not be reached.
+    pub(crate) async fn renew(&self, pool: &PgPool) -> bool {
+        let held: Vec<(Uuid, i64)> = self.map().iter().map(|(id, h)| (*id, h.epoch)).collect();
+        if held.is_empty() {
+            return true;
+        }
+        match db::renew_leases(pool, &self.owner, &held, self.ttl).await {
+            Ok(kept) => {
+                let lost = held
+                    .iter()
+                    .map(|(id, _)| *id)
+                    .filter(|id| !kept.iter().any(|(k, _)| k == id));
+                self.lose(lost);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing leases failed");
+                false
+            }
+        }
+    }
+
+    /// Heartbeats until `shutdown`, self-fencing when renewals fail for a whole lease period.
+    pub(crate) async fn run_heartbeat(&self, pool: PgPool, shutdown: CancellationToken) {
+        let every = self.ttl / 3;
+        let mut last_ok = Instant::now();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            if self.renew(&pool).await {
+                last_ok = Instant::now();
+            } else if last_ok.elapsed() + every >= self.ttl {
+                let all: Vec<Uuid> = self.map().keys().copied().collect();
+                tracing::error!(
+                    n = all.len(),
+                    "leases could not be renewed in time; stopping all operations"
+                );
+                self.lose(all);
+            }
+        }
+    }
+}

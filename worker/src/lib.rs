@@ -1,0 +1,203 @@
+//! agentq-worker: consume pointers, claim operations, and run job functions with a journal.
+//!
+//! Invariants kept here (DESIGN §3): no job function is called before its claim (`running`,
+//! new epoch, lease) has committed; every write after the claim is fenced by the epoch; no
+//! transaction or pooled connection is held across a job's model or tool calls; a delivery is
+//! acked right after the claim commits, never held for the length of a job.
+
+mod claim;
+pub mod context;
+mod executor;
+pub mod jobs;
+mod lease;
+pub mod model;
+pub mod registry;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentq_core::broker::{self, Consumer, Names};
+use agentq_core::operation::Lane;
+use sqlx::PgPool;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use context::{JobContext, JobError, OperationInfo, Replay};
+pub use model::{LocalModel, ModelClient, ModelRequest, ModelResponse};
+pub use registry::Registry;
+
+use claim::Ended;
+use lease::Leases;
+
+/// Everything a running job shares with its worker.
+pub(crate) struct Shared {
+    pub(crate) pool: PgPool,
+    pub(crate) registry: Registry,
+    pub(crate) model: Arc<dyn ModelClient>,
+    pub(crate) leases: Leases,
+}
+
+/// Worker settings (from [`agentq_core::Config`] in the binary).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub amqp_url: String,
+    pub namespace: String,
+    pub lease_ttl: Duration,
+    /// Operations run at once, per lane; 0 → that lane is not consumed.
+    pub concurrency_interactive: u16,
+    pub concurrency_batch: u16,
+    /// How long a shutdown waits for running operations before letting their leases lapse.
+    pub shutdown_grace: Duration,
+}
+
+/// A worker process's engine.
+pub struct Worker {
+    settings: Settings,
+    shared: Arc<Shared>,
+}
+
+impl Worker {
+    /// A worker running the kinds of `registry` with `model`.
+    pub fn new(
+        settings: Settings,
+        pool: PgPool,
+        registry: Registry,
+        model: Arc<dyn ModelClient>,
+    ) -> Self {
+        let owner = format!(
+            "{}-{}-{}",
+            hostname(),
+            std::process::id(),
+            &uuid::Uuid::new_v4().simple().to_string()[..6]
+        );
+        let leases = Leases::new(owner, settings.lease_ttl);
+        Self {
+            settings,
+            shared: Arc::new(Shared {
+                pool,
+                registry,
+                model,
+                leases,
+            }),
+        }
+    }
+
+    /// The lease owner name this worker writes into claimed rows.
+    pub fn owner(&self) -> &str {
+        self.shared.leases.owner()
+    }
+
+    /// Runs until `shutdown`: consumes both lanes (reconnecting to the broker when it fails),
+    /// heartbeats leases, and on shutdown stops consuming and waits up to the grace period for
+    /// running operations.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let tasks = TaskTracker::new();
+        let heartbeat = {
+            let shared = self.shared.clone();
+            let stop = shutdown.child_token();
+            let pool = shared.pool.clone();
+            tokio::spawn(async move { shared.leases.run_heartbeat(pool, stop).await })
+        };
+        tracing::info!(owner = %self.owner(), "worker started");
+        let names = Names::new(&self.settings.namespace);
+        let lanes: Vec<(Lane, u16)> = [
+            (Lane::Interactive, self.settings.concurrency_interactive),
+            (Lane::Batch, self.settings.concurrency_batch),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect();
+        let slots: Vec<Arc<Semaphore>> = lanes
+            .iter()
+            .map(|(_, n)| Arc::new(Semaphore::new(usize::from(*n))))
+            .collect();
+
+        let mut backoff = Duration::from_millis(200);
+        while !shutdown.is_cancelled() {
+            match self
+                .consume(&names, &lanes, &slots, &tasks, &shutdown)
+                .await
+            {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "broker connection lost; reconnecting in {backoff:?}");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+
+        tasks.close();
+        let running = self.shared.leases.len();
+        if running > 0 {
+            tracing::info!(running, grace = ?self.settings.shutdown_grace, "waiting for running operations");
+        }
+        if tokio::time::timeout(self.settings.shutdown_grace, tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = self.shared.leases.len(),
+                "grace period over; leaving the rest to lapse and be recovered"
+            );
+        }
+        heartbeat.abort();
+        Ok(())
+    }
+
+    /// One broker session: connect, consume every lane until shutdown (Ok) or a failure (Err).
+    async fn consume(
+        &self,
+        names: &Names,
+        lanes: &[(Lane, u16)],
+        slots: &[Arc<Semaphore>],
+        tasks: &TaskTracker,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let conn = broker::connect(&self.settings.amqp_url, "worker").await?;
+        broker::declare_topology(&conn, names).await?;
+        let session = shutdown.child_token();
+        let mut loops = Vec::new();
+        for ((lane, n), slots) in lanes.iter().zip(slots) {
+            let tag = format!("{}-{}", self.owner(), lane);
+            let consumer = Consumer::open(&conn, names, *lane, *n, &tag).await?;
+            loops.push(tokio::spawn(claim::consume_lane(
+                self.shared.clone(),
+                consumer,
+                *lane,
+                slots.clone(),
+                tasks.clone(),
+                session.clone(),
+            )));
+        }
+        let mut result = Ok(());
+        let mut loops: futures_util::stream::FuturesUnordered<_> = loops.into_iter().collect();
+        while let Some(ended) = futures_util::StreamExt::next(&mut loops).await {
+            let broken = match ended {
+                Ok(Ended::Shutdown) => None,
+                Ok(Ended::Broken(reason)) => Some(reason),
+                Err(join) => Some(format!("lane task failed: {join}")),
+            };
+            if let Some(reason) = broken {
+                // One lane failing ends the session for all: reconnect them together.
+                session.cancel();
+                result = Err(anyhow::anyhow!(reason));
+            }
+        }
+        let _ = conn.close(200, "worker stopping".into()).await;
+        result
+    }
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".into())
+}
