@@ -73,13 +73,28 @@ async fn same_key_returns_the_same_operation_and_different_input_is_refused() {
     let conflict = run(args("b"));
     assert_eq!(conflict.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&conflict.stderr);
-    assert!(stderr.contains("order-42") && stderr.contains("different input"), "{stderr}");
-    assert_eq!(app.operation_count().await, 1, "a refused enqueue writes nothing");
+    assert!(
+        stderr.contains("order-42") && stderr.contains("different input"),
+        "{stderr}"
+    );
+    assert_eq!(
+        app.operation_count().await,
+        1,
+        "a refused enqueue writes nothing"
+    );
 
     // The key is scoped per tenant: another tenant may use it for its own operation.
     let other = app.agentq_json(&[
-        "enqueue", "--tenant", "t2", "--kind", "echo", "--input", r#"{"text":"b"}"#, "--key",
-        "order-42", "--json",
+        "enqueue",
+        "--tenant",
+        "t2",
+        "--kind",
+        "echo",
+        "--input",
+        r#"{"text":"b"}"#,
+        "--key",
+        "order-42",
+        "--json",
     ]);
     assert_eq!(other["created"], true);
     assert_ne!(other["op_id"], first["op_id"]);
@@ -90,11 +105,49 @@ async fn same_key_returns_the_same_operation_and_different_input_is_refused() {
 async fn bad_input_is_refused_with_exit_code_2_and_writes_nothing() {
     let app = TestApp::start().await;
     let cases: [(&[&str], &str); 5] = [
-        (&["--tenant", "t1", "--kind", "echo", "--input", "{not json"], "not valid JSON"),
-        (&["--tenant", "t1", "--kind", "nope", "--input", "{}"], "unknown kind"),
-        (&["--tenant", "", "--kind", "echo", "--input", r#"{"text":"x"}"#], "tenant must not be empty"),
-        (&["--tenant", "t1", "--kind", "echo", "--input", r#"{"txt":"x"}"#], "does not fit kind"),
-        (&["--tenant", "t1", "--kind", "echo", "--input", r#"{"text":"x"}"#, "--lane", "fast"], "lane"),
+        (
+            &["--tenant", "t1", "--kind", "echo", "--input", "{not json"],
+            "not valid JSON",
+        ),
+        (
+            &["--tenant", "t1", "--kind", "nope", "--input", "{}"],
+            "unknown kind",
+        ),
+        (
+            &[
+                "--tenant",
+                "",
+                "--kind",
+                "echo",
+                "--input",
+                r#"{"text":"x"}"#,
+            ],
+            "tenant must not be empty",
+        ),
+        (
+            &[
+                "--tenant",
+                "t1",
+                "--kind",
+                "echo",
+                "--input",
+                r#"{"txt":"x"}"#,
+            ],
+            "does not fit kind",
+        ),
+        (
+            &[
+                "--tenant",
+                "t1",
+                "--kind",
+                "echo",
+                "--input",
+                r#"{"text":"x"}"#,
+                "--lane",
+                "fast",
+            ],
+            "lane",
+        ),
     ];
     for (args, expected) in cases {
         let mut full = vec!["enqueue"];
@@ -102,7 +155,10 @@ async fn bad_input_is_refused_with_exit_code_2_and_writes_nothing() {
         let out = app.agentq(&full);
         assert_eq!(out.status.code(), Some(2), "{args:?} should be refused");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains(expected), "{args:?}: expected {expected:?} in {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: expected {expected:?} in {stderr}"
+        );
     }
     assert_eq!(app.operation_count().await, 0);
     let out = app.agentq(&["status", "not-an-id"]);
@@ -119,7 +175,10 @@ async fn the_same_pointer_published_five_times_runs_the_job_once() {
     let publisher = Publisher::open(&conn, app.names()).await.unwrap();
     let pointer = Pointer::new(OperationId::parse(&op).unwrap(), "t1", "echo");
     for _ in 0..4 {
-        publisher.publish(&pointer, Lane::Interactive).await.unwrap();
+        publisher
+            .publish(&pointer, Lane::Interactive)
+            .await
+            .unwrap();
     }
     app.spawn(&["worker"]);
 
@@ -127,7 +186,10 @@ async fn the_same_pointer_published_five_times_runs_the_job_once() {
     // Every copy must be consumed (acked) before judging.
     let names = app.names();
     app.wait_for("the queue to drain", DEADLINE, || async {
-        broker::queue_depth(&conn, &names, Lane::Interactive).await.unwrap() == 0
+        broker::queue_depth(&conn, &names, Lane::Interactive)
+            .await
+            .unwrap()
+            == 0
     })
     .await;
     let epoch: i64 = sqlx::query_scalar("SELECT epoch FROM operations WHERE id = $1::uuid")
@@ -154,7 +216,10 @@ async fn two_workers_racing_for_one_operation_claim_it_once() {
     let publisher = Publisher::open(&conn, app.names()).await.unwrap();
     let pointer = Pointer::new(OperationId::parse(&op).unwrap(), "t1", "echo");
     for _ in 0..3 {
-        publisher.publish(&pointer, Lane::Interactive).await.unwrap();
+        publisher
+            .publish(&pointer, Lane::Interactive)
+            .await
+            .unwrap();
     }
     app.wait_status(&op, "succeeded", DEADLINE).await;
     let epoch: i64 = sqlx::query_scalar("SELECT epoch FROM operations WHERE id = $1::uuid")
@@ -278,8 +343,12 @@ async fn an_operation_committed_but_never_published_still_completes() {
         app.names(),
         "test",
     ));
-    let producer =
-        agentq_producer::Producer::new(app.pool.clone(), dispatcher.clone(), ["echo".to_string()], 3);
+    let producer = agentq_producer::Producer::new(
+        app.pool.clone(),
+        dispatcher.clone(),
+        ["echo".to_string()],
+        3,
+    );
     let mut tx = app.pool.begin().await.unwrap();
     let pending = producer
         .enqueue_in(
@@ -299,7 +368,12 @@ async fn an_operation_committed_but_never_published_still_completes() {
     let op = producer_op_id(&app).await;
     let names = app.names();
     let conn = broker::connect(&app.amqp_url, "test").await.unwrap();
-    assert_eq!(broker::queue_depth(&conn, &names, Lane::Interactive).await.unwrap(), 0);
+    assert_eq!(
+        broker::queue_depth(&conn, &names, Lane::Interactive)
+            .await
+            .unwrap(),
+        0
+    );
 
     app.spawn(&["worker"]);
     app.spawn(&["scheduler"]);
@@ -326,10 +400,11 @@ async fn lost_pointers_are_republished_but_a_backlog_is_left_alone() {
     }
     // Wait until the producers' dispatch marks landed.
     app.wait_for("dispatch marks", DEADLINE, || async {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM operations WHERE dispatched_at IS NOT NULL")
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM operations WHERE dispatched_at IS NOT NULL")
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
         n == 5
     })
     .await;
@@ -343,21 +418,49 @@ async fn lost_pointers_are_republished_but_a_backlog_is_left_alone() {
         lost_after: Duration::ZERO,
         ..Default::default()
     };
-    let scheduler =
-        agentq_scheduler::Scheduler::new(settings, app.pool.clone(), dispatcher.clone(), &app.namespace);
+    let scheduler = agentq_scheduler::Scheduler::new(
+        settings,
+        app.pool.clone(),
+        dispatcher.clone(),
+        &app.namespace,
+    );
     let conn = broker::connect(&app.amqp_url, "test").await.unwrap();
     let names = app.names();
 
     // A legitimate backlog: the pointers are in the queue, nothing is republished.
-    assert_eq!(broker::queue_depth(&conn, &names, Lane::Interactive).await.unwrap(), 5);
+    assert_eq!(
+        broker::queue_depth(&conn, &names, Lane::Interactive)
+            .await
+            .unwrap(),
+        5
+    );
     assert_eq!(scheduler.sweep_lost().await.unwrap(), 0);
-    assert_eq!(broker::queue_depth(&conn, &names, Lane::Interactive).await.unwrap(), 5);
+    assert_eq!(
+        broker::queue_depth(&conn, &names, Lane::Interactive)
+            .await
+            .unwrap(),
+        5
+    );
 
     // The broker loses them: the sweep republishes each exactly once.
-    assert_eq!(broker::purge_lane(&conn, &names, Lane::Interactive).await.unwrap(), 5);
+    assert_eq!(
+        broker::purge_lane(&conn, &names, Lane::Interactive)
+            .await
+            .unwrap(),
+        5
+    );
     assert_eq!(scheduler.sweep_lost().await.unwrap(), 5);
-    assert_eq!(broker::queue_depth(&conn, &names, Lane::Interactive).await.unwrap(), 5);
-    assert_eq!(scheduler.sweep_lost().await.unwrap(), 0, "queue is no longer empty");
+    assert_eq!(
+        broker::queue_depth(&conn, &names, Lane::Interactive)
+            .await
+            .unwrap(),
+        5
+    );
+    assert_eq!(
+        scheduler.sweep_lost().await.unwrap(),
+        0,
+        "queue is no longer empty"
+    );
 
     dispatcher.close().await;
     let _ = conn.close(200, "done".into()).await;
@@ -381,9 +484,17 @@ async fn migrate_is_safe_to_run_twice_and_concurrently() {
         .collect();
     for r in runs {
         let out = r.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    let again = app.command(&["migrate"]).env("DATABASE_URL", &url).output().unwrap();
+    let again = app
+        .command(&["migrate"])
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap();
     assert!(again.status.success());
     let pool = db::connect(&url, 2).await.unwrap();
     let tables: i64 = sqlx::query_scalar(

@@ -110,7 +110,12 @@ pub struct Config {
 
     /// Seconds a committed operation may wait for its producer's publish before the scheduler
     /// publishes it instead (a producer that crashed between commit and publish).
-    #[arg(long, env = "AGENTQ_DISPATCH_GRACE_SECS", default_value_t = 5, global = true)]
+    #[arg(
+        long,
+        env = "AGENTQ_DISPATCH_GRACE_SECS",
+        default_value_t = 5,
+        global = true
+    )]
     pub dispatch_grace_secs: u64,
 
     /// Connections in this process's PostgreSQL pool.

@@ -38,12 +38,16 @@ impl TestApp {
     pub async fn start() -> Self {
         let tag = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let database_url = db::with_database(&base_url(), &format!("agentq_test_{tag}")).unwrap();
-        db::migrate(&database_url).await.expect("migrating the test database");
+        db::migrate(&database_url)
+            .await
+            .expect("migrating the test database");
         let pool = db::connect(&database_url, 8).await.unwrap();
         let namespace = format!("test-{tag}");
         let amqp_url = amqp_url();
         let conn = broker::connect(&amqp_url, "test").await.unwrap();
-        broker::declare_topology(&conn, &Names::new(&namespace)).await.unwrap();
+        broker::declare_topology(&conn, &Names::new(&namespace))
+            .await
+            .unwrap();
         let _ = conn.close(200, "declared".into()).await;
         Self {
             database_url,
@@ -90,7 +94,10 @@ impl TestApp {
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!("agentq {args:?} printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
+            panic!(
+                "agentq {args:?} printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
         })
     }
 
@@ -125,7 +132,10 @@ impl TestApp {
     /// Reads an operation straight from the database.
     pub async fn operation(&self, op: &str) -> OperationView {
         let id = agentq_core::OperationId::parse(op).unwrap();
-        db::find_operation(&self.pool, id, None).await.unwrap().expect("operation exists")
+        db::find_operation(&self.pool, id, None)
+            .await
+            .unwrap()
+            .expect("operation exists")
     }
 
     /// Polls until the operation has `status`, panicking with its last state after `deadline`.
@@ -155,7 +165,10 @@ impl TestApp {
     {
         let end = tokio::time::Instant::now() + deadline;
         while !f().await {
-            assert!(tokio::time::Instant::now() < end, "timed out waiting for {what}");
+            assert!(
+                tokio::time::Instant::now() < end,
+                "timed out waiting for {what}"
+            );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
