@@ -90,7 +90,7 @@ pub fn worker(config: &Config, pool: PgPool, concurrency: Option<u16>) -> Worker
         lease_ttl: config.lease_ttl(),
         concurrency_interactive: concurrency.unwrap_or(config.concurrency_interactive),
         concurrency_batch: concurrency.unwrap_or(config.concurrency_batch),
-        shutdown_grace: config.lease_ttl(),
+        shutdown_grace: Duration::from_secs(config.shutdown_grace_secs),
     };
     Worker::new(settings, pool, Registry::builtin(), model_client(config))
 }
@@ -105,6 +105,7 @@ pub fn scheduler(config: &Config, pool: PgPool) -> agentq_scheduler::Scheduler {
     ));
     let settings = agentq_scheduler::Settings {
         dispatch_grace: Duration::from_secs(config.dispatch_grace_secs),
+        restart_limit: config.restart_limit,
         ..Default::default()
     };
     agentq_scheduler::Scheduler::new(settings, pool, dispatcher, &config.namespace)

@@ -118,6 +118,16 @@ pub struct Config {
     )]
     pub dispatch_grace_secs: u64,
 
+    /// On SIGTERM, seconds a worker lets running operations finish before it stops them and
+    /// hands them back to the queue.
+    #[arg(
+        long,
+        env = "AGENTQ_SHUTDOWN_GRACE_SECS",
+        default_value_t = 20,
+        global = true
+    )]
+    pub shutdown_grace_secs: u64,
+
     /// Connections in this process's PostgreSQL pool.
     #[arg(long, env = "AGENTQ_DB_POOL", default_value_t = 16, global = true)]
     pub db_pool: u32,

@@ -1,4 +1,8 @@
-//! agentq-scheduler: fires what is due. This build runs the dispatch sweeper:
+//! agentq-scheduler: fires what is due.
+//!
+//! - the reaper: `running` operations whose lease expired (the worker died or hung) go back to
+//!   `queued` with `restarts + 1` and are dispatched at once, or to `dead` as `crash_loop` once
+//!   restarts exceed the limit;
 //!
 //! - committed but never confirmed pointers (`queued`, `dispatched_at IS NULL`, older than a
 //!   grace period): the producer died between its commit and its publish, or a retry came due;
@@ -33,6 +37,8 @@ pub struct Settings {
     pub lost_check_every: Duration,
     /// Rows per sweep statement.
     pub batch: i64,
+    /// Crash recoveries allowed per operation before `crash_loop`.
+    pub restart_limit: i32,
 }
 
 impl Default for Settings {
@@ -43,6 +49,7 @@ impl Default for Settings {
             lost_after: Duration::from_secs(60),
             lost_check_every: Duration::from_secs(30),
             batch: 500,
+            restart_limit: 3,
         }
     }
 }
@@ -77,6 +84,10 @@ impl Scheduler {
         let mut last_lost_check = Instant::now();
         loop {
             let mut busy = false;
+            match self.reap().await {
+                Ok(n) => busy |= n as i64 >= self.settings.batch,
+                Err(e) => tracing::warn!(error = %e, "reaping expired leases failed"),
+            }
             match self.sweep_undispatched().await {
                 Ok(n) => busy |= n as i64 >= self.settings.batch,
                 Err(e) => tracing::warn!(error = %e, "dispatch sweep failed"),
@@ -97,6 +108,34 @@ impl Scheduler {
         }
         self.dispatcher.close().await;
         Ok(())
+    }
+
+    /// One pass of the reaper; returns how many expired leases it recovered.
+    pub async fn reap(&self) -> anyhow::Result<usize> {
+        let reaped =
+            db::reap_expired_leases(&self.pool, self.settings.restart_limit, self.settings.batch)
+                .await?;
+        let n = reaped.len();
+        let mut requeued = Vec::new();
+        for r in reaped {
+            if r.status == "dead" {
+                tracing::warn!(op_id = %r.id, restarts = r.restarts, "operation is dead: crash_loop");
+            } else {
+                tracing::info!(op_id = %r.id, restarts = r.restarts, in_flight = ?r.in_flight, "recovered an expired lease");
+                requeued.push(db::Dispatch {
+                    id: r.id,
+                    tenant_id: r.tenant_id,
+                    kind: r.kind,
+                    lane: r.lane,
+                    epoch: r.epoch,
+                });
+            }
+        }
+        // A failed publish here is swept later: the rows were left with dispatched_at NULL.
+        if let Err(e) = self.publish(requeued).await {
+            tracing::warn!(error = %e, "dispatching recovered operations failed; the sweeper will retry");
+        }
+        Ok(n)
     }
 
     /// One pass of the dispatch sweeper; returns how many pointers it published.
@@ -147,8 +186,8 @@ impl Scheduler {
             let dispatcher = self.dispatcher.clone();
             async move { dispatcher.dispatch(&target).await }
         });
-        // Confirms pipeline when publishes run concurrently. A failure leaves the row marked
-        // dispatched; the lost-pointer check republishes it once the queue drains.
+        // Confirms pipeline when publishes run concurrently. A failed publish leaves the row
+        // undispatched (or, for a lost pointer, due for the next lost-pointer check).
         for r in futures_util::future::join_all(sends).await {
             r?;
         }

@@ -21,12 +21,19 @@ use std::time::{Duration, Instant};
 use agentq_core::db::{self, JournalEntry, StepWrite};
 use agentq_core::operation::{OperationId, step_idempotency_key};
 use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{ModelClient, ModelRequest, ModelResponse};
+use crate::tool::{Reconciled, Tool};
+
+/// Asks a tool whether a call with this idempotency key already happened.
+type Reconcile<'a> =
+    Box<dyn FnOnce(String) -> BoxFuture<'a, Result<Reconciled, JobError>> + Send + 'a>;
 
 /// Pending safe-step rows older than this are flushed at the next step boundary, so a long job
 /// does not lose much finished work to a crash.
@@ -181,6 +188,11 @@ impl JobContext {
         &self.inner.info
     }
 
+    /// agentq's own database, for built-in tools only (the `ledger` demo tool).
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
     /// The idempotency key of the step running now (`None` outside a step): stable across
     /// retries and crashes, so a tool can pass it downstream to make its effect happen once.
     /// The step closure also receives it as its argument.
@@ -216,6 +228,22 @@ impl JobContext {
         .await
     }
 
+    /// Calls a tool as a step with the tool's replay policy. If a crash left an unsafe call's
+    /// outcome unknown, recovery asks [`Tool::reconcile`] before deciding anything.
+    pub async fn tool(&self, tool: &dyn Tool, args: Value) -> Result<Value, JobError> {
+        let recover_args = args.clone();
+        self.run_step_with(
+            tool.name(),
+            "tool",
+            tool.replay(),
+            Some(Box::new(move |key: String| {
+                Box::pin(async move { tool.reconcile(&recover_args, &key).await })
+            })),
+            |key| async move { tool.call(&args, &key).await.map(|v| (v, None)) },
+        )
+        .await
+    }
+
     /// The current time, journaled so a replay sees the same value.
     pub async fn now(&self) -> Result<DateTime<Utc>, JobError> {
         self.run_step("now", "now", Replay::Safe, |_| async {
@@ -241,6 +269,22 @@ impl JobContext {
         name: &str,
         kind: &'static str,
         replay: Replay,
+        f: F,
+    ) -> Result<T, JobError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<(T, Option<serde_json::Value>), JobError>>,
+    {
+        self.run_step_with(name, kind, replay, None, f).await
+    }
+
+    async fn run_step_with<'a, T, F, Fut>(
+        &self,
+        name: &str,
+        kind: &'static str,
+        replay: Replay,
+        reconcile: Option<Reconcile<'a>>,
         f: F,
     ) -> Result<T, JobError>
     where
@@ -274,11 +318,65 @@ impl JobContext {
                     });
                 }
                 "started" | "unknown" if entry.replay == "unsafe" => {
-                    return Err(JobError::UnknownSideEffect {
-                        seq,
-                        name: name.to_string(),
-                        key,
-                    });
+                    let answer = match reconcile {
+                        Some(ask) => ask(key.clone()).await?,
+                        None => Reconciled::Unsupported,
+                    };
+                    match answer {
+                        Reconciled::Happened(output) => {
+                            tracing::info!(op_id = %self.inner.info.op_id, seq, "reconciled: the effect happened");
+                            let value: T = serde_json::from_value(output.clone()).map_err(|e| {
+                                JobError::NonRetryable(format!(
+                                    "reconcile of step {seq} ({name}) returned an output of another shape: {e}"
+                                ))
+                            })?;
+                            self.push(
+                                StepWrite {
+                                    seq,
+                                    name: name.to_string(),
+                                    kind,
+                                    replay: replay.as_str(),
+                                    idempotency_key: key,
+                                    status: "completed",
+                                    output: Some(output),
+                                    error: None,
+                                    started_at: Utc::now(),
+                                    completed_at: Some(Utc::now()),
+                                    usage: None,
+                                },
+                                true,
+                            );
+                            return Ok(value);
+                        }
+                        Reconciled::NotHappened => {
+                            tracing::info!(op_id = %self.inner.info.op_id, seq, "reconciled: the effect did not happen; running it");
+                        }
+                        Reconciled::Unsupported => {
+                            // Fail closed: mark the step unknown, keep its key for a human.
+                            self.push(
+                                StepWrite {
+                                    seq,
+                                    name: name.to_string(),
+                                    kind,
+                                    replay: replay.as_str(),
+                                    idempotency_key: key.clone(),
+                                    status: "unknown",
+                                    output: None,
+                                    error: Some("outcome lost in a crash; not re-run".into()),
+                                    started_at: Utc::now(),
+                                    completed_at: None,
+                                    usage: None,
+                                },
+                                false,
+                            );
+                            self.state().failed_step = Some(seq);
+                            return Err(JobError::UnknownSideEffect {
+                                seq,
+                                name: name.to_string(),
+                                key,
+                            });
+                        }
+                    }
                 }
                 // A safe step left started, or a step that failed on an earlier attempt: run it again.
                 _ => {}

@@ -17,9 +17,9 @@ use crate::context::{JobContext, JobError, OperationInfo};
 
 /// Runs `op` to its next resting state. The lease is released when this returns.
 pub(crate) async fn execute(shared: Arc<Shared>, op: Claimed, stop: CancellationToken) {
-    let id = op.id;
+    let (id, epoch) = (op.id, op.epoch);
     run(&shared, op, stop).await;
-    shared.leases.release(id);
+    shared.leases.release(id, epoch);
 }
 
 async fn run(shared: &Shared, op: Claimed, stop: CancellationToken) {

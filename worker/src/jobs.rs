@@ -2,12 +2,21 @@
 //!
 //! - `echo`: input `{"text": …}`; one model step through the configured model client (the
 //!   built-in local model echoes the text); output `{"text": …}`.
+//! - `script`: a small JSON program for demos, smoke tests, benchmarks and crash tests (its
+//!   format is in the README and on [`ScriptStep`]).
 
+use std::time::Duration;
+
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
 
-use crate::context::{JobContext, JobError};
+use crate::context::{JobContext, JobError, Replay};
 use crate::model::ModelRequest;
 use crate::registry::Registry;
+use crate::tool::{Reconciled, Tool};
 
 /// Input of `echo`.
 #[derive(Debug, Deserialize, Serialize)]
@@ -30,6 +39,184 @@ pub async fn echo(ctx: JobContext, input: EchoInput) -> Result<EchoOutput, JobEr
     })
 }
 
+/// Input of `script`: the steps to run, in order.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptInput {
+    pub steps: Vec<ScriptStep>,
+}
+
+/// One instruction of a `script` program.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(untagged, deny_unknown_fields)]
+pub enum ScriptStep {
+    /// `{"work_ms": N}`: a replay-safe step taking N ms of wall time.
+    Work { work_ms: u64 },
+    /// `{"tool": "ledger", "replay": "safe"|"unsafe", "label": "…", "after_ms": N,
+    /// "reconcile": bool}`: a side effect (a row in `ledger_effects`). The safe variant is
+    /// idempotent on the step's key, the unsafe one inserts every time it runs. `after_ms`:
+    /// the call takes N ms more after its effect happened. `reconcile`: recovery may ask the
+    /// ledger whether the effect happened.
+    Tool {
+        tool: ToolName,
+        replay: ReplayName,
+        label: String,
+        #[serde(default)]
+        after_ms: u64,
+        #[serde(default)]
+        reconcile: bool,
+    },
+    /// `{"model": "prompt"}`: a model step.
+    Model { model: String },
+    /// `{"fail": "retryable"|"non_retryable", "times": N}`: fails the first N attempts.
+    Fail { fail: FailClass, times: i32 },
+    /// `{"panic": true, "times": N}`: panics on the first N attempts (every attempt without `times`).
+    Panic {
+        panic: bool,
+        #[serde(default)]
+        times: Option<i32>,
+    },
+}
+
+/// Tools a script may call.
+#[derive(Debug, Deserialize, Serialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolName {
+    Ledger,
+}
+
+/// `safe` or `unsafe`.
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayName {
+    Safe,
+    Unsafe,
+}
+
+/// Failure classes a script can simulate.
+#[derive(Debug, Deserialize, Serialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+pub enum FailClass {
+    Retryable,
+    NonRetryable,
+}
+
+/// Runs a script; the output lists each step's output.
+pub async fn script(ctx: JobContext, input: ScriptInput) -> Result<Value, JobError> {
+    let mut outputs = Vec::with_capacity(input.steps.len());
+    let attempt = ctx.info().attempt;
+    for step in input.steps {
+        let out = match step {
+            ScriptStep::Work { work_ms } => {
+                ctx.step("work", Replay::Safe, |_key| async move {
+                    tokio::time::sleep(Duration::from_millis(work_ms)).await;
+                    Ok(json!({ "worked_ms": work_ms }))
+                })
+                .await?
+            }
+            ScriptStep::Tool {
+                tool: ToolName::Ledger,
+                replay,
+                label,
+                after_ms,
+                reconcile,
+            } => {
+                let ledger = Ledger {
+                    pool: ctx.pool().clone(),
+                    op_id: ctx.info().op_id.0,
+                    name: format!("ledger:{label}"),
+                    label,
+                    replay: if replay == ReplayName::Safe {
+                        Replay::Safe
+                    } else {
+                        Replay::Unsafe
+                    },
+                    after_ms,
+                    reconcile,
+                };
+                ctx.tool(&ledger, json!({})).await?
+            }
+            ScriptStep::Model { model } => {
+                let answer = ctx.model("model", ModelRequest::user(model)).await?;
+                json!({ "text": answer.content })
+            }
+            ScriptStep::Fail { fail, times } => {
+                ctx.step("fail", Replay::Safe, |_key| async move {
+                    if attempt > times {
+                        return Ok(json!({ "failed_attempts": times }));
+                    }
+                    let message =
+                        format!("scripted failure on attempt {attempt} of the first {times}");
+                    Err(match fail {
+                        FailClass::Retryable => JobError::retryable(message),
+                        FailClass::NonRetryable => JobError::NonRetryable(message),
+                    })
+                })
+                .await?
+            }
+            ScriptStep::Panic { panic, times } => {
+                if panic && times.is_none_or(|t| attempt <= t) {
+                    panic!("scripted panic on attempt {attempt}");
+                }
+                json!({ "panicked": false })
+            }
+        };
+        outputs.push(out);
+    }
+    Ok(json!({ "steps": outputs.len(), "outputs": outputs }))
+}
+
+/// The `ledger` tool: a stand-in for an outside system with side effects.
+struct Ledger {
+    pool: PgPool,
+    op_id: Uuid,
+    name: String,
+    label: String,
+    replay: Replay,
+    after_ms: u64,
+    reconcile: bool,
+}
+
+#[async_trait]
+impl Tool for Ledger {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn replay(&self) -> Replay {
+        self.replay
+    }
+
+    async fn call(&self, _args: &Value, key: &str) -> Result<Value, JobError> {
+        let id = agentq_core::db::ledger::record_effect(
+            &self.pool,
+            self.op_id,
+            &self.label,
+            key,
+            self.replay == Replay::Safe,
+        )
+        .await
+        .map_err(|e| JobError::retryable(format!("ledger unavailable: {e}")))?;
+        // The effect has happened; its answer takes a while to arrive.
+        tokio::time::sleep(Duration::from_millis(self.after_ms)).await;
+        Ok(json!({ "effect_id": id }))
+    }
+
+    async fn reconcile(&self, _args: &Value, key: &str) -> Result<Reconciled, JobError> {
+        if !self.reconcile {
+            return Ok(Reconciled::Unsupported);
+        }
+        let found = agentq_core::db::ledger::find_effect(&self.pool, key)
+            .await
+            .map_err(|e| JobError::retryable(format!("ledger unavailable: {e}")))?;
+        Ok(match found {
+            Some(id) => Reconciled::Happened(json!({ "effect_id": id })),
+            None => Reconciled::NotHappened,
+        })
+    }
+}
+
 pub(crate) fn register_builtin(r: &mut Registry) {
     r.register("echo", echo);
+    r.register("script", script);
 }

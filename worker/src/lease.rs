@@ -61,9 +61,36 @@ impl Leases {
         stop
     }
 
-    /// Stops tracking an operation (finished, or abandoned).
-    pub(crate) fn release(&self, id: Uuid) {
-        self.map().remove(&id);
+    /// Stops tracking an operation (finished, or abandoned) at `epoch`; a newer claim of the
+    /// same operation by this worker stays tracked.
+    pub(crate) fn release(&self, id: Uuid, epoch: i64) {
+        let mut map = self.map();
+        if map.get(&id).is_some_and(|h| h.epoch == epoch) {
+            map.remove(&id);
+        }
+    }
+
+    /// On shutdown, after the grace period: stops every operation still running here and hands
+    /// it back to the queue (no restart counted), so nobody waits for the lease to lapse.
+    pub(crate) async fn release_all(&self, pool: &PgPool) {
+        let held: Vec<(Uuid, i64)> = {
+            let mut map = self.map();
+            let held = map.iter().map(|(id, h)| (*id, h.epoch)).collect();
+            for h in map.values() {
+                h.stop.cancel();
+            }
+            map.clear();
+            held
+        };
+        if held.is_empty() {
+            return;
+        }
+        match db::release_leases(pool, &self.owner, &held).await {
+            Ok(n) => tracing::info!(n, "released unfinished operations back to the queue"),
+            Err(e) => {
+                tracing::warn!(error = %e, "releasing leases failed; they will lapse and be reaped")
+            }
+        }
     }
 
     /// Number of operations held.

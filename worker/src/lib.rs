@@ -12,6 +12,7 @@ pub mod jobs;
 mod lease;
 pub mod model;
 pub mod registry;
+pub mod tool;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +27,7 @@ use tokio_util::task::TaskTracker;
 pub use context::{JobContext, JobError, OperationInfo, Replay};
 pub use model::{LocalModel, ModelClient, ModelRequest, ModelResponse};
 pub use registry::Registry;
+pub use tool::{Reconciled, Tool};
 
 use claim::Ended;
 use lease::Leases;
@@ -142,8 +144,12 @@ impl Worker {
         {
             tracing::warn!(
                 running = self.shared.leases.len(),
-                "grace period over; leaving the rest to lapse and be recovered"
+                "grace period over; stopping and releasing the rest"
             );
+            heartbeat.abort();
+            self.shared.leases.release_all(&self.shared.pool).await;
+            // Let the stopped jobs observe their tokens before the runtime goes away.
+            let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
         }
         heartbeat.abort();
         Ok(())

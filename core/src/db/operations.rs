@@ -185,7 +185,8 @@ pub struct Claimed {
 
 /// Claims every operation of `ids` that is queued and due, in one committed statement: status
 /// `running`, a new epoch, the next attempt and a lease for `owner`. Ids that are running
-/// elsewhere, finished, not yet due or unknown are simply not returned.
+/// elsewhere, finished, not yet due, behind an unfinished operation of their ordering key, or
+/// unknown are simply not returned.
 pub async fn claim_operations(
     pool: &PgPool,
     ids: &[Uuid],
@@ -198,6 +199,12 @@ pub async fn claim_operations(
                 lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3),
                 updated_at = now()
           WHERE o.id = ANY($1) AND o.status = 'queued' AND o.run_at <= now()
+            -- Ordering keys: only the oldest unfinished operation of its key may start.
+            AND (o.ordering_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM operations p
+                     WHERE p.tenant_id = o.tenant_id AND p.ordering_key = o.ordering_key
+                       AND p.status NOT IN ('succeeded', 'dead', 'cancelled', 'discarded')
+                       AND (p.created_at, p.id) < (o.created_at, o.id)))
       RETURNING o.id, o.tenant_id, o.kind, o.input, o.epoch, o.attempt, o.max_attempts,
                 o.restarts, o.deadline,
                 EXISTS (SELECT 1 FROM operation_steps s WHERE s.op_id = o.id) AS has_journal",
@@ -391,8 +398,10 @@ pub async fn mark_dispatched(pool: &PgPool, sent: &[(Uuid, i64)]) -> Result<u64>
 }
 
 /// Takes up to `limit` due, queued operations that were committed at least `grace` ago but whose
-/// pointer was never confirmed (the producer died between commit and publish, or a retry came
-/// due), marking them dispatched in the same statement. `SKIP LOCKED` lets several schedulers
+/// pointer was never confirmed (the producer died between commit and publish, a retry came
+/// due, a lease was released). Taking a row touches its `updated_at`, so neither this nor
+/// another scheduler takes it again for `grace`; the confirm's mark then sets `dispatched_at`,
+/// and a failed publish is simply retried after `grace`. `SKIP LOCKED` lets several schedulers
 /// sweep at once without taking the same rows.
 pub async fn take_undispatched(
     pool: &PgPool,
@@ -400,7 +409,7 @@ pub async fn take_undispatched(
     limit: i64,
 ) -> Result<Vec<Dispatch>> {
     let rows = sqlx::query_as(
-        "UPDATE operations o SET dispatched_at = now()
+        "UPDATE operations o SET updated_at = now()
           WHERE o.id IN (SELECT id FROM operations
                           WHERE status = 'queued' AND dispatched_at IS NULL
                             AND updated_at < now() - make_interval(secs => $1)
@@ -465,4 +474,92 @@ pub async fn finished_timings(
     .fetch_all(pool)
     .await?;
     Ok(rows)
+}
+
+/// What the reaper did with one expired lease.
+#[derive(Clone, Debug, FromRow)]
+pub struct Reaped {
+    pub id: Uuid,
+    pub tenant_id: String,
+    pub kind: String,
+    pub lane: String,
+    pub epoch: i64,
+    /// `queued` (will run again) or `dead` (`crash_loop`).
+    pub status: String,
+    pub restarts: i32,
+    /// The unsafe step that was in flight (`started` in the journal), if any.
+    pub in_flight: Option<i32>,
+}
+
+/// Recovers up to `limit` running operations whose lease expired (their worker died or hung):
+/// `restarts + 1`, back to `queued`, or `dead` with class `crash_loop` (and an open dead letter)
+/// when restarts exceed `restart_limit`. The message names the step in flight.
+pub async fn reap_expired_leases(
+    pool: &PgPool,
+    restart_limit: i32,
+    limit: i64,
+) -> Result<Vec<Reaped>> {
+    let rows = sqlx::query_as(
+        "WITH expired AS (
+            SELECT o.id,
+                   (SELECT s.seq FROM operation_steps s
+                     WHERE s.op_id = o.id AND s.status = 'started'
+                     ORDER BY s.seq DESC LIMIT 1) AS in_flight
+              FROM operations o
+             WHERE o.status = 'running' AND o.lease_expires_at < now()
+             ORDER BY o.lease_expires_at
+             LIMIT $2
+               FOR UPDATE SKIP LOCKED
+         ), reaped AS (
+            UPDATE operations o
+               SET restarts = o.restarts + 1,
+                   status = CASE WHEN o.restarts + 1 > $1 THEN 'dead' ELSE 'queued' END,
+                   error_class = CASE WHEN o.restarts + 1 > $1 THEN 'crash_loop' ELSE 'lease_expired' END,
+                   error_message = format('lease of %s expired (worker died or hung) %s; restart %s of %s',
+                                          o.lease_owner,
+                                          CASE WHEN e.in_flight IS NULL THEN 'with no unsafe step in flight'
+                                               ELSE format('during step %s', e.in_flight) END,
+                                          o.restarts + 1, $1),
+                   finished_at = CASE WHEN o.restarts + 1 > $1 THEN now() END,
+                   run_at = now(), dispatched_at = NULL, updated_at = now(),
+                   lease_owner = NULL, lease_expires_at = NULL
+              FROM expired e
+             WHERE o.id = e.id
+         RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch, o.status, o.restarts, o.attempt,
+                   o.error_message, e.in_flight
+         ), letters AS (
+            INSERT INTO dead_letters (id, op_id, tenant_id, kind, class, reason, failed_step, attempts)
+            SELECT gen_random_uuid(), id, tenant_id, kind, 'crash_loop', error_message, in_flight, attempt
+              FROM reaped WHERE status = 'dead'
+            ON CONFLICT (op_id) WHERE status = 'open' DO NOTHING
+         )
+         SELECT id, tenant_id, kind, lane, epoch, status, restarts, in_flight FROM reaped",
+    )
+    .bind(restart_limit)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Hands operations back on a graceful shutdown: each still running at `epoch` under `owner`
+/// returns to `queued` without counting a restart, for the dispatch sweeper to publish again.
+/// `updated_at` is set in the past so the sweeper takes them at its next tick: no producer
+/// publish is in flight for them, so the sweeper's grace period has nothing to wait for.
+pub async fn release_leases(pool: &PgPool, owner: &str, held: &[(Uuid, i64)]) -> Result<u64> {
+    let (ids, epochs): (Vec<Uuid>, Vec<i64>) = held.iter().copied().unzip();
+    let n = sqlx::query(
+        "UPDATE operations o
+            SET status = 'queued', run_at = now(), dispatched_at = NULL,
+                lease_owner = NULL, lease_expires_at = NULL, updated_at = now() - interval '1 hour'
+           FROM unnest($2::uuid[], $3::bigint[]) AS h(id, epoch)
+          WHERE o.id = h.id AND o.epoch = h.epoch AND o.status = 'running' AND o.lease_owner = $1",
+    )
+    .bind(owner)
+    .bind(&ids)
+    .bind(&epochs)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(n)
 }

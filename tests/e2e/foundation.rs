@@ -1,18 +1,15 @@
-//! End-to-end tests of agentq on real PostgreSQL and RabbitMQ: the real binary as child
-//! processes wherever a process boundary matters, the library crates where a test needs to
-//! look inside a job.
-
-mod harness;
+//! The walking skeleton: enqueue, idempotency, refusals, duplicate pointers, claim races,
+//! claim-before-call, dispatch recovery, migrations.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::harness::TestApp;
 use agentq_core::broker::{self, Publisher};
 use agentq_core::db;
 use agentq_core::operation::{Lane, OperationId, Pointer};
 use agentq_producer::EnqueueRequest;
 use agentq_worker::{JobContext, JobError, LocalModel, Registry, Worker};
-use harness::TestApp;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 

@@ -29,7 +29,10 @@ pub struct TestApp {
     pub amqp_url: String,
     pub namespace: String,
     pub pool: PgPool,
+    /// Extra environment for every process this test starts (overrides the defaults).
+    pub env: Vec<(String, String)>,
     children: Vec<Child>,
+    logs: Vec<Option<std::path::PathBuf>>,
     cleaned: bool,
 }
 
@@ -54,7 +57,9 @@ impl TestApp {
             amqp_url,
             namespace,
             pool,
+            env: Vec::new(),
             children: Vec::new(),
+            logs: Vec::new(),
             cleaned: false,
         }
     }
@@ -74,7 +79,16 @@ impl TestApp {
             .env("AGENTQ_DISPATCH_GRACE_SECS", "1")
             .env("AGENTQ_LEASE_TTL_SECS", "6")
             .env("RUST_LOG", "warn");
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
         cmd
+    }
+
+    /// Sets an environment variable for every process started from now on.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_string(), value.to_string()));
     }
 
     /// Runs `agentq ARGS` to completion.
@@ -110,7 +124,54 @@ impl TestApp {
             .spawn()
             .expect("starting agentq");
         self.children.push(child);
+        self.logs.push(None);
         self.children.len() - 1
+    }
+
+    /// Like [`TestApp::spawn`], with the process's stderr (its log, at `info`) kept for
+    /// [`TestApp::log`].
+    pub fn spawn_logged(&mut self, args: &[&str]) -> usize {
+        let path = std::env::temp_dir().join(format!(
+            "agentq-test-{}-{}.log",
+            self.namespace,
+            self.children.len()
+        ));
+        let file = std::fs::File::create(&path).unwrap();
+        let child = self
+            .command(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("starting agentq");
+        self.children.push(child);
+        self.logs.push(Some(path));
+        self.children.len() - 1
+    }
+
+    /// What a process started by [`TestApp::spawn_logged`] has logged so far.
+    pub fn log(&self, index: usize) -> String {
+        self.logs[index]
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default()
+    }
+
+    /// The OS process id of a spawned process.
+    pub fn pid(&self, index: usize) -> u32 {
+        self.children[index].id()
+    }
+
+    /// Sends a signal (`STOP`, `CONT`, `TERM`, …) to a spawned process.
+    pub fn signal(&self, index: usize, signal: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid(index).to_string())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{signal} failed");
     }
 
     /// `kill -9` of a process started by [`TestApp::spawn`].
@@ -118,6 +179,40 @@ impl TestApp {
         let child = &mut self.children[index];
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    /// Waits for a spawned process to exit by itself, up to `deadline`; true if it did.
+    pub async fn wait_exit(&mut self, index: usize, deadline: Duration) -> bool {
+        let end = tokio::time::Instant::now() + deadline;
+        loop {
+            if let Ok(Some(_)) = self.children[index].try_wait() {
+                return true;
+            }
+            if tokio::time::Instant::now() >= end {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Enqueues a `script` operation (its program is the `steps` array); returns its id.
+    pub fn enqueue_script(&self, steps: Value, extra: &[&str]) -> String {
+        let input = serde_json::json!({ "steps": steps }).to_string();
+        let mut args = vec![
+            "enqueue", "--tenant", "t1", "--kind", "script", "--input", &input, "--json",
+        ];
+        args.extend_from_slice(extra);
+        let v = self.agentq_json(&args);
+        v["op_id"].as_str().unwrap().to_string()
+    }
+
+    /// Ledger effects recorded for an operation.
+    pub async fn effects(&self, op: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM ledger_effects WHERE op_id = $1::uuid")
+            .bind(op)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
     }
 
     /// Enqueues an `echo` operation through the CLI; returns its id.
@@ -195,6 +290,9 @@ impl TestApp {
             let _ = c.kill();
             let _ = c.wait();
         }
+        for p in self.logs.iter().flatten() {
+            let _ = std::fs::remove_file(p);
+        }
         self.pool.close().await;
         let _ = db::drop_database(&self.database_url).await;
         if let Ok(conn) = broker::connect(&self.amqp_url, "test-cleanup").await {
@@ -215,6 +313,9 @@ impl Drop for TestApp {
             let _ = c.wait();
         }
         self.children.clear();
+        for p in self.logs.iter().flatten() {
+            let _ = std::fs::remove_file(p);
+        }
         let database_url = self.database_url.clone();
         let amqp_url = self.amqp_url.clone();
         let names = self.names();

@@ -1,0 +1,8 @@
+//! End-to-end tests of agentq on real PostgreSQL and RabbitMQ: the real binary as child
+//! processes wherever a process boundary matters (crashes are real SIGKILLs), the library
+//! crates where a test needs to look inside a job.
+
+mod harness;
+
+mod durability;
+mod foundation;

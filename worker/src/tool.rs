@@ -1,0 +1,42 @@
+//! Tools: side effects a job performs through [`JobContext::tool`](crate::JobContext::tool).
+//! Each tool declares whether a call may be repeated after a crash left its outcome unknown,
+//! and may implement [`Tool::reconcile`] to ask the outside system whether it happened.
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::context::{JobError, Replay};
+
+/// What the outside system says about an effect whose outcome was lost in a crash.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reconciled {
+    /// It happened; this is the output the call would have returned.
+    Happened(Value),
+    /// It did not happen; the call may run now.
+    NotHappened,
+    /// This tool cannot tell: the operation goes to the DLQ as `unknown_side_effect`.
+    Unsupported,
+}
+
+/// A tool callable from a job.
+#[async_trait]
+pub trait Tool: Send + Sync {
+    /// The step name the call is journaled under.
+    fn name(&self) -> &str;
+
+    /// `Safe` if repeating a call with the same idempotency key is harmless.
+    fn replay(&self) -> Replay;
+
+    /// Performs the call. `idempotency_key` is stable across retries and crashes: pass it to
+    /// the outside system so it can deduplicate.
+    async fn call(&self, args: &Value, idempotency_key: &str) -> Result<Value, JobError>;
+
+    /// Asks the outside system whether the call with `idempotency_key` already happened.
+    async fn reconcile(
+        &self,
+        _args: &Value,
+        _idempotency_key: &str,
+    ) -> Result<Reconciled, JobError> {
+        Ok(Reconciled::Unsupported)
+    }
+}
