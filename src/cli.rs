@@ -47,6 +47,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Drain the dead-letter queue: list, show, stats, retry, resolve, discard.
+    #[command(subcommand)]
+    Dlq(crate::dlq::DlqCommand),
     /// Measure end-to-end throughput and latency in a throwaway database and namespace.
     Bench(BenchArgs),
 }

@@ -54,6 +54,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Enqueue(args) => enqueue(config, args).await,
         Command::Status { op, json } => status(config, &op, json).await,
         Command::Steps { op, json } => steps(config, &op, json).await,
+        Command::Dlq(cmd) => crate::dlq::run(config, cmd).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
     }
 }

@@ -5,6 +5,7 @@
 mod bench;
 mod cli;
 mod commands;
+mod dlq;
 
 use std::process::ExitCode;
 

@@ -1,29 +1,58 @@
 //! The job-level retry schedule: when a failed attempt may run again. Retries are data
 //! (`run_at`), never an in-memory loop holding a worker.
+//!
+//! The delays come from the `backoff` crate named in the design card, kept behind this one
+//! module so it can be swapped: `backoff` is unmaintained (RUSTSEC-2025-0012; acknowledged in
+//! `deny.toml` and `.cargo/audit.toml`), and `backon` is the advised successor.
 
 use std::time::Duration;
 
+use backoff::backoff::Backoff;
 use chrono::{DateTime, Utc};
 
 /// First retry delay.
 pub const BASE_DELAY: Duration = Duration::from_secs(1);
 /// Longest delay between attempts.
 pub const MAX_DELAY: Duration = Duration::from_secs(600);
+/// Random spread around each delay (±25 %), so a burst of failures does not retry in lockstep.
+pub const JITTER: f64 = 0.25;
+/// How much harder an overloaded provider is backed off than an ordinary failure.
+pub const OVERLOAD_FACTOR: u32 = 5;
 
-/// Delay before attempt `attempt + 1`: exponential from [`BASE_DELAY`], capped at
-/// [`MAX_DELAY`], with up to 25 % random jitter so a burst of failures does not retry in lockstep.
+/// Delay before attempt `attempt + 1` after ordinary failure number `attempt` (1-based):
+/// exponential from [`BASE_DELAY`] (doubling), capped at [`MAX_DELAY`], with [`JITTER`].
 pub fn delay(attempt: i32) -> Duration {
-    let exp = attempt.clamp(1, 30) - 1;
-    let base = BASE_DELAY
-        .saturating_mul(1u32 << exp.min(20))
-        .min(MAX_DELAY);
-    let jitter = base.mul_f64(0.25 * (uuid::Uuid::new_v4().as_u128() % 1000) as f64 / 1000.0);
-    base + jitter
+    let mut schedule = backoff::ExponentialBackoff {
+        current_interval: BASE_DELAY,
+        initial_interval: BASE_DELAY,
+        randomization_factor: JITTER,
+        multiplier: 2.0,
+        max_interval: MAX_DELAY,
+        max_elapsed_time: None,
+        ..backoff::ExponentialBackoff::default()
+    };
+    let mut d = BASE_DELAY;
+    for _ in 0..attempt.clamp(1, 64) {
+        d = schedule.next_backoff().unwrap_or(MAX_DELAY);
+    }
+    d.min(MAX_DELAY.mul_f64(1.0 + JITTER))
 }
 
-/// When attempt `attempt + 1` may start: after the backoff, and not before `not_before`.
+/// When the next attempt may start: after the backoff, and not before `not_before`.
 pub fn next_run_at(attempt: i32, not_before: Option<DateTime<Utc>>) -> DateTime<Utc> {
-    let after = Utc::now() + chrono::Duration::from_std(delay(attempt)).unwrap_or_default();
+    at(delay(attempt), not_before)
+}
+
+/// When an operation parked by an overloaded provider may try again (backed off harder).
+pub fn overloaded_run_at(attempt: i32, not_before: Option<DateTime<Utc>>) -> DateTime<Utc> {
+    at(
+        (delay(attempt) * OVERLOAD_FACTOR).min(MAX_DELAY),
+        not_before,
+    )
+}
+
+fn at(delay: Duration, not_before: Option<DateTime<Utc>>) -> DateTime<Utc> {
+    let after = Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
     not_before.map_or(after, |nb| nb.max(after))
 }
 
@@ -32,15 +61,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn delays_grow_and_cap() {
-        assert!(delay(1) >= BASE_DELAY && delay(1) <= BASE_DELAY.mul_f64(1.25));
-        assert!(delay(3) >= Duration::from_secs(4));
-        assert!(delay(50) <= MAX_DELAY.mul_f64(1.25));
+    fn delays_grow_exponentially_with_bounded_jitter_and_cap() {
+        for _ in 0..50 {
+            let d1 = delay(1);
+            assert!(
+                d1 >= BASE_DELAY.mul_f64(0.75) && d1 <= BASE_DELAY.mul_f64(1.25),
+                "{d1:?}"
+            );
+            let d4 = delay(4);
+            assert!(
+                d4 >= Duration::from_secs(6) && d4 <= Duration::from_secs(10),
+                "{d4:?}"
+            );
+            assert!(delay(40) <= MAX_DELAY.mul_f64(1.25));
+        }
     }
 
     #[test]
     fn not_before_wins_when_later() {
         let later = Utc::now() + chrono::Duration::hours(1);
         assert_eq!(next_run_at(1, Some(later)), later);
+        assert!(next_run_at(1, Some(Utc::now() - chrono::Duration::hours(1))) > Utc::now());
+    }
+
+    #[test]
+    fn overload_backs_off_harder() {
+        let plain = Utc::now() + chrono::Duration::seconds(2);
+        assert!(overloaded_run_at(1, None) > plain);
     }
 }

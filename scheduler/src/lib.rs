@@ -10,8 +10,13 @@
 //!   broker lost them). Checking the queue first means a large legitimate backlog never causes
 //!   mass re-publication.
 //!
+//! - the broker dead-letter recorder: every message that reaches `<ns>.dlq` becomes a
+//!   `poison_message` dead letter (see `broker_dlq`).
+//!
 //! Every sweep takes its rows with `FOR UPDATE SKIP LOCKED` and marks them in the same
 //! statement, so several schedulers can run at once without publishing a row twice per sweep.
+
+mod broker_dlq;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -81,6 +86,15 @@ impl Scheduler {
     /// Runs the loops until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         tracing::info!("scheduler started");
+        let recorder = {
+            let (pool, dispatcher, names, stop) = (
+                self.pool.clone(),
+                self.dispatcher.clone(),
+                self.names.clone(),
+                shutdown.clone(),
+            );
+            tokio::spawn(async move { broker_dlq::run(pool, &dispatcher, names, stop).await })
+        };
         let mut last_lost_check = Instant::now();
         loop {
             let mut busy = false;
@@ -106,6 +120,7 @@ impl Scheduler {
                 _ = tokio::time::sleep(self.settings.tick) => {}
             }
         }
+        let _ = recorder.await;
         self.dispatcher.close().await;
         Ok(())
     }

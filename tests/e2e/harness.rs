@@ -268,6 +268,25 @@ impl TestApp {
         }
     }
 
+    /// Polls `f` until it returns `Some`, panicking with `what` after `deadline`.
+    pub async fn wait_until<T, F, Fut>(&self, what: &str, deadline: Duration, mut f: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let end = tokio::time::Instant::now() + deadline;
+        loop {
+            if let Some(v) = f().await {
+                return v;
+            }
+            assert!(
+                tokio::time::Instant::now() < end,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     /// Rows in `operations`.
     pub async fn operation_count(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM operations")

@@ -5,4 +5,5 @@
 mod harness;
 
 mod durability;
+mod failures;
 mod foundation;

@@ -111,7 +111,26 @@ async fn claim_batch(
             }
         }
     };
+    // Pointers that claimed nothing are duplicates, unless their operation does not exist at
+    // all: those are poison and go to the dead-letter exchange.
+    let unknown = if claimed.len() < ids.len() {
+        let unclaimed: Vec<Uuid> = ids
+            .iter()
+            .filter(|id| !claimed.iter().any(|c| c.id == **id))
+            .copied()
+            .collect();
+        db::unknown_operations(&shared.pool, &unclaimed)
+            .await
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
     for (id, delivery, permit) in pointed {
+        if unknown.contains(&id) {
+            tracing::warn!(op_id = %id, "rejecting a pointer to an unknown operation to the dead-letter queue");
+            delivery.reject().await?;
+            continue;
+        }
         // The same pointer twice in one batch claims once; the second permit is just dropped.
         if let Some(i) = claimed.iter().position(|c| c.id == id) {
             let op = claimed.swap_remove(i);

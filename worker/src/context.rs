@@ -90,6 +90,9 @@ pub enum JobError {
     /// The job function panicked (treated as a retryable failure of this attempt).
     #[error("job panicked: {0}")]
     Panicked(String),
+    /// The operation's deadline passed before it finished.
+    #[error("deadline {0} passed before the operation finished")]
+    DeadlineExceeded(DateTime<Utc>),
 }
 
 impl JobError {
@@ -111,6 +114,7 @@ impl JobError {
             JobError::LeaseLost => "lease_lost",
             JobError::Nondeterminism(_) => "nondeterminism",
             JobError::UnknownSideEffect { .. } => "unknown_side_effect",
+            JobError::DeadlineExceeded(_) => "deadline_exceeded",
         }
     }
 }
@@ -123,6 +127,8 @@ pub struct OperationInfo {
     pub kind: String,
     pub attempt: i32,
     pub epoch: i64,
+    /// Stop (dead, `deadline_exceeded`) at the first step boundary after this.
+    pub deadline: Option<DateTime<Utc>>,
 }
 
 struct State {
@@ -301,7 +307,9 @@ impl JobContext {
         };
         let key = step_idempotency_key(self.inner.info.op_id, seq, name);
 
-        if let Some(entry) = self.recorded(seq) {
+        // A step that failed on an earlier attempt has no outcome to keep: whatever the code
+        // asks for at that position now (an operator may have patched the input) runs fresh.
+        if let Some(entry) = self.recorded(seq).filter(|e| e.status != "failed") {
             if entry.name != name || entry.kind != kind {
                 return Err(JobError::Nondeterminism(format!(
                     "step {seq} was recorded as {:?} ({}) but the job now asks for {name:?} ({kind})",
@@ -457,6 +465,11 @@ impl JobContext {
     fn check_running(&self) -> Result<(), JobError> {
         if self.inner.lost.load(Ordering::Acquire) || self.inner.stop.is_cancelled() {
             return Err(JobError::LeaseLost);
+        }
+        if let Some(deadline) = self.inner.info.deadline
+            && Utc::now() >= deadline
+        {
+            return Err(JobError::DeadlineExceeded(deadline));
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use agentq_core::db::{self, Claimed};
+use agentq_core::db::{self, Claimed, FailTo};
 use agentq_core::operation::OperationId;
 use agentq_core::retry;
 use futures_util::FutureExt;
@@ -41,6 +41,7 @@ async fn run(shared: &Shared, op: Claimed, stop: CancellationToken) {
         kind: op.kind.clone(),
         attempt: op.attempt,
         epoch: op.epoch,
+        deadline: op.deadline,
     };
     let ctx = JobContext::new(
         info,
@@ -50,6 +51,9 @@ async fn run(shared: &Shared, op: Claimed, stop: CancellationToken) {
         stop.clone(),
     );
     let outcome = match shared.registry.handler(&op.kind) {
+        _ if op.deadline.is_some_and(|d| d <= chrono::Utc::now()) => Err(
+            JobError::DeadlineExceeded(op.deadline.expect("checked just above")),
+        ),
         None => Err(JobError::NonRetryable(format!(
             "no worker here runs kind {:?}",
             op.kind
@@ -66,42 +70,52 @@ async fn run(shared: &Shared, op: Claimed, stop: CancellationToken) {
     settle(shared, &op, &ctx, outcome).await;
 }
 
-/// Maps a job's outcome to its database transition.
+/// Maps a job's outcome to its database transition: the one place that decides what a
+/// failure class means (DESIGN §9).
 async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result<Value, JobError>) {
     let (steps, failed_step) = ctx.take_pending();
     let written = match &outcome {
         Ok(result) => db::complete_operation(&shared.pool, op.id, op.epoch, result, &steps).await,
         Err(JobError::LeaseLost) => return,
         Err(e) => {
-            let retry_at = match e {
-                JobError::Retryable { not_before, .. }
-                | JobError::Overloaded { not_before, .. }
-                    if op.attempt < op.max_attempts =>
-                {
-                    Some(retry::next_run_at(op.attempt, *not_before))
+            let attempts_left = op.attempt < op.max_attempts;
+            let (class, to) = match e {
+                JobError::Retryable { not_before, .. } if attempts_left => (
+                    "retryable",
+                    FailTo::Retry {
+                        run_at: retry::next_run_at(op.attempt, *not_before),
+                        count_attempt: true,
+                    },
+                ),
+                JobError::Panicked(_) if attempts_left => (
+                    "retryable",
+                    FailTo::Retry {
+                        run_at: retry::next_run_at(op.attempt, None),
+                        count_attempt: true,
+                    },
+                ),
+                JobError::Retryable { .. } | JobError::Panicked(_) => {
+                    ("retries_exhausted", FailTo::Dead)
                 }
-                JobError::Panicked(_) if op.attempt < op.max_attempts => {
-                    Some(retry::next_run_at(op.attempt, None))
-                }
-                _ => None,
+                // Not the operation's fault: park it, harder, without using up an attempt.
+                JobError::Overloaded { not_before, .. } => (
+                    "overloaded",
+                    FailTo::Retry {
+                        run_at: retry::overloaded_run_at(op.attempt, *not_before),
+                        count_attempt: false,
+                    },
+                ),
+                JobError::Cancelled => ("cancelled", FailTo::Cancelled),
+                other => (other.class(), FailTo::Dead),
             };
-            let retryable = matches!(
-                e,
-                JobError::Retryable { .. } | JobError::Overloaded { .. } | JobError::Panicked(_)
-            );
-            let class = if retryable && retry_at.is_none() {
-                "retries_exhausted"
-            } else {
-                e.class()
-            };
-            tracing::info!(op_id = %op.id, class, attempt = op.attempt, retry = retry_at.is_some(), "operation failed");
+            tracing::info!(op_id = %op.id, class, attempt = op.attempt, "operation attempt failed");
             db::fail_operation(
                 &shared.pool,
                 op.id,
                 op.epoch,
                 class,
                 &e.to_string(),
-                retry_at,
+                to,
                 failed_step,
                 &steps,
             )
@@ -111,11 +125,12 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
     match written {
         Ok(true) => {}
         Ok(false) => {
-            tracing::warn!(op_id = %op.id, "lease lost before the result was written; discarded")
+            tracing::warn!(op_id = %op.id, "lease lost before the outcome was written; discarded")
         }
-        Err(e) => {
-            tracing::error!(op_id = %op.id, error = %e, "writing the outcome failed; the lease will lapse and the operation rerun")
-        }
+        Err(e) => tracing::error!(
+            op_id = %op.id, error = %e,
+            "writing the outcome failed; the lease will lapse and the operation rerun"
+        ),
     }
 }
 

@@ -68,9 +68,16 @@ pub enum ScriptStep {
     },
     /// `{"model": "prompt"}`: a model step.
     Model { model: String },
-    /// `{"fail": "retryable"|"non_retryable", "times": N}`: fails the first N attempts.
-    Fail { fail: FailClass, times: i32 },
-    /// `{"panic": true, "times": N}`: panics on the first N attempts (every attempt without `times`).
+    /// `{"fail": "retryable"|"non_retryable"|"overloaded", "times": N, "not_before_ms": M}`:
+    /// fails the first N runs of the operation; a retryable failure may say "not before M ms
+    /// from now".
+    Fail {
+        fail: FailClass,
+        times: i32,
+        #[serde(default)]
+        not_before_ms: Option<u64>,
+    },
+    /// `{"panic": true, "times": N}`: panics on the first N runs (every run without `times`).
     Panic {
         panic: bool,
         #[serde(default)]
@@ -99,12 +106,15 @@ pub enum ReplayName {
 pub enum FailClass {
     Retryable,
     NonRetryable,
+    Overloaded,
 }
 
 /// Runs a script; the output lists each step's output.
 pub async fn script(ctx: JobContext, input: ScriptInput) -> Result<Value, JobError> {
     let mut outputs = Vec::with_capacity(input.steps.len());
-    let attempt = ctx.info().attempt;
+    // "The first N runs": every claim of the operation is a run (its epoch), whether it was
+    // an attempt that counted or an overload park that gave the attempt back.
+    let attempt = ctx.info().epoch as i32;
     for step in input.steps {
         let out = match step {
             ScriptStep::Work { work_ms } => {
@@ -140,15 +150,27 @@ pub async fn script(ctx: JobContext, input: ScriptInput) -> Result<Value, JobErr
                 let answer = ctx.model("model", ModelRequest::user(model)).await?;
                 json!({ "text": answer.content })
             }
-            ScriptStep::Fail { fail, times } => {
+            ScriptStep::Fail {
+                fail,
+                times,
+                not_before_ms,
+            } => {
                 ctx.step("fail", Replay::Safe, |_key| async move {
                     if attempt > times {
                         return Ok(json!({ "failed_attempts": times }));
                     }
-                    let message =
-                        format!("scripted failure on attempt {attempt} of the first {times}");
+                    let message = format!("scripted failure on run {attempt} of the first {times}");
+                    let not_before = not_before_ms
+                        .map(|ms| chrono::Utc::now() + chrono::Duration::milliseconds(ms as i64));
                     Err(match fail {
-                        FailClass::Retryable => JobError::retryable(message),
+                        FailClass::Retryable => JobError::Retryable {
+                            message,
+                            not_before,
+                        },
+                        FailClass::Overloaded => JobError::Overloaded {
+                            message,
+                            not_before,
+                        },
                         FailClass::NonRetryable => JobError::NonRetryable(message),
                     })
                 })
@@ -156,7 +178,7 @@ pub async fn script(ctx: JobContext, input: ScriptInput) -> Result<Value, JobErr
             }
             ScriptStep::Panic { panic, times } => {
                 if panic && times.is_none_or(|t| attempt <= t) {
-                    panic!("scripted panic on attempt {attempt}");
+                    panic!("scripted panic on run {attempt}");
                 }
                 json!({ "panicked": false })
             }

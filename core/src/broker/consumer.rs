@@ -26,13 +26,27 @@ impl Consumer {
         prefetch: u16,
         tag: &str,
     ) -> Result<Self> {
+        Self::open_queue(conn, &names.lane_queue(lane), prefetch, tag).await
+    }
+
+    /// Starts consuming the namespace's broker dead-letter queue (`<ns>.dlq`).
+    pub async fn open_dead_letters(
+        conn: &Connection,
+        names: &Names,
+        prefetch: u16,
+        tag: &str,
+    ) -> Result<Self> {
+        Self::open_queue(conn, &names.dead_letter_queue(), prefetch, tag).await
+    }
+
+    async fn open_queue(conn: &Connection, queue: &str, prefetch: u16, tag: &str) -> Result<Self> {
         let channel = conn.create_channel().await?;
         channel
             .basic_qos(prefetch, BasicQosOptions { global: false })
             .await?;
         let inner = channel
             .basic_consume(
-                names.lane_queue(lane).into(),
+                queue.into(),
                 tag.into(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
@@ -89,6 +103,24 @@ impl Delivery {
             Some(AMQPValue::ShortInt(n)) => i64::from(*n),
             _ => 0,
         }
+    }
+
+    /// Why and where the broker dead-lettered this message (`x-first-death-reason` such as
+    /// `rejected` or `delivery_limit`, and `x-first-death-queue`), for messages from the DLQ.
+    pub fn death(&self) -> (String, String) {
+        let text = |key: &str| -> String {
+            let Some(headers) = self.0.properties.headers() else {
+                return "unknown".into();
+            };
+            match headers.inner().get(key) {
+                Some(AMQPValue::LongString(s)) => {
+                    String::from_utf8_lossy(s.as_bytes()).into_owned()
+                }
+                Some(AMQPValue::ShortString(s)) => s.as_str().to_string(),
+                _ => "unknown".into(),
+            }
+        };
+        (text("x-first-death-reason"), text("x-first-death-queue"))
     }
 
     /// Done with it: claimed, or known to change nothing.

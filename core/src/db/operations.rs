@@ -194,11 +194,20 @@ pub async fn claim_operations(
     lease_ttl: Duration,
 ) -> Result<Vec<Claimed>> {
     let rows = sqlx::query_as(
-        "UPDATE operations o
+        "WITH locked AS (
+            -- Lock in id order: batches of overlapping ids (duplicate pointers on two workers,
+            -- dispatch marks) then queue behind each other instead of deadlocking.
+            SELECT id FROM operations
+             WHERE id = ANY($1) AND status = 'queued' AND run_at <= now()
+             ORDER BY id
+               FOR UPDATE
+         )
+         UPDATE operations o
             SET status = 'running', epoch = o.epoch + 1, attempt = o.attempt + 1,
                 lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3),
                 updated_at = now()
-          WHERE o.id = ANY($1) AND o.status = 'queued' AND o.run_at <= now()
+           FROM locked
+          WHERE o.id = locked.id AND o.status = 'queued' AND o.run_at <= now()
             -- Ordering keys: only the oldest unfinished operation of its key may start.
             AND (o.ordering_key IS NULL OR NOT EXISTS (
                     SELECT 1 FROM operations p
@@ -227,11 +236,19 @@ pub async fn renew_leases(
 ) -> Result<Vec<(Uuid, bool)>> {
     let (ids, epochs): (Vec<Uuid>, Vec<i64>) = held.iter().copied().unzip();
     let rows = sqlx::query_as(
-        "UPDATE operations o
+        "WITH locked AS (
+            SELECT o.id FROM operations o
+              JOIN unnest($2::uuid[], $3::bigint[]) AS h(id, epoch)
+                ON o.id = h.id AND o.epoch = h.epoch
+             WHERE o.status = 'running' AND o.lease_owner = $1
+             ORDER BY o.id
+               FOR UPDATE
+         )
+         UPDATE operations o
             SET lease_expires_at = now() + make_interval(secs => $4)
-           FROM unnest($2::uuid[], $3::bigint[]) AS h(id, epoch)
-          WHERE o.id = h.id AND o.epoch = h.epoch AND o.status = 'running'
-            AND o.lease_owner = $1 AND o.lease_expires_at > now()
+           FROM locked
+          WHERE o.id = locked.id AND o.status = 'running' AND o.lease_owner = $1
+            AND o.lease_expires_at > now()
       RETURNING o.id, o.cancel_requested",
     )
     .bind(owner)
@@ -272,7 +289,9 @@ pub async fn complete_operation(
                    AS s(seq, name, kind, replay, key, status, output, error, started_at,
                         completed_at, usage)
             ON CONFLICT (op_id, seq) DO UPDATE
-               SET status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
+               SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
+                   idempotency_key = EXCLUDED.idempotency_key,
+                   status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
                    epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
                    usage = EXCLUDED.usage
          )
@@ -297,9 +316,23 @@ pub async fn complete_operation(
     Ok(done.is_some())
 }
 
-/// Ends a running operation as failed: back to `queued` with `run_at = retry_at` when a retry
-/// is given, else `dead` with an open dead letter. Pending journal rows are written in the same
-/// statement. Returns false when the lease was lost.
+/// Where a failed attempt sends a running operation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum FailTo {
+    /// Back to `queued`, not before `run_at`. `count_attempt: false` gives the attempt back
+    /// (an overloaded provider is not the operation's fault).
+    Retry {
+        run_at: DateTime<Utc>,
+        count_attempt: bool,
+    },
+    /// `dead`, with an open dead letter for a human.
+    Dead,
+    /// `cancelled` (stopped on request).
+    Cancelled,
+}
+
+/// Ends a running attempt as failed, writing its pending journal rows in the same statement.
+/// Returns false when the lease was lost (nothing was written).
 #[allow(clippy::too_many_arguments)]
 pub async fn fail_operation(
     pool: &PgPool,
@@ -307,25 +340,32 @@ pub async fn fail_operation(
     epoch: i64,
     class: &str,
     message: &str,
-    retry_at: Option<DateTime<Utc>>,
+    to: FailTo,
     failed_step: Option<i32>,
     steps: &[StepWrite],
 ) -> Result<bool> {
+    let (status, run_at, uncounted) = match to {
+        FailTo::Retry {
+            run_at,
+            count_attempt,
+        } => ("queued", Some(run_at), !count_attempt),
+        FailTo::Dead => ("dead", None, false),
+        FailTo::Cancelled => ("cancelled", None, false),
+    };
     let cols = super::steps::StepColumns::from(steps);
     let done: Option<Uuid> = sqlx::query_scalar(
         "WITH failed AS (
             UPDATE operations
-               SET status = CASE WHEN $5::timestamptz IS NULL THEN 'dead' ELSE 'queued' END,
-                   run_at = COALESCE($5, run_at),
-                   dispatched_at = NULL,
-                   finished_at = CASE WHEN $5::timestamptz IS NULL THEN now() END,
+               SET status = $5, run_at = COALESCE($6, run_at), dispatched_at = NULL,
+                   attempt = CASE WHEN $7 THEN attempt - 1 ELSE attempt END,
+                   finished_at = CASE WHEN $5 = 'queued' THEN NULL ELSE now() END,
                    error_class = $3, error_message = $4, updated_at = now(),
                    lease_owner = NULL, lease_expires_at = NULL
              WHERE id = $1 AND epoch = $2 AND status = 'running'
          RETURNING id, tenant_id, kind, attempt, status
          ), letter AS (
             INSERT INTO dead_letters (id, op_id, tenant_id, kind, class, reason, failed_step, attempts)
-            SELECT gen_random_uuid(), id, tenant_id, kind, $3, $4, $6, attempt
+            SELECT gen_random_uuid(), id, tenant_id, kind, $3, $4, $8, attempt
               FROM failed WHERE status = 'dead'
             ON CONFLICT (op_id) WHERE status = 'open' DO UPDATE
                SET class = EXCLUDED.class, reason = EXCLUDED.reason,
@@ -335,13 +375,15 @@ pub async fn fail_operation(
                                          output, error, epoch, started_at, completed_at, usage)
             SELECT failed.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
                    s.error, $2, s.started_at, s.completed_at, s.usage
-              FROM failed, unnest($7::int[], $8::text[], $9::text[], $10::text[], $11::text[],
-                                  $12::text[], $13::jsonb[], $14::text[], $15::timestamptz[],
-                                  $16::timestamptz[], $17::jsonb[])
+              FROM failed, unnest($9::int[], $10::text[], $11::text[], $12::text[], $13::text[],
+                                  $14::text[], $15::jsonb[], $16::text[], $17::timestamptz[],
+                                  $18::timestamptz[], $19::jsonb[])
                    AS s(seq, name, kind, replay, key, status, output, error, started_at,
                         completed_at, usage)
             ON CONFLICT (op_id, seq) DO UPDATE
-               SET status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
+               SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
+                   idempotency_key = EXCLUDED.idempotency_key,
+                   status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
                    epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
                    usage = EXCLUDED.usage
          )
@@ -351,7 +393,9 @@ pub async fn fail_operation(
     .bind(epoch)
     .bind(class)
     .bind(message)
-    .bind(retry_at)
+    .bind(status)
+    .bind(run_at)
+    .bind(uncounted)
     .bind(failed_step)
     .bind(&cols.seq)
     .bind(&cols.name)
@@ -380,14 +424,23 @@ pub struct Dispatch {
 }
 
 /// Records that pointers were confirmed by the broker. A mark stamped with an older epoch (the
-/// operation was claimed meanwhile) or for an operation no longer queued changes nothing.
+/// operation was claimed meanwhile), for an operation no longer queued, or for a row locked at
+/// this moment changes nothing (at worst the sweeper publishes a harmless duplicate later).
 pub async fn mark_dispatched(pool: &PgPool, sent: &[(Uuid, i64)]) -> Result<u64> {
     let (ids, epochs): (Vec<Uuid>, Vec<i64>) = sent.iter().copied().unzip();
     let n = sqlx::query(
-        "UPDATE operations o SET dispatched_at = now()
-           FROM unnest($1::uuid[], $2::bigint[]) AS d(id, epoch)
-          WHERE o.id = d.id AND o.epoch = d.epoch AND o.status = 'queued'
-            AND o.dispatched_at IS NULL",
+        "WITH locked AS (
+            SELECT o.id FROM operations o
+              JOIN unnest($1::uuid[], $2::bigint[]) AS d(id, epoch)
+                ON o.id = d.id AND o.epoch = d.epoch
+             WHERE o.status = 'queued' AND o.dispatched_at IS NULL
+               -- Never wait: a row locked right now is being claimed (its epoch moves on,
+               -- so no mark is needed), and a mark that never waits can't deadlock.
+               FOR UPDATE SKIP LOCKED
+         )
+         UPDATE operations o SET dispatched_at = now()
+           FROM locked
+          WHERE o.id = locked.id AND o.status = 'queued' AND o.dispatched_at IS NULL",
     )
     .bind(&ids)
     .bind(&epochs)
@@ -412,8 +465,11 @@ pub async fn take_undispatched(
         "UPDATE operations o SET updated_at = now()
           WHERE o.id IN (SELECT id FROM operations
                           WHERE status = 'queued' AND dispatched_at IS NULL
-                            AND updated_at < now() - make_interval(secs => $1)
                             AND run_at <= now()
+                            -- The grace period waits out a producer's own publish; a row
+                            -- scheduled for later (a retry) has none in flight.
+                            AND (updated_at < now() - make_interval(secs => $1)
+                                 OR run_at > updated_at)
                           ORDER BY updated_at
                           LIMIT $2
                           FOR UPDATE SKIP LOCKED)
@@ -562,4 +618,25 @@ pub async fn release_leases(pool: &PgPool, owner: &str, held: &[(Uuid, i64)]) ->
     .await?
     .rows_affected();
     Ok(n)
+}
+
+/// Which of `ids` name no operation at all (a pointer to them is poison, not a duplicate).
+pub async fn unknown_operations(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<Uuid>> {
+    let rows = sqlx::query_scalar(
+        "SELECT u.id FROM unnest($1::uuid[]) AS u(id)
+          WHERE NOT EXISTS (SELECT 1 FROM operations o WHERE o.id = u.id)",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// The input of an operation (operators patch it before a retry).
+pub async fn operation_input(pool: &PgPool, id: Uuid) -> Result<Option<Value>> {
+    let v = sqlx::query_scalar("SELECT input FROM operations WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+    Ok(v)
 }

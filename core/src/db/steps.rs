@@ -89,7 +89,9 @@ pub async fn record_steps(
                    AS s(seq, name, kind, replay, key, status, output, error, started_at,
                         completed_at, usage)
             ON CONFLICT (op_id, seq) DO UPDATE
-               SET status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
+               SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
+                   idempotency_key = EXCLUDED.idempotency_key,
+                   status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
                    epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
                    usage = EXCLUDED.usage
          )
