@@ -47,6 +47,51 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Send a signal to an operation (delivered to its wait, or kept for a later one).
+    Signal {
+        /// Operation id.
+        op: String,
+        /// Signal name.
+        name: String,
+        /// Payload (JSON).
+        #[arg(long, default_value = "null")]
+        payload: String,
+        /// Who sends it (default: the OS user).
+        #[arg(long = "as")]
+        actor: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve an operation waiting for approval (signal `approval`, `{"approved": true}`).
+    Approve {
+        op: String,
+        #[arg(long = "as")]
+        actor: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Reject an operation waiting for approval (signal `approval`, `{"approved": false}`).
+    Reject {
+        op: String,
+        #[arg(long = "as")]
+        actor: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel an operation: at once unless running; a running one stops at its next step.
+    Cancel {
+        op: String,
+        #[arg(long = "as")]
+        actor: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Drain the dead-letter queue: list, show, stats, retry, resolve, discard.
     #[command(subcommand)]
     Dlq(crate::dlq::DlqCommand),
@@ -77,6 +122,9 @@ pub struct EnqueueArgs {
     /// Attempts before the operation goes to the DLQ (default AGENTQ_MAX_ATTEMPTS).
     #[arg(long)]
     pub max_attempts: Option<i32>,
+    /// Stop it (dead, deadline_exceeded) if not finished by then: RFC 3339 or a duration from now (90s, 30m, 2h, 3d).
+    #[arg(long)]
+    pub deadline: Option<String>,
     /// Print one JSON object: {"op_id", "created", "status"}.
     #[arg(long)]
     pub json: bool,

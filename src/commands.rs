@@ -54,6 +54,45 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Enqueue(args) => enqueue(config, args).await,
         Command::Status { op, json } => status(config, &op, json).await,
         Command::Steps { op, json } => steps(config, &op, json).await,
+        Command::Signal {
+            op,
+            name,
+            payload,
+            actor,
+            json,
+        } => {
+            let payload: serde_json::Value = serde_json::from_str(&payload)
+                .map_err(|e| refuse(format!("--payload is not valid JSON ({e})")))?;
+            let actor = crate::dlq::actor_name(&actor);
+            signal(&config, &op, &name, payload, &actor, "signal", None, json).await
+        }
+        Command::Approve {
+            op,
+            actor,
+            reason,
+            json,
+        } => approval(&config, &op, true, actor, reason, json).await,
+        Command::Reject {
+            op,
+            actor,
+            reason,
+            json,
+        } => approval(&config, &op, false, actor, reason, json).await,
+        Command::Cancel {
+            op,
+            actor,
+            reason,
+            json,
+        } => {
+            cancel(
+                &config,
+                &op,
+                &crate::dlq::actor_name(&actor),
+                reason.as_deref(),
+                json,
+            )
+            .await
+        }
         Command::Dlq(cmd) => crate::dlq::run(config, cmd).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
     }
@@ -107,6 +146,7 @@ pub fn scheduler(config: &Config, pool: PgPool) -> agentq_scheduler::Scheduler {
     let settings = agentq_scheduler::Settings {
         dispatch_grace: Duration::from_secs(config.dispatch_grace_secs),
         restart_limit: config.restart_limit,
+        retention_days: config.retention_days,
         ..Default::default()
     };
     agentq_scheduler::Scheduler::new(settings, pool, dispatcher, &config.namespace)
@@ -154,6 +194,14 @@ async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {
             "--input is not valid JSON ({e}); pass an object such as '{{\"text\":\"hi\"}}'"
         ))
     })?;
+    let deadline = args
+        .deadline
+        .as_deref()
+        .map(|d| parse_time(d, "--deadline"))
+        .transpose()?;
+    if deadline.is_some_and(|d| d <= chrono::Utc::now()) {
+        return Err(refuse("--deadline is in the past"));
+    }
     let pool = connect(&config).await?;
     let (producer, dispatcher) = producer(&config, pool, "enqueue");
     let req = EnqueueRequest {
@@ -164,6 +212,7 @@ async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {
         ordering_key: args.ordering_key,
         lane: args.lane,
         max_attempts: args.max_attempts,
+        deadline,
         ..EnqueueRequest::default()
     };
     let result = producer.enqueue(req).await;
@@ -261,6 +310,161 @@ async fn steps(config: Config, op: &str, json: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The approval convention: signal `approval` with `{"approved", "by", "reason"}`.
+async fn approval(
+    config: &Config,
+    op: &str,
+    approved: bool,
+    actor: Option<String>,
+    reason: Option<String>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let actor = crate::dlq::actor_name(&actor);
+    let payload = serde_json::json!({ "approved": approved, "by": actor, "reason": reason });
+    let action = if approved { "approve" } else { "reject" };
+    signal(
+        config,
+        op,
+        "approval",
+        payload,
+        &actor,
+        action,
+        reason.as_deref(),
+        json,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn signal(
+    config: &Config,
+    op: &str,
+    name: &str,
+    payload: serde_json::Value,
+    actor: &str,
+    action: &str,
+    reason: Option<&str>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = OperationId::parse(op).map_err(refuse)?;
+    if name.is_empty() || name.len() > 128 {
+        return Err(refuse("a signal name must be 1-128 characters"));
+    }
+    let pool = connect(config).await?;
+    let sent = db::timers::send_signal(&pool, id.0, None, name, &payload, actor, action, reason)
+        .await
+        .context("sending the signal")?;
+    let (result, message) = match &sent {
+        db::timers::Sent::Woke(target) => {
+            let dispatcher = Dispatcher::new(
+                pool.clone(),
+                &config.amqp_url,
+                Names::new(&config.namespace),
+                "signal",
+            );
+            if let Err(e) = dispatcher.dispatch(&target.clone().into()).await {
+                tracing::warn!(error = %e, "the operation is queued; the scheduler will dispatch it");
+            }
+            dispatcher.close().await;
+            (
+                "delivered",
+                format!("signal {name:?} delivered to {id}; it resumes now"),
+            )
+        }
+        db::timers::Sent::Kept {
+            status,
+            waiting_for,
+        } => (
+            "kept",
+            format!(
+                "signal {name:?} kept for {id}: it is {status}{}; it will be delivered when it waits for {name:?}",
+                waiting_for
+                    .as_deref()
+                    .map(|w| format!(" (waiting for {w:?})"))
+                    .unwrap_or_default()
+            ),
+        ),
+        db::timers::Sent::AlreadyPending => {
+            return Err(refuse(format!(
+                "a signal {name:?} was already sent to {id} and not consumed yet; nothing changed"
+            )));
+        }
+        db::timers::Sent::Finished(status) => {
+            return Err(refuse(format!(
+                "operation {id} is {status}; the signal was not delivered"
+            )));
+        }
+        db::timers::Sent::NotFound => return Err(refuse(format!("no operation {id}"))),
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "op_id": id, "signal": name, "result": result })
+        );
+    } else {
+        println!("{message}");
+    }
+    Ok(())
+}
+
+async fn cancel(
+    config: &Config,
+    op: &str,
+    actor: &str,
+    reason: Option<&str>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = OperationId::parse(op).map_err(refuse)?;
+    let pool = connect(config).await?;
+    let outcome = db::timers::cancel_operation(&pool, id.0, None, actor, reason)
+        .await
+        .context("cancelling the operation")?;
+    let (result, message) = match outcome {
+        db::timers::Cancelled::Now => ("cancelled", format!("operation {id} cancelled")),
+        db::timers::Cancelled::Requested => (
+            "requested",
+            format!("operation {id} is running; its worker stops it at the next step boundary"),
+        ),
+        db::timers::Cancelled::Finished(status) => {
+            return Err(refuse(format!(
+                "operation {id} is already {status}; nothing to cancel"
+            )));
+        }
+        db::timers::Cancelled::NotFound => return Err(refuse(format!("no operation {id}"))),
+    };
+    if json {
+        println!("{}", serde_json::json!({ "op_id": id, "result": result }));
+    } else {
+        println!("{message}");
+    }
+    Ok(())
+}
+
+/// Parses a point in time given as RFC 3339 or as a duration from now (`90s`, `30m`, `2h`, `3d`).
+pub fn parse_time(s: &str, what: &str) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.with_timezone(&chrono::Utc));
+    }
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: i64 = num.parse().map_err(|_| {
+        refuse(format!(
+            "{what} {s:?}: use RFC 3339 or a duration like 90s, 30m, 2h, 3d"
+        ))
+    })?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86400,
+        _ => {
+            return Err(refuse(format!(
+                "{what} {s:?}: the unit must be s, m, h or d"
+            )));
+        }
+    };
+    Ok(chrono::Utc::now() + chrono::Duration::seconds(secs))
 }
 
 /// A token cancelled on SIGINT or SIGTERM.

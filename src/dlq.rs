@@ -220,7 +220,8 @@ fn parse_rate(s: &str) -> anyhow::Result<f64> {
     }
 }
 
-fn actor_name(given: &Option<String>) -> String {
+/// The acting operator: `--as`, else the OS user.
+pub fn actor_name(given: &Option<String>) -> String {
     given
         .clone()
         .or_else(|| std::env::var("USER").ok())

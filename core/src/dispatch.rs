@@ -1,11 +1,16 @@
-//! Dispatching: publishing the pointer of a committed operation and recording, in batches, that
-//! the broker confirmed it.
+//! Dispatching: publishing the pointer of a committed operation and recording that it was sent.
 //!
-//! Order of events for every dispatch: the operation row is committed first (by the producer or
-//! a scheduler transition), then the pointer is published and confirmed, then `dispatched_at`
-//! is set. A crash anywhere in between leaves `dispatched_at` NULL, and the scheduler's sweeper
-//! publishes again: a duplicate pointer is harmless, a missing one is not. Marks are batched
-//! (one UPDATE for many confirms) because a commit per publish would double the enqueue cost.
+//! Two orders, one rule (an operation queued with `dispatched_at` NULL gets published by the
+//! sweeper after a grace period):
+//! - producers commit the row, publish, and then mark `dispatched_at` in batches (one UPDATE for
+//!   many confirms, because a commit per publish would double the enqueue cost). A producer that
+//!   dies between its commit and its publish leaves `dispatched_at` NULL: the sweeper publishes.
+//! - the scheduler takes rows for dispatch (`dispatched_at` set in the very statement that makes
+//!   them due), publishes, and clears `dispatched_at` for any publish that failed. Taking first
+//!   means a burst whose confirms lag behind the grace period is never published twice.
+//!
+//! A duplicate pointer is harmless (the claim is conditional); a missing one is recovered by
+//! the sweeper or, for a pointer the broker lost, by the lost-pointer check.
 
 use std::sync::Mutex;
 use std::time::Duration;

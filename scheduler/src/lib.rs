@@ -1,5 +1,10 @@
 //! agentq-scheduler: fires what is due.
 //!
+//! - timers: sleeping operations whose wake time came and waiting ones whose timeout passed (or
+//!   whose signal arrived) go back to `queued` and are dispatched at once;
+//! - deadlines: queued, sleeping or waiting operations past their deadline become dead
+//!   (`deadline_exceeded`);
+//! - retention: finished operations older than the retention period are deleted in batches;
 //! - the reaper: `running` operations whose lease expired (the worker died or hung) go back to
 //!   `queued` with `restarts + 1` and are dispatched at once, or to `dead` as `crash_loop` once
 //!   restarts exceed the limit;
@@ -44,17 +49,23 @@ pub struct Settings {
     pub batch: i64,
     /// Crash recoveries allowed per operation before `crash_loop`.
     pub restart_limit: i32,
+    /// Days finished operations are kept.
+    pub retention_days: u32,
+    /// How often retention runs.
+    pub retention_every: Duration,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            tick: Duration::from_millis(500),
+            tick: Duration::from_millis(200),
             dispatch_grace: Duration::from_secs(5),
             lost_after: Duration::from_secs(60),
             lost_check_every: Duration::from_secs(30),
             batch: 500,
             restart_limit: 3,
+            retention_days: 30,
+            retention_every: Duration::from_secs(60),
         }
     }
 }
@@ -96,8 +107,22 @@ impl Scheduler {
             tokio::spawn(async move { broker_dlq::run(pool, &dispatcher, names, stop).await })
         };
         let mut last_lost_check = Instant::now();
+        let mut last_retention = Instant::now() - self.settings.retention_every;
         loop {
             let mut busy = false;
+            match self.wake().await {
+                Ok(n) => busy |= n as i64 >= self.settings.batch,
+                Err(e) => tracing::warn!(error = %e, "waking due timers failed"),
+            }
+            if let Err(e) = self.expire_deadlines().await {
+                tracing::warn!(error = %e, "expiring deadlines failed");
+            }
+            if last_retention.elapsed() >= self.settings.retention_every {
+                last_retention = Instant::now();
+                if let Err(e) = self.retain().await {
+                    tracing::warn!(error = %e, "retention failed");
+                }
+            }
             match self.reap().await {
                 Ok(n) => busy |= n as i64 >= self.settings.batch,
                 Err(e) => tracing::warn!(error = %e, "reaping expired leases failed"),
@@ -123,6 +148,44 @@ impl Scheduler {
         let _ = recorder.await;
         self.dispatcher.close().await;
         Ok(())
+    }
+
+    /// One pass of the timer loop: wakes what is due and dispatches it; returns how many.
+    pub async fn wake(&self) -> anyhow::Result<usize> {
+        let woken = db::timers::wake_due(&self.pool, self.settings.batch).await?;
+        let n = woken.len();
+        let rows = woken.iter().map(db::Dispatch::from).collect();
+        if let Err(e) = self.publish(rows).await {
+            tracing::warn!(error = %e, "dispatching woken operations failed; the sweeper will retry");
+        }
+        Ok(n)
+    }
+
+    /// One pass of the deadline loop; returns how many operations it stopped.
+    pub async fn expire_deadlines(&self) -> anyhow::Result<usize> {
+        let expired = db::timers::expire_deadlines(&self.pool, self.settings.batch).await?;
+        for id in &expired {
+            tracing::info!(op_id = %id, "operation is dead: deadline_exceeded");
+        }
+        Ok(expired.len())
+    }
+
+    /// One retention pass: deletes finished operations past the retention period, in small
+    /// batches so it never holds many locks; returns how many it deleted.
+    pub async fn retain(&self) -> anyhow::Result<u64> {
+        let mut total = 0;
+        loop {
+            let n =
+                db::timers::delete_expired(&self.pool, self.settings.retention_days, 500).await?;
+            total += n;
+            if n < 500 {
+                break;
+            }
+        }
+        if total > 0 {
+            tracing::info!(deleted = total, "retention deleted finished operations");
+        }
+        Ok(total)
     }
 
     /// One pass of the reaper; returns how many expired leases it recovered.
@@ -191,20 +254,31 @@ impl Scheduler {
         Ok(n)
     }
 
+    /// Publishes rows this scheduler took for dispatch (their `dispatched_at` is already set,
+    /// so nobody else publishes them meanwhile). Confirms pipeline: the publishes run
+    /// concurrently. Rows whose publish failed are given back to the sweeper.
     async fn publish(&self, rows: Vec<db::Dispatch>) -> anyhow::Result<usize> {
         let n = rows.len();
-        if n > 0 {
-            tracing::info!(n, "dispatching operations");
+        if n == 0 {
+            return Ok(0);
         }
+        tracing::debug!(n, "dispatching operations");
         let sends = rows.into_iter().map(|row| {
+            let key = (row.id, row.epoch);
             let target = Target::from(row);
             let dispatcher = self.dispatcher.clone();
-            async move { dispatcher.dispatch(&target).await }
+            async move { dispatcher.dispatch(&target).await.map_err(|e| (key, e)) }
         });
-        // Confirms pipeline when publishes run concurrently. A failed publish leaves the row
-        // undispatched (or, for a lost pointer, due for the next lost-pointer check).
-        for r in futures_util::future::join_all(sends).await {
-            r?;
+        let failed: Vec<((uuid::Uuid, i64), _)> = futures_util::future::join_all(sends)
+            .await
+            .into_iter()
+            .filter_map(Result::err)
+            .collect();
+        if let Some((_, e)) = failed.first() {
+            tracing::warn!(error = %e, n = failed.len(), "publishing failed; the sweeper will retry");
+            let keys: Vec<(uuid::Uuid, i64)> = failed.iter().map(|(k, _)| *k).collect();
+            db::clear_dispatched(&self.pool, &keys).await?;
+            anyhow::bail!("{} of {n} publishes failed", keys.len());
         }
         Ok(n)
     }

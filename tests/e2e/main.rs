@@ -7,3 +7,4 @@ mod harness;
 mod durability;
 mod failures;
 mod foundation;
+mod timers;

@@ -134,10 +134,10 @@ async fn claim_batch(
         // The same pointer twice in one batch claims once; the second permit is just dropped.
         if let Some(i) = claimed.iter().position(|c| c.id == id) {
             let op = claimed.swap_remove(i);
-            let stop = shared.leases.hold(op.id, op.epoch);
+            let (stop, cancel) = shared.leases.hold(op.id, op.epoch);
             let shared = shared.clone();
             tasks.spawn(async move {
-                crate::executor::execute(shared, op, stop).await;
+                crate::executor::execute(shared, op, stop, cancel).await;
                 drop(permit);
             });
         }

@@ -93,6 +93,10 @@ pub enum JobError {
     /// The operation's deadline passed before it finished.
     #[error("deadline {0} passed before the operation finished")]
     DeadlineExceeded(DateTime<Utc>),
+    /// The operation parked itself (a durable sleep, or a wait for a signal): the worker lets go
+    /// of it and the scheduler wakes it. Job code just propagates it with `?`.
+    #[error("suspended until a wake-up")]
+    Suspended,
 }
 
 impl JobError {
@@ -115,6 +119,35 @@ impl JobError {
             JobError::Nondeterminism(_) => "nondeterminism",
             JobError::UnknownSideEffect { .. } => "unknown_side_effect",
             JobError::DeadlineExceeded(_) => "deadline_exceeded",
+            JobError::Suspended => "suspended",
+        }
+    }
+}
+
+/// How a wait for a signal ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SignalOutcome {
+    /// The signal arrived in time.
+    Received {
+        payload: Value,
+        sent_by: Option<String>,
+    },
+    /// The timeout passed first.
+    TimedOut,
+}
+
+impl SignalOutcome {
+    fn from_journal(output: &Value) -> Self {
+        if output.get("timed_out").and_then(Value::as_bool) == Some(true) {
+            SignalOutcome::TimedOut
+        } else {
+            SignalOutcome::Received {
+                payload: output.get("payload").cloned().unwrap_or(Value::Null),
+                sent_by: output
+                    .get("sent_by")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+            }
         }
     }
 }
@@ -144,6 +177,8 @@ struct State {
     failed_step: Option<i32>,
     /// Idempotency key of the step running now.
     current_key: Option<String>,
+    /// Set when the job parks itself: wake time, and the signal waited for.
+    suspend: Option<(DateTime<Utc>, Option<String>)>,
 }
 
 struct Inner {
@@ -153,6 +188,8 @@ struct Inner {
     state: Mutex<State>,
     lost: AtomicBool,
     stop: CancellationToken,
+    /// Set by the heartbeat when an operator asked to cancel this operation.
+    cancel: Arc<AtomicBool>,
 }
 
 /// The handle a job function receives. Cheap to clone; all clones share one journal cursor.
@@ -168,6 +205,7 @@ impl JobContext {
         model: Arc<dyn ModelClient>,
         journal: Vec<JournalEntry>,
         stop: CancellationToken,
+        cancel: Arc<AtomicBool>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -182,9 +220,11 @@ impl JobContext {
                     pending_unsafe: false,
                     failed_step: None,
                     current_key: None,
+                    suspend: None,
                 }),
                 lost: AtomicBool::new(false),
                 stop,
+                cancel,
             }),
         }
     }
@@ -248,6 +288,138 @@ impl JobContext {
             |key| async move { tool.call(&args, &key).await.map(|v| (v, None)) },
         )
         .await
+    }
+
+    /// A durable sleep: the operation parks as `sleeping`, the worker lets go of it, and the
+    /// scheduler wakes it after `duration` (measured from the first execution, journaled).
+    pub async fn sleep(&self, duration: std::time::Duration) -> Result<(), JobError> {
+        let until =
+            Utc::now() + chrono::Duration::from_std(duration).unwrap_or(chrono::Duration::MAX);
+        self.sleep_until(until).await
+    }
+
+    /// A durable sleep until `until` (journaled at first execution; replay after the wake-up
+    /// returns at once).
+    pub async fn sleep_until(&self, until: DateTime<Utc>) -> Result<(), JobError> {
+        let (seq, key) = self.begin_park("sleep", "sleep")?;
+        let wake_at = match self.recorded(seq) {
+            Some(e) if e.status == "completed" => return Ok(()),
+            Some(e) => e.wake_at.unwrap_or(until),
+            None => until,
+        };
+        let mut row = self.park_row(seq, "sleep", "sleep", key, wake_at);
+        if Utc::now() >= wake_at {
+            row.status = "completed";
+            row.completed_at = Some(Utc::now());
+            self.push(row, false);
+            return Ok(());
+        }
+        self.push(row, false);
+        self.state().suspend = Some((wake_at, None));
+        Err(JobError::Suspended)
+    }
+
+    /// Waits for the signal `name` (a human approval, an outside event) for at most `timeout`:
+    /// the operation parks as `waiting`, holding no worker. A signal sent before the wait starts
+    /// is delivered when it does. A signal and the timeout that race are decided once, in one
+    /// write: the signal wins if it was received by the deadline.
+    pub async fn wait_for_signal(
+        &self,
+        name: &str,
+        timeout: std::time::Duration,
+    ) -> Result<SignalOutcome, JobError> {
+        let step = format!("signal:{name}");
+        let (seq, key) = self.begin_park(&step, "signal")?;
+        let deadline = match self.recorded(seq) {
+            Some(e) if e.status == "completed" => {
+                return Ok(SignalOutcome::from_journal(
+                    &e.output.unwrap_or(Value::Null),
+                ));
+            }
+            Some(e) => e.wake_at.unwrap_or_else(Utc::now),
+            None => {
+                let deadline = Utc::now()
+                    + chrono::Duration::from_std(timeout).unwrap_or(chrono::Duration::MAX);
+                // The wait step must exist before it can be resolved.
+                self.push(
+                    self.park_row(seq, &step, "signal", key.clone(), deadline),
+                    false,
+                );
+                self.flush().await?;
+                deadline
+            }
+        };
+        let info = &self.inner.info;
+        match db::timers::resolve_wait(
+            &self.inner.pool,
+            info.op_id.0,
+            info.epoch,
+            seq,
+            name,
+            deadline,
+        )
+        .await
+        .map_err(|e| JobError::retryable(format!("resolving a wait: {e}")))?
+        {
+            db::timers::Wait::Resolved(output) => Ok(SignalOutcome::from_journal(&output)),
+            db::timers::Wait::LeaseLost => {
+                self.inner.lost.store(true, Ordering::Release);
+                Err(JobError::LeaseLost)
+            }
+            db::timers::Wait::Pending => {
+                self.state().suspend = Some((deadline, Some(name.to_string())));
+                Err(JobError::Suspended)
+            }
+        }
+    }
+
+    /// Takes the next seq for a sleep or wait, checking the journal agrees on what it is.
+    fn begin_park(&self, name: &str, kind: &'static str) -> Result<(i32, String), JobError> {
+        self.check_running()?;
+        let seq = {
+            let mut st = self.state();
+            let seq = st.next_seq;
+            st.next_seq += 1;
+            seq
+        };
+        if let Some(e) = self.recorded(seq).filter(|e| e.status != "failed")
+            && (e.name != name || e.kind != kind)
+        {
+            return Err(JobError::Nondeterminism(format!(
+                "step {seq} was recorded as {:?} ({}) but the job now asks for {name:?} ({kind})",
+                e.name, e.kind
+            )));
+        }
+        Ok((seq, step_idempotency_key(self.inner.info.op_id, seq, name)))
+    }
+
+    fn park_row(
+        &self,
+        seq: i32,
+        name: &str,
+        kind: &'static str,
+        key: String,
+        wake_at: DateTime<Utc>,
+    ) -> StepWrite {
+        StepWrite {
+            seq,
+            name: name.to_string(),
+            kind,
+            replay: "safe",
+            idempotency_key: key,
+            status: "started",
+            output: None,
+            error: None,
+            started_at: Utc::now(),
+            completed_at: None,
+            usage: None,
+            wake_at: Some(wake_at),
+        }
+    }
+
+    /// The wake time and awaited signal if the job parked itself.
+    pub(crate) fn take_suspend(&self) -> Option<(DateTime<Utc>, Option<String>)> {
+        self.state().suspend.take()
     }
 
     /// The current time, journaled so a replay sees the same value.
@@ -351,6 +523,7 @@ impl JobContext {
                                     started_at: Utc::now(),
                                     completed_at: Some(Utc::now()),
                                     usage: None,
+                                    wake_at: None,
                                 },
                                 true,
                             );
@@ -374,6 +547,7 @@ impl JobContext {
                                     started_at: Utc::now(),
                                     completed_at: None,
                                     usage: None,
+                                    wake_at: None,
                                 },
                                 false,
                             );
@@ -404,6 +578,7 @@ impl JobContext {
             started_at,
             completed_at: None,
             usage: None,
+            wake_at: None,
         };
 
         let must_flush = {
@@ -465,6 +640,9 @@ impl JobContext {
     fn check_running(&self) -> Result<(), JobError> {
         if self.inner.lost.load(Ordering::Acquire) || self.inner.stop.is_cancelled() {
             return Err(JobError::LeaseLost);
+        }
+        if self.inner.cancel.load(Ordering::Acquire) {
+            return Err(JobError::Cancelled);
         }
         if let Some(deadline) = self.inner.info.deadline
             && Utc::now() >= deadline

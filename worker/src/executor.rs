@@ -4,6 +4,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use agentq_core::db::{self, Claimed, FailTo};
 use agentq_core::operation::OperationId;
@@ -16,13 +17,18 @@ use crate::Shared;
 use crate::context::{JobContext, JobError, OperationInfo};
 
 /// Runs `op` to its next resting state. The lease is released when this returns.
-pub(crate) async fn execute(shared: Arc<Shared>, op: Claimed, stop: CancellationToken) {
+pub(crate) async fn execute(
+    shared: Arc<Shared>,
+    op: Claimed,
+    stop: CancellationToken,
+    cancel: Arc<AtomicBool>,
+) {
     let (id, epoch) = (op.id, op.epoch);
-    run(&shared, op, stop).await;
+    run(&shared, op, stop, cancel).await;
     shared.leases.release(id, epoch);
 }
 
-async fn run(shared: &Shared, op: Claimed, stop: CancellationToken) {
+async fn run(shared: &Shared, op: Claimed, stop: CancellationToken, cancel: Arc<AtomicBool>) {
     let journal = if op.has_journal {
         match db::load_journal(&shared.pool, op.id).await {
             Ok(j) => j,
@@ -49,6 +55,7 @@ async fn run(shared: &Shared, op: Claimed, stop: CancellationToken) {
         shared.model.clone(),
         journal,
         stop.clone(),
+        cancel,
     );
     let outcome = match shared.registry.handler(&op.kind) {
         _ if op.deadline.is_some_and(|d| d <= chrono::Utc::now()) => Err(
@@ -77,6 +84,33 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
     let written = match &outcome {
         Ok(result) => db::complete_operation(&shared.pool, op.id, op.epoch, result, &steps).await,
         Err(JobError::LeaseLost) => return,
+        Err(JobError::Suspended) => match ctx.take_suspend() {
+            Some((run_at, waiting_for)) => {
+                db::timers::suspend_operation(
+                    &shared.pool,
+                    op.id,
+                    op.epoch,
+                    run_at,
+                    waiting_for.as_deref(),
+                    &steps,
+                )
+                .await
+            }
+            None => {
+                // A job returned Suspended without parking through ctx: a bug in the job.
+                db::fail_operation(
+                    &shared.pool,
+                    op.id,
+                    op.epoch,
+                    "non_retryable",
+                    "the job returned Suspended without a ctx.sleep or ctx.wait_for_signal",
+                    FailTo::Dead,
+                    failed_step,
+                    &steps,
+                )
+                .await
+            }
+        },
         Err(e) => {
             let attempts_left = op.attempt < op.max_attempts;
             let (class, to) = match e {

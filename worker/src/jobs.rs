@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::context::{JobContext, JobError, Replay};
+use crate::context::{JobContext, JobError, Replay, SignalOutcome};
 use crate::model::ModelRequest;
 use crate::registry::Registry;
 use crate::tool::{Reconciled, Tool};
@@ -68,6 +68,18 @@ pub enum ScriptStep {
     },
     /// `{"model": "prompt"}`: a model step.
     Model { model: String },
+    /// `{"sleep_ms": N}`: a durable sleep (the operation parks as `sleeping`).
+    Sleep { sleep_ms: u64 },
+    /// `{"wait_signal": "name", "timeout_ms": N, "on_timeout": "fail"|"continue"}`: waits for a
+    /// signal (the operation parks as `waiting`). A payload with `"approved": false` fails the
+    /// operation as non-retryable with the reviewer's reason; a timeout fails it too unless
+    /// `on_timeout` is `continue`.
+    WaitSignal {
+        wait_signal: String,
+        timeout_ms: u64,
+        #[serde(default)]
+        on_timeout: OnTimeout,
+    },
     /// `{"fail": "retryable"|"non_retryable"|"overloaded", "times": N, "not_before_ms": M}`:
     /// fails the first N runs of the operation; a retryable failure may say "not before M ms
     /// from now".
@@ -98,6 +110,15 @@ pub enum ToolName {
 pub enum ReplayName {
     Safe,
     Unsafe,
+}
+
+/// What a script's wait does when its timeout passes first.
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, Default, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    #[default]
+    Fail,
+    Continue,
 }
 
 /// Failure classes a script can simulate.
@@ -150,6 +171,44 @@ pub async fn script(ctx: JobContext, input: ScriptInput) -> Result<Value, JobErr
                 let answer = ctx.model("model", ModelRequest::user(model)).await?;
                 json!({ "text": answer.content })
             }
+            ScriptStep::Sleep { sleep_ms } => {
+                ctx.sleep(Duration::from_millis(sleep_ms)).await?;
+                json!({ "slept_ms": sleep_ms })
+            }
+            ScriptStep::WaitSignal {
+                wait_signal,
+                timeout_ms,
+                on_timeout,
+            } => match ctx
+                .wait_for_signal(&wait_signal, Duration::from_millis(timeout_ms))
+                .await?
+            {
+                SignalOutcome::Received { payload, sent_by } => {
+                    if payload.get("approved").and_then(Value::as_bool) == Some(false) {
+                        let by = payload
+                            .get("by")
+                            .and_then(Value::as_str)
+                            .or(sent_by.as_deref())
+                            .unwrap_or("a reviewer");
+                        let reason = payload
+                            .get("reason")
+                            .and_then(Value::as_str)
+                            .unwrap_or("no reason given");
+                        return Err(JobError::NonRetryable(format!(
+                            "rejected by {by}: {reason}"
+                        )));
+                    }
+                    json!({ "signal": wait_signal, "payload": payload })
+                }
+                SignalOutcome::TimedOut if on_timeout == OnTimeout::Continue => {
+                    json!({ "signal": wait_signal, "timed_out": true })
+                }
+                SignalOutcome::TimedOut => {
+                    return Err(JobError::NonRetryable(format!(
+                        "no {wait_signal:?} signal arrived within {timeout_ms} ms"
+                    )));
+                }
+            },
             ScriptStep::Fail {
                 fail,
                 times,

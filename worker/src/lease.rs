@@ -7,7 +7,8 @@
 //! (self-fencing), because another worker may already own those operations.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentq_core::db;
@@ -18,6 +19,7 @@ use uuid::Uuid;
 struct Held {
     epoch: i64,
     stop: CancellationToken,
+    cancel: Arc<AtomicBool>,
 }
 
 /// The operations this worker holds.
@@ -48,17 +50,20 @@ impl Leases {
         self.active.lock().expect("leases lock")
     }
 
-    /// Starts tracking a claimed operation; the token fires when the lease is lost.
-    pub(crate) fn hold(&self, id: Uuid, epoch: i64) -> CancellationToken {
+    /// Starts tracking a claimed operation. The token fires when the lease is lost; the flag is
+    /// set when a heartbeat learns an operator asked to cancel it.
+    pub(crate) fn hold(&self, id: Uuid, epoch: i64) -> (CancellationToken, Arc<AtomicBool>) {
         let stop = CancellationToken::new();
+        let cancel = Arc::new(AtomicBool::new(false));
         self.map().insert(
             id,
             Held {
                 epoch,
                 stop: stop.clone(),
+                cancel: cancel.clone(),
             },
         );
-        stop
+        (stop, cancel)
     }
 
     /// Stops tracking an operation (finished, or abandoned) at `epoch`; a newer claim of the
@@ -116,6 +121,14 @@ impl Leases {
         }
         match db::renew_leases(pool, &self.owner, &held, self.ttl).await {
             Ok(kept) => {
+                {
+                    let map = self.map();
+                    for (id, cancel) in &kept {
+                        if *cancel && let Some(h) = map.get(id) {
+                            h.cancel.store(true, Ordering::Release);
+                        }
+                    }
+                }
                 let lost = held
                     .iter()
                     .map(|(id, _)| *id)

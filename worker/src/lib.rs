@@ -24,7 +24,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use context::{JobContext, JobError, OperationInfo, Replay};
+pub use context::{JobContext, JobError, OperationInfo, Replay, SignalOutcome};
 pub use model::{LocalModel, ModelClient, ModelRequest, ModelResponse};
 pub use registry::Registry;
 pub use tool::{Reconciled, Tool};

@@ -9,6 +9,7 @@ pub mod dead_letters;
 pub mod ledger;
 pub mod operations;
 pub mod steps;
+pub mod timers;
 
 use std::str::FromStr;
 use std::time::Duration;

@@ -153,10 +153,7 @@ pub async fn find_operation(
     let row: Option<OperationRow> = sqlx::query_as(
         "SELECT o.id, o.tenant_id, o.kind, o.lane, o.status, o.attempt, o.max_attempts, o.restarts,
                 o.run_at, o.created_at, o.updated_at, o.finished_at, o.result, o.error_class,
-                o.error_message, o.batch_id, o.dedupe_key, o.ordering_key,
-                (SELECT s.name FROM operation_steps s
-                  WHERE s.op_id = o.id AND s.kind = 'signal' AND s.status = 'started'
-                  ORDER BY s.seq DESC LIMIT 1) AS waiting_for
+                o.error_message, o.batch_id, o.dedupe_key, o.ordering_key, o.waiting_for
            FROM operations o
           WHERE o.id = $1 AND ($2::text IS NULL OR o.tenant_id = $2)",
     )
@@ -280,20 +277,22 @@ pub async fn complete_operation(
          RETURNING id
          ), journal AS (
             INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
-                                         output, error, epoch, started_at, completed_at, usage)
+                                         output, error, epoch, started_at, completed_at, usage,
+                                         wake_at)
             SELECT done.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output, s.error,
-                   $2, s.started_at, s.completed_at, s.usage
+                   $2, s.started_at, s.completed_at, s.usage, s.wake_at
               FROM done, unnest($4::int[], $5::text[], $6::text[], $7::text[], $8::text[],
                                 $9::text[], $10::jsonb[], $11::text[], $12::timestamptz[],
-                                $13::timestamptz[], $14::jsonb[])
+                                $13::timestamptz[], $14::jsonb[], $15::timestamptz[])
                    AS s(seq, name, kind, replay, key, status, output, error, started_at,
-                        completed_at, usage)
+                        completed_at, usage, wake_at)
             ON CONFLICT (op_id, seq) DO UPDATE
                SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
                    idempotency_key = EXCLUDED.idempotency_key,
                    status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
                    epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
-                   usage = EXCLUDED.usage
+                   usage = EXCLUDED.usage,
+                   wake_at = COALESCE(EXCLUDED.wake_at, operation_steps.wake_at)
          )
          SELECT id FROM done",
     )
@@ -311,6 +310,7 @@ pub async fn complete_operation(
     .bind(&cols.started_at)
     .bind(&cols.completed_at)
     .bind(&cols.usage)
+    .bind(&cols.wake_at)
     .fetch_optional(pool)
     .await?;
     Ok(done.is_some())
@@ -372,20 +372,22 @@ pub async fn fail_operation(
                    failed_step = EXCLUDED.failed_step, attempts = EXCLUDED.attempts
          ), journal AS (
             INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
-                                         output, error, epoch, started_at, completed_at, usage)
+                                         output, error, epoch, started_at, completed_at, usage,
+                                         wake_at)
             SELECT failed.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
-                   s.error, $2, s.started_at, s.completed_at, s.usage
+                   s.error, $2, s.started_at, s.completed_at, s.usage, s.wake_at
               FROM failed, unnest($9::int[], $10::text[], $11::text[], $12::text[], $13::text[],
                                   $14::text[], $15::jsonb[], $16::text[], $17::timestamptz[],
-                                  $18::timestamptz[], $19::jsonb[])
+                                  $18::timestamptz[], $19::jsonb[], $20::timestamptz[])
                    AS s(seq, name, kind, replay, key, status, output, error, started_at,
-                        completed_at, usage)
+                        completed_at, usage, wake_at)
             ON CONFLICT (op_id, seq) DO UPDATE
                SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
                    idempotency_key = EXCLUDED.idempotency_key,
                    status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
                    epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
-                   usage = EXCLUDED.usage
+                   usage = EXCLUDED.usage,
+                   wake_at = COALESCE(EXCLUDED.wake_at, operation_steps.wake_at)
          )
          SELECT id FROM failed",
     )
@@ -408,13 +410,14 @@ pub async fn fail_operation(
     .bind(&cols.started_at)
     .bind(&cols.completed_at)
     .bind(&cols.usage)
+    .bind(&cols.wake_at)
     .fetch_optional(pool)
     .await?;
     Ok(done.is_some())
 }
 
 /// A pointer to (re)publish: the fields of the message plus the epoch it was taken at.
-#[derive(Clone, Debug, FromRow)]
+#[derive(Clone, Debug, PartialEq, FromRow)]
 pub struct Dispatch {
     pub id: Uuid,
     pub tenant_id: String,
@@ -452,17 +455,17 @@ pub async fn mark_dispatched(pool: &PgPool, sent: &[(Uuid, i64)]) -> Result<u64>
 
 /// Takes up to `limit` due, queued operations that were committed at least `grace` ago but whose
 /// pointer was never confirmed (the producer died between commit and publish, a retry came
-/// due, a lease was released). Taking a row touches its `updated_at`, so neither this nor
-/// another scheduler takes it again for `grace`; the confirm's mark then sets `dispatched_at`,
-/// and a failed publish is simply retried after `grace`. `SKIP LOCKED` lets several schedulers
-/// sweep at once without taking the same rows.
+/// due, a lease was released). Taking a row sets `dispatched_at`, so no scheduler takes it
+/// again while its publish is in flight, however slow the broker's confirms get under load;
+/// the caller clears it ([`clear_dispatched`]) if the publish fails. `SKIP LOCKED` lets several
+/// schedulers sweep at once without taking the same rows.
 pub async fn take_undispatched(
     pool: &PgPool,
     grace: Duration,
     limit: i64,
 ) -> Result<Vec<Dispatch>> {
     let rows = sqlx::query_as(
-        "UPDATE operations o SET updated_at = now()
+        "UPDATE operations o SET dispatched_at = now()
           WHERE o.id IN (SELECT id FROM operations
                           WHERE status = 'queued' AND dispatched_at IS NULL
                             AND run_at <= now()
@@ -577,7 +580,9 @@ pub async fn reap_expired_leases(
                                                ELSE format('during step %s', e.in_flight) END,
                                           o.restarts + 1, $1),
                    finished_at = CASE WHEN o.restarts + 1 > $1 THEN now() END,
-                   run_at = now(), dispatched_at = NULL, updated_at = now(),
+                   run_at = now(), updated_at = now(),
+                   -- Taken for dispatch by the reaper, which publishes right after.
+                   dispatched_at = CASE WHEN o.restarts + 1 > $1 THEN NULL ELSE now() END,
                    lease_owner = NULL, lease_expires_at = NULL
               FROM expired e
              WHERE o.id = e.id
@@ -639,4 +644,20 @@ pub async fn operation_input(pool: &PgPool, id: Uuid) -> Result<Option<Value>> {
         .fetch_optional(pool)
         .await?;
     Ok(v)
+}
+
+/// Gives back dispatches a scheduler took but could not publish, so the sweeper retries them.
+pub async fn clear_dispatched(pool: &PgPool, taken: &[(Uuid, i64)]) -> Result<u64> {
+    let (ids, epochs): (Vec<Uuid>, Vec<i64>) = taken.iter().copied().unzip();
+    let n = sqlx::query(
+        "UPDATE operations o SET dispatched_at = NULL
+           FROM unnest($1::uuid[], $2::bigint[]) AS t(id, epoch)
+          WHERE o.id = t.id AND o.epoch = t.epoch AND o.status = 'queued'",
+    )
+    .bind(&ids)
+    .bind(&epochs)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(n)
 }

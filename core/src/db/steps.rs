@@ -29,6 +29,8 @@ pub struct StepWrite {
     pub started_at: DateTime<Utc>,
     pub completed_at: Option<DateTime<Utc>>,
     pub usage: Option<Value>,
+    /// When a sleep or a wait's timeout is due.
+    pub wake_at: Option<DateTime<Utc>>,
 }
 
 /// Column arrays of a batch of [`StepWrite`]s, bound to `unnest(...)` so one statement writes them all.
@@ -44,6 +46,7 @@ pub(crate) struct StepColumns {
     pub started_at: Vec<DateTime<Utc>>,
     pub completed_at: Vec<Option<DateTime<Utc>>>,
     pub usage: Vec<Option<Value>>,
+    pub wake_at: Vec<Option<DateTime<Utc>>>,
 }
 
 impl From<&[StepWrite]> for StepColumns {
@@ -60,6 +63,7 @@ impl From<&[StepWrite]> for StepColumns {
             started_at: steps.iter().map(|s| s.started_at).collect(),
             completed_at: steps.iter().map(|s| s.completed_at).collect(),
             usage: steps.iter().map(|s| s.usage.clone()).collect(),
+            wake_at: steps.iter().map(|s| s.wake_at).collect(),
         }
     }
 }
@@ -80,20 +84,22 @@ pub async fn record_steps(
                FOR SHARE
          ), journal AS (
             INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
-                                         output, error, epoch, started_at, completed_at, usage)
+                                         output, error, epoch, started_at, completed_at, usage,
+                                         wake_at)
             SELECT lease.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
-                   s.error, $2, s.started_at, s.completed_at, s.usage
+                   s.error, $2, s.started_at, s.completed_at, s.usage, s.wake_at
               FROM lease, unnest($3::int[], $4::text[], $5::text[], $6::text[], $7::text[],
                                  $8::text[], $9::jsonb[], $10::text[], $11::timestamptz[],
-                                 $12::timestamptz[], $13::jsonb[])
+                                 $12::timestamptz[], $13::jsonb[], $14::timestamptz[])
                    AS s(seq, name, kind, replay, key, status, output, error, started_at,
-                        completed_at, usage)
+                        completed_at, usage, wake_at)
             ON CONFLICT (op_id, seq) DO UPDATE
                SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
                    idempotency_key = EXCLUDED.idempotency_key,
                    status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
                    epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
-                   usage = EXCLUDED.usage
+                   usage = EXCLUDED.usage,
+                   wake_at = COALESCE(EXCLUDED.wake_at, operation_steps.wake_at)
          )
          SELECT id FROM lease",
     )
@@ -110,6 +116,7 @@ pub async fn record_steps(
     .bind(&cols.started_at)
     .bind(&cols.completed_at)
     .bind(&cols.usage)
+    .bind(&cols.wake_at)
     .fetch_optional(pool)
     .await?;
     Ok(held.is_some())

@@ -1,0 +1,465 @@
+//! SQL of durable sleeps, waits for signals, cancellation, deadlines and retention.
+//!
+//! Suspending is one fenced statement (journal rows + status + wake time), so an operation is
+//! either still running or parked with something due to wake it. Every scheduler sweep takes
+//! its rows with `FOR UPDATE SKIP LOCKED` and moves them in the same statement, so any number of
+//! schedulers can run without firing anything twice.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{FromRow, PgPool};
+use uuid::Uuid;
+
+use super::{Dispatch, Result, StepWrite};
+
+/// Parks a running operation: `sleeping` until `run_at`, or `waiting` for the signal
+/// `waiting_for` until `run_at` (its timeout). Pending journal rows are written in the same
+/// statement. Returns false when the lease was lost.
+pub async fn suspend_operation(
+    pool: &PgPool,
+    id: Uuid,
+    epoch: i64,
+    run_at: DateTime<Utc>,
+    waiting_for: Option<&str>,
+    steps: &[StepWrite],
+) -> Result<bool> {
+    let cols = super::steps::StepColumns::from(steps);
+    let done: Option<Uuid> = sqlx::query_scalar(
+        "WITH parked AS (
+            UPDATE operations
+               SET status = CASE WHEN $4::text IS NULL THEN 'sleeping' ELSE 'waiting' END,
+                   waiting_for = $4, run_at = $3, dispatched_at = NULL, updated_at = now(),
+                   lease_owner = NULL, lease_expires_at = NULL
+             WHERE id = $1 AND epoch = $2 AND status = 'running'
+         RETURNING id
+         ), journal AS (
+            INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
+                                         output, error, epoch, started_at, completed_at, usage, wake_at)
+            SELECT parked.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
+                   s.error, $2, s.started_at, s.completed_at, s.usage, s.wake_at
+              FROM parked, unnest($5::int[], $6::text[], $7::text[], $8::text[], $9::text[],
+                                  $10::text[], $11::jsonb[], $12::text[], $13::timestamptz[],
+                                  $14::timestamptz[], $15::jsonb[], $16::timestamptz[])
+                   AS s(seq, name, kind, replay, key, status, output, error, started_at,
+                        completed_at, usage, wake_at)
+            ON CONFLICT (op_id, seq) DO UPDATE
+               SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
+                   idempotency_key = EXCLUDED.idempotency_key,
+                   status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
+                   epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
+                   usage = EXCLUDED.usage,
+                   wake_at = COALESCE(EXCLUDED.wake_at, operation_steps.wake_at)
+         )
+         SELECT id FROM parked",
+    )
+    .bind(id)
+    .bind(epoch)
+    .bind(run_at)
+    .bind(waiting_for)
+    .bind(&cols.seq)
+    .bind(&cols.name)
+    .bind(&cols.kind)
+    .bind(&cols.replay)
+    .bind(&cols.key)
+    .bind(&cols.status)
+    .bind(&cols.output)
+    .bind(&cols.error)
+    .bind(&cols.started_at)
+    .bind(&cols.completed_at)
+    .bind(&cols.usage)
+    .bind(&cols.wake_at)
+    .fetch_optional(pool)
+    .await?;
+    Ok(done.is_some())
+}
+
+/// How a wait ended, as journaled in the wait step's output.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WaitResolution {
+    /// The signal arrived before the timeout.
+    Signal {
+        payload: Value,
+        sent_by: Option<String>,
+    },
+    /// The timeout passed first.
+    TimedOut,
+}
+
+/// Decides a wait, once: the wait step `seq` (status `started`) completes with the signal
+/// `name` if one was received no later than `deadline`, else with a timeout if `deadline` has
+/// passed; otherwise nothing changes (`Ok(None)`). Consuming the signal and completing the
+/// step are one fenced statement, so a signal and a timeout that race resolve exactly once.
+/// See [`Wait`] for the answers.
+pub async fn resolve_wait(
+    pool: &PgPool,
+    id: Uuid,
+    epoch: i64,
+    seq: i32,
+    name: &str,
+    deadline: DateTime<Utc>,
+) -> Result<Wait> {
+    let row: (bool, Option<Value>) = sqlx::query_as(
+        "WITH lease AS (
+            SELECT id FROM operations WHERE id = $1 AND epoch = $2 AND status = 'running'
+               FOR SHARE
+         ), sig AS (
+            UPDATE signals s SET consumed_at = now()
+              FROM lease
+             WHERE s.op_id = lease.id AND s.name = $4 AND s.consumed_at IS NULL
+               AND s.received_at <= $5
+         RETURNING s.payload, s.sent_by, s.received_at
+         ), decided AS (
+            SELECT CASE
+                     WHEN EXISTS (SELECT 1 FROM sig) THEN
+                       (SELECT jsonb_build_object('signal', $4::text, 'payload', payload,
+                                                  'sent_by', sent_by, 'received_at', received_at)
+                          FROM sig)
+                     WHEN now() >= $5 THEN jsonb_build_object('timed_out', true, 'signal', $4::text)
+                   END AS output
+         ), step AS (
+            UPDATE operation_steps st
+               SET status = 'completed', output = decided.output, completed_at = now(), epoch = $2
+              FROM decided, lease
+             WHERE st.op_id = lease.id AND st.seq = $3 AND st.status = 'started'
+               AND decided.output IS NOT NULL
+         RETURNING st.output
+         )
+         SELECT EXISTS (SELECT 1 FROM lease), (SELECT output FROM step)",
+    )
+    .bind(id)
+    .bind(epoch)
+    .bind(seq)
+    .bind(name)
+    .bind(deadline)
+    .fetch_one(pool)
+    .await?;
+    Ok(match row {
+        (false, _) => Wait::LeaseLost,
+        (true, None) => Wait::Pending,
+        (true, Some(output)) => Wait::Resolved(output),
+    })
+}
+
+/// The answer of [`resolve_wait`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Wait {
+    /// Decided; the wait step's journaled output.
+    Resolved(Value),
+    /// No signal yet and the timeout has not passed.
+    Pending,
+    /// This worker no longer holds the operation.
+    LeaseLost,
+}
+
+/// Wakes up to `limit` sleeping or waiting operations that are due (wake time or timeout), and
+/// waiting ones whose signal has arrived (a signal that raced the wait's start): back to
+/// `queued`, taken for dispatch by the caller (`dispatched_at` set; the caller publishes, and
+/// clears it if the publish fails). The attempt counter is given back (the claim counts it
+/// again): a wake-up is not a new attempt.
+pub async fn wake_due(pool: &PgPool, limit: i64) -> Result<Vec<Woken>> {
+    let rows = sqlx::query_as(
+        "WITH timed AS (
+            SELECT id FROM operations
+             WHERE status IN ('sleeping', 'waiting') AND run_at <= now()
+             ORDER BY run_at
+             LIMIT $1
+               FOR UPDATE SKIP LOCKED
+         ), signalled AS (
+            SELECT o.id FROM operations o
+              JOIN signals s ON s.op_id = o.id AND s.name = o.waiting_for AND s.consumed_at IS NULL
+             WHERE o.status = 'waiting'
+             LIMIT $1
+               FOR UPDATE OF o SKIP LOCKED
+         ), due AS (
+            SELECT id FROM timed UNION SELECT id FROM signalled
+         )
+         UPDATE operations o
+            SET status = 'queued', waiting_for = NULL, attempt = o.attempt - 1,
+                -- A signal can wake a wait before its timeout: it may run now.
+                run_at = LEAST(o.run_at, now()),
+                -- Taken for dispatch by this scheduler (see db::operations::clear_dispatched).
+                dispatched_at = now(), updated_at = clock_timestamp()
+           FROM due
+          WHERE o.id = due.id AND o.status IN ('sleeping', 'waiting')
+      RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch, o.run_at AS due_at,
+                o.updated_at AS woken_at",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// An operation [`wake_due`] moved back to `queued`.
+#[derive(Clone, Debug, FromRow)]
+pub struct Woken {
+    pub id: Uuid,
+    pub tenant_id: String,
+    pub kind: String,
+    pub lane: String,
+    pub epoch: i64,
+    /// When it was due.
+    pub due_at: DateTime<Utc>,
+    /// When it was woken.
+    pub woken_at: DateTime<Utc>,
+}
+
+impl From<&Woken> for Dispatch {
+    fn from(w: &Woken) -> Self {
+        Dispatch {
+            id: w.id,
+            tenant_id: w.tenant_id.clone(),
+            kind: w.kind.clone(),
+            lane: w.lane.clone(),
+            epoch: w.epoch,
+        }
+    }
+}
+
+/// The plan of the due-timer query (reported by `agentq bench --scenario timers`).
+pub async fn explain_wake_due(pool: &PgPool) -> Result<String> {
+    let lines: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT id FROM operations
+          WHERE status IN ('sleeping', 'waiting') AND run_at <= now()
+          ORDER BY run_at LIMIT 500 FOR UPDATE SKIP LOCKED",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(lines.join("\n"))
+}
+
+/// Moves up to `limit` queued, sleeping or waiting operations past their deadline to `dead`
+/// (`deadline_exceeded`, with a dead letter). Running ones are stopped by their worker at the
+/// next step boundary.
+pub async fn expire_deadlines(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>> {
+    let rows = sqlx::query_scalar(
+        "WITH expired AS (
+            SELECT id FROM operations
+             WHERE deadline < now() AND status IN ('queued', 'sleeping', 'waiting')
+             ORDER BY deadline
+             LIMIT $1
+               FOR UPDATE SKIP LOCKED
+         ), dead AS (
+            UPDATE operations o
+               SET status = 'dead', error_class = 'deadline_exceeded',
+                   error_message = format('deadline %s passed while the operation was %s', o.deadline, o.status),
+                   finished_at = now(), updated_at = now(), waiting_for = NULL
+              FROM expired
+             WHERE o.id = expired.id
+         RETURNING o.id, o.tenant_id, o.kind, o.attempt, o.error_message
+         ), letters AS (
+            INSERT INTO dead_letters (id, op_id, tenant_id, kind, class, reason, attempts)
+            SELECT gen_random_uuid(), id, tenant_id, kind, 'deadline_exceeded', error_message, attempt
+              FROM dead
+            ON CONFLICT (op_id) WHERE status = 'open' DO NOTHING
+         )
+         SELECT id FROM dead",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Deletes up to `limit` finished operations (with their journals and signals) that finished
+/// more than `days` ago; a dead one still waiting for a human (open dead letter) is kept. Their
+/// dedupe keys become reusable.
+pub async fn delete_expired(pool: &PgPool, days: u32, limit: i64) -> Result<u64> {
+    let n = sqlx::query(
+        "DELETE FROM operations WHERE id IN (
+            SELECT o.id FROM operations o
+             WHERE o.status IN ('succeeded', 'cancelled', 'discarded', 'dead')
+               AND o.finished_at < now() - make_interval(days => $1)
+               AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.op_id = o.id AND d.status = 'open')
+             ORDER BY o.finished_at
+             LIMIT $2
+               FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(days as i32)
+    .bind(limit)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(n)
+}
+
+/// What sending a signal did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Sent {
+    /// The operation was waiting for it and is queued again (dispatch it).
+    Woke(Dispatch),
+    /// Kept for a later wait of that name (the operation is not waiting for it now).
+    Kept {
+        status: String,
+        waiting_for: Option<String>,
+    },
+    /// A signal of that name is already pending (not consumed yet); nothing changed.
+    AlreadyPending,
+    /// The operation is finished; nothing was kept.
+    Finished(String),
+    /// No such operation (in this tenant).
+    NotFound,
+}
+
+/// Sends the signal `name` to an operation, audited as `action` by `actor`. One short
+/// transaction: lock the operation, store the signal (a consumed one of the same name is
+/// replaced), wake the operation if it waits for exactly this signal, write the audit row.
+#[allow(clippy::too_many_arguments)]
+pub async fn send_signal(
+    pool: &PgPool,
+    op: Uuid,
+    tenant: Option<&str>,
+    name: &str,
+    payload: &Value,
+    actor: &str,
+    action: &str,
+    reason: Option<&str>,
+) -> Result<Sent> {
+    let mut tx = pool.begin().await?;
+    let row: Option<(String, Option<String>)> = sqlx::query_as(
+        "SELECT status, waiting_for FROM operations
+          WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2) FOR UPDATE",
+    )
+    .bind(op)
+    .bind(tenant)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((status, waiting_for)) = row else {
+        return Ok(Sent::NotFound);
+    };
+    if ["succeeded", "dead", "cancelled", "discarded"].contains(&status.as_str()) {
+        return Ok(Sent::Finished(status));
+    }
+    let stored = sqlx::query(
+        "INSERT INTO signals (op_id, name, payload, sent_by) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (op_id, name) DO UPDATE
+            SET payload = EXCLUDED.payload, sent_by = EXCLUDED.sent_by,
+                received_at = now(), consumed_at = NULL
+          WHERE signals.consumed_at IS NOT NULL",
+    )
+    .bind(op)
+    .bind(name)
+    .bind(payload)
+    .bind(actor)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if stored == 0 {
+        return Ok(Sent::AlreadyPending);
+    }
+    let woke: Option<Dispatch> = sqlx::query_as(
+        "UPDATE operations
+            SET status = 'queued', waiting_for = NULL, attempt = attempt - 1,
+                run_at = now(), dispatched_at = NULL, updated_at = now()
+          WHERE id = $1 AND status = 'waiting' AND waiting_for = $2
+      RETURNING id, tenant_id, kind, lane, epoch",
+    )
+    .bind(op)
+    .bind(name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let after = if woke.is_some() {
+        "queued"
+    } else {
+        status.as_str()
+    };
+    sqlx::query(
+        "INSERT INTO operator_actions (actor, action, op_id, reason, status_before, status_after, details)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(actor)
+    .bind(action)
+    .bind(op)
+    .bind(reason)
+    .bind(&status)
+    .bind(after)
+    .bind(serde_json::json!({ "signal": name }))
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(match woke {
+        Some(d) => Sent::Woke(d),
+        None => Sent::Kept {
+            status,
+            waiting_for,
+        },
+    })
+}
+
+/// What a cancel request did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cancelled {
+    /// It was queued, sleeping or waiting: cancelled now.
+    Now,
+    /// It is running: its worker stops it at the next step boundary.
+    Requested,
+    /// It had already finished (its status); nothing changed.
+    Finished(String),
+    /// No such operation (in this tenant).
+    NotFound,
+}
+
+/// Cancels an operation, audited: at once unless a worker runs it, in which case the worker
+/// learns of it through its next heartbeat and stops at a step boundary.
+pub async fn cancel_operation(
+    pool: &PgPool,
+    op: Uuid,
+    tenant: Option<&str>,
+    actor: &str,
+    reason: Option<&str>,
+) -> Result<Cancelled> {
+    let mut tx = pool.begin().await?;
+    let status: Option<String> = sqlx::query_scalar(
+        "SELECT status FROM operations WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2) FOR UPDATE",
+    )
+    .bind(op)
+    .bind(tenant)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(status) = status else {
+        return Ok(Cancelled::NotFound);
+    };
+    let outcome = match status.as_str() {
+        "queued" | "sleeping" | "waiting" => {
+            sqlx::query(
+                "UPDATE operations
+                    SET status = 'cancelled', error_class = 'cancelled', error_message = $2,
+                        waiting_for = NULL, finished_at = now(), updated_at = now()
+                  WHERE id = $1",
+            )
+            .bind(op)
+            .bind(format!(
+                "cancelled by {actor}{}",
+                reason.map(|r| format!(": {r}")).unwrap_or_default()
+            ))
+            .execute(&mut *tx)
+            .await?;
+            Cancelled::Now
+        }
+        "running" => {
+            sqlx::query("UPDATE operations SET cancel_requested = true WHERE id = $1")
+                .bind(op)
+                .execute(&mut *tx)
+                .await?;
+            Cancelled::Requested
+        }
+        other => return Ok(Cancelled::Finished(other.to_string())),
+    };
+    sqlx::query(
+        "INSERT INTO operator_actions (actor, action, op_id, reason, status_before, status_after)
+         VALUES ($1, 'cancel', $2, $3, $4, $5)",
+    )
+    .bind(actor)
+    .bind(op)
+    .bind(reason)
+    .bind(&status)
+    .bind(if outcome == Cancelled::Now {
+        "cancelled"
+    } else {
+        "running"
+    })
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(outcome)
+}
