@@ -18,7 +18,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::BenchArgs;
+use crate::cli::{BenchArgs, Scenario};
 use crate::commands::{self, Refused};
 
 pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
@@ -31,7 +31,11 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
     db::migrate(&config.database_url)
         .await
         .context("creating the benchmark database")?;
-    let outcome = measure(&config, &args).await;
+    let outcome = match args.scenario {
+        Scenario::Throughput => measure(&config, &args).await.map(|r| print_report(&r)),
+        Scenario::Timers => crate::bench_scenarios::timers(&config, &args).await,
+        Scenario::Waiting => crate::bench_scenarios::waiting(&config, &args).await,
+    };
     if args.keep {
         eprintln!(
             "kept database {} and namespace {}",
@@ -41,9 +45,7 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
     } else {
         cleanup(&config).await;
     }
-    let report = outcome?;
-    print_report(&report);
-    Ok(())
+    outcome
 }
 
 struct Report {
@@ -61,12 +63,12 @@ struct Report {
 }
 
 #[derive(Default)]
-struct Percentiles {
-    p50: f64,
-    p99: f64,
+pub(crate) struct Percentiles {
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
 }
 
-fn percentiles(mut ms: Vec<f64>) -> Percentiles {
+pub(crate) fn percentiles(mut ms: Vec<f64>) -> Percentiles {
     if ms.is_empty() {
         return Percentiles::default();
     }
@@ -232,7 +234,7 @@ async fn cleanup(config: &Config) {
 }
 
 /// Peak resident memory of this process (the in-process worker included), from /proc.
-fn max_rss_kib() -> u64 {
+pub(crate) fn max_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

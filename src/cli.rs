@@ -130,8 +130,34 @@ pub struct EnqueueArgs {
     pub json: bool,
 }
 
+/// What `agentq bench` measures.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
+pub enum Scenario {
+    /// End-to-end `echo` throughput and latency (enqueue → succeeded).
+    Throughput,
+    /// The timer loop: wake lag with many sleepers and a due rate, idle CPU, query plans.
+    Timers,
+    /// Worker memory with many operations waiting for approval.
+    Waiting,
+}
+
 #[derive(clap::Args, Clone)]
 pub struct BenchArgs {
+    /// What to measure.
+    #[arg(long, value_enum, default_value = "throughput")]
+    pub scenario: Scenario,
+    /// timers: sleeping operations not due during the run.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub sleepers: i64,
+    /// timers: operations coming due per second.
+    #[arg(long, default_value_t = 10_000)]
+    pub due_per_sec: i64,
+    /// timers: seconds during which operations come due.
+    #[arg(long, default_value_t = 10)]
+    pub due_secs: i64,
+    /// waiting: operations left waiting for approval.
+    #[arg(long, default_value_t = 50_000)]
+    pub waiting: usize,
     /// Operations to run.
     #[arg(long, default_value_t = 2000)]
     pub jobs: usize,

@@ -113,16 +113,23 @@ impl Dispatcher {
 
     /// Publishes the pointer of `target` and, once confirmed, queues its dispatch mark.
     pub async fn dispatch(&self, target: &Target) -> Result<(), Error> {
+        self.publish(target).await?;
+        let tx = self.marks.lock().expect("marks lock").clone();
+        if let Some(tx) = tx {
+            // A closed marker only means we are shutting down: the sweeper re-dispatches.
+            let _ = tx.send((target.op_id.0, target.epoch)).await;
+        }
+        Ok(())
+    }
+
+    /// Publishes the pointer of an operation the caller already took for dispatch (its
+    /// `dispatched_at` is set), so no mark is needed.
+    pub async fn publish(&self, target: &Target) -> Result<(), Error> {
         let publisher = self.publisher().await?;
         let pointer = Pointer::new(target.op_id, &target.tenant, &target.kind);
         if let Err(e) = publisher.publish(&pointer, target.lane).await {
             self.drop_link_if_broken().await;
             return Err(e.into());
-        }
-        let tx = self.marks.lock().expect("marks lock").clone();
-        if let Some(tx) = tx {
-            // A closed marker only means we are shutting down: the sweeper re-dispatches.
-            let _ = tx.send((target.op_id.0, target.epoch)).await;
         }
         Ok(())
     }

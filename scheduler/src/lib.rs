@@ -33,6 +33,9 @@ use agentq_core::operation::Lane;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+/// Wake-up batches published concurrently (each up to `wake_batch` confirms in flight).
+pub const PUBLISHES_IN_FLIGHT: usize = 4;
+
 /// Scheduler settings.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -47,6 +50,9 @@ pub struct Settings {
     pub lost_check_every: Duration,
     /// Rows per sweep statement.
     pub batch: i64,
+    /// Operations woken per timer statement (a burst of due timers is published in batches of
+    /// this size, several at once).
+    pub wake_batch: i64,
     /// Crash recoveries allowed per operation before `crash_loop`.
     pub restart_limit: i32,
     /// Days finished operations are kept.
@@ -63,6 +69,7 @@ impl Default for Settings {
             lost_after: Duration::from_secs(60),
             lost_check_every: Duration::from_secs(30),
             batch: 500,
+            wake_batch: 2000,
             restart_limit: 3,
             retention_days: 30,
             retention_every: Duration::from_secs(60),
@@ -73,6 +80,8 @@ impl Default for Settings {
 /// The scheduler engine.
 pub struct Scheduler {
     settings: Settings,
+    /// Wake-up batches being published right now.
+    in_flight: Arc<tokio::sync::Semaphore>,
     pool: PgPool,
     dispatcher: Arc<Dispatcher>,
     names: Names,
@@ -88,6 +97,7 @@ impl Scheduler {
     ) -> Self {
         Self {
             settings,
+            in_flight: Arc::new(tokio::sync::Semaphore::new(PUBLISHES_IN_FLIGHT)),
             pool,
             dispatcher,
             names: Names::new(namespace),
@@ -111,7 +121,7 @@ impl Scheduler {
         loop {
             let mut busy = false;
             match self.wake().await {
-                Ok(n) => busy |= n as i64 >= self.settings.batch,
+                Ok(n) => busy |= n as i64 >= self.settings.wake_batch,
                 Err(e) => tracing::warn!(error = %e, "waking due timers failed"),
             }
             if let Err(e) = self.expire_deadlines().await {
@@ -146,17 +156,32 @@ impl Scheduler {
             }
         }
         let _ = recorder.await;
+        // Let the wake-up batches still publishing finish before the connection closes.
+        let _ = self
+            .in_flight
+            .acquire_many(PUBLISHES_IN_FLIGHT as u32)
+            .await;
         self.dispatcher.close().await;
         Ok(())
     }
 
-    /// One pass of the timer loop: wakes what is due and dispatches it; returns how many.
+    /// One pass of the timer loop: wakes what is due (marking it taken for dispatch) and hands
+    /// the pointers to a background publish, so the next batch is woken while this one's
+    /// confirms are still coming back; at most [`PUBLISHES_IN_FLIGHT`] batches publish at once.
+    /// Returns how many it woke.
     pub async fn wake(&self) -> anyhow::Result<usize> {
-        let woken = db::timers::wake_due(&self.pool, self.settings.batch).await?;
+        let permit = self.in_flight.clone().acquire_owned().await?;
+        let woken = db::timers::wake_due(&self.pool, self.settings.wake_batch).await?;
         let n = woken.len();
-        let rows = woken.iter().map(db::Dispatch::from).collect();
-        if let Err(e) = self.publish(rows).await {
-            tracing::warn!(error = %e, "dispatching woken operations failed; the sweeper will retry");
+        if n > 0 {
+            let rows: Vec<db::Dispatch> = woken.iter().map(db::Dispatch::from).collect();
+            let (pool, dispatcher) = (self.pool.clone(), self.dispatcher.clone());
+            tokio::spawn(async move {
+                if let Err(e) = publish_taken(&pool, &dispatcher, rows).await {
+                    tracing::warn!(error = %e, "dispatching woken operations failed; the sweeper will retry");
+                }
+                drop(permit);
+            });
         }
         Ok(n)
     }
@@ -254,32 +279,39 @@ impl Scheduler {
         Ok(n)
     }
 
-    /// Publishes rows this scheduler took for dispatch (their `dispatched_at` is already set,
-    /// so nobody else publishes them meanwhile). Confirms pipeline: the publishes run
-    /// concurrently. Rows whose publish failed are given back to the sweeper.
+    /// Publishes rows this scheduler took for dispatch and waits for their confirms.
     async fn publish(&self, rows: Vec<db::Dispatch>) -> anyhow::Result<usize> {
-        let n = rows.len();
-        if n == 0 {
-            return Ok(0);
-        }
-        tracing::debug!(n, "dispatching operations");
-        let sends = rows.into_iter().map(|row| {
-            let key = (row.id, row.epoch);
-            let target = Target::from(row);
-            let dispatcher = self.dispatcher.clone();
-            async move { dispatcher.dispatch(&target).await.map_err(|e| (key, e)) }
-        });
-        let failed: Vec<((uuid::Uuid, i64), _)> = futures_util::future::join_all(sends)
-            .await
-            .into_iter()
-            .filter_map(Result::err)
-            .collect();
-        if let Some((_, e)) = failed.first() {
-            tracing::warn!(error = %e, n = failed.len(), "publishing failed; the sweeper will retry");
-            let keys: Vec<(uuid::Uuid, i64)> = failed.iter().map(|(k, _)| *k).collect();
-            db::clear_dispatched(&self.pool, &keys).await?;
-            anyhow::bail!("{} of {n} publishes failed", keys.len());
-        }
-        Ok(n)
+        publish_taken(&self.pool, &self.dispatcher, rows).await
     }
+}
+
+/// Publishes rows a scheduler took for dispatch (their `dispatched_at` is already set, so nobody
+/// else publishes them meanwhile). The publishes run concurrently so confirms pipeline. Rows
+/// whose publish failed are given back to the sweeper.
+async fn publish_taken(
+    pool: &PgPool,
+    dispatcher: &Dispatcher,
+    rows: Vec<db::Dispatch>,
+) -> anyhow::Result<usize> {
+    let n = rows.len();
+    if n == 0 {
+        return Ok(0);
+    }
+    let sends = rows.into_iter().map(|row| {
+        let key = (row.id, row.epoch);
+        let target = Target::from(row);
+        async move { dispatcher.publish(&target).await.map_err(|e| (key, e)) }
+    });
+    let failed: Vec<((uuid::Uuid, i64), _)> = futures_util::future::join_all(sends)
+        .await
+        .into_iter()
+        .filter_map(Result::err)
+        .collect();
+    if let Some((_, e)) = failed.first() {
+        tracing::warn!(error = %e, n = failed.len(), "publishing failed; the sweeper will retry");
+        let keys: Vec<(uuid::Uuid, i64)> = failed.iter().map(|(k, _)| *k).collect();
+        db::clear_dispatched(pool, &keys).await?;
+        anyhow::bail!("{} of {n} publishes failed", keys.len());
+    }
+    Ok(n)
 }

@@ -81,6 +81,7 @@ async fn run(shared: &Shared, op: Claimed, stop: CancellationToken, cancel: Arc<
 /// failure class means (DESIGN §9).
 async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result<Value, JobError>) {
     let (steps, failed_step) = ctx.take_pending();
+    shared.leases.settling(op.id, op.epoch);
     let written = match &outcome {
         Ok(result) => db::complete_operation(&shared.pool, op.id, op.epoch, result, &steps).await,
         Err(JobError::LeaseLost) => return,

@@ -20,6 +20,9 @@ struct Held {
     epoch: i64,
     stop: CancellationToken,
     cancel: Arc<AtomicBool>,
+    /// Its final write is under way: the heartbeat leaves it alone (that write is fenced
+    /// itself, and would otherwise race the renewal into a false "lease lost").
+    settling: bool,
 }
 
 /// The operations this worker holds.
@@ -61,9 +64,17 @@ impl Leases {
                 epoch,
                 stop: stop.clone(),
                 cancel: cancel.clone(),
+                settling: false,
             },
         );
         (stop, cancel)
+    }
+
+    /// The operation is about to write its outcome; stop renewing it.
+    pub(crate) fn settling(&self, id: Uuid, epoch: i64) {
+        if let Some(h) = self.map().get_mut(&id).filter(|h| h.epoch == epoch) {
+            h.settling = true;
+        }
     }
 
     /// Stops tracking an operation (finished, or abandoned) at `epoch`; a newer claim of the
@@ -106,6 +117,9 @@ impl Leases {
     fn lose(&self, ids: impl IntoIterator<Item = Uuid>) {
         let mut map = self.map();
         for id in ids {
+            if map.get(&id).is_some_and(|h| h.settling) {
+                continue;
+            }
             if let Some(h) = map.remove(&id) {
                 tracing::warn!(op_id = %id, epoch = h.epoch, "lease lost; stopping the operation");
                 h.stop.cancel();
@@ -115,7 +129,12 @@ impl Leases {
 
     /// Renews every held lease once; returns false if the database could not be reached.
     pub(crate) async fn renew(&self, pool: &PgPool) -> bool {
-        let held: Vec<(Uuid, i64)> = self.map().iter().map(|(id, h)| (*id, h.epoch)).collect();
+        let held: Vec<(Uuid, i64)> = self
+            .map()
+            .iter()
+            .filter(|(_, h)| !h.settling)
+            .map(|(id, h)| (*id, h.epoch))
+            .collect();
         if held.is_empty() {
             return true;
         }

@@ -6,6 +6,7 @@
 //! PostgreSQL itself.
 
 pub mod dead_letters;
+pub mod fixtures;
 pub mod ledger;
 pub mod operations;
 pub mod steps;

@@ -1,0 +1,51 @@
+//! Bulk fixtures for `agentq bench` scenarios: rows written straight into the tables, so a
+//! benchmark of the scheduler is not a benchmark of the enqueue path.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use super::Result;
+
+/// Inserts `n` sleeping operations, the i-th due at `first_due + i × spacing_ms`.
+pub async fn insert_sleepers(
+    pool: &PgPool,
+    n: i64,
+    first_due: DateTime<Utc>,
+    spacing_ms: f64,
+) -> Result<u64> {
+    let rows = sqlx::query(
+        "INSERT INTO operations (id, tenant_id, kind, input, input_sha256, status, attempt, epoch, run_at)
+         SELECT gen_random_uuid(), 'bench', 'echo', '{\"text\":\"zz\"}', 'bench', 'sleeping', 1, 1,
+                $2 + make_interval(secs => g * $3 / 1000.0)
+           FROM generate_series(0, $1 - 1) g",
+    )
+    .bind(n)
+    .bind(first_due)
+    .bind(spacing_ms)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    sqlx::query("ANALYZE operations").execute(pool).await?;
+    Ok(rows)
+}
+
+/// Woken operations so far, and for each the wake lag in ms (woken − due).
+pub async fn wake_lags(pool: &PgPool, since: DateTime<Utc>) -> Result<Vec<f64>> {
+    let lags = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM updated_at - run_at) * 1000)::float8 FROM operations
+          WHERE status = 'queued' AND run_at >= $1",
+    )
+    .bind(since)
+    .fetch_all(pool)
+    .await?;
+    Ok(lags)
+}
+
+/// Operations in `status`.
+pub async fn count_status(pool: &PgPool, status: &str) -> Result<i64> {
+    let n = sqlx::query_scalar("SELECT count(*) FROM operations WHERE status = $1")
+        .bind(status)
+        .fetch_one(pool)
+        .await?;
+    Ok(n)
+}

@@ -1,0 +1,266 @@
+//! `agentq bench --scenario timers|waiting`: the scheduler at scale and the cost of waiting.
+
+use std::time::{Duration, Instant};
+
+use agentq_core::broker::{self, Names};
+use agentq_core::operation::Lane;
+use agentq_core::{Config, db};
+use agentq_producer::EnqueueRequest;
+use anyhow::Context;
+use chrono::Utc;
+use indicatif::ProgressBar;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::bench::percentiles;
+use crate::cli::BenchArgs;
+use crate::commands;
+
+/// CPU seconds (user + system) this process has used, from /proc/self/stat.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // After the ")": state is field 0, utime field 11, stime field 12; 100 ticks per second.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Resident memory of a process now and at its peak, in KiB, from /proc/PID/status.
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// 1M sleepers far in the future, then `due_per_sec` coming due each second for `due_secs`:
+/// wake lag (due → queued and dispatched), idle CPU of the scheduler, and the due-query plan.
+pub async fn timers(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+    let pool = commands::connect(config).await?;
+    eprintln!("inserting {} sleepers…", args.sleepers);
+    let far = Utc::now() + chrono::Duration::days(30);
+    db::fixtures::insert_sleepers(&pool, args.sleepers, far, 1.0).await?;
+
+    let shutdown = CancellationToken::new();
+    let scheduler = commands::scheduler(config, pool.clone());
+    let running = tokio::spawn(scheduler.run(shutdown.clone()));
+
+    // Idle: nothing due. Let it settle, then measure its CPU over 5 s.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (cpu0, t0) = (cpu_seconds(), Instant::now());
+    // (The depth sampling below runs in this process too, so idle CPU is measured first.)
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let idle_cpu_pct = (cpu_seconds() - cpu0) / t0.elapsed().as_secs_f64() * 100.0;
+    let plan = db::timers::explain_wake_due(&pool).await?;
+
+    let due = args.due_per_sec * args.due_secs;
+    let first_due = Utc::now() + chrono::Duration::seconds(3);
+    eprintln!("inserting {due} operations due over {} s…", args.due_secs);
+    db::fixtures::insert_sleepers(&pool, due, first_due, 1000.0 / args.due_per_sec as f64).await?;
+    // Sample the lane queue's depth: the i-th pointer (in due order) was in the queue by the
+    // first sample whose depth exceeds i, which gives due → published without instrumenting
+    // the scheduler.
+    let conn = broker::connect(&config.amqp_url, "bench").await?;
+    let names = Names::new(&config.namespace);
+    let bar = ProgressBar::new(due as u64);
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let mut samples: Vec<(chrono::DateTime<Utc>, u32)> = Vec::new();
+    loop {
+        let depth = broker::queue_depth(&conn, &names, Lane::Interactive).await?;
+        samples.push((Utc::now(), depth));
+        bar.set_position(u64::from(depth));
+        if i64::from(depth) >= due {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {depth} of {due} published in time"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bar.finish_and_clear();
+    let _ = conn.close(200, "bench done".into()).await;
+    let spacing = 1000.0 / args.due_per_sec as f64;
+    let mut published_lags = Vec::with_capacity(due as usize);
+    let mut k = 0;
+    for i in 0..due {
+        while k < samples.len() && i64::from(samples[k].1) <= i {
+            k += 1;
+        }
+        let due_at =
+            first_due + chrono::Duration::microseconds((i as f64 * spacing * 1000.0) as i64);
+        let at = samples.get(k).map_or(samples[samples.len() - 1].0, |s| s.0);
+        published_lags.push((at - due_at).num_microseconds().unwrap_or(0) as f64 / 1000.0);
+    }
+    let published = percentiles(published_lags);
+    let lags =
+        db::fixtures::wake_lags(&pool, first_due - chrono::Duration::milliseconds(1)).await?;
+    let lag = percentiles(lags.clone());
+    let max_lag = lags.iter().copied().fold(0.0, f64::max);
+    let early = lags.iter().filter(|l| **l < 0.0).count();
+    shutdown.cancel();
+    let _ = running.await;
+    pool.close().await;
+
+    println!(
+        "agentq bench timers: {} sleepers, {} due/s for {} s",
+        args.sleepers, args.due_per_sec, args.due_secs
+    );
+    println!(
+        "  {:<38} {:>9.1}",
+        "wake lag p50 ms (due → queued)", lag.p50
+    );
+    println!("  {:<38} {:>9.1}", "wake lag p99 ms", lag.p99);
+    println!("  {:<38} {:>9.1}", "wake lag max ms", max_lag);
+    println!(
+        "  {:<38} {:>9.1}",
+        "publish lag p50 ms (due → in the queue)", published.p50
+    );
+    println!(
+        "  {:<38} {:>9.1}",
+        "publish lag p99 ms (±20 ms sampling)", published.p99
+    );
+    println!("  {:<34} {:>9}", "woken early", early);
+    println!(
+        "  {:<34} {:>9.2}",
+        "scheduler CPU % while idle", idle_cpu_pct
+    );
+    println!("  due-timer query plan:");
+    for line in plan.lines() {
+        println!("    {line}");
+    }
+    println!(
+        "{}",
+        json!({
+            "scenario": "timers", "sleepers": args.sleepers, "due_per_s": args.due_per_sec,
+            "due_secs": args.due_secs, "wake_lag_p50_ms": lag.p50, "wake_lag_p99_ms": lag.p99,
+            "wake_lag_max_ms": max_lag, "woken_early": early,
+            "publish_lag_p50_ms": published.p50, "publish_lag_p99_ms": published.p99, "idle_cpu_pct": (idle_cpu_pct * 100.0).round() / 100.0,
+            "plan_uses_index": plan.contains("Index Scan"),
+        })
+    );
+    Ok(())
+}
+
+/// A worker process's memory with 0 and with `waiting` operations waiting for approval.
+pub async fn waiting(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+    let pool = commands::connect(config).await?;
+    let exe = std::env::current_exe().context("finding the agentq executable")?;
+    let mut worker = tokio::process::Command::new(&exe)
+        .arg("worker")
+        .env("DATABASE_URL", &config.database_url)
+        .env("AMQP_URL", &config.amqp_url)
+        .env("AGENTQ_NAMESPACE", &config.namespace)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting a worker process")?;
+    let pid = worker.id().context("worker pid")?;
+    let shutdown = CancellationToken::new();
+    let scheduler = commands::scheduler(config, pool.clone());
+    let running = tokio::spawn(scheduler.run(shutdown.clone()));
+    let (producer, dispatcher) = commands::producer(config, pool.clone(), "bench");
+    // Warm the worker up with one operation, so "0 waiting" is a worker that has run something.
+    let warm = producer
+        .enqueue(EnqueueRequest {
+            tenant: "bench".into(),
+            kind: "echo".into(),
+            input: json!({ "text": "warm up" }),
+            ..Default::default()
+        })
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    while db::find_operation(&pool, warm.op_id, None)
+        .await?
+        .map(|v| v.status)
+        != Some(agentq_core::Status::Succeeded)
+    {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the warm-up operation did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (idle_rss, _) = rss_kib(pid);
+
+    eprintln!(
+        "enqueueing {} operations that wait for approval…",
+        args.waiting
+    );
+    let bar = ProgressBar::new(args.waiting as u64);
+    let program = json!({ "steps": [{ "wait_signal": "approval", "timeout_ms": 86_400_000u64 }] });
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (producer, next, bar, program, n) = (
+            producer.clone(),
+            next.clone(),
+            bar.clone(),
+            program.clone(),
+            args.waiting,
+        );
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
+                producer
+                    .enqueue(EnqueueRequest {
+                        tenant: "bench".into(),
+                        kind: "script".into(),
+                        input: program.clone(),
+                        lane: agentq_core::Lane::Batch,
+                        ..Default::default()
+                    })
+                    .await?;
+                bar.inc(1);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    bar.finish_and_clear();
+    loop {
+        let n = db::fixtures::count_status(&pool, "waiting").await?;
+        if n as usize >= args.waiting {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "only {n} waiting in time");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (waiting_rss, peak_rss) = rss_kib(pid);
+    let _ = worker.kill().await;
+    shutdown.cancel();
+    let _ = running.await;
+    dispatcher.close().await;
+    pool.close().await;
+    println!("agentq bench waiting: worker process memory");
+    println!("  {:<32} {:>9}", "RSS KiB, 0 waiting", idle_rss);
+    println!(
+        "  {:<32} {:>9}",
+        format!("RSS KiB, {} waiting", args.waiting),
+        waiting_rss
+    );
+    println!("  {:<32} {:>9}", "peak RSS KiB (while claiming)", peak_rss);
+    println!(
+        "{}",
+        json!({ "scenario": "waiting", "waiting": args.waiting, "worker_rss_kib_idle": idle_rss,
+                "worker_rss_kib_waiting": waiting_rss, "worker_peak_rss_kib": peak_rss })
+    );
+    Ok(())
+}
