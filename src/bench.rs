@@ -104,7 +104,7 @@ async fn measure(config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
             children.push(child);
         }
     } else {
-        let worker = commands::worker(config, pool.clone(), Some(args.concurrency));
+        let worker = commands::worker(config, pool.clone(), Some(args.concurrency))?;
         engines.push(tokio::spawn(worker.run(shutdown.clone())));
     }
     let scheduler = commands::scheduler(config, pool.clone());

@@ -92,6 +92,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Model tokens used, per tenant and kind.
+    Usage {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only usage since this time: RFC 3339, or a duration ago (30m, 2h, 7d).
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Drain the dead-letter queue: list, show, stats, retry, resolve, discard.
     #[command(subcommand)]
     Dlq(crate::dlq::DlqCommand),

@@ -43,7 +43,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Worker { concurrency } => {
             let pool = connect(&config).await?;
             let shutdown = shutdown_on_signal();
-            worker(&config, pool, concurrency).run(shutdown).await
+            worker(&config, pool, concurrency)?.run(shutdown).await
         }
         Command::Scheduler => {
             let pool = connect(&config).await?;
@@ -93,6 +93,33 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             )
             .await
         }
+        Command::Usage {
+            tenant,
+            since,
+            json,
+        } => {
+            let since = since.as_deref().map(crate::dlq::parse_since).transpose()?;
+            let pool = connect(&config).await?;
+            let rows = db::usage(&pool, tenant.as_deref(), since)
+                .await
+                .context("summing usage")?;
+            for r in rows {
+                if json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    println!(
+                        "{:<20} {:<14} {:>8} operations {:>8} model calls {:>12} prompt {:>12} completion tokens",
+                        r.tenant,
+                        r.kind,
+                        r.operations,
+                        r.model_calls,
+                        r.prompt_tokens,
+                        r.completion_tokens
+                    );
+                }
+            }
+            Ok(())
+        }
         Command::Dlq(cmd) => crate::dlq::run(config, cmd).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
     }
@@ -110,20 +137,37 @@ pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
         })
 }
 
-/// The model client the configuration asks for.
-pub fn model_client(config: &Config) -> Arc<dyn ModelClient> {
-    if config.model_base_url.is_some() {
-        tracing::warn!(
-            "AGENTQ_MODEL_BASE_URL is set but the HTTP model client is not built yet; using the built-in local model"
-        );
-    } else {
+/// The model client the configuration asks for: an OpenAI-compatible provider, or the built-in
+/// local model when `AGENTQ_MODEL_BASE_URL` is unset.
+pub fn model_client(config: &Config) -> anyhow::Result<Arc<dyn ModelClient>> {
+    let Some(base) = &config.model_base_url else {
         tracing::info!("no AGENTQ_MODEL_BASE_URL: using the built-in deterministic local model");
-    }
-    Arc::new(LocalModel)
+        return Ok(Arc::new(LocalModel));
+    };
+    let model = config.model.clone().unwrap_or_else(|| "default".into());
+    let timeouts = agentq_worker::openai::Timeouts {
+        connect: Duration::from_secs(10),
+        first_byte: Duration::from_secs(config.model_first_byte_secs.max(1)),
+        idle: Duration::from_secs(config.model_idle_secs.max(1)),
+        total: Duration::from_secs(config.model_timeout_secs.max(1)),
+    };
+    let client = agentq_worker::openai::OpenAiClient::new(
+        base,
+        config.model_api_key.clone(),
+        &model,
+        config.model_stream,
+        timeouts,
+    )
+    .map_err(refuse)?;
+    tracing::info!(
+        provider = %agentq_core::config::redact_url(base), model = %model, stream = config.model_stream,
+        "using an OpenAI-compatible model provider"
+    );
+    Ok(Arc::new(client))
 }
 
 /// A worker for `config`.
-pub fn worker(config: &Config, pool: PgPool, concurrency: Option<u16>) -> Worker {
+pub fn worker(config: &Config, pool: PgPool, concurrency: Option<u16>) -> anyhow::Result<Worker> {
     let settings = agentq_worker::Settings {
         amqp_url: config.amqp_url.clone(),
         namespace: config.namespace.clone(),
@@ -131,8 +175,18 @@ pub fn worker(config: &Config, pool: PgPool, concurrency: Option<u16>) -> Worker
         concurrency_interactive: concurrency.unwrap_or(config.concurrency_interactive),
         concurrency_batch: concurrency.unwrap_or(config.concurrency_batch),
         shutdown_grace: Duration::from_secs(config.shutdown_grace_secs),
+        gate: agentq_worker::gate::GateSettings {
+            concurrency: config.model_concurrency,
+            per_tenant: config.model_tenant_concurrency,
+            ..Default::default()
+        },
     };
-    Worker::new(settings, pool, Registry::builtin(), model_client(config))
+    Ok(Worker::new(
+        settings,
+        pool,
+        Registry::builtin(),
+        model_client(config)?,
+    ))
 }
 
 /// A scheduler for `config`.
@@ -179,7 +233,7 @@ async fn dev(config: Config) -> anyhow::Result<()> {
     tracing::info!(
         "try: agentq enqueue --tenant demo --kind echo --input '{{\"text\":\"hello\"}}' --json"
     );
-    let worker = worker(&config, pool.clone(), None);
+    let worker = worker(&config, pool.clone(), None)?;
     let scheduler = scheduler(&config, pool);
     let (w, s) = tokio::join!(
         worker.run(shutdown.clone()),

@@ -144,7 +144,8 @@ fn refuse(msg: impl Into<String>) -> anyhow::Error {
     Refused(msg.into()).into()
 }
 
-fn parse_since(s: &str) -> anyhow::Result<DateTime<Utc>> {
+/// A point in the past: RFC 3339, or a duration ago (30m, 2h, 7d).
+pub fn parse_since(s: &str) -> anyhow::Result<DateTime<Utc>> {
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Ok(t.with_timezone(&Utc));
     }

@@ -55,6 +55,60 @@ pub struct Config {
     #[arg(long, env = "AGENTQ_MODEL", global = true)]
     pub model: Option<String>,
 
+    /// Stream model answers (SSE) instead of waiting for the whole body.
+    #[arg(
+        long,
+        env = "AGENTQ_MODEL_STREAM",
+        default_value_t = false,
+        global = true
+    )]
+    pub model_stream: bool,
+
+    /// Seconds a whole model call may take.
+    #[arg(
+        long,
+        env = "AGENTQ_MODEL_TIMEOUT_SECS",
+        default_value_t = 600,
+        global = true
+    )]
+    pub model_timeout_secs: u64,
+
+    /// Seconds to wait for a model call's response headers.
+    #[arg(
+        long,
+        env = "AGENTQ_MODEL_FIRST_BYTE_SECS",
+        default_value_t = 120,
+        global = true
+    )]
+    pub model_first_byte_secs: u64,
+
+    /// Longest silence, in seconds, inside a model answer's body or stream.
+    #[arg(
+        long,
+        env = "AGENTQ_MODEL_IDLE_SECS",
+        default_value_t = 60,
+        global = true
+    )]
+    pub model_idle_secs: u64,
+
+    /// Model calls in flight per worker process.
+    #[arg(
+        long,
+        env = "AGENTQ_MODEL_CONCURRENCY",
+        default_value_t = 256,
+        global = true
+    )]
+    pub model_concurrency: usize,
+
+    /// Model calls in flight per tenant per worker process.
+    #[arg(
+        long,
+        env = "AGENTQ_MODEL_TENANT_CONCURRENCY",
+        default_value_t = 64,
+        global = true
+    )]
+    pub model_tenant_concurrency: usize,
+
     /// Lease length: a worker that stops heartbeating loses its operations after this long.
     #[arg(
         long,

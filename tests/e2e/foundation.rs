@@ -289,6 +289,7 @@ async fn the_job_function_runs_only_after_running_is_committed() {
             concurrency_interactive: 4,
             concurrency_batch: 1,
             shutdown_grace: Duration::from_secs(5),
+            gate: Default::default(),
         },
         app.pool.clone(),
         registry,

@@ -6,5 +6,7 @@ mod harness;
 
 mod durability;
 mod failures;
+mod fake_model;
 mod foundation;
+mod models;
 mod timers;

@@ -28,7 +28,8 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::model::{ModelClient, ModelRequest, ModelResponse};
+use crate::gate::ModelGate;
+use crate::model::{ModelRequest, ModelResponse};
 use crate::tool::{Reconciled, Tool};
 
 /// Asks a tool whether a call with this idempotency key already happened.
@@ -184,7 +185,7 @@ struct State {
 struct Inner {
     info: OperationInfo,
     pool: PgPool,
-    model: Arc<dyn ModelClient>,
+    model: Arc<ModelGate>,
     state: Mutex<State>,
     lost: AtomicBool,
     stop: CancellationToken,
@@ -202,7 +203,7 @@ impl JobContext {
     pub(crate) fn new(
         info: OperationInfo,
         pool: PgPool,
-        model: Arc<dyn ModelClient>,
+        model: Arc<ModelGate>,
         journal: Vec<JournalEntry>,
         stop: CancellationToken,
         cancel: Arc<AtomicBool>,
@@ -266,8 +267,9 @@ impl JobContext {
         request: ModelRequest,
     ) -> Result<ModelResponse, JobError> {
         let model = self.inner.model.clone();
+        let tenant = self.inner.info.tenant.clone();
         self.run_step(name, "model", Replay::Safe, |_key| async move {
-            let resp = model.complete(&request).await?;
+            let resp = model.call(&tenant, &request).await?;
             let usage = serde_json::to_value(resp.usage).ok();
             Ok((resp, usage))
         })

@@ -8,9 +8,11 @@
 mod claim;
 pub mod context;
 mod executor;
+pub mod gate;
 pub mod jobs;
 mod lease;
 pub mod model;
+pub mod openai;
 pub mod registry;
 pub mod tool;
 
@@ -36,7 +38,7 @@ use lease::Leases;
 pub(crate) struct Shared {
     pub(crate) pool: PgPool,
     pub(crate) registry: Registry,
-    pub(crate) model: Arc<dyn ModelClient>,
+    pub(crate) model: Arc<gate::ModelGate>,
     pub(crate) leases: Leases,
 }
 
@@ -51,6 +53,8 @@ pub struct Settings {
     pub concurrency_batch: u16,
     /// How long a shutdown waits for running operations before letting their leases lapse.
     pub shutdown_grace: Duration,
+    /// Model-call limits and circuit breaker.
+    pub gate: gate::GateSettings,
 }
 
 /// A worker process's engine.
@@ -74,6 +78,7 @@ impl Worker {
             &uuid::Uuid::new_v4().simple().to_string()[..6]
         );
         let leases = Leases::new(owner, settings.lease_ttl);
+        let model = Arc::new(gate::ModelGate::new(model, settings.gate.clone()));
         Self {
             settings,
             shared: Arc::new(Shared {

@@ -196,3 +196,38 @@ pub async fn list_steps(pool: &PgPool, id: Uuid, tenant: Option<&str>) -> Result
         })
         .collect())
 }
+
+/// Model token usage summed per tenant and kind.
+#[derive(Clone, Debug, serde::Serialize, FromRow)]
+pub struct UsageRow {
+    pub tenant: String,
+    pub kind: String,
+    pub operations: i64,
+    pub model_calls: i64,
+    pub prompt_tokens: i64,
+    pub completion_tokens: i64,
+}
+
+/// Sums the token usage journaled with completed model steps, per tenant and kind.
+pub async fn usage(
+    pool: &PgPool,
+    tenant: Option<&str>,
+    since: Option<DateTime<Utc>>,
+) -> Result<Vec<UsageRow>> {
+    let rows = sqlx::query_as(
+        "SELECT o.tenant_id AS tenant, o.kind, count(DISTINCT o.id) AS operations,
+                count(*) AS model_calls,
+                COALESCE(sum((s.usage->>'prompt_tokens')::bigint), 0)::bigint AS prompt_tokens,
+                COALESCE(sum((s.usage->>'completion_tokens')::bigint), 0)::bigint AS completion_tokens
+           FROM operation_steps s JOIN operations o ON o.id = s.op_id
+          WHERE s.kind = 'model' AND s.status = 'completed' AND s.usage IS NOT NULL
+            AND ($1::text IS NULL OR o.tenant_id = $1)
+            AND ($2::timestamptz IS NULL OR s.completed_at >= $2)
+          GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .bind(tenant)
+    .bind(since)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}

@@ -1,0 +1,241 @@
+//! A fake OpenAI-compatible provider for tests: an in-process HTTP/1.1 server on `127.0.0.1:0`
+//! that answers (echoing the last user message, like the built-in model), streams, stalls,
+//! cuts a stream, or returns any error on demand, and counts requests and peak concurrency.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the fake does with the next requests.
+#[derive(Clone, Debug)]
+pub enum Mode {
+    /// 200 with a JSON completion echoing the last user message.
+    Echo,
+    /// 200 with an SSE stream echoing it word by word, ending with `[DONE]`.
+    EchoStream,
+    /// This status, JSON body and extra headers.
+    Error {
+        status: u16,
+        body: Value,
+        headers: Vec<(String, String)>,
+    },
+    /// Never send response headers.
+    StallHeaders,
+    /// Stream two chunks, then close without `[DONE]`.
+    StreamCut,
+    /// Stream one chunk, then go silent.
+    StreamStall,
+    /// Echo after this delay (many calls in flight).
+    Slow(Duration),
+}
+
+#[derive(Default)]
+pub struct Counters {
+    pub requests: AtomicUsize,
+    pub in_flight: AtomicUsize,
+    pub peak: AtomicUsize,
+}
+
+pub struct FakeModel {
+    pub addr: SocketAddr,
+    pub url: String,
+    mode: Arc<Mutex<Mode>>,
+    pub counters: Arc<Counters>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeModel {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeModel {
+    pub async fn start(mode: Mode) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mode = Arc::new(Mutex::new(mode));
+        let counters = Arc::new(Counters::default());
+        let (m, c) = (mode.clone(), counters.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let (m, c) = (m.clone(), c.clone());
+                tokio::spawn(async move {
+                    let _ = serve(socket, m, c).await;
+                });
+            }
+        });
+        Self {
+            addr,
+            url: format!("http://{addr}"),
+            mode,
+            counters,
+            task,
+        }
+    }
+
+    pub fn set(&self, mode: Mode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    pub fn requests(&self) -> usize {
+        self.counters.requests.load(Ordering::SeqCst)
+    }
+
+    pub fn peak(&self) -> usize {
+        self.counters.peak.load(Ordering::SeqCst)
+    }
+
+    /// An error mode in OpenAI's shape.
+    pub fn error(status: u16, etype: &str, code: &str) -> Mode {
+        Mode::Error {
+            status,
+            body: json!({ "error": { "message": "fake", "type": etype, "code": code } }),
+            headers: Vec::new(),
+        }
+    }
+}
+
+async fn read_request(socket: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = socket.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            while buf.len() < end + 4 + len {
+                let n = socket.read(&mut chunk).await?;
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            return Ok(buf[end + 4..].to_vec());
+        }
+    }
+}
+
+fn last_user(body: &[u8]) -> String {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    v["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn completion(text: &str) -> Value {
+    json!({
+        "id": "chatcmpl-fake", "object": "chat.completion", "model": "fake-model",
+        "choices": [{ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": "stop" }],
+        "usage": { "prompt_tokens": 3, "completion_tokens": text.split_whitespace().count() }
+    })
+}
+
+async fn serve(
+    mut socket: TcpStream,
+    mode: Arc<Mutex<Mode>>,
+    c: Arc<Counters>,
+) -> std::io::Result<()> {
+    let body = read_request(&mut socket).await?;
+    c.requests.fetch_add(1, Ordering::SeqCst);
+    let now = c.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    c.peak.fetch_max(now, Ordering::SeqCst);
+    let mode = mode.lock().unwrap().clone();
+    let text = last_user(&body);
+    let result = respond(&mut socket, mode, &text).await;
+    c.in_flight.fetch_sub(1, Ordering::SeqCst);
+    result
+}
+
+async fn respond(socket: &mut TcpStream, mode: Mode, text: &str) -> std::io::Result<()> {
+    let json_response = |status: u16, body: &Value, extra: &[(String, String)]| {
+        let body = body.to_string();
+        let mut head = format!(
+            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+            body.len()
+        );
+        for (k, v) in extra {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        format!("{head}\r\n{body}")
+    };
+    let sse_head =
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+    let chunk = |piece: &str| {
+        format!(
+            "data: {}\n\n",
+            json!({ "model": "fake-model", "choices": [{ "index": 0, "delta": { "content": piece } }] })
+        )
+    };
+    match mode {
+        Mode::Echo => {
+            socket
+                .write_all(json_response(200, &completion(text), &[]).as_bytes())
+                .await?
+        }
+        Mode::Slow(d) => {
+            tokio::time::sleep(d).await;
+            socket
+                .write_all(json_response(200, &completion(text), &[]).as_bytes())
+                .await?
+        }
+        Mode::Error {
+            status,
+            body,
+            headers,
+        } => {
+            socket
+                .write_all(json_response(status, &body, &headers).as_bytes())
+                .await?
+        }
+        Mode::StallHeaders => tokio::time::sleep(Duration::from_secs(3600)).await,
+        Mode::EchoStream => {
+            socket.write_all(sse_head.as_bytes()).await?;
+            for (i, word) in text.split(' ').enumerate() {
+                let piece = if i == 0 {
+                    word.to_string()
+                } else {
+                    format!(" {word}")
+                };
+                socket.write_all(chunk(&piece).as_bytes()).await?;
+                socket.flush().await?;
+            }
+            let tail = json!({ "model": "fake-model", "choices": [{ "index": 0, "delta": {}, "finish_reason": "stop" }],
+                               "usage": { "prompt_tokens": 3, "completion_tokens": 2 } });
+            socket
+                .write_all(format!("data: {tail}\n\ndata: [DONE]\n\n").as_bytes())
+                .await?;
+        }
+        Mode::StreamCut => {
+            socket.write_all(sse_head.as_bytes()).await?;
+            socket.write_all(chunk("half ").as_bytes()).await?;
+            socket.write_all(chunk("an answer").as_bytes()).await?;
+            socket.flush().await?;
+        }
+        Mode::StreamStall => {
+            socket.write_all(sse_head.as_bytes()).await?;
+            socket.write_all(chunk("and then").as_bytes()).await?;
+            socket.flush().await?;
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+    }
+    socket.shutdown().await
+}

@@ -1,0 +1,290 @@
+//! The OpenAI-compatible model client over real HTTP against the fake provider: every
+//! classification row, Retry-After in both forms, each timeout, cut and stalled streams; and
+//! end to end, quota errors and a provider outage.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentq_worker::model::{ModelClient, ModelError, ModelRequest};
+use agentq_worker::openai::{OpenAiClient, Timeouts};
+use chrono::Utc;
+use serde_json::json;
+
+use crate::fake_model::{FakeModel, Mode};
+use crate::harness::TestApp;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn client(url: &str, stream: bool) -> OpenAiClient {
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(2),
+        first_byte: Duration::from_millis(700),
+        idle: Duration::from_millis(500),
+        total: Duration::from_secs(5),
+    };
+    OpenAiClient::new(url, Some("sk-test".into()), "fake-model", stream, timeouts).unwrap()
+}
+
+fn class(r: &Result<agentq_worker::ModelResponse, ModelError>) -> &'static str {
+    match r {
+        Ok(_) => "ok",
+        Err(ModelError::Retryable { .. }) => "retryable",
+        Err(ModelError::Overloaded { .. }) => "overloaded",
+        Err(ModelError::NonRetryable { .. }) => "non_retryable",
+    }
+}
+
+#[tokio::test]
+async fn every_classification_row_over_the_wire() {
+    let fake = FakeModel::start(Mode::Echo).await;
+    let plain = client(&fake.url, false);
+    let req = ModelRequest::user("hello there");
+    let rows: Vec<(Mode, &str)> = vec![
+        (
+            FakeModel::error(429, "requests", "rate_limit_exceeded"),
+            "retryable",
+        ),
+        (
+            FakeModel::error(429, "insufficient_quota", "insufficient_quota"),
+            "non_retryable",
+        ),
+        (
+            FakeModel::error(400, "invalid_request_error", ""),
+            "non_retryable",
+        ),
+        (
+            FakeModel::error(400, "invalid_request_error", "context_length_exceeded"),
+            "non_retryable",
+        ),
+        (
+            FakeModel::error(400, "invalid_request_error", "content_filter"),
+            "non_retryable",
+        ),
+        (
+            FakeModel::error(401, "invalid_request_error", "invalid_api_key"),
+            "non_retryable",
+        ),
+        (
+            FakeModel::error(403, "permission_error", ""),
+            "non_retryable",
+        ),
+        (
+            FakeModel::error(404, "not_found_error", "model_not_found"),
+            "non_retryable",
+        ),
+        (FakeModel::error(408, "timeout", ""), "retryable"),
+        (FakeModel::error(500, "server_error", ""), "retryable"),
+        (FakeModel::error(502, "", ""), "retryable"),
+        (FakeModel::error(503, "", ""), "overloaded"),
+        (FakeModel::error(529, "overloaded_error", ""), "overloaded"),
+        (Mode::StallHeaders, "retryable"),
+        (Mode::Echo, "ok"),
+    ];
+    for (mode, expected) in rows {
+        fake.set(mode.clone());
+        let got = plain.complete(&req).await;
+        assert_eq!(class(&got), expected, "{mode:?}: {got:?}");
+    }
+    fake.set(Mode::StallHeaders);
+    let got = plain.complete(&req).await;
+    assert!(format!("{got:?}").contains("first-byte"), "{got:?}");
+
+    // Retry-After as seconds and as an HTTP date.
+    fake.set(Mode::Error {
+        status: 429,
+        body: json!({ "error": { "type": "requests", "code": "rate_limit_exceeded" } }),
+        headers: vec![("retry-after".into(), "3".into())],
+    });
+    match plain.complete(&req).await {
+        Err(ModelError::Retryable {
+            retry_after: Some(t),
+            ..
+        }) => {
+            let secs = (t - Utc::now()).num_milliseconds();
+            assert!((2500..=3100).contains(&secs), "{secs}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let date = (Utc::now() + chrono::Duration::seconds(30))
+        .format("%a, %d %b %Y %H:%M:%S GMT")
+        .to_string();
+    fake.set(Mode::Error {
+        status: 429,
+        body: json!({ "error": { "type": "requests" } }),
+        headers: vec![("retry-after".into(), date.clone())],
+    });
+    match plain.complete(&req).await {
+        Err(ModelError::Retryable {
+            retry_after: Some(t),
+            ..
+        }) => {
+            assert_eq!(t.format("%a, %d %b %Y %H:%M:%S GMT").to_string(), date)
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Streaming: a whole stream, a cut one, a stalled one.
+    let streaming = client(&fake.url, true);
+    fake.set(Mode::EchoStream);
+    let whole = streaming.complete(&req).await.unwrap();
+    assert_eq!(whole.content, "hello there");
+    assert_eq!(whole.usage.completion_tokens, 2);
+    fake.set(Mode::StreamCut);
+    let cut = streaming.complete(&req).await;
+    assert_eq!(class(&cut), "retryable");
+    assert!(
+        format!("{cut:?}").contains("[DONE]"),
+        "a cut stream is not half an answer: {cut:?}"
+    );
+    fake.set(Mode::StreamStall);
+    let stalled = streaming.complete(&req).await;
+    assert_eq!(class(&stalled), "retryable");
+    assert!(format!("{stalled:?}").contains("idle"), "{stalled:?}");
+
+    // Nobody listening: a connection error is retryable.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let refused = client(&format!("http://{closed}"), false)
+        .complete(&req)
+        .await;
+    assert_eq!(class(&refused), "retryable");
+}
+
+#[tokio::test]
+async fn insufficient_quota_goes_straight_to_the_dlq_without_a_retry() {
+    let fake = FakeModel::start(FakeModel::error(
+        429,
+        "insufficient_quota",
+        "insufficient_quota",
+    ))
+    .await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let op = app.enqueue_echo("hello");
+    let dead = app.wait_status(&op, "dead", DEADLINE).await;
+    assert_eq!(dead.error_class.as_deref(), Some("non_retryable"));
+    assert_eq!(dead.attempt, 1);
+    assert!(
+        dead.error_message.unwrap().contains("out of quota"),
+        "an operator understands why"
+    );
+    assert_eq!(fake.requests(), 1, "not retried");
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_provider_outage_parks_operations_without_using_attempts() {
+    let fake = FakeModel::start(FakeModel::error(529, "overloaded_error", "")).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let dispatcher = Arc::new(agentq_core::dispatch::Dispatcher::new(
+        app.pool.clone(),
+        &app.amqp_url,
+        app.names(),
+        "test",
+    ));
+    let producer = agentq_producer::Producer::new(
+        app.pool.clone(),
+        dispatcher.clone(),
+        ["echo".to_string()],
+        3,
+    );
+    for i in 0..200 {
+        producer
+            .enqueue(agentq_producer::EnqueueRequest {
+                tenant: "t1".into(),
+                kind: "echo".into(),
+                input: json!({ "text": format!("doc {i}") }),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    dispatcher.close().await;
+    // The outage lasts until the first operations have been parked and re-run at least once.
+    let outage_started = std::time::Instant::now();
+    app.wait_for("operations parked by the outage", DEADLINE, || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM operations WHERE error_class = 'overloaded'",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+            >= 200
+    })
+    .await;
+    let until = outage_started + Duration::from_secs(8);
+    while std::time::Instant::now() < until {
+        // Keep the outage going for a fixed length; the breaker, not this loop, bounds the calls.
+        let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM operations WHERE status = 'dead'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        assert_eq!(dead, 0, "an outage never kills operations");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let calls_during_outage = fake.requests();
+    fake.set(Mode::Echo);
+    app.wait_for("all 200 to succeed", Duration::from_secs(90), || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM operations WHERE status = 'succeeded'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap()
+            == 200
+    })
+    .await;
+    let max_attempt: i32 = sqlx::query_scalar("SELECT max(attempt) FROM operations")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    println!("provider outage: {calls_during_outage} calls during 8 s of 529s for 200 operations");
+    assert_eq!(max_attempt, 1, "the outage used up no attempts");
+    assert!(
+        calls_during_outage < 200,
+        "the breaker bounds calls: {calls_during_outage}"
+    );
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn usage_sums_the_tokens_of_model_steps_per_tenant_and_kind() {
+    let fake = FakeModel::start(Mode::EchoStream).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.set_env("AGENTQ_MODEL_STREAM", "true");
+    app.spawn(&["worker"]);
+    let ops: Vec<String> = (0..3)
+        .map(|i| app.enqueue_echo(&format!("three word text{i}")))
+        .collect();
+    for op in &ops {
+        let done = app.wait_status(op, "succeeded", DEADLINE).await;
+        assert!(
+            done.result.unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .starts_with("three word")
+        );
+    }
+    let out = app.agentq(&["usage", "--tenant", "t1", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(row["kind"], "echo");
+    assert_eq!(row["operations"], 3);
+    assert_eq!(row["model_calls"], 3);
+    assert_eq!(
+        row["prompt_tokens"], 9,
+        "3 per call, as the fake provider reports"
+    );
+    assert_eq!(fake.requests(), 3);
+    app.cleanup().await;
+}

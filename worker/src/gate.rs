@@ -1,0 +1,316 @@
+//! The gate every model call of a worker passes: concurrency limits (per provider, and per
+//! tenant so one tenant's batch cannot take every slot), a circuit breaker, and a few short
+//! in-step retries for transient errors.
+//!
+//! The breaker opens after a burst of failures (overloaded, rate-limited, 5xx, broken
+//! connections). While it is open, calls fail at once as `Overloaded` with the time it may
+//! close, so their operations are parked (re-queued with a later `run_at`, attempt given back)
+//! instead of hammering the provider. After the cool-down it lets one probe through, then ramps
+//! (1, 2, 4, 8 calls at once) and closes after a few successes; a failure re-opens it for twice
+//! as long.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use tokio::sync::Semaphore;
+
+use crate::model::{ModelClient, ModelError, ModelRequest, ModelResponse};
+
+/// Limits and breaker settings.
+#[derive(Clone, Debug)]
+pub struct GateSettings {
+    /// Model calls in flight per worker process.
+    pub concurrency: usize,
+    /// Model calls in flight per tenant per worker process.
+    pub per_tenant: usize,
+    /// Consecutive failures that open the breaker.
+    pub failure_threshold: u32,
+    /// First cool-down; doubles on each failed probe, up to `max_cooldown`.
+    pub cooldown: Duration,
+    pub max_cooldown: Duration,
+    /// In-step retries of a transient failure (short, before the job-level retry takes over).
+    pub retries: u32,
+}
+
+impl Default for GateSettings {
+    fn default() -> Self {
+        Self {
+            concurrency: 256,
+            per_tenant: 64,
+            failure_threshold: 5,
+            cooldown: Duration::from_secs(5),
+            max_cooldown: Duration::from_secs(60),
+            retries: 2,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum State {
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: Instant,
+        cooldown: Duration,
+    },
+    HalfOpen {
+        in_flight: u32,
+        successes: u32,
+        cooldown: Duration,
+    },
+}
+
+/// Successes in half-open state that close the breaker.
+const CLOSE_AFTER: u32 = 4;
+
+/// The model client behind its limits and breaker.
+pub struct ModelGate {
+    client: Arc<dyn ModelClient>,
+    settings: GateSettings,
+    slots: Arc<Semaphore>,
+    tenants: Mutex<HashMap<String, Arc<Semaphore>>>,
+    state: Mutex<State>,
+}
+
+impl ModelGate {
+    /// Puts `client` behind a gate.
+    pub fn new(client: Arc<dyn ModelClient>, settings: GateSettings) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(settings.concurrency.max(1))),
+            client,
+            settings,
+            tenants: Mutex::new(HashMap::new()),
+            state: Mutex::new(State::Closed { failures: 0 }),
+        }
+    }
+
+    /// The breaker's state, for logs and status lines.
+    pub fn breaker(&self) -> String {
+        match &*self.state.lock().expect("breaker lock") {
+            State::Closed { failures } => format!("closed ({failures} recent failures)"),
+            State::Open { until, .. } => format!(
+                "open for {:?} more",
+                until.saturating_duration_since(Instant::now())
+            ),
+            State::HalfOpen {
+                in_flight,
+                successes,
+                ..
+            } => {
+                format!("half-open ({in_flight} probes in flight, {successes} succeeded)")
+            }
+        }
+    }
+
+    fn tenant_slots(&self, tenant: &str) -> Arc<Semaphore> {
+        let mut map = self.tenants.lock().expect("tenant limits lock");
+        map.entry(tenant.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.settings.per_tenant.max(1))))
+            .clone()
+    }
+
+    /// Runs one model call for `tenant` through the limits, the breaker and in-step retries.
+    pub async fn call(
+        &self,
+        tenant: &str,
+        request: &ModelRequest,
+    ) -> Result<ModelResponse, ModelError> {
+        let tenant_slots = self.tenant_slots(tenant);
+        let _tenant = tenant_slots.acquire().await.expect("never closed");
+        let _slot = self.slots.acquire().await.expect("never closed");
+        let mut attempt = 0;
+        loop {
+            self.admit()?;
+            let result = self.client.complete(request).await;
+            match &result {
+                Ok(_) => self.succeeded(),
+                Err(ModelError::NonRetryable { .. }) => self.neutral(),
+                Err(_) => self.failed(),
+            }
+            match &result {
+                Err(ModelError::Retryable { retry_after, .. })
+                    if attempt < self.settings.retries =>
+                {
+                    let backoff = Duration::from_millis(200 * 4u64.pow(attempt));
+                    let wait = retry_after
+                        .and_then(|t| (t - Utc::now()).to_std().ok())
+                        .unwrap_or(backoff)
+                        .max(backoff);
+                    if wait > Duration::from_secs(2) {
+                        return result; // too long to hold a slot: the job-level retry waits instead
+                    }
+                    attempt += 1;
+                    tokio::time::sleep(wait).await;
+                }
+                _ => return result,
+            }
+        }
+    }
+
+    fn admit(&self) -> Result<(), ModelError> {
+        let mut state = self.state.lock().expect("breaker lock");
+        let now = Instant::now();
+        match &mut *state {
+            State::Closed { .. } => Ok(()),
+            State::Open { until, cooldown } if now >= *until => {
+                tracing::info!(
+                    provider = self.client.provider(),
+                    "model circuit half-open: probing"
+                );
+                *state = State::HalfOpen {
+                    in_flight: 1,
+                    successes: 0,
+                    cooldown: *cooldown,
+                };
+                Ok(())
+            }
+            State::Open { until, .. } => Err(self.parked(until.saturating_duration_since(now))),
+            State::HalfOpen {
+                in_flight,
+                successes,
+                ..
+            } => {
+                if *in_flight < 1 << (*successes).min(3) {
+                    *in_flight += 1;
+                    Ok(())
+                } else {
+                    Err(self.parked(Duration::from_secs(1)))
+                }
+            }
+        }
+    }
+
+    fn parked(&self, for_: Duration) -> ModelError {
+        let until = Utc::now() + chrono::Duration::from_std(for_).unwrap_or_default();
+        ModelError::Overloaded {
+            message: format!(
+                "parked: the circuit for model provider {} is open until {} after repeated failures",
+                self.client.provider(),
+                until.format("%H:%M:%S")
+            ),
+            retry_after: Some(until),
+        }
+    }
+
+    fn succeeded(&self) {
+        let mut state = self.state.lock().expect("breaker lock");
+        match &mut *state {
+            State::Closed { failures } => *failures = 0,
+            State::HalfOpen {
+                in_flight,
+                successes,
+                ..
+            } => {
+                *in_flight = in_flight.saturating_sub(1);
+                *successes += 1;
+                if *successes >= CLOSE_AFTER {
+                    tracing::info!(provider = self.client.provider(), "model circuit closed");
+                    *state = State::Closed { failures: 0 };
+                }
+            }
+            State::Open { .. } => {}
+        }
+    }
+
+    fn neutral(&self) {
+        if let State::HalfOpen { in_flight, .. } = &mut *self.state.lock().expect("breaker lock") {
+            *in_flight = in_flight.saturating_sub(1);
+        }
+    }
+
+    fn failed(&self) {
+        let mut state = self.state.lock().expect("breaker lock");
+        let open_for = match &mut *state {
+            State::Closed { failures } => {
+                *failures += 1;
+                (*failures >= self.settings.failure_threshold).then_some(self.settings.cooldown)
+            }
+            State::HalfOpen { cooldown, .. } => {
+                Some((*cooldown * 2).min(self.settings.max_cooldown))
+            }
+            State::Open { .. } => None,
+        };
+        if let Some(cooldown) = open_for {
+            tracing::warn!(
+                provider = self.client.provider(),
+                ?cooldown,
+                "model circuit open: parking calls"
+            );
+            *state = State::Open {
+                until: Instant::now() + cooldown,
+                cooldown,
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_trait::async_trait;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    struct Flaky {
+        calls: AtomicU32,
+        fail_first: u32,
+    }
+
+    #[async_trait]
+    impl ModelClient for Flaky {
+        fn provider(&self) -> &str {
+            "flaky"
+        }
+        async fn complete(&self, r: &ModelRequest) -> Result<ModelResponse, ModelError> {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst);
+            if n < self.fail_first {
+                Err(ModelError::Overloaded {
+                    message: "529".into(),
+                    retry_after: None,
+                })
+            } else {
+                crate::model::LocalModel.complete(r).await
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_breaker_opens_parks_and_closes_through_a_ramp() {
+        let client = Arc::new(Flaky {
+            calls: AtomicU32::new(0),
+            fail_first: 5,
+        });
+        let gate = ModelGate::new(
+            client.clone(),
+            GateSettings {
+                cooldown: Duration::from_millis(200),
+                ..Default::default()
+            },
+        );
+        let req = ModelRequest::user("hi");
+        for _ in 0..5 {
+            assert!(matches!(
+                gate.call("t", &req).await,
+                Err(ModelError::Overloaded { .. })
+            ));
+        }
+        // Open: calls are parked without reaching the provider.
+        let parked = gate.call("t", &req).await;
+        assert!(matches!(
+            parked,
+            Err(ModelError::Overloaded {
+                retry_after: Some(_),
+                ..
+            })
+        ));
+        assert_eq!(client.calls.load(Ordering::SeqCst), 5);
+        assert!(gate.breaker().starts_with("open"));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        for _ in 0..CLOSE_AFTER {
+            assert!(gate.call("t", &req).await.is_ok());
+        }
+        assert!(gate.breaker().starts_with("closed"), "{}", gate.breaker());
+    }
+}
