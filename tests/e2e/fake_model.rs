@@ -34,6 +34,9 @@ pub enum Mode {
     StreamStall,
     /// Echo after this delay (many calls in flight).
     Slow(Duration),
+    /// An agent script keyed on how many tool results the request carries: call `kv_put`, then
+    /// `ledger`, then answer.
+    Agent,
 }
 
 #[derive(Default)]
@@ -141,6 +144,24 @@ fn last_user(body: &[u8]) -> String {
         .to_string()
 }
 
+fn tool_results(body: &[u8]) -> usize {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    v["messages"]
+        .as_array()
+        .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count())
+}
+
+fn tool_call(id: &str, name: &str, args: Value) -> Value {
+    json!({
+        "id": "chatcmpl-fake", "model": "fake-model",
+        "choices": [{ "index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": null,
+            "tool_calls": [{ "id": id, "type": "function", "function": { "name": name, "arguments": args.to_string() } }]
+        }}],
+        "usage": { "prompt_tokens": 5, "completion_tokens": 5 }
+    })
+}
+
 fn completion(text: &str) -> Value {
     json!({
         "id": "chatcmpl-fake", "object": "chat.completion", "model": "fake-model",
@@ -160,7 +181,30 @@ async fn serve(
     c.peak.fetch_max(now, Ordering::SeqCst);
     let mode = mode.lock().unwrap().clone();
     let text = last_user(&body);
-    let result = respond(&mut socket, mode, &text).await;
+    let result = match mode {
+        Mode::Agent => {
+            let reply = match tool_results(&body) {
+                0 => tool_call("call_a", "kv_put", json!({ "key": "a", "value": 1 })),
+                1 => {
+                    // A slow second turn, so a test can kill the worker between tool A and B.
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    tool_call("call_b", "ledger", json!({ "label": "b" }))
+                }
+                _ => completion("done: stored a, recorded b"),
+            };
+            respond(
+                &mut socket,
+                Mode::Error {
+                    status: 200,
+                    body: reply,
+                    headers: Vec::new(),
+                },
+                &text,
+            )
+            .await
+        }
+        mode => respond(&mut socket, mode, &text).await,
+    };
     c.in_flight.fetch_sub(1, Ordering::SeqCst);
     result
 }
@@ -230,6 +274,7 @@ async fn respond(socket: &mut TcpStream, mode: Mode, text: &str) -> std::io::Res
             socket.write_all(chunk("an answer").as_bytes()).await?;
             socket.flush().await?;
         }
+        Mode::Agent => unreachable!("answered in serve"),
         Mode::StreamStall => {
             socket.write_all(sse_head.as_bytes()).await?;
             socket.write_all(chunk("and then").as_bytes()).await?;

@@ -288,3 +288,93 @@ async fn usage_sums_the_tokens_of_model_steps_per_tenant_and_kind() {
     assert_eq!(fake.requests(), 3);
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn the_agent_loop_survives_kills_and_runs_each_tool_once_after_approval() {
+    let fake = FakeModel::start(Mode::Agent).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.set_env("AGENTQ_LEASE_TTL_SECS", "3");
+    app.spawn(&["scheduler"]);
+    let input = json!({ "user": "store a, then record b", "tools": ["kv_put", "ledger"], "approval": ["ledger"], "max_turns": 5 }).to_string();
+    let op = app.agentq_json(&[
+        "enqueue", "--tenant", "t1", "--kind", "agent", "--input", &input, "--json",
+    ])["op_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // Killed right after tool A (kv_put) ran.
+    let w1 = app.spawn(&["worker"]);
+    let pool = app.pool.clone();
+    app.wait_for("tool A's effect", DEADLINE, || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM agent_kv WHERE key = 'a'")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            == 1
+    })
+    .await;
+    app.kill(w1);
+
+    // Recovered, it reaches tool B, which waits for approval; killed again while it waits.
+    let w2 = app.spawn(&["worker"]);
+    let waiting = app.wait_status(&op, "waiting", DEADLINE).await;
+    assert_eq!(waiting.waiting_for.as_deref(), Some("approval"));
+    app.kill(w2);
+    assert_eq!(
+        app.effects(&op).await,
+        0,
+        "B does not run before its approval"
+    );
+
+    app.spawn(&["worker"]);
+    let out = app.agentq(&["approve", &op, "--as", "hana"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = app.wait_status(&op, "succeeded", DEADLINE).await;
+    let result = done.result.unwrap();
+    assert_eq!(result["answer"], "done: stored a, recorded b");
+    assert_eq!(result["tool_calls"], 2);
+    assert_eq!(
+        done.restarts, 1,
+        "the kill after tool A was recovered by the reaper"
+    );
+    assert_eq!(
+        app.effects(&op).await,
+        1,
+        "the unsafe tool ran exactly once"
+    );
+    let value: serde_json::Value =
+        sqlx::query_scalar("SELECT value FROM agent_kv WHERE tenant_id = 't1' AND key = 'a'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(value, json!(1));
+
+    // The journal shows every turn, in order.
+    let journal: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, status FROM operation_steps WHERE op_id = $1::uuid ORDER BY seq",
+    )
+    .bind(&op)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let names: Vec<&str> = journal.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "turn 0",
+            "kv_put",
+            "turn 1",
+            "signal:approval",
+            "ledger",
+            "turn 2"
+        ]
+    );
+    assert!(journal.iter().all(|(_, s)| s == "completed"), "{journal:?}");
+    app.cleanup().await;
+}

@@ -279,6 +279,26 @@ impl JobContext {
     /// Calls a tool as a step with the tool's replay policy. If a crash left an unsafe call's
     /// outcome unknown, recovery asks [`Tool::reconcile`] before deciding anything.
     pub async fn tool(&self, tool: &dyn Tool, args: Value) -> Result<Value, JobError> {
+        self.tool_step(tool, args, false).await
+    }
+
+    /// Like [`JobContext::tool`], but a non-retryable error of the tool is the step's recorded
+    /// output (`{"error": …}`) rather than a failure: the agent loop reports it to the model, and
+    /// a replay returns the same report without calling the tool again.
+    pub(crate) async fn tool_reporting_errors(
+        &self,
+        tool: &dyn Tool,
+        args: Value,
+    ) -> Result<Value, JobError> {
+        self.tool_step(tool, args, true).await
+    }
+
+    async fn tool_step(
+        &self,
+        tool: &dyn Tool,
+        args: Value,
+        report_errors: bool,
+    ) -> Result<Value, JobError> {
         let recover_args = args.clone();
         self.run_step_with(
             tool.name(),
@@ -287,7 +307,15 @@ impl JobContext {
             Some(Box::new(move |key: String| {
                 Box::pin(async move { tool.reconcile(&recover_args, &key).await })
             })),
-            |key| async move { tool.call(&args, &key).await.map(|v| (v, None)) },
+            |key| async move {
+                match tool.call(&args, &key).await {
+                    Ok(v) => Ok((v, None)),
+                    Err(JobError::NonRetryable(e)) if report_errors => {
+                        Ok((serde_json::json!({ "error": e }), None))
+                    }
+                    Err(e) => Err(e),
+                }
+            },
         )
         .await
     }

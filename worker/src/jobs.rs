@@ -4,6 +4,8 @@
 //!   built-in local model echoes the text); output `{"text": …}`.
 //! - `script`: a small JSON program for demos, smoke tests, benchmarks and crash tests (its
 //!   format is in the README and on [`ScriptStep`]).
+//! - `agent`: the agent loop from JSON ([`AgentInput`]), with built-in tools `kv_put`, `kv_get`
+//!   (a key-value table per tenant) and `ledger` (an unsafe side effect with reconcile).
 
 use std::time::Duration;
 
@@ -164,6 +166,7 @@ pub async fn script(ctx: JobContext, input: ScriptInput) -> Result<Value, JobErr
                     },
                     after_ms,
                     reconcile,
+                    approval: false,
                 };
                 ctx.tool(&ledger, json!({})).await?
             }
@@ -252,10 +255,12 @@ struct Ledger {
     pool: PgPool,
     op_id: Uuid,
     name: String,
+    /// The effect's label; the agent's model passes it as the `label` argument instead.
     label: String,
     replay: Replay,
     after_ms: u64,
     reconcile: bool,
+    approval: bool,
 }
 
 #[async_trait]
@@ -268,11 +273,27 @@ impl Tool for Ledger {
         self.replay
     }
 
-    async fn call(&self, _args: &Value, key: &str) -> Result<Value, JobError> {
+    fn description(&self) -> &str {
+        "Record a side effect in the ledger (like sending an email or charging a card)."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({ "type": "object", "properties": { "label": { "type": "string" } }, "required": ["label"] })
+    }
+
+    fn requires_approval(&self) -> bool {
+        self.approval
+    }
+
+    async fn call(&self, args: &Value, key: &str) -> Result<Value, JobError> {
+        let label = args
+            .get("label")
+            .and_then(Value::as_str)
+            .unwrap_or(&self.label);
         let id = agentq_core::db::ledger::record_effect(
             &self.pool,
             self.op_id,
-            &self.label,
+            label,
             key,
             self.replay == Replay::Safe,
         )
@@ -297,7 +318,148 @@ impl Tool for Ledger {
     }
 }
 
+/// Input of `agent`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentInput {
+    #[serde(default = "default_system")]
+    pub system: String,
+    pub user: String,
+    /// Built-in tools it may use: `kv_put`, `kv_get`, `ledger`.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Tools whose every call waits for an `approval` signal first.
+    #[serde(default)]
+    pub approval: Vec<String>,
+    #[serde(default = "default_max_turns")]
+    pub max_turns: u32,
+    /// Seconds an approval may take (default 72 h).
+    #[serde(default = "default_approval_timeout")]
+    pub approval_timeout_s: u64,
+}
+
+fn default_system() -> String {
+    "You are a careful assistant. Use the tools when they help, then answer.".into()
+}
+
+fn default_max_turns() -> u32 {
+    8
+}
+
+fn default_approval_timeout() -> u64 {
+    72 * 3600
+}
+
+/// Runs the agent loop with the built-in tools the input names.
+pub async fn agent(
+    ctx: JobContext,
+    input: AgentInput,
+) -> Result<crate::agent::AgentOutcome, JobError> {
+    let mut tools: Vec<std::sync::Arc<dyn Tool>> = Vec::new();
+    for name in &input.tools {
+        let approval = input.approval.contains(name);
+        let tool: std::sync::Arc<dyn Tool> = match name.as_str() {
+            "kv_put" | "kv_get" => std::sync::Arc::new(Kv {
+                pool: ctx.pool().clone(),
+                tenant: ctx.info().tenant.clone(),
+                put: name == "kv_put",
+                approval,
+            }),
+            "ledger" => std::sync::Arc::new(Ledger {
+                pool: ctx.pool().clone(),
+                op_id: ctx.info().op_id.0,
+                name: "ledger".into(),
+                label: "agent".into(),
+                replay: Replay::Unsafe,
+                after_ms: 0,
+                reconcile: true,
+                approval,
+            }),
+            other => {
+                return Err(JobError::NonRetryable(format!(
+                    "unknown tool {other:?}: the agent kind offers kv_put, kv_get and ledger"
+                )));
+            }
+        };
+        tools.push(tool);
+    }
+    ctx.agent(crate::agent::AgentSpec {
+        system: input.system,
+        messages: vec![crate::model::Message::text(
+            crate::model::Role::User,
+            input.user,
+        )],
+        tools,
+        max_turns: input.max_turns,
+        approval_timeout: Duration::from_secs(input.approval_timeout_s),
+        model: None,
+    })
+    .await
+}
+
+/// The `kv_put` / `kv_get` tools: a key-value table per tenant. Both are replay-safe (an upsert
+/// and a read).
+struct Kv {
+    pool: PgPool,
+    tenant: String,
+    put: bool,
+    approval: bool,
+}
+
+#[async_trait]
+impl Tool for Kv {
+    fn name(&self) -> &str {
+        if self.put { "kv_put" } else { "kv_get" }
+    }
+
+    fn replay(&self) -> Replay {
+        Replay::Safe
+    }
+
+    fn description(&self) -> &str {
+        if self.put {
+            "Store a JSON value under a key."
+        } else {
+            "Read the JSON value stored under a key (null if none)."
+        }
+    }
+
+    fn parameters(&self) -> Value {
+        if self.put {
+            json!({ "type": "object", "properties": { "key": { "type": "string" }, "value": {} }, "required": ["key", "value"] })
+        } else {
+            json!({ "type": "object", "properties": { "key": { "type": "string" } }, "required": ["key"] })
+        }
+    }
+
+    fn requires_approval(&self) -> bool {
+        self.approval
+    }
+
+    async fn call(&self, args: &Value, _key: &str) -> Result<Value, JobError> {
+        let key = args
+            .get("key")
+            .and_then(Value::as_str)
+            .ok_or_else(|| JobError::NonRetryable("`key` (a string) is required".into()))?;
+        let unavailable =
+            |e: agentq_core::db::Error| JobError::retryable(format!("kv unavailable: {e}"));
+        if self.put {
+            let value = args.get("value").cloned().unwrap_or(Value::Null);
+            agentq_core::db::kv::put(&self.pool, &self.tenant, key, &value)
+                .await
+                .map_err(unavailable)?;
+            Ok(json!({ "ok": true }))
+        } else {
+            let value = agentq_core::db::kv::get(&self.pool, &self.tenant, key)
+                .await
+                .map_err(unavailable)?;
+            Ok(json!({ "value": value }))
+        }
+    }
+}
+
 pub(crate) fn register_builtin(r: &mut Registry) {
     r.register("echo", echo);
     r.register("script", script);
+    r.register("agent", agent);
 }

@@ -5,6 +5,7 @@
 //! transaction or pooled connection is held across a job's model or tool calls; a delivery is
 //! acked right after the claim commits, never held for the length of a job.
 
+pub mod agent;
 mod claim;
 pub mod context;
 mod executor;

@@ -20,11 +20,60 @@ pub enum Role {
     Tool,
 }
 
-/// One chat message.
+/// One chat message (OpenAI's shape, so it is sent as is).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     pub role: Role,
+    #[serde(default)]
     pub content: String,
+    /// The tools an assistant message asks to call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// Which call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A message with text only.
+    pub fn text(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+}
+
+/// A tool call the model asked for (OpenAI's `tool_calls[]` shape).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+/// The function half of a tool call: its name and JSON-encoded arguments.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    #[serde(default)]
+    pub arguments: String,
+}
+
+fn function_type() -> String {
+    "function".into()
+}
+
+/// A tool offered to the model (sent as `tools: [{"type": "function", "function": …}]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments.
+    pub parameters: serde_json::Value,
 }
 
 /// A chat completion request.
@@ -35,16 +84,16 @@ pub struct ModelRequest {
     pub messages: Vec<Message>,
     pub max_tokens: Option<u32>,
     pub temperature: Option<f32>,
+    /// Tools the model may call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolSpec>,
 }
 
 impl ModelRequest {
     /// A request with one user message.
     pub fn user(text: impl Into<String>) -> Self {
         Self {
-            messages: vec![Message {
-                role: Role::User,
-                content: text.into(),
-            }],
+            messages: vec![Message::text(Role::User, text)],
             ..Self::default()
         }
     }
@@ -64,6 +113,9 @@ pub struct ModelResponse {
     pub model: String,
     pub finish_reason: String,
     pub usage: Usage,
+    /// Tools the model asks to call before it answers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// A classified model failure.
@@ -149,6 +201,7 @@ impl ModelClient for LocalModel {
             content,
             model: LOCAL_MODEL_NAME.to_string(),
             finish_reason: "stop".to_string(),
+            tool_calls: Vec::new(),
         })
     }
 }
@@ -160,14 +213,8 @@ mod tests {
     #[tokio::test]
     async fn local_model_echoes_the_last_user_message() {
         let mut req = ModelRequest::user("first");
-        req.messages.push(Message {
-            role: Role::Assistant,
-            content: "ignored".into(),
-        });
-        req.messages.push(Message {
-            role: Role::User,
-            content: "hello there".into(),
-        });
+        req.messages.push(Message::text(Role::Assistant, "ignored"));
+        req.messages.push(Message::text(Role::User, "hello there"));
         let resp = LocalModel.complete(&req).await.unwrap();
         assert_eq!(resp.content, "hello there");
         assert_eq!(resp.usage.completion_tokens, 2);

@@ -13,7 +13,9 @@ use futures_util::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::model::{ModelClient, ModelError, ModelRequest, ModelResponse, Usage};
+use crate::model::{
+    FunctionCall, ModelClient, ModelError, ModelRequest, ModelResponse, ToolCall, Usage,
+};
 
 /// How long each phase of a call may take.
 #[derive(Clone, Copy, Debug)]
@@ -101,6 +103,13 @@ impl OpenAiClient {
         if let Some(t) = request.temperature {
             body["temperature"] = json!(t);
         }
+        if !request.tools.is_empty() {
+            body["tools"] = request
+                .tools
+                .iter()
+                .map(|t| json!({ "type": "function", "function": { "name": t.name, "description": t.description, "parameters": t.parameters } }))
+                .collect();
+        }
         if self.stream {
             body["stream"] = json!(true);
             body["stream_options"] = json!({ "include_usage": true });
@@ -154,6 +163,7 @@ impl OpenAiClient {
         let mut finish_reason = String::new();
         let mut model = self.model.clone();
         let mut usage = Usage::default();
+        let mut calls: Vec<ToolCall> = Vec::new();
         loop {
             let chunk = match tokio::time::timeout(self.timeouts.idle, stream.next()).await {
                 Err(_) => {
@@ -184,6 +194,7 @@ impl OpenAiClient {
                             finish_reason
                         },
                         usage,
+                        tool_calls: calls,
                     });
                 }
                 let Ok(event) = serde_json::from_str::<Value>(data) else {
@@ -198,6 +209,33 @@ impl OpenAiClient {
                 if let Some(choice) = event.get("choices").and_then(|c| c.get(0)) {
                     if let Some(piece) = choice.pointer("/delta/content").and_then(Value::as_str) {
                         content.push_str(piece);
+                    }
+                    // Tool calls arrive in pieces, keyed by index: id and name first, then the
+                    // arguments' text in fragments.
+                    for d in choice
+                        .pointer("/delta/tool_calls")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                    {
+                        let i = d.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+                        while calls.len() <= i {
+                            calls.push(ToolCall {
+                                id: String::new(),
+                                kind: "function".into(),
+                                function: FunctionCall::default(),
+                            });
+                        }
+                        let call = &mut calls[i];
+                        if let Some(id) = d.get("id").and_then(Value::as_str) {
+                            call.id = id.to_string();
+                        }
+                        if let Some(n) = d.pointer("/function/name").and_then(Value::as_str) {
+                            call.function.name.push_str(n);
+                        }
+                        if let Some(a) = d.pointer("/function/arguments").and_then(Value::as_str) {
+                            call.function.arguments.push_str(a);
+                        }
                     }
                     if let Some(r) = choice.get("finish_reason").and_then(Value::as_str) {
                         finish_reason = r.to_string();
@@ -299,6 +337,10 @@ pub fn parse_completion(v: &Value) -> Result<ModelResponse, ModelError> {
             .unwrap_or("stop")
             .to_string(),
         usage: v.get("usage").map(parse_usage).unwrap_or_default(),
+        tool_calls: choice
+            .pointer("/message/tool_calls")
+            .and_then(|c| serde_json::from_value(c.clone()).ok())
+            .unwrap_or_default(),
     })
 }
 

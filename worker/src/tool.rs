@@ -27,6 +27,21 @@ pub trait Tool: Send + Sync {
     /// `Safe` if repeating a call with the same idempotency key is harmless.
     fn replay(&self) -> Replay;
 
+    /// What the tool does, for a model choosing tools in the agent loop.
+    fn description(&self) -> &str {
+        ""
+    }
+
+    /// JSON Schema of the arguments, for the model.
+    fn parameters(&self) -> Value {
+        serde_json::json!({ "type": "object" })
+    }
+
+    /// Whether the agent loop must get a human's approval (signal `approval`) before each call.
+    fn requires_approval(&self) -> bool {
+        false
+    }
+
     /// Performs the call. `idempotency_key` is stable across retries and crashes: pass it to
     /// the outside system so it can deduplicate.
     async fn call(&self, args: &Value, idempotency_key: &str) -> Result<Value, JobError>;

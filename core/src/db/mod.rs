@@ -7,6 +7,7 @@
 
 pub mod dead_letters;
 pub mod fixtures;
+pub mod kv;
 pub mod ledger;
 pub mod operations;
 pub mod steps;
