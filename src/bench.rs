@@ -60,6 +60,10 @@ struct Report {
     done: Percentiles,
     commits_per_job: f64,
     max_rss_kib: u64,
+    /// Peak RSS of the worker processes (with `--workers`).
+    worker_peak_rss_kib: Option<u64>,
+    /// With `--model-latency-ms`: the fake provider's peak concurrent calls, and all calls.
+    model: Option<(usize, usize)>,
 }
 
 #[derive(Default)]
@@ -81,6 +85,21 @@ pub(crate) fn percentiles(mut ms: Vec<f64>) -> Percentiles {
 }
 
 async fn measure(config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
+    // With a model latency, every call goes to a fake provider that answers after it.
+    let fake = match args.model_latency_ms {
+        Some(ms) => Some(crate::bench_model::LatencyModel::start(Duration::from_millis(ms)).await?),
+        None => None,
+    };
+    let mut config = config.clone();
+    if let Some(f) = &fake {
+        config.model_base_url = Some(f.url.clone());
+        config.model_concurrency = usize::from(args.concurrency);
+        config.model_tenant_concurrency = usize::from(args.concurrency);
+        config.model_first_byte_secs = config
+            .model_first_byte_secs
+            .max(args.model_latency_ms.unwrap_or(0) / 1000 + 60);
+    }
+    let config = &config;
     let pool = commands::connect(config).await?;
     let shutdown = CancellationToken::new();
 
@@ -97,6 +116,24 @@ async fn measure(config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
                 .env("DATABASE_URL", &config.database_url)
                 .env("AMQP_URL", &config.amqp_url)
                 .env("AGENTQ_NAMESPACE", &config.namespace)
+                .env(
+                    "AGENTQ_MODEL_CONCURRENCY",
+                    config.model_concurrency.to_string(),
+                )
+                .env(
+                    "AGENTQ_MODEL_TENANT_CONCURRENCY",
+                    config.model_tenant_concurrency.to_string(),
+                )
+                .env(
+                    "AGENTQ_MODEL_FIRST_BYTE_SECS",
+                    config.model_first_byte_secs.to_string(),
+                )
+                .envs(
+                    config
+                        .model_base_url
+                        .as_ref()
+                        .map(|u| ("AGENTQ_MODEL_BASE_URL", u.clone())),
+                )
                 .env("RUST_LOG", "warn")
                 .kill_on_drop(true)
                 .spawn()
@@ -186,6 +223,22 @@ async fn measure(config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
         let _ = e.await;
     }
     dispatcher.close().await;
+    // The workers' own peak memory (separate processes), before they go.
+    let worker_peak_rss_kib = children
+        .iter()
+        .filter_map(|c| c.id())
+        .map(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find(|l| l.starts_with("VmHWM:"))
+                        .and_then(|l| l.split_whitespace().nth(1))
+                        .and_then(|n| n.parse::<u64>().ok())
+                })
+                .unwrap_or(0)
+        })
+        .max();
     for mut c in children {
         let _ = c.kill().await;
     }
@@ -216,6 +269,15 @@ async fn measure(config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
         done: percentiles(timings.iter().map(|(c, _, f)| ms(*c, *f)).collect()),
         commits_per_job: commits as f64 / args.jobs as f64,
         max_rss_kib: max_rss_kib(),
+        worker_peak_rss_kib,
+        model: fake.as_ref().map(|f| {
+            (
+                f.counters.peak.load(std::sync::atomic::Ordering::SeqCst),
+                f.counters
+                    .requests
+                    .load(std::sync::atomic::Ordering::SeqCst),
+            )
+        }),
     })
 }
 
@@ -263,7 +325,14 @@ fn print_report(r: &Report) {
     println!("  {:<22} {:>10.2}", "commits/job", r.commits_per_job);
     println!("  {:<22} {:>10.1}", "elapsed s", secs);
     println!("  {:<22} {:>10}", "max RSS KiB", r.max_rss_kib);
-    let line = json!({
+    if let Some(w) = r.worker_peak_rss_kib {
+        println!("  {:<22} {:>10}", "worker peak RSS KiB", w);
+    }
+    if let Some((peak, calls)) = r.model {
+        println!("  {:<22} {:>10}", "model calls in flight", peak);
+        println!("  {:<22} {:>10}", "model calls", calls);
+    }
+    let mut line = json!({
         "jobs": r.jobs,
         "lane": r.lane,
         "concurrency": r.concurrency,
@@ -279,5 +348,12 @@ fn print_report(r: &Report) {
         "commits_per_job": (r.commits_per_job * 100.0).round() / 100.0,
         "max_rss_kib": r.max_rss_kib,
     });
+    if let Some(w) = r.worker_peak_rss_kib {
+        line["worker_peak_rss_kib"] = json!(w);
+    }
+    if let Some((peak, calls)) = r.model {
+        line["model_peak_concurrency"] = json!(peak);
+        line["model_calls"] = json!(calls);
+    }
     println!("{line}");
 }

@@ -171,6 +171,10 @@ pub struct BenchArgs {
     /// Operations to run.
     #[arg(long, default_value_t = 2000)]
     pub jobs: usize,
+    /// throughput: answer model calls from an in-process fake provider after this many ms,
+    /// instead of the built-in model (measures how many calls a worker keeps in flight).
+    #[arg(long)]
+    pub model_latency_ms: Option<u64>,
     /// Operations a worker runs at once (per lane).
     #[arg(long, default_value_t = 64)]
     pub concurrency: u16,

@@ -3,6 +3,7 @@
 //! says what and why), 1 anything else.
 
 mod bench;
+mod bench_model;
 mod bench_scenarios;
 mod cli;
 mod commands;
