@@ -178,8 +178,10 @@ pub fn worker(config: &Config, pool: PgPool, concurrency: Option<u16>) -> anyhow
         gate: agentq_worker::gate::GateSettings {
             concurrency: config.model_concurrency,
             per_tenant: config.model_tenant_concurrency,
+            model_by_kind: config.model_by_kind().map_err(refuse)?,
             ..Default::default()
         },
+        http_allow: config.agent_http_allow(),
     };
     Ok(Worker::new(
         settings,

@@ -55,6 +55,14 @@ pub struct Config {
     #[arg(long, env = "AGENTQ_MODEL", global = true)]
     pub model: Option<String>,
 
+    /// Model per job kind, overriding AGENTQ_MODEL: `kind=model,kind=model`.
+    #[arg(long, env = "AGENTQ_MODEL_BY_KIND", global = true)]
+    pub model_by_kind: Option<String>,
+
+    /// Hosts the `agent` kind's `http_get` tool may fetch from: `host,host`.
+    #[arg(long, env = "AGENTQ_AGENT_HTTP_ALLOW", global = true)]
+    pub agent_http_allow: Option<String>,
+
     /// Stream model answers (SSE) instead of waiting for the whole body.
     #[arg(
         long,
@@ -208,10 +216,40 @@ impl Config {
         if self.concurrency_interactive == 0 && self.concurrency_batch == 0 {
             return Err("at least one lane needs a concurrency above 0".into());
         }
+        self.model_by_kind()?;
         if self.db_pool < 2 {
             return Err("AGENTQ_DB_POOL must be at least 2".into());
         }
         Ok(())
+    }
+
+    /// `AGENTQ_MODEL_BY_KIND` as a map.
+    pub fn model_by_kind(&self) -> Result<std::collections::HashMap<String, String>, String> {
+        let mut map = std::collections::HashMap::new();
+        for pair in self
+            .model_by_kind
+            .as_deref()
+            .unwrap_or("")
+            .split(',')
+            .filter(|p| !p.trim().is_empty())
+        {
+            let (kind, model) = pair.split_once('=').ok_or_else(|| {
+                format!("AGENTQ_MODEL_BY_KIND entry {pair:?} must be kind=model (e.g. agent=gpt-4o,echo=small)")
+            })?;
+            map.insert(kind.trim().to_string(), model.trim().to_string());
+        }
+        Ok(map)
+    }
+
+    /// `AGENTQ_AGENT_HTTP_ALLOW` as a list of hosts.
+    pub fn agent_http_allow(&self) -> Vec<String> {
+        self.agent_http_allow
+            .as_deref()
+            .unwrap_or("")
+            .split(',')
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .collect()
     }
 
     /// A description safe to log: passwords in URLs are replaced and the API key is omitted.

@@ -37,6 +37,8 @@ pub enum Mode {
     /// An agent script keyed on how many tool results the request carries: call `kv_put`, then
     /// `ledger`, then answer.
     Agent,
+    /// An agent that fetches each URL with `http_get` in turn, then answers with what it got.
+    AgentHttp(Vec<String>),
 }
 
 #[derive(Default)]
@@ -44,6 +46,8 @@ pub struct Counters {
     pub requests: AtomicUsize,
     pub in_flight: AtomicUsize,
     pub peak: AtomicUsize,
+    /// The `model` field of every completion request, in order.
+    pub models: Mutex<Vec<String>>,
 }
 
 pub struct FakeModel {
@@ -106,13 +110,13 @@ impl FakeModel {
     }
 }
 
-async fn read_request(socket: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+async fn read_request(socket: &mut TcpStream) -> std::io::Result<(String, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     loop {
         let n = socket.read(&mut chunk).await?;
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok((String::new(), Vec::new()));
         }
         buf.extend_from_slice(&chunk[..n]);
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -129,7 +133,8 @@ async fn read_request(socket: &mut TcpStream) -> std::io::Result<Vec<u8>> {
                 }
                 buf.extend_from_slice(&chunk[..n]);
             }
-            return Ok(buf[end + 4..].to_vec());
+            let method = head.split(' ').next().unwrap_or_default().to_uppercase();
+            return Ok((method, buf[end + 4..].to_vec()));
         }
     }
 }
@@ -175,8 +180,24 @@ async fn serve(
     mode: Arc<Mutex<Mode>>,
     c: Arc<Counters>,
 ) -> std::io::Result<()> {
-    let body = read_request(&mut socket).await?;
+    let (method, body) = read_request(&mut socket).await?;
+    if method == "GET" {
+        // A web page, for the agent's http_get tool.
+        let page = "hello from the fake web";
+        let response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+            page.len()
+        );
+        socket.write_all(response.as_bytes()).await?;
+        return socket.shutdown().await;
+    }
     c.requests.fetch_add(1, Ordering::SeqCst);
+    if let Some(m) = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v["model"].as_str().map(str::to_string))
+    {
+        c.models.lock().unwrap().push(m);
+    }
     let now = c.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     c.peak.fetch_max(now, Ordering::SeqCst);
     let mode = mode.lock().unwrap().clone();
@@ -191,6 +212,33 @@ async fn serve(
                     tool_call("call_b", "ledger", json!({ "label": "b" }))
                 }
                 _ => completion("done: stored a, recorded b"),
+            };
+            respond(
+                &mut socket,
+                Mode::Error {
+                    status: 200,
+                    body: reply,
+                    headers: Vec::new(),
+                },
+                &text,
+            )
+            .await
+        }
+        Mode::AgentHttp(urls) => {
+            let done = tool_results(&body);
+            let reply = match urls.get(done) {
+                Some(url) => tool_call(&format!("call_{done}"), "http_get", json!({ "url": url })),
+                None => {
+                    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    let results: Vec<String> = v["messages"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|m| m["role"] == "tool")
+                        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+                        .collect();
+                    completion(&results.join(" | "))
+                }
             };
             respond(
                 &mut socket,
@@ -274,7 +322,7 @@ async fn respond(socket: &mut TcpStream, mode: Mode, text: &str) -> std::io::Res
             socket.write_all(chunk("an answer").as_bytes()).await?;
             socket.flush().await?;
         }
-        Mode::Agent => unreachable!("answered in serve"),
+        Mode::Agent | Mode::AgentHttp(_) => unreachable!("answered in serve"),
         Mode::StreamStall => {
             socket.write_all(sse_head.as_bytes()).await?;
             socket.write_all(chunk("and then").as_bytes()).await?;

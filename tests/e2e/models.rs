@@ -378,3 +378,48 @@ async fn the_agent_loop_survives_kills_and_runs_each_tool_once_after_approval() 
     assert!(journal.iter().all(|(_, s)| s == "completed"), "{journal:?}");
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_kind_can_use_its_own_model_and_the_agent_fetches_only_allowed_hosts() {
+    let fake = FakeModel::start(Mode::Echo).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.set_env("AGENTQ_MODEL", "base-model");
+    app.set_env("AGENTQ_MODEL_BY_KIND", "echo=echo-model");
+    app.set_env("AGENTQ_AGENT_HTTP_ALLOW", "127.0.0.1");
+    app.spawn(&["worker"]);
+    let op = app.enqueue_echo("which model");
+    app.wait_status(&op, "succeeded", DEADLINE).await;
+    assert_eq!(
+        fake.counters.models.lock().unwrap().as_slice(),
+        ["echo-model"]
+    );
+
+    // The agent fetches a page from the allowed host; another host is refused, and the refusal
+    // is what the model is told.
+    fake.set(Mode::AgentHttp(vec![
+        format!("{}/page", fake.url),
+        "http://example.com/".into(),
+    ]));
+    let input = json!({ "user": "fetch", "tools": ["http_get"] }).to_string();
+    let op = app.agentq_json(&[
+        "enqueue", "--tenant", "t1", "--kind", "agent", "--input", &input, "--json",
+    ])["op_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let done = app.wait_status(&op, "succeeded", DEADLINE).await;
+    let answer = done.result.unwrap()["answer"].as_str().unwrap().to_string();
+    assert!(answer.contains("hello from the fake web"), "{answer}");
+    assert!(answer.contains("not allowed"), "{answer}");
+    assert_eq!(
+        fake.counters
+            .models
+            .lock()
+            .unwrap()
+            .last()
+            .map(String::as_str),
+        Some("base-model")
+    );
+    app.cleanup().await;
+}

@@ -191,6 +191,8 @@ struct Inner {
     stop: CancellationToken,
     /// Set by the heartbeat when an operator asked to cancel this operation.
     cancel: Arc<AtomicBool>,
+    /// Hosts the built-in `http_get` tool may fetch from.
+    http_allow: Arc<Vec<String>>,
 }
 
 /// The handle a job function receives. Cheap to clone; all clones share one journal cursor.
@@ -207,6 +209,7 @@ impl JobContext {
         journal: Vec<JournalEntry>,
         stop: CancellationToken,
         cancel: Arc<AtomicBool>,
+        http_allow: Arc<Vec<String>>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -226,6 +229,7 @@ impl JobContext {
                 lost: AtomicBool::new(false),
                 stop,
                 cancel,
+                http_allow,
             }),
         }
     }
@@ -238,6 +242,11 @@ impl JobContext {
     /// agentq's own database, for built-in tools only (the `ledger` demo tool).
     pub(crate) fn pool(&self) -> &PgPool {
         &self.inner.pool
+    }
+
+    /// Hosts the built-in `http_get` tool may fetch from.
+    pub(crate) fn http_allow(&self) -> Arc<Vec<String>> {
+        self.inner.http_allow.clone()
     }
 
     /// The idempotency key of the step running now (`None` outside a step): stable across
@@ -267,9 +276,9 @@ impl JobContext {
         request: ModelRequest,
     ) -> Result<ModelResponse, JobError> {
         let model = self.inner.model.clone();
-        let tenant = self.inner.info.tenant.clone();
+        let (tenant, kind) = (self.inner.info.tenant.clone(), self.inner.info.kind.clone());
         self.run_step(name, "model", Replay::Safe, |_key| async move {
-            let resp = model.call(&tenant, &request).await?;
+            let resp = model.call(&tenant, &kind, &request).await?;
             let usage = serde_json::to_value(resp.usage).ok();
             Ok((resp, usage))
         })

@@ -56,6 +56,7 @@ async fn run(shared: &Shared, op: Claimed, stop: CancellationToken, cancel: Arc<
         journal,
         stop.clone(),
         cancel,
+        shared.http_allow.clone(),
     );
     let outcome = match shared.registry.handler(&op.kind) {
         _ if op.deadline.is_some_and(|d| d <= chrono::Utc::now()) => Err(

@@ -32,6 +32,8 @@ pub struct GateSettings {
     pub max_cooldown: Duration,
     /// In-step retries of a transient failure (short, before the job-level retry takes over).
     pub retries: u32,
+    /// Model name per job kind, used when a request names none (`AGENTQ_MODEL_BY_KIND`).
+    pub model_by_kind: HashMap<String, String>,
 }
 
 impl Default for GateSettings {
@@ -43,6 +45,7 @@ impl Default for GateSettings {
             cooldown: Duration::from_secs(5),
             max_cooldown: Duration::from_secs(60),
             retries: 2,
+            model_by_kind: HashMap::new(),
         }
     }
 }
@@ -112,12 +115,25 @@ impl ModelGate {
             .clone()
     }
 
-    /// Runs one model call for `tenant` through the limits, the breaker and in-step retries.
+    /// Runs one model call for `tenant`'s operation of `kind` through the limits, the breaker and
+    /// in-step retries.
     pub async fn call(
         &self,
         tenant: &str,
+        kind: &str,
         request: &ModelRequest,
     ) -> Result<ModelResponse, ModelError> {
+        let overridden;
+        let request = match (&request.model, self.settings.model_by_kind.get(kind)) {
+            (None, Some(model)) => {
+                overridden = ModelRequest {
+                    model: Some(model.clone()),
+                    ..request.clone()
+                };
+                &overridden
+            }
+            _ => request,
+        };
         let tenant_slots = self.tenant_slots(tenant);
         let _tenant = tenant_slots.acquire().await.expect("never closed");
         let _slot = self.slots.acquire().await.expect("never closed");
@@ -292,12 +308,12 @@ mod tests {
         let req = ModelRequest::user("hi");
         for _ in 0..5 {
             assert!(matches!(
-                gate.call("t", &req).await,
+                gate.call("t", "k", &req).await,
                 Err(ModelError::Overloaded { .. })
             ));
         }
         // Open: calls are parked without reaching the provider.
-        let parked = gate.call("t", &req).await;
+        let parked = gate.call("t", "k", &req).await;
         assert!(matches!(
             parked,
             Err(ModelError::Overloaded {
@@ -309,7 +325,7 @@ mod tests {
         assert!(gate.breaker().starts_with("open"));
         tokio::time::sleep(Duration::from_millis(250)).await;
         for _ in 0..CLOSE_AFTER {
-            assert!(gate.call("t", &req).await.is_ok());
+            assert!(gate.call("t", "k", &req).await.is_ok());
         }
         assert!(gate.breaker().starts_with("closed"), "{}", gate.breaker());
     }

@@ -325,7 +325,7 @@ pub struct AgentInput {
     #[serde(default = "default_system")]
     pub system: String,
     pub user: String,
-    /// Built-in tools it may use: `kv_put`, `kv_get`, `ledger`.
+    /// Built-in tools it may use: `kv_put`, `kv_get`, `ledger`, `http_get`.
     #[serde(default)]
     pub tools: Vec<String>,
     /// Tools whose every call waits for an `approval` signal first.
@@ -375,9 +375,13 @@ pub async fn agent(
                 reconcile: true,
                 approval,
             }),
+            "http_get" => std::sync::Arc::new(HttpGet {
+                allow: ctx.http_allow(),
+                approval,
+            }),
             other => {
                 return Err(JobError::NonRetryable(format!(
-                    "unknown tool {other:?}: the agent kind offers kv_put, kv_get and ledger"
+                    "unknown tool {other:?}: the agent kind offers kv_put, kv_get, ledger and http_get"
                 )));
             }
         };
@@ -395,6 +399,71 @@ pub async fn agent(
         model: None,
     })
     .await
+}
+
+/// Largest body `http_get` hands to the model.
+const HTTP_GET_CAP: usize = 64 * 1024;
+
+/// The `http_get` tool: GET a URL on an allow-listed host (`AGENTQ_AGENT_HTTP_ALLOW`), body
+/// capped at 64 KiB. Replay-safe (a GET).
+struct HttpGet {
+    allow: std::sync::Arc<Vec<String>>,
+    approval: bool,
+}
+
+#[async_trait]
+impl Tool for HttpGet {
+    fn name(&self) -> &str {
+        "http_get"
+    }
+
+    fn replay(&self) -> Replay {
+        Replay::Safe
+    }
+
+    fn description(&self) -> &str {
+        "Fetch a URL (GET) from an allow-listed host; returns the status and the start of the body."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({ "type": "object", "properties": { "url": { "type": "string" } }, "required": ["url"] })
+    }
+
+    fn requires_approval(&self) -> bool {
+        self.approval
+    }
+
+    async fn call(&self, args: &Value, _key: &str) -> Result<Value, JobError> {
+        let url = args
+            .get("url")
+            .and_then(Value::as_str)
+            .ok_or_else(|| JobError::NonRetryable("`url` (a string) is required".into()))?;
+        let parsed = reqwest::Url::parse(url)
+            .map_err(|e| JobError::NonRetryable(format!("{url:?} is not a URL: {e}")))?;
+        let host = parsed.host_str().unwrap_or_default().to_string();
+        if !matches!(parsed.scheme(), "http" | "https") || !self.allow.contains(&host) {
+            return Err(JobError::NonRetryable(format!(
+                "host {host:?} is not allowed (AGENTQ_AGENT_HTTP_ALLOW lists the hosts http_get may fetch from)"
+            )));
+        }
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(20))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| JobError::retryable(format!("http client: {e}")))?;
+        let response = client
+            .get(parsed)
+            .send()
+            .await
+            .map_err(|_| JobError::retryable(format!("fetching from {host} failed")))?;
+        let status = response.status().as_u16();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|_| JobError::retryable(format!("reading from {host} failed")))?;
+        let body = String::from_utf8_lossy(&bytes[..bytes.len().min(HTTP_GET_CAP)]).into_owned();
+        Ok(json!({ "status": status, "body": body, "truncated": bytes.len() > HTTP_GET_CAP }))
+    }
 }
 
 /// The `kv_put` / `kv_get` tools: a key-value table per tenant. Both are replay-safe (an upsert

@@ -38,6 +38,7 @@ use lease::Leases;
 /// Everything a running job shares with its worker.
 pub(crate) struct Shared {
     pub(crate) pool: PgPool,
+    pub(crate) http_allow: Arc<Vec<String>>,
     pub(crate) registry: Registry,
     pub(crate) model: Arc<gate::ModelGate>,
     pub(crate) leases: Leases,
@@ -56,6 +57,8 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Model-call limits and circuit breaker.
     pub gate: gate::GateSettings,
+    /// Hosts the built-in `http_get` agent tool may fetch from (exact host names).
+    pub http_allow: Vec<String>,
 }
 
 /// A worker process's engine.
@@ -80,9 +83,11 @@ impl Worker {
         );
         let leases = Leases::new(owner, settings.lease_ttl);
         let model = Arc::new(gate::ModelGate::new(model, settings.gate.clone()));
+        let http_allow = Arc::new(settings.http_allow.clone());
         Self {
             settings,
             shared: Arc::new(Shared {
+                http_allow,
                 pool,
                 registry,
                 model,
