@@ -32,6 +32,8 @@ pub enum Mode {
     StreamCut,
     /// Stream one chunk, then go silent.
     StreamStall,
+    /// Stream a chunk every 200 ms forever: never idle, never done.
+    StreamTrickle,
     /// Echo after this delay (many calls in flight).
     Slow(Duration),
     /// An agent script keyed on how many tool results the request carries: call `kv_put`, then
@@ -323,6 +325,14 @@ async fn respond(socket: &mut TcpStream, mode: Mode, text: &str) -> std::io::Res
             socket.flush().await?;
         }
         Mode::Agent | Mode::AgentHttp(_) => unreachable!("answered in serve"),
+        Mode::StreamTrickle => {
+            socket.write_all(sse_head.as_bytes()).await?;
+            loop {
+                socket.write_all(chunk("more ").as_bytes()).await?;
+                socket.flush().await?;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
         Mode::StreamStall => {
             socket.write_all(sse_head.as_bytes()).await?;
             socket.write_all(chunk("and then").as_bytes()).await?;

@@ -141,6 +141,14 @@ async fn every_classification_row_over_the_wire() {
     assert_eq!(class(&stalled), "retryable");
     assert!(format!("{stalled:?}").contains("idle"), "{stalled:?}");
 
+    fake.set(Mode::StreamTrickle);
+    let endless = streaming.complete(&req).await;
+    assert_eq!(class(&endless), "retryable");
+    assert!(
+        format!("{endless:?}").contains("total timeout"),
+        "{endless:?}"
+    );
+
     // Nobody listening: a connection error is retryable.
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -219,7 +227,7 @@ async fn a_provider_outage_parks_operations_without_using_attempts() {
             >= 200
     })
     .await;
-    let until = outage_started + Duration::from_secs(8);
+    let until = outage_started + Duration::from_secs(20);
     while std::time::Instant::now() < until {
         // Keep the outage going for a fixed length; the breaker, not this loop, bounds the calls.
         let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM operations WHERE status = 'dead'")
@@ -243,7 +251,7 @@ async fn a_provider_outage_parks_operations_without_using_attempts() {
         .fetch_one(&app.pool)
         .await
         .unwrap();
-    println!("provider outage: {calls_during_outage} calls during 8 s of 529s for 200 operations");
+    println!("provider outage: {calls_during_outage} calls during 20 s of 529s for 200 operations");
     assert_eq!(max_attempt, 1, "the outage used up no attempts");
     assert!(
         calls_during_outage < 200,
