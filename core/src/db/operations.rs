@@ -11,6 +11,7 @@ use serde_json::Value;
 use sqlx::{FromRow, PgConnection, PgPool};
 use uuid::Uuid;
 
+use super::steps::{bind_journal, journal_cte};
 use super::{Result, StepWrite};
 use crate::operation::{Lane, OperationId, OperationView, Status};
 
@@ -266,51 +267,24 @@ pub async fn complete_operation(
     result: &Value,
     steps: &[StepWrite],
 ) -> Result<bool> {
-    let cols = super::steps::StepColumns::from(steps);
-    let done: Option<Uuid> = sqlx::query_scalar(
-        "WITH done AS (
-            UPDATE operations
-               SET status = 'succeeded', result = $3, finished_at = now(), updated_at = now(),
-                   lease_owner = NULL, lease_expires_at = NULL,
-                   error_class = NULL, error_message = NULL
-             WHERE id = $1 AND epoch = $2 AND status = 'running'
-         RETURNING id
-         ), journal AS (
-            INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
-                                         output, error, epoch, started_at, completed_at, usage,
-                                         wake_at)
-            SELECT done.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output, s.error,
-                   $2, s.started_at, s.completed_at, s.usage, s.wake_at
-              FROM done, unnest($4::int[], $5::text[], $6::text[], $7::text[], $8::text[],
-                                $9::text[], $10::jsonb[], $11::text[], $12::timestamptz[],
-                                $13::timestamptz[], $14::jsonb[], $15::timestamptz[])
-                   AS s(seq, name, kind, replay, key, status, output, error, started_at,
-                        completed_at, usage, wake_at)
-            ON CONFLICT (op_id, seq) DO UPDATE
-               SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
-                   idempotency_key = EXCLUDED.idempotency_key,
-                   status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
-                   epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
-                   usage = EXCLUDED.usage,
-                   wake_at = COALESCE(EXCLUDED.wake_at, operation_steps.wake_at)
-         )
-         SELECT id FROM done",
+    let done: Option<Uuid> = bind_journal(
+        sqlx::query_scalar(concat!(
+            "WITH done AS (
+                UPDATE operations
+                   SET status = 'succeeded', result = $15, finished_at = now(), updated_at = now(),
+                       lease_owner = NULL, lease_expires_at = NULL,
+                       error_class = NULL, error_message = NULL
+                 WHERE id = $14 AND epoch = $13 AND status = 'running'
+             RETURNING id
+             ), ",
+            journal_cte!("done"),
+            " SELECT id FROM done"
+        )),
+        steps,
+        epoch,
+        id,
     )
-    .bind(id)
-    .bind(epoch)
     .bind(result)
-    .bind(&cols.seq)
-    .bind(&cols.name)
-    .bind(&cols.kind)
-    .bind(&cols.replay)
-    .bind(&cols.key)
-    .bind(&cols.status)
-    .bind(&cols.output)
-    .bind(&cols.error)
-    .bind(&cols.started_at)
-    .bind(&cols.completed_at)
-    .bind(&cols.usage)
-    .bind(&cols.wake_at)
     .fetch_optional(pool)
     .await?;
     Ok(done.is_some())
@@ -352,65 +326,38 @@ pub async fn fail_operation(
         FailTo::Dead => ("dead", None, false),
         FailTo::Cancelled => ("cancelled", None, false),
     };
-    let cols = super::steps::StepColumns::from(steps);
-    let done: Option<Uuid> = sqlx::query_scalar(
-        "WITH failed AS (
-            UPDATE operations
-               SET status = $5, run_at = COALESCE($6, run_at), dispatched_at = NULL,
-                   attempt = CASE WHEN $7 THEN attempt - 1 ELSE attempt END,
-                   finished_at = CASE WHEN $5 = 'queued' THEN NULL ELSE now() END,
-                   error_class = $3, error_message = $4, updated_at = now(),
-                   lease_owner = NULL, lease_expires_at = NULL
-             WHERE id = $1 AND epoch = $2 AND status = 'running'
-         RETURNING id, tenant_id, kind, attempt, status
-         ), letter AS (
-            INSERT INTO dead_letters (id, op_id, tenant_id, kind, class, reason, failed_step, attempts)
-            SELECT gen_random_uuid(), id, tenant_id, kind, $3, $4, $8, attempt
-              FROM failed WHERE status = 'dead'
-            ON CONFLICT (op_id) WHERE status = 'open' DO UPDATE
-               SET class = EXCLUDED.class, reason = EXCLUDED.reason,
-                   failed_step = EXCLUDED.failed_step, attempts = EXCLUDED.attempts
-         ), journal AS (
-            INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
-                                         output, error, epoch, started_at, completed_at, usage,
-                                         wake_at)
-            SELECT failed.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
-                   s.error, $2, s.started_at, s.completed_at, s.usage, s.wake_at
-              FROM failed, unnest($9::int[], $10::text[], $11::text[], $12::text[], $13::text[],
-                                  $14::text[], $15::jsonb[], $16::text[], $17::timestamptz[],
-                                  $18::timestamptz[], $19::jsonb[], $20::timestamptz[])
-                   AS s(seq, name, kind, replay, key, status, output, error, started_at,
-                        completed_at, usage, wake_at)
-            ON CONFLICT (op_id, seq) DO UPDATE
-               SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
-                   idempotency_key = EXCLUDED.idempotency_key,
-                   status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
-                   epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
-                   usage = EXCLUDED.usage,
-                   wake_at = COALESCE(EXCLUDED.wake_at, operation_steps.wake_at)
-         )
-         SELECT id FROM failed",
+    let done: Option<Uuid> = bind_journal(
+        sqlx::query_scalar(concat!(
+            "WITH failed AS (
+                UPDATE operations
+                   SET status = $17, run_at = COALESCE($18, run_at), dispatched_at = NULL,
+                       attempt = CASE WHEN $19 THEN attempt - 1 ELSE attempt END,
+                       finished_at = CASE WHEN $17 = 'queued' THEN NULL ELSE now() END,
+                       error_class = $15, error_message = $16, updated_at = now(),
+                       lease_owner = NULL, lease_expires_at = NULL
+                 WHERE id = $14 AND epoch = $13 AND status = 'running'
+             RETURNING id, tenant_id, kind, attempt, status
+             ), letter AS (
+                INSERT INTO dead_letters (id, op_id, tenant_id, kind, class, reason, failed_step, attempts)
+                SELECT gen_random_uuid(), id, tenant_id, kind, $15, $16, $20, attempt
+                  FROM failed WHERE status = 'dead'
+                ON CONFLICT (op_id) WHERE status = 'open' DO UPDATE
+                   SET class = EXCLUDED.class, reason = EXCLUDED.reason,
+                       failed_step = EXCLUDED.failed_step, attempts = EXCLUDED.attempts
+             ), ",
+            journal_cte!("failed"),
+            " SELECT id FROM failed"
+        )),
+        steps,
+        epoch,
+        id,
     )
-    .bind(id)
-    .bind(epoch)
     .bind(class)
     .bind(message)
     .bind(status)
     .bind(run_at)
     .bind(uncounted)
     .bind(failed_step)
-    .bind(&cols.seq)
-    .bind(&cols.name)
-    .bind(&cols.kind)
-    .bind(&cols.replay)
-    .bind(&cols.key)
-    .bind(&cols.status)
-    .bind(&cols.output)
-    .bind(&cols.error)
-    .bind(&cols.started_at)
-    .bind(&cols.completed_at)
-    .bind(&cols.usage)
-    .bind(&cols.wake_at)
     .fetch_optional(pool)
     .await?;
     Ok(done.is_some())

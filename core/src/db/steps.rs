@@ -68,29 +68,22 @@ impl From<&[StepWrite]> for StepColumns {
     }
 }
 
-/// Writes journal rows for a running operation, fenced by its epoch. Returns false when the
-/// lease was lost (nothing was written): the caller must stop the operation at once.
-pub async fn record_steps(
-    pool: &PgPool,
-    id: Uuid,
-    epoch: i64,
-    steps: &[StepWrite],
-) -> Result<bool> {
-    let cols = StepColumns::from(steps);
-    let held: Option<Uuid> = sqlx::query_scalar(
-        "WITH lease AS (
-            SELECT id FROM operations
-             WHERE id = $1 AND epoch = $2 AND status = 'running'
-               FOR SHARE
-         ), journal AS (
+/// The journal upsert, as a CTE named `journal` fed by the one-row CTE named `$src` (the
+/// operation being written, with its `id`): every statement that writes steps shares it, with
+/// the step columns bound at `$1`–`$12`, the epoch at `$13` and the operation id at `$14`
+/// ([`bind_journal`]); a statement's own parameters start at `$15`.
+macro_rules! journal_cte {
+    ($src:literal) => {
+        concat!(
+            "journal AS (
             INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
                                          output, error, epoch, started_at, completed_at, usage,
                                          wake_at)
-            SELECT lease.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
-                   s.error, $2, s.started_at, s.completed_at, s.usage, s.wake_at
-              FROM lease, unnest($3::int[], $4::text[], $5::text[], $6::text[], $7::text[],
-                                 $8::text[], $9::jsonb[], $10::text[], $11::timestamptz[],
-                                 $12::timestamptz[], $13::jsonb[], $14::timestamptz[])
+            SELECT ", $src, ".id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
+                   s.error, $13, s.started_at, s.completed_at, s.usage, s.wake_at
+              FROM ", $src, ", unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::text[],
+                                $6::text[], $7::jsonb[], $8::text[], $9::timestamptz[],
+                                $10::timestamptz[], $11::jsonb[], $12::timestamptz[])
                    AS s(seq, name, kind, replay, key, status, output, error, started_at,
                         completed_at, usage, wake_at)
             ON CONFLICT (op_id, seq) DO UPDATE
@@ -100,23 +93,62 @@ pub async fn record_steps(
                    epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
                    usage = EXCLUDED.usage,
                    wake_at = COALESCE(EXCLUDED.wake_at, operation_steps.wake_at)
-         )
-         SELECT id FROM lease",
+         )"
+        )
+    };
+}
+pub(crate) use journal_cte;
+
+/// A scalar query of this crate.
+pub(crate) type Scalar<'q, O> =
+    sqlx::query::QueryScalar<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>;
+
+/// Binds `$1`–`$14` of a statement built with [`journal_cte!`]: the rows, the epoch, the id.
+pub(crate) fn bind_journal<'q, O>(
+    q: Scalar<'q, O>,
+    steps: &[StepWrite],
+    epoch: i64,
+    id: Uuid,
+) -> Scalar<'q, O> {
+    let c = StepColumns::from(steps);
+    q.bind(c.seq)
+        .bind(c.name)
+        .bind(c.kind)
+        .bind(c.replay)
+        .bind(c.key)
+        .bind(c.status)
+        .bind(c.output)
+        .bind(c.error)
+        .bind(c.started_at)
+        .bind(c.completed_at)
+        .bind(c.usage)
+        .bind(c.wake_at)
+        .bind(epoch)
+        .bind(id)
+}
+
+/// Writes journal rows for a running operation, fenced by its epoch. Returns false when the
+/// lease was lost (nothing was written): the caller must stop the operation at once.
+pub async fn record_steps(
+    pool: &PgPool,
+    id: Uuid,
+    epoch: i64,
+    steps: &[StepWrite],
+) -> Result<bool> {
+    let held: Option<Uuid> = bind_journal(
+        sqlx::query_scalar(concat!(
+            "WITH lease AS (
+                SELECT id FROM operations
+                 WHERE id = $14 AND epoch = $13 AND status = 'running'
+                   FOR SHARE
+             ), ",
+            journal_cte!("lease"),
+            " SELECT id FROM lease"
+        )),
+        steps,
+        epoch,
+        id,
     )
-    .bind(id)
-    .bind(epoch)
-    .bind(&cols.seq)
-    .bind(&cols.name)
-    .bind(&cols.kind)
-    .bind(&cols.replay)
-    .bind(&cols.key)
-    .bind(&cols.status)
-    .bind(&cols.output)
-    .bind(&cols.error)
-    .bind(&cols.started_at)
-    .bind(&cols.completed_at)
-    .bind(&cols.usage)
-    .bind(&cols.wake_at)
     .fetch_optional(pool)
     .await?;
     Ok(held.is_some())

@@ -10,6 +10,7 @@ use serde_json::Value;
 use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
+use super::steps::{bind_journal, journal_cte};
 use super::{Dispatch, Result, StepWrite};
 
 /// Parks a running operation: `sleeping` until `run_at`, or `waiting` for the signal
@@ -23,51 +24,25 @@ pub async fn suspend_operation(
     waiting_for: Option<&str>,
     steps: &[StepWrite],
 ) -> Result<bool> {
-    let cols = super::steps::StepColumns::from(steps);
-    let done: Option<Uuid> = sqlx::query_scalar(
-        "WITH parked AS (
-            UPDATE operations
-               SET status = CASE WHEN $4::text IS NULL THEN 'sleeping' ELSE 'waiting' END,
-                   waiting_for = $4, run_at = $3, dispatched_at = NULL, updated_at = now(),
-                   lease_owner = NULL, lease_expires_at = NULL
-             WHERE id = $1 AND epoch = $2 AND status = 'running'
-         RETURNING id
-         ), journal AS (
-            INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
-                                         output, error, epoch, started_at, completed_at, usage, wake_at)
-            SELECT parked.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
-                   s.error, $2, s.started_at, s.completed_at, s.usage, s.wake_at
-              FROM parked, unnest($5::int[], $6::text[], $7::text[], $8::text[], $9::text[],
-                                  $10::text[], $11::jsonb[], $12::text[], $13::timestamptz[],
-                                  $14::timestamptz[], $15::jsonb[], $16::timestamptz[])
-                   AS s(seq, name, kind, replay, key, status, output, error, started_at,
-                        completed_at, usage, wake_at)
-            ON CONFLICT (op_id, seq) DO UPDATE
-               SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
-                   idempotency_key = EXCLUDED.idempotency_key,
-                   status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
-                   epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
-                   usage = EXCLUDED.usage,
-                   wake_at = COALESCE(EXCLUDED.wake_at, operation_steps.wake_at)
-         )
-         SELECT id FROM parked",
+    let done: Option<Uuid> = bind_journal(
+        sqlx::query_scalar(concat!(
+            "WITH parked AS (
+                UPDATE operations
+                   SET status = CASE WHEN $16::text IS NULL THEN 'sleeping' ELSE 'waiting' END,
+                       waiting_for = $16, run_at = $15, dispatched_at = NULL, updated_at = now(),
+                       lease_owner = NULL, lease_expires_at = NULL
+                 WHERE id = $14 AND epoch = $13 AND status = 'running'
+             RETURNING id
+             ), ",
+            journal_cte!("parked"),
+            " SELECT id FROM parked"
+        )),
+        steps,
+        epoch,
+        id,
     )
-    .bind(id)
-    .bind(epoch)
     .bind(run_at)
     .bind(waiting_for)
-    .bind(&cols.seq)
-    .bind(&cols.name)
-    .bind(&cols.kind)
-    .bind(&cols.replay)
-    .bind(&cols.key)
-    .bind(&cols.status)
-    .bind(&cols.output)
-    .bind(&cols.error)
-    .bind(&cols.started_at)
-    .bind(&cols.completed_at)
-    .bind(&cols.usage)
-    .bind(&cols.wake_at)
     .fetch_optional(pool)
     .await?;
     Ok(done.is_some())
