@@ -498,29 +498,41 @@ async fn cancel(
     Ok(())
 }
 
-/// Parses a point in time given as RFC 3339 or as a duration from now (`90s`, `30m`, `2h`, `3d`).
-pub fn parse_time(s: &str, what: &str) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+/// Parses a point in time given as RFC 3339, or as a duration (`90s`, `30m`, `2h`, `3d`) from
+/// now into the future (`ahead`) or the past. `what` names the flag in the error.
+pub fn parse_moment(
+    s: &str,
+    what: &str,
+    ahead: bool,
+) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
     if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
         return Ok(t.with_timezone(&chrono::Utc));
     }
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: i64 = num.parse().map_err(|_| {
+    let bad = || {
         refuse(format!(
-            "{what} {s:?}: use RFC 3339 or a duration like 90s, 30m, 2h, 3d"
+            "{what} {s:?}: use RFC 3339 or a duration like 90s, 30m, 2h, 7d"
         ))
-    })?;
+    };
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: i64 = num.parse().map_err(|_| bad())?;
     let secs = match unit {
         "s" => n,
         "m" => n * 60,
         "h" => n * 3600,
         "d" => n * 86400,
-        _ => {
-            return Err(refuse(format!(
-                "{what} {s:?}: the unit must be s, m, h or d"
-            )));
-        }
+        _ => return Err(bad()),
     };
-    Ok(chrono::Utc::now() + chrono::Duration::seconds(secs))
+    let d = chrono::Duration::seconds(secs);
+    Ok(if ahead {
+        chrono::Utc::now() + d
+    } else {
+        chrono::Utc::now() - d
+    })
+}
+
+/// A point in the future: RFC 3339, or a duration from now.
+pub fn parse_time(s: &str, what: &str) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+    parse_moment(s, what, true)
 }
 
 /// A token cancelled on SIGINT or SIGTERM.

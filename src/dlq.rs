@@ -146,27 +146,7 @@ fn refuse(msg: impl Into<String>) -> anyhow::Error {
 
 /// A point in the past: RFC 3339, or a duration ago (30m, 2h, 7d).
 pub fn parse_since(s: &str) -> anyhow::Result<DateTime<Utc>> {
-    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
-        return Ok(t.with_timezone(&Utc));
-    }
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: i64 = num.parse().map_err(|_| {
-        refuse(format!(
-            "--since {s:?}: use RFC 3339 or a duration like 30m, 2h, 7d"
-        ))
-    })?;
-    let secs = match unit {
-        "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86400,
-        _ => {
-            return Err(refuse(format!(
-                "--since {s:?}: the unit must be s, m, h or d"
-            )));
-        }
-    };
-    Ok(Utc::now() - chrono::Duration::seconds(secs))
+    crate::commands::parse_moment(s, "--since", false)
 }
 
 impl FilterArgs {
