@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
 # agentq container image: one binary, `agentq`, whose subcommand picks the role
-# (migrate | serve | worker | scheduler). See docker-compose.yml.
+# (migrate | worker | scheduler | dev | …). See docker-compose.yml.
 #
 #   docker build -t agentq .
 #   docker run --rm agentq --help
