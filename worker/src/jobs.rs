@@ -325,17 +325,27 @@ pub struct AgentInput {
     #[serde(default = "default_system")]
     pub system: String,
     pub user: String,
-    /// Built-in tools it may use: `kv_put`, `kv_get`, `ledger`, `http_get`.
+    /// Built-in tools it may use.
     #[serde(default)]
-    pub tools: Vec<String>,
+    pub tools: Vec<AgentTool>,
     /// Tools whose every call waits for an `approval` signal first.
     #[serde(default)]
-    pub approval: Vec<String>,
+    pub approval: Vec<AgentTool>,
     #[serde(default = "default_max_turns")]
     pub max_turns: u32,
     /// Seconds an approval may take (default 72 h).
     #[serde(default = "default_approval_timeout")]
     pub approval_timeout_s: u64,
+}
+
+/// The built-in tools of the `agent` kind.
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentTool {
+    KvPut,
+    KvGet,
+    Ledger,
+    HttpGet,
 }
 
 fn default_system() -> String {
@@ -358,14 +368,14 @@ pub async fn agent(
     let mut tools: Vec<std::sync::Arc<dyn Tool>> = Vec::new();
     for name in &input.tools {
         let approval = input.approval.contains(name);
-        let tool: std::sync::Arc<dyn Tool> = match name.as_str() {
-            "kv_put" | "kv_get" => std::sync::Arc::new(Kv {
+        let tool: std::sync::Arc<dyn Tool> = match name {
+            AgentTool::KvPut | AgentTool::KvGet => std::sync::Arc::new(Kv {
                 pool: ctx.pool().clone(),
                 tenant: ctx.info().tenant.clone(),
-                put: name == "kv_put",
+                put: *name == AgentTool::KvPut,
                 approval,
             }),
-            "ledger" => std::sync::Arc::new(Ledger {
+            AgentTool::Ledger => std::sync::Arc::new(Ledger {
                 pool: ctx.pool().clone(),
                 op_id: ctx.info().op_id.0,
                 name: "ledger".into(),
@@ -375,15 +385,10 @@ pub async fn agent(
                 reconcile: true,
                 approval,
             }),
-            "http_get" => std::sync::Arc::new(HttpGet {
+            AgentTool::HttpGet => std::sync::Arc::new(HttpGet {
                 allow: ctx.http_allow(),
                 approval,
             }),
-            other => {
-                return Err(JobError::NonRetryable(format!(
-                    "unknown tool {other:?}: the agent kind offers kv_put, kv_get, ledger and http_get"
-                )));
-            }
         };
         tools.push(tool);
     }
@@ -531,4 +536,49 @@ pub(crate) fn register_builtin(r: &mut Registry) {
     r.register("echo", echo);
     r.register("script", script);
     r.register("agent", agent);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_inputs_are_checked_before_anything_runs() {
+        let r = Registry::builtin();
+        assert!(
+            r.check_input("script", &json!({ "steps": [{ "work_ms": 5 }] }))
+                .is_ok()
+        );
+        assert!(
+            r.check_input(
+                "script",
+                &json!({ "steps": [{ "work_ms": 5, "bogus": 1 }] })
+            )
+            .is_err()
+        );
+        assert!(
+            r.check_input(
+                "script",
+                &json!({ "steps": [{ "tool": "ledger", "replay": "maybe", "label": "x" }] })
+            )
+            .is_err()
+        );
+        assert!(
+            r.check_input("script", &json!({ "steps": [{ "sleep": 5 }] }))
+                .is_err()
+        );
+        assert!(
+            r.check_input("agent", &json!({ "user": "hi", "tools": ["kv_put"] }))
+                .is_ok()
+        );
+        assert!(
+            r.check_input("agent", &json!({ "tools": ["kv_put"] }))
+                .is_err(),
+            "user is required"
+        );
+        assert!(
+            r.check_input("agent", &json!({ "user": "hi", "tools": ["rm_rf"] }))
+                .is_err()
+        );
+    }
 }
