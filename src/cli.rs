@@ -92,6 +92,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// API tokens: create (shown once, stored hashed), list, revoke.
+    #[command(subcommand)]
+    Tokens(crate::access::TokensCommand),
+    /// Webhook sources (Standard Webhooks): add, rotate secrets, list.
+    #[command(subcommand)]
+    Webhooks(crate::access::WebhooksCommand),
     /// Model tokens used, per tenant and kind.
     Usage {
         #[arg(long)]

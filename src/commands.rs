@@ -120,6 +120,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Tokens(cmd) => crate::access::tokens(config, cmd).await,
+        Command::Webhooks(cmd) => crate::access::webhooks(config, cmd).await,
         Command::Dlq(cmd) => crate::dlq::run(config, cmd).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
     }

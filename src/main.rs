@@ -2,6 +2,7 @@
 //! [`commands::run`]. Exit codes: 0 success, 2 the input was refused (the message on stderr
 //! says what and why), 1 anything else.
 
+mod access;
 mod bench;
 mod bench_model;
 mod bench_scenarios;

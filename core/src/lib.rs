@@ -14,6 +14,7 @@ pub mod dispatch;
 pub mod operation;
 pub mod retry;
 pub mod telemetry;
+pub mod webhook;
 
 pub use config::Config;
 pub use operation::{Lane, OperationId, Status, TenantId};

@@ -4,6 +4,7 @@
 
 mod harness;
 
+mod access;
 mod durability;
 mod failures;
 mod fake_model;

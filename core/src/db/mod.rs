@@ -5,6 +5,7 @@
 //! processes, happens once. Nothing here holds a transaction across an await on anything but
 //! PostgreSQL itself.
 
+pub mod access;
 pub mod dead_letters;
 pub mod fixtures;
 pub mod kv;

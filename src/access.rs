@@ -1,0 +1,247 @@
+//! `agentq tokens …` and `agentq webhooks …`: API tokens (stored hashed, shown once) and
+//! Standard Webhooks sources with secret rotation. The HTTP API that uses them is not built yet.
+
+use agentq_core::operation::TenantId;
+use agentq_core::webhook::Secret;
+use agentq_core::{Config, db};
+use anyhow::Context;
+use clap::Subcommand;
+use serde_json::json;
+
+use crate::commands::{Refused, connect};
+
+#[derive(Subcommand)]
+pub enum TokensCommand {
+    /// Create a token (printed once; only its SHA-256 is stored).
+    Create {
+        #[arg(long)]
+        tenant: String,
+        /// producer (enqueue, read, signal, cancel), operator (also the DLQ), admin (all tenants).
+        #[arg(long)]
+        role: String,
+        #[arg(long = "as")]
+        actor: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List tokens (their prefixes, never the tokens).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by its id.
+    Revoke {
+        id: String,
+        #[arg(long = "as")]
+        actor: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum WebhooksCommand {
+    /// Add a webhook source; prints its signing secret (`whsec_…`).
+    Add {
+        #[arg(long)]
+        tenant: String,
+        /// The source's name (the `{source}` of `POST /v1/webhooks/{source}`).
+        #[arg(long)]
+        source: String,
+        /// The job kind each delivery creates.
+        #[arg(long)]
+        kind: String,
+        #[arg(long = "as")]
+        actor: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a new secret; the current ones stay valid for the grace period.
+    Rotate {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        source: String,
+        /// How long the old secrets stay valid (e.g. 24h, 30m, 0s).
+        #[arg(long, default_value = "24h")]
+        grace: String,
+        #[arg(long = "as")]
+        actor: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List webhook sources (never their secrets).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn refuse(msg: impl Into<String>) -> anyhow::Error {
+    Refused(msg.into()).into()
+}
+
+fn name_ok(what: &str, s: &str) -> anyhow::Result<()> {
+    if s.is_empty()
+        || s.len() > 64
+        || !s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return Err(refuse(format!(
+            "{what} {s:?}: use 1-64 characters of letters, digits, '_', '-', '.'"
+        )));
+    }
+    Ok(())
+}
+
+pub async fn tokens(config: Config, cmd: TokensCommand) -> anyhow::Result<()> {
+    match cmd {
+        TokensCommand::Create {
+            tenant,
+            role,
+            actor,
+            json,
+        } => {
+            TenantId::parse(&tenant).map_err(refuse)?;
+            if !db::access::ROLES.contains(&role.as_str()) {
+                return Err(refuse(format!(
+                    "--role {role:?}: use producer, operator or admin"
+                )));
+            }
+            let pool = connect(&config).await?;
+            let actor = crate::dlq::actor_name(&actor);
+            let (id, token) = db::access::create_token(&pool, &tenant, &role, &actor)
+                .await
+                .context("creating the token")?;
+            if json {
+                println!(
+                    "{}",
+                    json!({ "id": id, "token": token, "tenant": tenant, "role": role })
+                );
+            } else {
+                println!("token {id} for tenant {tenant} ({role}) — shown once, store it now:");
+                println!("{token}");
+            }
+        }
+        TokensCommand::List { tenant, json } => {
+            let pool = connect(&config).await?;
+            for t in db::access::list_tokens(&pool, tenant.as_deref()).await? {
+                if json {
+                    println!("{}", serde_json::to_string(&t)?);
+                } else {
+                    println!(
+                        "{}  {}…  {:<20} {:<9} {}",
+                        t.id,
+                        t.prefix,
+                        t.tenant,
+                        t.role,
+                        t.revoked_at
+                            .map(|r| format!("revoked {r}"))
+                            .unwrap_or_else(|| "active".into())
+                    );
+                }
+            }
+        }
+        TokensCommand::Revoke { id, actor } => {
+            let id = uuid::Uuid::parse_str(&id)
+                .map_err(|_| refuse(format!("{id:?} is not a token id (a UUID)")))?;
+            let pool = connect(&config).await?;
+            if !db::access::revoke_token(&pool, id, &crate::dlq::actor_name(&actor)).await? {
+                return Err(refuse(format!("no active token {id}")));
+            }
+            println!("token {id} revoked");
+        }
+    }
+    Ok(())
+}
+
+pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()> {
+    match cmd {
+        WebhooksCommand::Add {
+            tenant,
+            source,
+            kind,
+            actor,
+            json,
+        } => {
+            TenantId::parse(&tenant).map_err(refuse)?;
+            name_ok("--source", &source)?;
+            let known = agentq_worker::Registry::builtin().kinds();
+            if !known.contains(&kind) {
+                return Err(refuse(format!(
+                    "unknown kind {kind:?}; this deployment runs: {}",
+                    known.join(", ")
+                )));
+            }
+            let pool = connect(&config).await?;
+            let secret = Secret::generate().expose();
+            let actor = crate::dlq::actor_name(&actor);
+            if !db::access::add_source(&pool, &tenant, &source, &kind, &secret, &actor).await? {
+                return Err(refuse(format!(
+                    "tenant {tenant} already has a webhook source {source:?}; rotate its secret instead"
+                )));
+            }
+            if json {
+                println!(
+                    "{}",
+                    json!({ "tenant": tenant, "source": source, "kind": kind, "secret": secret })
+                );
+            } else {
+                println!(
+                    "webhook source {source} (tenant {tenant}) creates {kind} operations; its secret, shown once:"
+                );
+                println!("{secret}");
+            }
+        }
+        WebhooksCommand::Rotate {
+            tenant,
+            source,
+            grace,
+            actor,
+            json,
+        } => {
+            let until = crate::dlq::parse_since(&grace).map_err(|_| {
+                refuse(format!(
+                    "--grace {grace:?}: use a duration like 24h, 30m, 0s"
+                ))
+            })?;
+            let grace = chrono::Utc::now() - until;
+            let pool = connect(&config).await?;
+            let secret = Secret::generate().expose();
+            let actor = crate::dlq::actor_name(&actor);
+            if !db::access::rotate_secret(&pool, &tenant, &source, &secret, grace, &actor).await? {
+                return Err(refuse(format!(
+                    "tenant {tenant} has no webhook source {source:?}"
+                )));
+            }
+            if json {
+                println!(
+                    "{}",
+                    json!({ "tenant": tenant, "source": source, "secret": secret })
+                );
+            } else {
+                println!(
+                    "new secret for {source} (the old ones stay valid for the grace period), shown once:"
+                );
+                println!("{secret}");
+            }
+        }
+        WebhooksCommand::List { tenant, json } => {
+            let pool = connect(&config).await?;
+            for s in db::access::list_sources(&pool, tenant.as_deref()).await? {
+                if json {
+                    println!("{}", serde_json::to_string(&s)?);
+                } else {
+                    println!(
+                        "{:<20} {:<20} {:<10} {} active secret(s)",
+                        s.tenant, s.name, s.kind, s.active_secrets
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
