@@ -369,31 +369,8 @@ async fn chaos_500_operations_three_workers_and_random_sigkills() {
         }
         inputs.push(json!({ "steps": steps }));
     }
-    // Enqueue through the library (500 CLI processes would take longer than the run itself).
-    let dispatcher = std::sync::Arc::new(agentq_core::dispatch::Dispatcher::new(
-        app.pool.clone(),
-        &app.amqp_url,
-        app.names(),
-        "test",
-    ));
-    let producer = agentq_producer::Producer::new(
-        app.pool.clone(),
-        dispatcher.clone(),
-        ["script".to_string()],
-        5,
-    );
-    for input in inputs {
-        producer
-            .enqueue(agentq_producer::EnqueueRequest {
-                tenant: "t1".into(),
-                kind: "script".into(),
-                input,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
-    dispatcher.close().await;
+    app.enqueue_many("script", agentq_core::Lane::Interactive, inputs)
+        .await;
 
     app.spawn(&["scheduler"]);
     let mut workers: Vec<usize> = (0..3).map(|_| app.spawn(&["worker"])).collect();

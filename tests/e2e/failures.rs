@@ -1,7 +1,6 @@
 //! Failures, retries and the DLQ: classes end to end, retries as data, poison messages, and
 //! the operators' `agentq dlq` commands.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_core::broker::{self, Publisher};
@@ -381,31 +380,9 @@ async fn a_bulk_retry_of_1000_dead_operations_dry_run_then_for_real() {
     let mut app = TestApp::start().await;
     app.spawn(&["scheduler"]);
     app.spawn(&["worker"]);
-    let dispatcher = Arc::new(agentq_core::dispatch::Dispatcher::new(
-        app.pool.clone(),
-        &app.amqp_url,
-        app.names(),
-        "test",
-    ));
-    let producer = agentq_producer::Producer::new(
-        app.pool.clone(),
-        dispatcher.clone(),
-        ["script".to_string()],
-        3,
-    );
-    for _ in 0..1000 {
-        producer
-            .enqueue(agentq_producer::EnqueueRequest {
-                tenant: "t1".into(),
-                kind: "script".into(),
-                input: json!({ "steps": [{ "fail": "non_retryable", "times": 1 }] }),
-                lane: Lane::Batch,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
-    dispatcher.close().await;
+    let failing = json!({ "steps": [{ "fail": "non_retryable", "times": 1 }] });
+    app.enqueue_many("script", Lane::Batch, std::iter::repeat_n(failing, 1000))
+        .await;
     let pool = app.pool.clone();
     let dead = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM operations WHERE status = 'dead'")

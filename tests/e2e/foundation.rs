@@ -300,13 +300,7 @@ async fn the_job_function_runs_only_after_running_is_committed() {
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(worker.run(shutdown.clone()));
 
-    let dispatcher = Arc::new(agentq_core::dispatch::Dispatcher::new(
-        app.pool.clone(),
-        &app.amqp_url,
-        app.names(),
-        "test",
-    ));
-    let producer = agentq_producer::Producer::new(app.pool.clone(), dispatcher.clone(), kinds, 3);
+    let (producer, dispatcher) = app.producer(kinds);
     let op = producer
         .enqueue(EnqueueRequest {
             tenant: "t1".into(),
@@ -336,18 +330,7 @@ async fn an_operation_committed_but_never_published_still_completes() {
     let mut app = TestApp::start().await;
     // The producer commits the row and "crashes" before publishing: enqueue_in writes the row
     // in our transaction, we commit, and the pointer is never sent.
-    let dispatcher = Arc::new(agentq_core::dispatch::Dispatcher::new(
-        app.pool.clone(),
-        &app.amqp_url,
-        app.names(),
-        "test",
-    ));
-    let producer = agentq_producer::Producer::new(
-        app.pool.clone(),
-        dispatcher.clone(),
-        ["echo".to_string()],
-        3,
-    );
+    let (producer, dispatcher) = app.producer(["echo".to_string()]);
     let mut tx = app.pool.begin().await.unwrap();
     let pending = producer
         .enqueue_in(
@@ -407,12 +390,7 @@ async fn lost_pointers_are_republished_but_a_backlog_is_left_alone() {
         n == 5
     })
     .await;
-    let dispatcher = Arc::new(agentq_core::dispatch::Dispatcher::new(
-        app.pool.clone(),
-        &app.amqp_url,
-        app.names(),
-        "test",
-    ));
+    let dispatcher = app.dispatcher();
     let settings = agentq_scheduler::Settings {
         lost_after: Duration::ZERO,
         ..Default::default()

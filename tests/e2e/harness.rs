@@ -206,6 +206,57 @@ impl TestApp {
         v["op_id"].as_str().unwrap().to_string()
     }
 
+    /// A dispatcher publishing into this test's namespace (close it when done).
+    pub fn dispatcher(&self) -> std::sync::Arc<agentq_core::dispatch::Dispatcher> {
+        std::sync::Arc::new(agentq_core::dispatch::Dispatcher::new(
+            self.pool.clone(),
+            &self.amqp_url,
+            self.names(),
+            "test",
+        ))
+    }
+
+    /// A library producer accepting `kinds`, and its dispatcher (close it when done).
+    pub fn producer<I: IntoIterator<Item = String>>(
+        &self,
+        kinds: I,
+    ) -> (
+        agentq_producer::Producer,
+        std::sync::Arc<agentq_core::dispatch::Dispatcher>,
+    ) {
+        let dispatcher = self.dispatcher();
+        let producer =
+            agentq_producer::Producer::new(self.pool.clone(), dispatcher.clone(), kinds, 3);
+        (producer, dispatcher)
+    }
+
+    /// Enqueues one operation of `kind` on `lane` per input, through the library (hundreds of
+    /// CLI processes would take longer than the test itself); returns their ids in order.
+    pub async fn enqueue_many(
+        &self,
+        kind: &str,
+        lane: agentq_core::Lane,
+        inputs: impl IntoIterator<Item = Value>,
+    ) -> Vec<uuid::Uuid> {
+        let (producer, dispatcher) = self.producer([kind.to_string()]);
+        let mut ids = Vec::new();
+        for input in inputs {
+            let e = producer
+                .enqueue(agentq_producer::EnqueueRequest {
+                    tenant: "t1".into(),
+                    kind: kind.into(),
+                    input,
+                    lane,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            ids.push(e.op_id.0);
+        }
+        dispatcher.close().await;
+        ids
+    }
+
     /// Ledger effects recorded for an operation.
     pub async fn effects(&self, op: &str) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM ledger_effects WHERE op_id = $1::uuid")

@@ -2,7 +2,6 @@
 //! classification row, Retry-After in both forms, each timeout, cut and stalled streams; and
 //! end to end, quota errors and a provider outage.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_worker::model::{ModelClient, ModelError, ModelRequest};
@@ -191,30 +190,9 @@ async fn a_provider_outage_parks_operations_without_using_attempts() {
     app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
     app.spawn(&["scheduler"]);
     app.spawn(&["worker"]);
-    let dispatcher = Arc::new(agentq_core::dispatch::Dispatcher::new(
-        app.pool.clone(),
-        &app.amqp_url,
-        app.names(),
-        "test",
-    ));
-    let producer = agentq_producer::Producer::new(
-        app.pool.clone(),
-        dispatcher.clone(),
-        ["echo".to_string()],
-        3,
-    );
-    for i in 0..200 {
-        producer
-            .enqueue(agentq_producer::EnqueueRequest {
-                tenant: "t1".into(),
-                kind: "echo".into(),
-                input: json!({ "text": format!("doc {i}") }),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
-    dispatcher.close().await;
+    let docs = (0..200).map(|i| json!({ "text": format!("doc {i}") }));
+    app.enqueue_many("echo", agentq_core::Lane::Interactive, docs)
+        .await;
     // The outage lasts until the first operations have been parked and re-run at least once.
     let outage_started = std::time::Instant::now();
     app.wait_for("operations parked by the outage", DEADLINE, || async {

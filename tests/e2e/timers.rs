@@ -1,7 +1,6 @@
 //! Durable sleeps, waits for signals and their timeouts, cancellation, deadlines, and the
 //! scheduler's timer loop with several schedulers at once.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_core::broker;
@@ -168,31 +167,10 @@ async fn a_thousand_signals_racing_their_timeouts_each_resolve_once() {
     let mut app = TestApp::start().await;
     app.spawn(&["scheduler"]);
     app.spawn(&["worker"]);
-    let dispatcher = Arc::new(agentq_core::dispatch::Dispatcher::new(
-        app.pool.clone(),
-        &app.amqp_url,
-        app.names(),
-        "test",
-    ));
-    let producer = agentq_producer::Producer::new(
-        app.pool.clone(),
-        dispatcher.clone(),
-        ["script".to_string()],
-        3,
-    );
-    let mut ops = Vec::new();
-    for _ in 0..1000 {
-        let e = producer
-            .enqueue(agentq_producer::EnqueueRequest {
-                tenant: "t1".into(),
-                kind: "script".into(),
-                input: json!({ "steps": [{ "wait_signal": "approval", "timeout_ms": 8000, "on_timeout": "continue" }] }),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        ops.push(e.op_id.0);
-    }
+    let wait = json!({ "steps": [{ "wait_signal": "approval", "timeout_ms": 8000, "on_timeout": "continue" }] });
+    app.enqueue_many("script", Lane::Interactive, std::iter::repeat_n(wait, 1000))
+        .await;
+    let dispatcher = app.dispatcher();
     // Every wait has started once its journal row (with its deadline) exists.
     let pool = app.pool.clone();
     app.wait_for("1000 waits to start", Duration::from_secs(60), || async {
@@ -278,7 +256,6 @@ async fn a_thousand_signals_racing_their_timeouts_each_resolve_once() {
             .unwrap();
     assert_eq!(consumed, signal_won);
     dispatcher.close().await;
-    drop(ops);
     app.cleanup().await;
 }
 
