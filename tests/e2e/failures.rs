@@ -223,7 +223,7 @@ async fn retry_with_a_patched_input_resumes_from_the_failed_step() {
     assert_eq!(app.effects(&op).await, 2);
 
     let patch = json!({ "steps": [a, b, { "work_ms": 5 }] }).to_string();
-    let out = app.agentq(&[
+    app.agentq_ok(&[
         "dlq",
         "retry",
         &op,
@@ -235,11 +235,6 @@ async fn retry_with_a_patched_input_resumes_from_the_failed_step() {
         "fixed the input",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let done = app.wait_status(&op, "succeeded", DEADLINE).await;
     assert_eq!(
         app.effects(&op).await,
@@ -284,7 +279,7 @@ async fn an_unknown_side_effect_is_resolved_both_ways() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("dlq resolve"));
 
-    let out = app.agentq(&[
+    app.agentq_ok(&[
         "dlq",
         "resolve",
         &happened,
@@ -294,11 +289,6 @@ async fn an_unknown_side_effect_is_resolved_both_ways() {
         "--as",
         "bob",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let done = app.wait_status(&happened, "succeeded", DEADLINE).await;
     assert_eq!(
         done.result.unwrap()["outputs"][0],
@@ -306,7 +296,7 @@ async fn an_unknown_side_effect_is_resolved_both_ways() {
     );
     assert_eq!(app.effects(&happened).await, 1, "not re-run");
 
-    let out = app.agentq(&[
+    app.agentq_ok(&[
         "dlq",
         "resolve",
         &not_happened,
@@ -314,11 +304,6 @@ async fn an_unknown_side_effect_is_resolved_both_ways() {
         "--as",
         "bob",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     app.wait_status(&not_happened, "succeeded", DEADLINE).await;
     assert_eq!(
         app.effects(&not_happened).await,
@@ -346,7 +331,7 @@ async fn discard_needs_a_reason() {
         "refused: nothing changed"
     );
 
-    let out = app.agentq(&[
+    app.agentq_ok(&[
         "dlq",
         "discard",
         &op,
@@ -355,11 +340,6 @@ async fn discard_needs_a_reason() {
         "--as",
         "carol",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert_eq!(app.operation(&op).await.status.as_str(), "discarded");
     let (actor, reason, after): (String, String, String) = sqlx::query_as(
         "SELECT actor, reason, status_after FROM operator_actions WHERE op_id = $1::uuid AND action = 'discard'",
@@ -409,7 +389,7 @@ async fn a_bulk_retry_of_1000_dead_operations_dry_run_then_for_real() {
     assert_eq!(dead().await, 1000, "a dry run changes nothing");
 
     let patch = json!({ "steps": [{ "fail": "non_retryable", "times": 0 }] }).to_string();
-    let out = app.agentq(&[
+    let out = app.agentq_ok(&[
         "dlq",
         "retry",
         "--class",
@@ -424,11 +404,6 @@ async fn a_bulk_retry_of_1000_dead_operations_dry_run_then_for_real() {
         "bulk fix",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert_eq!(
         json_lines(&out)
             .iter()

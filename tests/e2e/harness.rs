@@ -99,14 +99,20 @@ impl TestApp {
             .expect("running agentq")
     }
 
-    /// Runs `agentq ARGS`, expects success and parses stdout as one JSON object.
-    pub fn agentq_json(&self, args: &[&str]) -> Value {
+    /// Runs `agentq ARGS` and expects it to succeed (the failure shows its stderr).
+    pub fn agentq_ok(&self, args: &[&str]) -> Output {
         let out = self.agentq(args);
         assert!(
             out.status.success(),
             "agentq {args:?} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        out
+    }
+
+    /// Runs `agentq ARGS`, expects success and parses stdout as one JSON object.
+    pub fn agentq_json(&self, args: &[&str]) -> Value {
+        let out = self.agentq_ok(args);
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(
                 "agentq {args:?} printed no JSON ({e}): {}",

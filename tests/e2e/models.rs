@@ -257,12 +257,7 @@ async fn usage_sums_the_tokens_of_model_steps_per_tenant_and_kind() {
                 .starts_with("three word")
         );
     }
-    let out = app.agentq(&["usage", "--tenant", "t1", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = app.agentq_ok(&["usage", "--tenant", "t1", "--json"]);
     let row: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(row["kind"], "echo");
     assert_eq!(row["operations"], 3);
@@ -315,12 +310,7 @@ async fn the_agent_loop_survives_kills_and_runs_each_tool_once_after_approval() 
     );
 
     app.spawn(&["worker"]);
-    let out = app.agentq(&["approve", &op, "--as", "hana"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    app.agentq_ok(&["approve", &op, "--as", "hana"]);
     let done = app.wait_status(&op, "succeeded", DEADLINE).await;
     let result = done.result.unwrap();
     assert_eq!(result["answer"], "done: stored a, recorded b");

@@ -148,11 +148,7 @@ pub async fn add_source(
     let Some(id) = id else {
         return Ok(false);
     };
-    sqlx::query("INSERT INTO webhook_secrets (source_id, secret) VALUES ($1, $2)")
-        .bind(id)
-        .bind(secret)
-        .execute(&mut *tx)
-        .await?;
+    add_secret(&mut tx, id, secret).await?;
     audit(
         &mut tx,
         actor,
@@ -193,11 +189,7 @@ pub async fn rotate_secret(
     .bind(until)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("INSERT INTO webhook_secrets (source_id, secret) VALUES ($1, $2)")
-        .bind(id)
-        .bind(secret)
-        .execute(&mut *tx)
-        .await?;
+    add_secret(&mut tx, id, secret).await?;
     audit(
         &mut tx,
         actor,
@@ -249,6 +241,15 @@ pub async fn list_sources(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<Sou
     .fetch_all(pool)
     .await?;
     Ok(rows)
+}
+
+async fn add_secret(tx: &mut sqlx::PgConnection, source: Uuid, secret: &str) -> Result<()> {
+    sqlx::query("INSERT INTO webhook_secrets (source_id, secret) VALUES ($1, $2)")
+        .bind(source)
+        .bind(secret)
+        .execute(tx)
+        .await?;
+    Ok(())
 }
 
 async fn audit(
