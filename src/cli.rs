@@ -27,8 +27,10 @@ pub enum Command {
     },
     /// Fire what is due: dispatch sweeps (and, as they land, timers, reaping, retention).
     Scheduler,
-    /// The quickstart: migrate, then run a worker and a scheduler in this one process.
+    /// The quickstart: migrate, then run a worker, a scheduler and the HTTP API in this one process.
     Dev,
+    /// Serve the HTTP API on --listen (AGENTQ_LISTEN).
+    Serve,
     /// Enqueue an operation.
     Enqueue(EnqueueArgs),
     /// Show an operation.

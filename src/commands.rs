@@ -51,6 +51,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             scheduler(&config, pool).run(shutdown).await
         }
         Command::Dev => dev(config).await,
+        Command::Serve => {
+            let pool = connect(&config).await?;
+            let shutdown = shutdown_on_signal();
+            crate::api::serve(&config, pool, &config.listen, shutdown).await
+        }
         Command::Enqueue(args) => enqueue(config, args).await,
         Command::Status { op, json } => status(config, &op, json).await,
         Command::Steps { op, json } => steps(config, &op, json).await,
@@ -233,17 +238,25 @@ async fn dev(config: Config) -> anyhow::Result<()> {
         .context("migrating the database")?;
     let pool = connect(&config).await?;
     let shutdown = shutdown_on_signal();
-    tracing::info!(config = %config.redacted(), "agentq dev: worker + scheduler in one process");
+    tracing::info!(config = %config.redacted(), "agentq dev: worker + scheduler + API in one process");
     tracing::info!(
         "try: agentq enqueue --tenant demo --kind echo --input '{{\"text\":\"hello\"}}' --json"
     );
     let worker = worker(&config, pool.clone(), None)?;
-    let scheduler = scheduler(&config, pool);
-    let (w, s) = tokio::join!(
+    let scheduler = scheduler(&config, pool.clone());
+    let (w, s, a) = tokio::join!(
         worker.run(shutdown.clone()),
-        scheduler.run(shutdown.clone())
+        scheduler.run(shutdown.clone()),
+        async {
+            let served =
+                crate::api::serve(&config, pool.clone(), &config.listen, shutdown.clone()).await;
+            if served.is_err() {
+                shutdown.cancel();
+            }
+            served
+        }
     );
-    w.and(s)
+    w.and(s).and(a)
 }
 
 async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {

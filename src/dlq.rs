@@ -149,31 +149,54 @@ pub fn parse_since(s: &str) -> anyhow::Result<DateTime<Utc>> {
     crate::commands::parse_moment(s, "--since", false)
 }
 
+/// Builds a dead-letter filter from its parts as a user typed them (CLI flags or query
+/// parameters), saying which part is wrong.
+pub fn build_filter(
+    tenant: Option<&str>,
+    kind: Option<&str>,
+    class: Option<&str>,
+    since: Option<&str>,
+    batch: Option<&str>,
+    status: Option<&str>,
+) -> Result<Filter, (&'static str, String)> {
+    let batch = batch
+        .map(|b| {
+            Uuid::parse_str(b)
+                .map_err(|_| ("batch", format!("batch {b:?} is not a batch id (a UUID)")))
+        })
+        .transpose()?;
+    if let Some(s) = status
+        && !["open", "retried", "resolved", "discarded"].contains(&s)
+    {
+        return Err((
+            "status",
+            format!("status {s:?}: use open, retried, resolved or discarded"),
+        ));
+    }
+    let since = since
+        .map(|s| parse_since(s).map_err(|e| ("since", e.to_string())))
+        .transpose()?;
+    Ok(Filter {
+        tenant: tenant.map(String::from),
+        kind: kind.map(String::from),
+        class: class.map(String::from),
+        since,
+        batch,
+        status: status.map(String::from),
+    })
+}
+
 impl FilterArgs {
     fn parse(&self) -> anyhow::Result<Filter> {
-        let batch = self
-            .batch
-            .as_deref()
-            .map(|b| {
-                Uuid::parse_str(b)
-                    .map_err(|_| refuse(format!("--batch {b:?} is not a batch id (a UUID)")))
-            })
-            .transpose()?;
-        if let Some(s) = &self.status
-            && !["open", "retried", "resolved", "discarded"].contains(&s.as_str())
-        {
-            return Err(refuse(format!(
-                "--status {s:?}: use open, retried, resolved or discarded"
-            )));
-        }
-        Ok(Filter {
-            tenant: self.tenant.clone(),
-            kind: self.kind.clone(),
-            class: self.class.clone(),
-            since: self.since.as_deref().map(parse_since).transpose()?,
-            batch,
-            status: self.status.clone(),
-        })
+        build_filter(
+            self.tenant.as_deref(),
+            self.kind.as_deref(),
+            self.class.as_deref(),
+            self.since.as_deref(),
+            self.batch.as_deref(),
+            self.status.as_deref(),
+        )
+        .map_err(|(flag, msg)| refuse(format!("--{flag}: {msg}")))
     }
 
     fn is_empty(&self) -> bool {
@@ -211,7 +234,7 @@ pub fn actor_name(given: &Option<String>) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-fn cursor(d: &DeadLetterView) -> String {
+pub fn cursor(d: &DeadLetterView) -> String {
     format!(
         "{}/{}",
         d.created_at
@@ -220,7 +243,7 @@ fn cursor(d: &DeadLetterView) -> String {
     )
 }
 
-fn parse_cursor(s: &str) -> anyhow::Result<(DateTime<Utc>, Uuid)> {
+pub fn parse_cursor(s: &str) -> anyhow::Result<(DateTime<Utc>, Uuid)> {
     let bad = || {
         refuse(format!(
             "--after {s:?} is not a cursor from `agentq dlq list`"
@@ -234,7 +257,7 @@ fn parse_cursor(s: &str) -> anyhow::Result<(DateTime<Utc>, Uuid)> {
     Ok((at, id))
 }
 
-fn listed(d: &DeadLetterView) -> Value {
+pub fn listed(d: &DeadLetterView) -> Value {
     let mut v = serde_json::to_value(d).expect("a dead letter serializes");
     v["cursor"] = json!(cursor(d));
     v
@@ -392,7 +415,7 @@ fn dispatcher(config: &Config, pool: &PgPool) -> Dispatcher {
 }
 
 /// Acts on one dead letter and dispatches what it re-queued (the sweeper does it if this fails).
-async fn act_one(
+pub async fn act_one(
     pool: &PgPool,
     dispatcher: &Dispatcher,
     id: Uuid,
@@ -548,7 +571,11 @@ async fn bulk_action(
 }
 
 /// The operation's input with an RFC 7386 merge patch applied, and its new hash.
-async fn patched_input(pool: &PgPool, id: Uuid, patch: &Value) -> anyhow::Result<(Value, String)> {
+pub async fn patched_input(
+    pool: &PgPool,
+    id: Uuid,
+    patch: &Value,
+) -> anyhow::Result<(Value, String)> {
     let d = dead_letters::find_dead_letter(pool, id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("no dead letter {id}"))?;
@@ -582,34 +609,59 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
+/// Everything about one dead letter: what `dlq show` and `GET /v1/dlq/{id}` present.
+#[derive(serde::Serialize)]
+pub struct Details {
+    pub dead_letter: Value,
+    pub operation: Option<agentq_core::operation::OperationView>,
+    pub steps: Vec<agentq_core::operation::StepView>,
+    pub history: Vec<dead_letters::ActionView>,
+    pub raw_message_preview: Option<String>,
+}
+
+/// The details of the dead letter `d`.
+pub async fn details(pool: &PgPool, d: &DeadLetterView) -> agentq_core::db::Result<Details> {
+    let (operation, steps) = match d.op_id {
+        Some(o) => (
+            db::find_operation(pool, OperationId(o), None).await?,
+            db::list_steps(pool, o, None).await?,
+        ),
+        None => (None, Vec::new()),
+    };
+    let history = dead_letters::history(pool, d.id, d.op_id).await?;
+    let raw = if d.op_id.is_none() {
+        dead_letters::raw_message(pool, d.id).await?
+    } else {
+        None
+    };
+    Ok(Details {
+        dead_letter: listed(d),
+        operation,
+        steps,
+        history,
+        raw_message_preview: raw
+            .map(|r| String::from_utf8_lossy(&r[..r.len().min(512)]).into_owned()),
+    })
+}
+
 async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
     let id = parse_ids(&[id.to_string()])?[0];
     let pool = connect(config).await?;
     let d = dead_letters::find_dead_letter(&pool, id)
         .await?
         .ok_or_else(|| refuse(format!("no dead letter or operation {id}")))?;
-    let op = match d.op_id {
-        Some(o) => db::find_operation(&pool, OperationId(o), None).await?,
-        None => None,
-    };
-    let steps = match d.op_id {
-        Some(o) => db::list_steps(&pool, o, None).await?,
-        None => Vec::new(),
-    };
-    let history = dead_letters::history(&pool, d.id, d.op_id).await?;
-    let raw = if d.op_id.is_none() {
-        dead_letters::raw_message(&pool, d.id).await?
-    } else {
-        None
-    };
-    let preview = raw.map(|r| String::from_utf8_lossy(&r[..r.len().min(512)]).into_owned());
+    let details = details(&pool, &d).await?;
     if json {
-        println!(
-            "{}",
-            json!({ "dead_letter": listed(&d), "operation": op, "steps": steps, "history": history, "raw_message_preview": preview })
-        );
+        println!("{}", serde_json::to_string(&details)?);
         return Ok(());
     }
+    let Details {
+        operation: op,
+        steps,
+        history,
+        raw_message_preview: preview,
+        ..
+    } = details;
     println!("dead letter {}  ({})", d.id, d.status);
     if let Some(o) = &op {
         println!(

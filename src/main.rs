@@ -3,6 +3,7 @@
 //! says what and why), 1 anything else.
 
 mod access;
+mod api;
 mod bench;
 mod bench_model;
 mod bench_scenarios;

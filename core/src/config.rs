@@ -170,6 +170,15 @@ pub struct Config {
     )]
     pub listen: String,
 
+    /// Most operations a tenant may have queued before `POST /v1/operations` answers 429.
+    #[arg(
+        long,
+        env = "AGENTQ_TENANT_MAX_QUEUED",
+        default_value_t = 100_000,
+        global = true
+    )]
+    pub tenant_max_queued: i64,
+
     /// Seconds a committed operation may wait for its producer's publish before the scheduler
     /// publishes it instead (a producer that crashed between commit and publish).
     #[arg(

@@ -214,6 +214,9 @@ pub struct OperationView {
     pub batch_id: Option<Uuid>,
     pub dedupe_key: Option<String>,
     pub ordering_key: Option<String>,
+    /// The `x-request-id` of the HTTP request that created it, if any.
+    #[serde(default)]
+    pub request_id: Option<String>,
 }
 
 /// One journal entry as shown by `agentq steps` (outputs are shown; they are the user's data).

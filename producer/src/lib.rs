@@ -42,6 +42,9 @@ pub struct EnqueueRequest {
     pub batch_id: Option<Uuid>,
     pub request_id: Option<String>,
     pub traceparent: Option<String>,
+    /// What "the same request" means for the dedupe key: a hash the caller computes (the HTTP
+    /// API hashes the whole request body). Default: the hash of `input`.
+    pub fingerprint: Option<String>,
 }
 
 /// The answer to an enqueue.
@@ -243,7 +246,7 @@ impl Producer {
         Ok(NewOperation {
             id: OperationId::new(),
             tenant: tenant.to_string(),
-            input_sha256: input_sha256(&req.input),
+            input_sha256: req.fingerprint.unwrap_or_else(|| input_sha256(&req.input)),
             kind: req.kind,
             lane: req.lane,
             priority: req.priority,

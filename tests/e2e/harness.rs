@@ -134,7 +134,7 @@ impl TestApp {
         self.children.len() - 1
     }
 
-    /// Like [`TestApp::spawn`], with the process's stderr (its log, at `info`) kept for
+    /// Like [`TestApp::spawn`], with the process's output (its log at `info`, and stdout) kept for
     /// [`TestApp::log`].
     pub fn spawn_logged(&mut self, args: &[&str]) -> usize {
         let path = std::env::temp_dir().join(format!(
@@ -143,11 +143,12 @@ impl TestApp {
             self.children.len()
         ));
         let file = std::fs::File::create(&path).unwrap();
+        let out = file.try_clone().unwrap();
         let child = self
             .command(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(out)
             .stderr(file)
             .spawn()
             .expect("starting agentq");
@@ -342,6 +343,34 @@ impl TestApp {
             );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
+    }
+
+    /// Starts `agentq serve` on a free loopback port; returns its index and base URL
+    /// (`http://127.0.0.1:PORT`), once it accepts requests.
+    pub async fn serve(&mut self) -> (usize, String) {
+        let index = self.spawn_logged(&["serve", "--listen", "127.0.0.1:0"]);
+        let base = self
+            .wait_until("agentq serve to listen", Duration::from_secs(30), || {
+                let log = self.log(index);
+                async move {
+                    let at = log.find("listening on http://")?;
+                    let url = log[at + "listening on ".len()..]
+                        .split_whitespace()
+                        .next()?
+                        .to_string();
+                    Some(url)
+                }
+            })
+            .await;
+        (index, base)
+    }
+
+    /// A new API token of `tenant` with `role` (`producer`, `operator` or `admin`).
+    pub fn token(&self, tenant: &str, role: &str) -> String {
+        let v = self.agentq_json(&[
+            "tokens", "create", "--tenant", tenant, "--role", role, "--json",
+        ]);
+        v["token"].as_str().unwrap().to_string()
     }
 
     /// Rows in `operations`.

@@ -228,6 +228,41 @@ pub async fn active_secrets(
     Ok(Some((kind, secrets)))
 }
 
+/// A source as a delivery sees it: its tenant, the kind it creates, its valid secrets.
+#[derive(Clone, Debug)]
+pub struct DeliveryTarget {
+    pub tenant: String,
+    pub kind: String,
+    /// Valid now, newest first.
+    pub secrets: Vec<String>,
+}
+
+/// Every tenant's source named `name`, with the secrets valid now (a delivery belongs to the
+/// one whose secret verifies it).
+pub async fn sources_named(pool: &PgPool, name: &str) -> Result<Vec<DeliveryTarget>> {
+    let rows: Vec<(String, String, Vec<String>)> = sqlx::query_as(
+        "SELECT s.tenant_id, s.kind,
+                COALESCE(array_agg(w.secret ORDER BY w.created_at DESC)
+                         FILTER (WHERE w.secret IS NOT NULL), '{}')
+           FROM webhook_sources s
+           LEFT JOIN webhook_secrets w
+             ON w.source_id = s.id AND (w.expires_at IS NULL OR w.expires_at > now())
+          WHERE s.name = $1
+          GROUP BY s.tenant_id, s.kind",
+    )
+    .bind(name)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(tenant, kind, secrets)| DeliveryTarget {
+            tenant,
+            kind,
+            secrets,
+        })
+        .collect())
+}
+
 /// Webhook sources of one tenant or all.
 pub async fn list_sources(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<SourceView>> {
     let rows = sqlx::query_as(

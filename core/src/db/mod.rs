@@ -7,6 +7,7 @@
 
 pub mod access;
 pub mod dead_letters;
+pub mod events;
 pub mod fixtures;
 pub mod kv;
 pub mod ledger;

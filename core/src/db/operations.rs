@@ -117,6 +117,7 @@ struct OperationRow {
     batch_id: Option<Uuid>,
     dedupe_key: Option<String>,
     ordering_key: Option<String>,
+    request_id: Option<String>,
 }
 
 impl From<OperationRow> for OperationView {
@@ -141,6 +142,7 @@ impl From<OperationRow> for OperationView {
             batch_id: r.batch_id,
             dedupe_key: r.dedupe_key,
             ordering_key: r.ordering_key,
+            request_id: r.request_id,
         }
     }
 }
@@ -154,7 +156,8 @@ pub async fn find_operation(
     let row: Option<OperationRow> = sqlx::query_as(
         "SELECT o.id, o.tenant_id, o.kind, o.lane, o.status, o.attempt, o.max_attempts, o.restarts,
                 o.run_at, o.created_at, o.updated_at, o.finished_at, o.result, o.error_class,
-                o.error_message, o.batch_id, o.dedupe_key, o.ordering_key, o.waiting_for
+                o.error_message, o.batch_id, o.dedupe_key, o.ordering_key, o.waiting_for,
+                o.request_id
            FROM operations o
           WHERE o.id = $1 AND ($2::text IS NULL OR o.tenant_id = $2)",
     )

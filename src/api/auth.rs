@@ -1,0 +1,123 @@
+//! Bearer-token authentication and the role and tenant rules of every route.
+//!
+//! A token is looked up by its SHA-256 (only the hash is stored). Roles nest: `producer` runs
+//! and reads operations of its tenant, `operator` also works its tenant's DLQ, `admin` does
+//! everything in every tenant. A non-admin is scoped to its tenant: every query takes
+//! [`Caller::scope`], so another tenant's id is simply not found (404), never "forbidden".
+
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
+
+use super::ApiState;
+use super::problem::ApiError;
+
+/// A role, in increasing power.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    Producer,
+    Operator,
+    Admin,
+}
+
+impl Role {
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "producer" => Some(Role::Producer),
+            "operator" => Some(Role::Operator),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Role::Producer => "producer",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// The authenticated caller of a request.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    pub tenant: String,
+    pub role: Role,
+    /// The token's public prefix (`agq_` and 8 characters), used as the audit actor.
+    pub prefix: String,
+}
+
+impl Caller {
+    /// Refuses callers below `min` (403, saying which role the route needs).
+    pub fn require(&self, min: Role) -> Result<(), ApiError> {
+        if self.role >= min {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!(
+                "this route needs a {} token (or stronger); this token is a {} token",
+                min.as_str(),
+                self.role.as_str()
+            )))
+        }
+    }
+
+    /// The tenant every query is filtered by: the caller's, or none for an admin.
+    pub fn scope(&self) -> Option<&str> {
+        (self.role != Role::Admin).then_some(self.tenant.as_str())
+    }
+
+    /// The name operator actions are audited under.
+    pub fn actor(&self) -> String {
+        format!("token:{}", self.prefix)
+    }
+}
+
+impl FromRequestParts<Arc<ApiState>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<ApiState>,
+    ) -> Result<Self, Self::Rejection> {
+        let value = parts.headers.get(header::AUTHORIZATION).ok_or_else(|| {
+            ApiError::unauthorized(
+                "no Authorization header; send `Authorization: Bearer <token>` (create one with \
+                 `agentq tokens create`)",
+            )
+            .field("Authorization")
+        })?;
+        let malformed = || {
+            ApiError::unauthorized(
+                "the Authorization header is not `Bearer <token>` with an agentq token (agq_…)",
+            )
+            .field("Authorization")
+        };
+        let text = value.to_str().map_err(|_| malformed())?;
+        let (scheme, token) = text.trim().split_once(' ').ok_or_else(malformed)?;
+        let token = token.trim();
+        if !scheme.eq_ignore_ascii_case("bearer")
+            || !token.starts_with("agq_")
+            || token.len() > 256
+            || !token
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return Err(malformed());
+        }
+        let found = agentq_core::db::access::authenticate(&state.pool, token).await?;
+        let (tenant, role) = found.ok_or_else(|| {
+            ApiError::unauthorized("the token is unknown or revoked; ask an admin for a new one")
+                .field("Authorization")
+        })?;
+        let role =
+            Role::parse(&role).ok_or_else(|| ApiError::internal("token with unknown role"))?;
+        Ok(Caller {
+            tenant,
+            role,
+            prefix: token.chars().take(12).collect(),
+        })
+    }
+}

@@ -1,0 +1,265 @@
+//! The DLQ operator routes: the same listing, grouping, details and actions as `agentq dlq`
+//! (one implementation, in `crate::dlq` and `db::dead_letters`), scoped to the caller's tenant
+//! and audited under the token's prefix.
+
+use std::sync::Arc;
+
+use agentq_core::db::dead_letters::{self, Action, ActionError, Actor, DeadLetterView, Outcome};
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::auth::{Caller, Role};
+use super::problem::{ApiError, ApiResult};
+use super::{ApiState, Params, QueryParams, body, parse_id};
+use crate::dlq as ops;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilterQuery {
+    tenant: Option<String>,
+    kind: Option<String>,
+    class: Option<String>,
+    since: Option<String>,
+    batch: Option<String>,
+    status: Option<String>,
+    limit: Option<String>,
+    after: Option<String>,
+}
+
+impl FilterQuery {
+    fn filter(&self, caller: &Caller) -> ApiResult<dead_letters::Filter> {
+        let tenant = match (caller.scope(), &self.tenant) {
+            (Some(own), Some(t)) if own != t => {
+                return Err(
+                    ApiError::forbidden(format!("this token sees only tenant {own:?}"))
+                        .field("tenant"),
+                );
+            }
+            (Some(own), _) => Some(own.to_string()),
+            (None, t) => t.clone(),
+        };
+        ops::build_filter(
+            tenant.as_deref(),
+            self.kind.as_deref(),
+            self.class.as_deref(),
+            self.since.as_deref(),
+            self.batch.as_deref(),
+            self.status.as_deref(),
+        )
+        .map_err(|(field, msg)| ApiError::bad_request(msg).field(field))
+    }
+}
+
+/// `GET /v1/dlq`: one keyset page, newest first.
+pub async fn list(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    QueryParams(q): QueryParams<FilterQuery>,
+) -> ApiResult<Json<Value>> {
+    caller.require(Role::Operator)?;
+    let filter = q.filter(&caller)?;
+    let limit = match q.limit.as_deref() {
+        None => 100,
+        Some(l) => l
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or_else(|| {
+                ApiError::bad_request("limit must be a number between 1 and 1000").field("limit")
+            })?,
+    };
+    let after = q
+        .after
+        .as_deref()
+        .map(|a| {
+            ops::parse_cursor(a).map_err(|_| {
+                ApiError::bad_request("after is not a cursor from a previous page").field("after")
+            })
+        })
+        .transpose()?;
+    let page = dead_letters::list_dead_letters(&state.pool, &filter, limit, after).await?;
+    let next = (page.len() as i64 == limit)
+        .then(|| page.last().map(ops::cursor))
+        .flatten();
+    let items: Vec<Value> = page.iter().map(ops::listed).collect();
+    Ok(Json(json!({ "items": items, "next_cursor": next })))
+}
+
+/// `GET /v1/dlq/stats`: open dead letters grouped by class, kind and reason fingerprint.
+pub async fn stats(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    QueryParams(q): QueryParams<FilterQuery>,
+) -> ApiResult<Json<Value>> {
+    caller.require(Role::Operator)?;
+    if q.limit.is_some() || q.after.is_some() {
+        return Err(ApiError::bad_request(
+            "stats takes filters only, not limit or after",
+        ));
+    }
+    let groups = dead_letters::stats(&state.pool, &q.filter(&caller)?).await?;
+    Ok(Json(json!({ "groups": groups })))
+}
+
+/// The dead letter `id` (or the open one of operation `id`) as the caller may see it.
+async fn visible(state: &ApiState, caller: &Caller, id: &str) -> ApiResult<DeadLetterView> {
+    let id = parse_id(id, "id")?;
+    let found = dead_letters::find_dead_letter(&state.pool, id).await?;
+    match (found, caller.scope()) {
+        (Some(d), Some(own)) if d.tenant.as_deref() != Some(own) => Err(not_found(id)),
+        (Some(d), _) => Ok(d),
+        (None, _) => Err(not_found(id)),
+    }
+}
+
+fn not_found(id: Uuid) -> ApiError {
+    ApiError::not_found(format!("no dead letter or operation {id}")).field("id")
+}
+
+/// `GET /v1/dlq/{id}`.
+pub async fn show(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Params(id): Params<String>,
+) -> ApiResult<Json<ops::Details>> {
+    caller.require(Role::Operator)?;
+    let d = visible(&state, &caller, &id).await?;
+    Ok(Json(ops::details(&state.pool, &d).await?))
+}
+
+async fn act(
+    state: &ApiState,
+    caller: &Caller,
+    d: &DeadLetterView,
+    action: Action,
+    reason: Option<String>,
+    done: &str,
+) -> ApiResult<Json<Value>> {
+    let actor = Actor {
+        name: caller.actor(),
+        reason,
+    };
+    match ops::act_one(&state.pool, &state.dispatcher, d.id, &action, &actor).await {
+        Ok(op) => Ok(Json(json!({ "id": d.id, "result": done, "op_id": op }))),
+        Err(ActionError::NotFound(id)) => Err(not_found(id)),
+        Err(ActionError::Db(e)) => Err(ApiError::db(e)),
+        Err(refused) => Err(ApiError::conflict(refused.to_string())),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryBody {
+    patch_input: Option<Value>,
+    reason: Option<String>,
+}
+
+/// `POST /v1/dlq/{id}/retry`, optionally with an RFC 7386 merge patch of the input.
+pub async fn retry(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Params(id): Params<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    caller.require(Role::Operator)?;
+    let req: RetryBody = body::optional_json(&headers, body).await?;
+    let d = visible(&state, &caller, &id).await?;
+    let input = match &req.patch_input {
+        Some(patch) => Some(
+            ops::patched_input(&state.pool, d.id, patch)
+                .await
+                .map_err(|e| ApiError::conflict(e.to_string()).field("/patch_input"))?,
+        ),
+        None => None,
+    };
+    act(
+        &state,
+        &caller,
+        &d,
+        Action::Retry { input },
+        req.reason,
+        "retried",
+    )
+    .await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveBody {
+    happened: bool,
+    output: Option<Value>,
+    reason: Option<String>,
+}
+
+/// `POST /v1/dlq/{id}/resolve`: what happened at an `unknown_side_effect` step.
+pub async fn resolve(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Params(id): Params<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    caller.require(Role::Operator)?;
+    let req: ResolveBody = body::json(&headers, body).await?;
+    if !req.happened && req.output.is_some() {
+        return Err(ApiError::unprocessable(
+            "output is the result of a step that happened; drop it or set happened: true",
+        )
+        .field("/output"));
+    }
+    let d = visible(&state, &caller, &id).await?;
+    let outcome = if req.happened {
+        Outcome::Happened(req.output.unwrap_or(Value::Null))
+    } else {
+        Outcome::DidNotHappen
+    };
+    act(
+        &state,
+        &caller,
+        &d,
+        Action::Resolve(outcome),
+        req.reason,
+        "resolved",
+    )
+    .await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscardBody {
+    reason: String,
+}
+
+/// `POST /v1/dlq/{id}/discard`, with the reason kept in the audit trail.
+pub async fn discard(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Params(id): Params<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    caller.require(Role::Operator)?;
+    let req: DiscardBody = body::json(&headers, body).await?;
+    if req.reason.trim().is_empty() {
+        return Err(ApiError::unprocessable(
+            "discarding needs a reason: it is kept in the audit trail",
+        )
+        .field("/reason"));
+    }
+    let d = visible(&state, &caller, &id).await?;
+    act(
+        &state,
+        &caller,
+        &d,
+        Action::Discard,
+        Some(req.reason),
+        "discarded",
+    )
+    .await
+}

@@ -1,0 +1,336 @@
+//! `agentq serve`: the HTTP API (DESIGN §11). Producers enqueue, read, signal and cancel;
+//! senders deliver signed webhooks; operators work the DLQ; monitors probe health, readiness
+//! and metrics. The routes call the same library functions as the CLI.
+//!
+//! Invariants kept here: every route that takes an id filters by the caller's tenant
+//! ([`auth::Caller::scope`]); bad input is answered 4xx before anything is written; a request
+//! that cannot be stored is answered 429/503 "not started", never accepted and dropped.
+
+mod auth;
+mod body;
+mod dlq;
+mod events;
+mod meta;
+pub mod openapi;
+mod operations;
+mod problem;
+mod webhooks;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agentq_core::Config;
+use agentq_core::dispatch::Dispatcher;
+use agentq_producer::Producer;
+use axum::Router;
+use axum::extract::{FromRequestParts, MatchedPath, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::de::DeserializeOwned;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use problem::{ApiError, REQUEST_ID};
+
+/// Longest a request other than an event stream may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest single header value, and all headers together.
+const MAX_HEADER_BYTES: usize = 8 * 1024;
+const MAX_HEADERS_BYTES: usize = 32 * 1024;
+/// How long a tenant's queued count or the broker's health is trusted before re-checking.
+const PROBE_TTL: Duration = Duration::from_secs(1);
+
+static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// What every handler shares.
+pub struct ApiState {
+    pool: PgPool,
+    producer: Producer,
+    dispatcher: Arc<Dispatcher>,
+    /// Admission control: most queued operations a tenant may have before 429.
+    tenant_max_queued: i64,
+    queued: Mutex<HashMap<String, (Instant, i64)>>,
+    broker: Mutex<Option<(Instant, bool)>>,
+    metrics: meta::Metrics,
+    shutdown: CancellationToken,
+}
+
+impl ApiState {
+    /// True when the broker was reachable at most [`PROBE_TTL`] ago (probing if needed).
+    async fn broker_up(&self) -> bool {
+        if let Some((at, up)) = *self.broker.lock().expect("broker probe lock")
+            && at.elapsed() < PROBE_TTL
+        {
+            return up;
+        }
+        let up = tokio::time::timeout(
+            Duration::from_secs(2),
+            self.dispatcher.with_connection(async |_| Ok(())),
+        )
+        .await
+        .is_ok_and(|r| r.is_ok());
+        *self.broker.lock().expect("broker probe lock") = Some((Instant::now(), up));
+        up
+    }
+
+    /// Refuses new work for `tenant` when it is over its queued limit or a service is down.
+    async fn admit(&self, tenant: &str) -> Result<(), ApiError> {
+        let cached = self
+            .queued
+            .lock()
+            .expect("queued cache lock")
+            .get(tenant)
+            .filter(|(at, _)| at.elapsed() < PROBE_TTL)
+            .map(|(_, n)| *n);
+        let queued = match cached {
+            Some(n) => n,
+            None => {
+                let n = agentq_core::db::events::queued_count(
+                    &self.pool,
+                    tenant,
+                    self.tenant_max_queued,
+                )
+                .await?;
+                self.queued
+                    .lock()
+                    .expect("queued cache lock")
+                    .insert(tenant.to_string(), (Instant::now(), n));
+                n
+            }
+        };
+        if queued > self.tenant_max_queued {
+            return Err(ApiError::busy(
+                format!(
+                    "tenant {tenant:?} has more than {} operations queued; this one was not \
+                     started: retry after the backlog drains",
+                    self.tenant_max_queued
+                ),
+                5,
+            ));
+        }
+        if !self.broker_up().await {
+            return Err(ApiError::unavailable(
+                "the message broker is unavailable; the request was not started: retry later",
+                5,
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Path parameters, with a problem answer when they cannot be read.
+pub struct Params<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for Params<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(t)| Params(t))
+            .map_err(|e| ApiError::bad_request(format!("the path is not valid: {}", e.body_text())))
+    }
+}
+
+/// Query parameters, with a problem answer when they cannot be read.
+pub struct QueryParams<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for QueryParams<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(t)| QueryParams(t))
+            .map_err(|e| {
+                ApiError::bad_request(format!("the query string is not valid: {}", e.body_text()))
+            })
+    }
+}
+
+/// Parses an id from the path (an operation or dead letter id: a UUID).
+fn parse_id(s: &str, field: &str) -> Result<uuid::Uuid, ApiError> {
+    agentq_core::OperationId::parse(s)
+        .map(|o| o.0)
+        .map_err(|e| ApiError::bad_request(e).field(field))
+}
+
+/// The API's routes (shared by `serve`, `dev` and the OpenAPI test).
+pub fn router(state: Arc<ApiState>) -> Router {
+    let timed = Router::new()
+        .route("/v1/operations", post(operations::create))
+        .route("/v1/operations/{id}", get(operations::show))
+        .route("/v1/operations/{id}/steps", get(operations::steps))
+        .route(
+            "/v1/operations/{id}/signals/{name}",
+            post(operations::signal),
+        )
+        .route("/v1/operations/{id}/cancel", post(operations::cancel))
+        .route("/v1/webhooks/{source}", post(webhooks::deliver))
+        .route("/v1/dlq", get(dlq::list))
+        .route("/v1/dlq/stats", get(dlq::stats))
+        .route("/v1/dlq/{id}", get(dlq::show))
+        .route("/v1/dlq/{id}/retry", post(dlq::retry))
+        .route("/v1/dlq/{id}/resolve", post(dlq::resolve))
+        .route("/v1/dlq/{id}/discard", post(dlq::discard))
+        .route("/healthz", get(meta::healthz))
+        .route("/readyz", get(meta::readyz))
+        .route("/metrics", get(meta::metrics))
+        .route("/openapi.json", get(openapi::document))
+        .layer(middleware::from_fn(timeout));
+    Router::new()
+        .merge(timed)
+        .route("/v1/operations/{id}/events", get(events::stream))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+async fn unknown_route() -> ApiError {
+    ApiError::not_found("no such route; see /openapi.json for the routes this server has")
+}
+
+async fn wrong_method() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "this route does not take that method; see /openapi.json",
+    )
+}
+
+async fn timeout(req: Request, next: Next) -> Response {
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ApiError::unavailable(
+            "the request took longer than 30 s and was abandoned; it may or may not have taken \
+             effect: retry (with the same Idempotency-Key for an enqueue)",
+            1,
+        )
+        .into_response(),
+    }
+}
+
+fn valid_request_id(v: &HeaderValue) -> Option<String> {
+    let s = v.to_str().ok()?;
+    (!s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':')))
+    .then(|| s.to_string())
+}
+
+/// Every request: its id (kept from `x-request-id` if valid, else minted), header limits, a
+/// span, and the request metrics.
+async fn observe(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let request_id = req
+        .headers()
+        .get(&X_REQUEST_ID)
+        .and_then(valid_request_id)
+        .unwrap_or_else(|| format!("req_{}", uuid::Uuid::new_v4().simple()));
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let method = req.method().clone();
+    let span = tracing::info_span!("http", request_id = %request_id, %method, %route);
+    let oversized = req
+        .headers()
+        .iter()
+        .find(|(_, v)| v.len() > MAX_HEADER_BYTES)
+        .map(|(k, _)| k.to_string());
+    let total: usize = req
+        .headers()
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len())
+        .sum();
+    let run = async {
+        if let Some(name) = oversized {
+            return ApiError::new(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "header-too-large",
+                format!("header {name} is longer than {MAX_HEADER_BYTES} bytes"),
+            )
+            .field(name)
+            .into_response();
+        }
+        if total > MAX_HEADERS_BYTES {
+            return ApiError::new(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "header-too-large",
+                format!("the headers total more than {MAX_HEADERS_BYTES} bytes"),
+            )
+            .into_response();
+        }
+        next.run(req).await
+    };
+    let mut response = REQUEST_ID
+        .scope(
+            request_id.clone(),
+            tracing::Instrument::instrument(run, span.clone()),
+        )
+        .await;
+    let status = response.status();
+    state
+        .metrics
+        .observe(method.as_str(), &route, status.as_u16(), started.elapsed());
+    if status.is_server_error() {
+        span.in_scope(|| tracing::warn!(status = status.as_u16(), "request failed"));
+    }
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert(X_REQUEST_ID.clone(), v);
+    }
+    response
+}
+
+/// Builds the API's state: its own producer and dispatcher over `pool`.
+pub fn state(config: &Config, pool: PgPool, shutdown: CancellationToken) -> Arc<ApiState> {
+    let (producer, dispatcher) = crate::commands::producer(config, pool.clone(), "api");
+    Arc::new(ApiState {
+        pool,
+        producer,
+        dispatcher,
+        tenant_max_queued: config.tenant_max_queued,
+        queued: Mutex::new(HashMap::new()),
+        broker: Mutex::new(None),
+        metrics: meta::Metrics::default(),
+        shutdown,
+    })
+}
+
+/// Serves the API on `listen` until `shutdown`; prints the bound address once listening.
+pub async fn serve(
+    config: &Config,
+    pool: PgPool,
+    listen: &str,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        anyhow::anyhow!("cannot listen on {listen}: {e}; pick another --listen address")
+    })?;
+    let addr: SocketAddr = listener.local_addr()?;
+    let state = state(config, pool, shutdown.clone());
+    let app = router(state.clone());
+    println!("listening on http://{addr}");
+    tracing::info!(%addr, "agentq serve listening");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await?;
+    state.dispatcher.close().await;
+    Ok(())
+}

@@ -1,0 +1,339 @@
+//! Operations: enqueue (with Idempotency-Key), read, journal, signals, cancel.
+
+use std::sync::Arc;
+
+use agentq_core::db;
+use agentq_core::operation::{Lane, OperationId, input_sha256};
+use agentq_producer::{EnqueueRequest, Error as EnqueueError};
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::auth::{Caller, Role};
+use super::problem::{ApiError, ApiResult, request_id};
+use super::{ApiState, Params, body, parse_id};
+
+/// The body of `POST /v1/operations`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateOperation {
+    kind: String,
+    input: Value,
+    tenant: Option<String>,
+    ordering_key: Option<String>,
+    lane: Option<Lane>,
+    priority: Option<i16>,
+    max_attempts: Option<i32>,
+    run_at: Option<DateTime<Utc>>,
+    deadline: Option<DateTime<Utc>>,
+}
+
+/// Longest accepted Idempotency-Key.
+const MAX_IDEMPOTENCY_KEY: usize = 256;
+
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let bad = || {
+        ApiError::bad_request(format!(
+            "Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} printable ASCII characters"
+        ))
+        .field("Idempotency-Key")
+    };
+    let s = v.to_str().map_err(|_| bad())?.trim();
+    if s.is_empty() || s.len() > MAX_IDEMPOTENCY_KEY || !s.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(bad());
+    }
+    Ok(Some(s.to_string()))
+}
+
+/// Where to watch an operation.
+fn links(op: OperationId) -> (String, String) {
+    let status = format!("/v1/operations/{op}");
+    let events = format!("{status}/events");
+    (status, events)
+}
+
+/// `POST /v1/operations`: 202 when created, 200 when the Idempotency-Key names it already.
+pub async fn create(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    caller.require(Role::Producer)?;
+    body::require_json(&headers)?;
+    let bytes = body::bytes(body).await?;
+    let value = body::parse_value(&bytes)?;
+    if !value.is_object() {
+        return Err(ApiError::unprocessable(
+            "the body must be a JSON object such as {\"kind\": \"echo\", \"input\": {\"text\": \"hi\"}}",
+        ));
+    }
+    let fingerprint = input_sha256(&value);
+    let req: CreateOperation = body::decode(value)?;
+    let tenant = match (&req.tenant, caller.role) {
+        (Some(t), Role::Admin) => t.clone(),
+        (None, Role::Admin) => {
+            return Err(ApiError::unprocessable(
+                "an admin token belongs to no one tenant: name the tenant in \"tenant\"",
+            )
+            .field("/tenant"));
+        }
+        (Some(t), _) if *t != caller.tenant => {
+            return Err(ApiError::forbidden(format!(
+                "this token may only enqueue for tenant {:?}",
+                caller.tenant
+            ))
+            .field("/tenant"));
+        }
+        _ => caller.tenant.clone(),
+    };
+    let key = idempotency_key(&headers)?;
+    if let Some(run_at) = req.run_at
+        && run_at > Utc::now() + chrono::Duration::days(366)
+    {
+        return Err(ApiError::unprocessable("run_at is more than a year away").field("/run_at"));
+    }
+    if req.deadline.is_some_and(|d| d <= Utc::now()) {
+        return Err(ApiError::unprocessable("deadline is in the past").field("/deadline"));
+    }
+    agentq_core::operation::TenantId::parse(&tenant)
+        .map_err(|e| ApiError::unprocessable(e).field("/tenant"))?;
+    state.admit(&tenant).await?;
+    let enqueue = EnqueueRequest {
+        tenant,
+        kind: req.kind,
+        input: req.input,
+        dedupe_key: key,
+        ordering_key: req.ordering_key,
+        lane: req.lane.unwrap_or_default(),
+        priority: req.priority.unwrap_or(0),
+        max_attempts: req.max_attempts,
+        run_at: req.run_at,
+        deadline: req.deadline,
+        request_id: request_id(),
+        fingerprint: Some(fingerprint),
+        ..EnqueueRequest::default()
+    };
+    let enqueued = state
+        .producer
+        .enqueue(enqueue)
+        .await
+        .map_err(enqueue_error)?;
+    Ok(accepted(
+        enqueued.op_id,
+        enqueued.created,
+        enqueued.status.as_str(),
+    ))
+}
+
+/// The answer to an accepted enqueue: 202 + Location the first time, 200 for a repeat.
+pub fn accepted(op: OperationId, created: bool, status: &str) -> Response {
+    let (status_url, events_url) = links(op);
+    let code = if created {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    let mut response = (
+        code,
+        Json(json!({
+            "op_id": op,
+            "status": status,
+            "created": created,
+            "status_url": status_url,
+            "events_url": events_url,
+        })),
+    )
+        .into_response();
+    if let Ok(v) = HeaderValue::from_str(&status_url) {
+        response.headers_mut().insert(header::LOCATION, v);
+    }
+    response
+}
+
+/// Maps a refused or failed enqueue to its answer.
+pub fn enqueue_error(e: EnqueueError) -> ApiError {
+    match e {
+        EnqueueError::Invalid(msg) => {
+            let field = if msg.starts_with("unknown kind") {
+                "/kind"
+            } else if msg.contains("ordering key") {
+                "/ordering_key"
+            } else if msg.contains("dedupe key") {
+                "Idempotency-Key"
+            } else if msg.starts_with("max attempts") {
+                "/max_attempts"
+            } else if msg.starts_with("deadline") {
+                "/deadline"
+            } else {
+                "/input"
+            };
+            ApiError::unprocessable(msg).field(field)
+        }
+        EnqueueError::KeyConflict { key, op_id } => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency-key-reused",
+            format!(
+                "Idempotency-Key {key:?} was already used for operation {op_id} with a different \
+                 request; send the same request to get that operation, or use a new key"
+            ),
+        )
+        .field("Idempotency-Key"),
+        EnqueueError::Db(e) => ApiError::db(e),
+    }
+}
+
+/// The operation `id` as the caller may see it, or 404.
+async fn visible(
+    state: &ApiState,
+    caller: &Caller,
+    id: &str,
+) -> ApiResult<agentq_core::operation::OperationView> {
+    let op = OperationId(parse_id(id, "id")?);
+    db::find_operation(&state.pool, op, caller.scope())
+        .await?
+        .ok_or_else(|| not_found(op))
+}
+
+fn not_found(op: OperationId) -> ApiError {
+    ApiError::not_found(format!("no operation {op}")).field("id")
+}
+
+/// `GET /v1/operations/{id}`.
+pub async fn show(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Params(id): Params<String>,
+) -> ApiResult<Json<agentq_core::operation::OperationView>> {
+    caller.require(Role::Producer)?;
+    Ok(Json(visible(&state, &caller, &id).await?))
+}
+
+/// `GET /v1/operations/{id}/steps`.
+pub async fn steps(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Params(id): Params<String>,
+) -> ApiResult<Json<Value>> {
+    caller.require(Role::Producer)?;
+    let op = OperationId(parse_id(&id, "id")?);
+    let steps = db::list_steps(&state.pool, op.0, caller.scope()).await?;
+    if steps.is_empty()
+        && db::find_operation(&state.pool, op, caller.scope())
+            .await?
+            .is_none()
+    {
+        return Err(not_found(op));
+    }
+    Ok(Json(json!({ "op_id": op, "steps": steps })))
+}
+
+/// `POST /v1/operations/{id}/signals/{name}`: the body is the signal's payload (or null).
+pub async fn signal(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Params((id, name)): Params<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    caller.require(Role::Producer)?;
+    let op = OperationId(parse_id(&id, "id")?);
+    if name.is_empty()
+        || name.len() > 128
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
+    {
+        return Err(ApiError::bad_request(
+            "a signal name is 1-128 characters of letters, digits, '_', '-', '.' or ':'",
+        )
+        .field("name"));
+    }
+    let payload: Value = body::optional_json(&headers, body).await?;
+    let sent = db::timers::send_signal(
+        &state.pool,
+        op.0,
+        caller.scope(),
+        &name,
+        &payload,
+        &caller.actor(),
+        "signal",
+        None,
+    )
+    .await?;
+    let result = match sent {
+        db::timers::Sent::Woke(target) => {
+            if let Err(e) = state.dispatcher.dispatch(&target.into()).await {
+                tracing::warn!(op_id = %op, error = %e, "signalled; the scheduler will dispatch it");
+            }
+            "delivered"
+        }
+        db::timers::Sent::Kept { .. } => "kept",
+        db::timers::Sent::AlreadyPending => {
+            return Err(ApiError::conflict(format!(
+                "a signal {name:?} was already sent to {op} and not consumed yet; nothing changed"
+            )));
+        }
+        db::timers::Sent::Finished(status) => {
+            return Err(ApiError::conflict(format!(
+                "operation {op} is {status}; the signal was not delivered"
+            )));
+        }
+        db::timers::Sent::NotFound => return Err(not_found(op)),
+    };
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "op_id": op, "signal": name, "result": result })),
+    )
+        .into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelBody {
+    reason: Option<String>,
+}
+
+/// `POST /v1/operations/{id}/cancel`.
+pub async fn cancel(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Params(id): Params<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    caller.require(Role::Producer)?;
+    let op = OperationId(parse_id(&id, "id")?);
+    let req: CancelBody = body::optional_json(&headers, body).await?;
+    let outcome = db::timers::cancel_operation(
+        &state.pool,
+        op.0,
+        caller.scope(),
+        &caller.actor(),
+        req.reason.as_deref(),
+    )
+    .await?;
+    let result = match outcome {
+        db::timers::Cancelled::Now => "cancelled",
+        db::timers::Cancelled::Requested => "requested",
+        db::timers::Cancelled::Finished(status) => {
+            return Err(ApiError::conflict(format!(
+                "operation {op} is already {status}; nothing to cancel"
+            )));
+        }
+        db::timers::Cancelled::NotFound => return Err(not_found(op)),
+    };
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "op_id": op, "result": result })),
+    )
+        .into_response())
+}

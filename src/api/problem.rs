@@ -1,0 +1,156 @@
+//! Errors as `application/problem+json` (RFC 9457), each with a detail that says what was
+//! wrong and what to do, the field at fault when there is one, and the request id.
+//! A 500 says nothing about internals: the cause goes to the log under the request id.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+tokio::task_local! {
+    /// The id of the request being served (set by the request-id middleware).
+    pub static REQUEST_ID: String;
+}
+
+/// The current request's id, if called while serving one.
+pub fn request_id() -> Option<String> {
+    REQUEST_ID.try_with(Clone::clone).ok()
+}
+
+/// An error answer.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub slug: &'static str,
+    pub detail: String,
+    pub field: Option<String>,
+    pub retry_after: Option<u64>,
+}
+
+/// Result of a handler.
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    pub fn new(status: StatusCode, slug: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            status,
+            slug,
+            detail: detail.into(),
+            field: None,
+            retry_after: None,
+        }
+    }
+
+    /// Names the field (a JSON pointer, a header or a parameter) at fault.
+    pub fn field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid-request", detail)
+    }
+
+    pub fn unprocessable(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unprocessable", detail)
+    }
+
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", detail)
+    }
+
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", detail)
+    }
+
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not-found", detail)
+    }
+
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict", detail)
+    }
+
+    /// 429: the tenant is over its limit; nothing was started.
+    pub fn busy(detail: impl Into<String>, retry_after: u64) -> Self {
+        Self {
+            retry_after: Some(retry_after),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "busy", detail)
+        }
+    }
+
+    /// 503: a service agentq needs is down; nothing was started.
+    pub fn unavailable(detail: impl Into<String>, retry_after: u64) -> Self {
+        Self {
+            retry_after: Some(retry_after),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)
+        }
+    }
+
+    /// 500: logs the cause under the request id; the answer names only the request id.
+    pub fn internal(cause: impl std::fmt::Display) -> Self {
+        tracing::error!(request_id = request_id().as_deref().unwrap_or("-"), error = %cause, "request failed");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error; nothing about it is shown here: quote the request id to an operator",
+        )
+    }
+
+    /// A database error: unreachable or exhausted → 503 (not started), anything else → 500.
+    pub fn db(e: agentq_core::db::Error) -> Self {
+        use agentq_core::db::Error as E;
+        match &e {
+            E::Sqlx(
+                sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_),
+            ) => {
+                tracing::warn!(error = %e, "database unavailable");
+                Self::unavailable(
+                    "the database is unavailable; the request was not started: retry later",
+                    5,
+                )
+            }
+            _ => Self::internal(e),
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        self.status.canonical_reason().unwrap_or("Error")
+    }
+}
+
+impl From<agentq_core::db::Error> for ApiError {
+    fn from(e: agentq_core::db::Error) -> Self {
+        Self::db(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({
+            "type": format!("https://agentq.dev/problems/{}", self.slug),
+            "title": self.title(),
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+            "request_id": request_id(),
+        });
+        if let Some(f) = &self.field {
+            body["field"] = json!(f);
+        }
+        let mut response = (self.status, body.to_string()).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(s) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}

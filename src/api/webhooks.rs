@@ -1,0 +1,107 @@
+//! `POST /v1/webhooks/{source}`: Standard Webhooks ingress. A delivery is verified against the
+//! source's valid secrets (HMAC-SHA256 over `id.timestamp.body`, constant-time, ±5 minutes)
+//! before anything is parsed or written; its `webhook-id` is the dedupe key, so a sender's
+//! retries map to one operation.
+
+use std::sync::Arc;
+
+use agentq_core::db;
+use agentq_core::webhook::{self, Secret};
+use agentq_producer::EnqueueRequest;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+
+use super::operations::{accepted, enqueue_error};
+use super::problem::{ApiError, ApiResult, request_id};
+use super::{ApiState, Params, body};
+
+/// Longest accepted `webhook-id`.
+const MAX_WEBHOOK_ID: usize = 256;
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// `POST /v1/webhooks/{source}`.
+pub async fn deliver(
+    State(state): State<Arc<ApiState>>,
+    Params(source): Params<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    if source.is_empty() || source.len() > 128 {
+        return Err(ApiError::not_found("no such webhook source").field("source"));
+    }
+    let bytes = body::bytes(body).await?;
+    let targets = db::access::sources_named(&state.pool, &source).await?;
+    if targets.is_empty() {
+        return Err(ApiError::not_found(format!(
+            "no webhook source {source:?}; create it with `agentq webhooks add`"
+        ))
+        .field("source"));
+    }
+    let (id, ts, sig) = (
+        header(&headers, "webhook-id"),
+        header(&headers, "webhook-timestamp"),
+        header(&headers, "webhook-signature"),
+    );
+    let now = chrono::Utc::now();
+    let mut refusal = None;
+    let mut verified = None;
+    for target in &targets {
+        let secrets: Vec<Secret> = target
+            .secrets
+            .iter()
+            .filter_map(|s| Secret::parse(s).ok())
+            .collect();
+        match webhook::verify(&secrets, id, ts, sig, &bytes, now) {
+            Ok(()) => {
+                verified = Some(target);
+                break;
+            }
+            Err(e) => refusal = Some(e),
+        }
+    }
+    let Some(target) = verified else {
+        let why = refusal.map(|e| e.to_string()).unwrap_or_default();
+        tracing::info!(source = %source, reason = %why, "webhook delivery refused");
+        return Err(ApiError::unauthorized(format!(
+            "the delivery is not signed by this source ({why}); nothing was enqueued"
+        )));
+    };
+    let id = id.expect("verified deliveries have an id");
+    if id.len() > MAX_WEBHOOK_ID {
+        return Err(ApiError::bad_request(format!(
+            "webhook-id is longer than {MAX_WEBHOOK_ID} characters"
+        ))
+        .field("webhook-id"));
+    }
+    let input = body::parse_value(&bytes)?;
+    state.admit(&target.tenant).await?;
+    let enqueued = state
+        .producer
+        .enqueue(EnqueueRequest {
+            tenant: target.tenant.clone(),
+            kind: target.kind.clone(),
+            input,
+            dedupe_key: Some(format!("webhook:{source}:{id}")),
+            request_id: request_id(),
+            ..EnqueueRequest::default()
+        })
+        .await
+        .map_err(|e| match e {
+            agentq_producer::Error::KeyConflict { op_id, .. } => ApiError::conflict(format!(
+                "webhook-id {id:?} was already delivered with a different body (operation \
+                 {op_id}); a retry must resend the same body"
+            ))
+            .field("webhook-id"),
+            other => enqueue_error(other),
+        })?;
+    Ok(accepted(
+        enqueued.op_id,
+        enqueued.created,
+        enqueued.status.as_str(),
+    ))
+}
