@@ -24,7 +24,17 @@ pub(crate) async fn execute(
     cancel: Arc<AtomicBool>,
 ) {
     let (id, epoch) = (op.id, op.epoch);
-    run(&shared, op, stop, cancel).await;
+    // Every log line about this attempt carries the operation and the request that made it.
+    let span = tracing::info_span!(
+        "operation",
+        op_id = %op.id,
+        tenant = %op.tenant_id,
+        kind = %op.kind,
+        attempt = op.attempt,
+        epoch = op.epoch,
+        request_id = op.request_id.as_deref().unwrap_or("-"),
+    );
+    tracing::Instrument::instrument(run(&shared, op, stop, cancel), span).await;
     shared.leases.release(id, epoch);
 }
 

@@ -180,6 +180,8 @@ pub struct Claimed {
     pub max_attempts: i32,
     pub restarts: i32,
     pub deadline: Option<DateTime<Utc>>,
+    /// The `x-request-id` of the request that created it (for log lines about it).
+    pub request_id: Option<String>,
     /// Whether the journal has rows; a first run skips loading it.
     pub has_journal: bool,
 }
@@ -216,7 +218,7 @@ pub async fn claim_operations(
                        AND p.status NOT IN ('succeeded', 'dead', 'cancelled', 'discarded')
                        AND (p.created_at, p.id) < (o.created_at, o.id)))
       RETURNING o.id, o.tenant_id, o.kind, o.input, o.epoch, o.attempt, o.max_attempts,
-                o.restarts, o.deadline,
+                o.restarts, o.deadline, o.request_id,
                 EXISTS (SELECT 1 FROM operation_steps s WHERE s.op_id = o.id) AS has_journal",
     )
     .bind(ids)
