@@ -1,5 +1,6 @@
 //! `agentq tokens …` and `agentq webhooks …`: API tokens (stored hashed, shown once) and
-//! Standard Webhooks sources with secret rotation. The HTTP API that uses them is not built yet.
+//! Standard Webhooks sources with secret rotation and an optional per-source config (checked
+//! against the source's kind before anything is written).
 
 use agentq_core::operation::TenantId;
 use agentq_core::webhook::Secret;
@@ -51,6 +52,11 @@ pub enum WebhooksCommand {
         /// The job kind each delivery creates.
         #[arg(long)]
         kind: String,
+        /// A JSON object handed to each operation: the input becomes `{"event": body, "source",
+        /// "webhook_id", "config"}` (without it, the body is the input). `triage` needs
+        /// `{"callback_url": "https://…", "labels": […]}`.
+        #[arg(long)]
+        config: Option<String>,
         #[arg(long = "as")]
         actor: Option<String>,
         #[arg(long)]
@@ -95,6 +101,32 @@ fn name_ok(what: &str, s: &str) -> anyhow::Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Parses `--config` and checks that the kind accepts a delivery wrapped with it (an input
+/// `{"event", "source", "webhook_id", "config"}`), so a bad config is refused now rather than
+/// at every delivery.
+fn check_source_config(
+    registry: &agentq_worker::Registry,
+    kind: &str,
+    source: &str,
+    raw: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let config: serde_json::Value = serde_json::from_str(raw)
+        .map_err(|e| refuse(format!("--config is not valid JSON: {e}")))?;
+    if !config.is_object() {
+        return Err(refuse(
+            "--config must be a JSON object, e.g. '{\"callback_url\": \"https://…\"}'",
+        ));
+    }
+    let sample = json!({ "event": {}, "source": source, "webhook_id": "check", "config": config });
+    registry.check_input(kind, &sample).map_err(|e| {
+        refuse(format!(
+            "--config does not fit kind {kind:?} ({e}); kinds that take a config read \
+             {{\"event\", \"source\", \"webhook_id\", \"config\"}}, e.g. triage"
+        ))
+    })?;
+    Ok(config)
 }
 
 pub async fn tokens(config: Config, cmd: TokensCommand) -> anyhow::Result<()> {
@@ -164,22 +196,64 @@ pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()
             tenant,
             source,
             kind,
+            config: source_config,
             actor,
             json,
         } => {
             TenantId::parse(&tenant).map_err(refuse)?;
             name_ok("--source", &source)?;
-            let known = agentq_worker::Registry::builtin().kinds();
+            let registry = agentq_worker::Registry::builtin();
+            let known = registry.kinds();
             if !known.contains(&kind) {
                 return Err(refuse(format!(
                     "unknown kind {kind:?}; this deployment runs: {}",
                     known.join(", ")
                 )));
             }
+            let source_config = source_config
+                .map(|c| check_source_config(&registry, &kind, &source, &c))
+                .transpose()?;
+            if source_config.is_none() && kind == "triage" {
+                return Err(refuse(
+                    "kind triage needs --config '{\"callback_url\": \"https://…\"}' (and \
+                     optionally \"labels\": [\"bug\", \"question\", …])",
+                ));
+            }
+            if let Some(host) = source_config
+                .as_ref()
+                .and_then(|c| {
+                    c.get("callback_url")?
+                        .as_str()?
+                        .parse::<axum::http::Uri>()
+                        .ok()
+                })
+                .and_then(|u| u.host().map(str::to_string))
+                .filter(|h| {
+                    !config
+                        .agent_http_allow()
+                        .iter()
+                        .any(|a| a.eq_ignore_ascii_case(h))
+                })
+            {
+                eprintln!(
+                    "note: {host} is not in AGENTQ_AGENT_HTTP_ALLOW here; workers refuse callbacks \
+                     to hosts missing from theirs"
+                );
+            }
             let pool = connect(&config).await?;
             let secret = Secret::generate().expose();
             let actor = crate::dlq::actor_name(&actor);
-            if !db::access::add_source(&pool, &tenant, &source, &kind, &secret, &actor).await? {
+            if !db::access::add_source(
+                &pool,
+                &tenant,
+                &source,
+                &kind,
+                source_config.as_ref(),
+                &secret,
+                &actor,
+            )
+            .await?
+            {
                 return Err(refuse(format!(
                     "tenant {tenant} already has a webhook source {source:?}; rotate its secret instead"
                 )));
@@ -187,7 +261,7 @@ pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()
             if json {
                 println!(
                     "{}",
-                    json!({ "tenant": tenant, "source": source, "kind": kind, "secret": secret })
+                    json!({ "tenant": tenant, "source": source, "kind": kind, "config": source_config, "secret": secret })
                 );
             } else {
                 println!(

@@ -35,6 +35,7 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
         Scenario::Throughput => measure(&config, &args).await.map(|r| print_report(&r)),
         Scenario::Timers => crate::bench_scenarios::timers(&config, &args).await,
         Scenario::Waiting => crate::bench_scenarios::waiting(&config, &args).await,
+        Scenario::Http => crate::bench_http::http(&config, &args).await,
     };
     if args.keep {
         eprintln!(

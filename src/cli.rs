@@ -113,6 +113,9 @@ pub enum Command {
     /// Drain the dead-letter queue: list, show, stats, retry, resolve, discard.
     #[command(subcommand)]
     Dlq(crate::dlq::DlqCommand),
+    /// Batch campaigns: one operation per document, with canary, pause, resume, cancel, report.
+    #[command(subcommand)]
+    Batch(crate::batch::BatchCommand),
     /// Measure end-to-end throughput and latency in a throwaway database and namespace.
     Bench(BenchArgs),
 }
@@ -157,6 +160,9 @@ pub enum Scenario {
     Timers,
     /// Worker memory with many operations waiting for approval.
     Waiting,
+    /// `POST /v1/operations` under load from an in-process client: requests/s, latency, and
+    /// that every 202 became exactly one operation.
+    Http,
 }
 
 #[derive(clap::Args, Clone)]
@@ -198,6 +204,12 @@ pub struct BenchArgs {
     /// Keep the benchmark database and namespace afterwards (for inspection).
     #[arg(long)]
     pub keep: bool,
+    /// http: concurrent keep-alive connections, each sending requests back to back.
+    #[arg(long, default_value_t = 64)]
+    pub connections: usize,
+    /// http: seconds of measured load (after a 1 s warm-up).
+    #[arg(long, default_value_t = 20)]
+    pub duration_secs: u64,
     /// Give up if the run has not finished after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_secs: u64,

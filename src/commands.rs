@@ -128,6 +128,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokens(cmd) => crate::access::tokens(config, cmd).await,
         Command::Webhooks(cmd) => crate::access::webhooks(config, cmd).await,
         Command::Dlq(cmd) => crate::dlq::run(config, cmd).await,
+        Command::Batch(cmd) => crate::batch::run(config, cmd).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
     }
 }

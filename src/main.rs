@@ -4,7 +4,9 @@
 
 mod access;
 mod api;
+mod batch;
 mod bench;
+mod bench_http;
 mod bench_model;
 mod bench_scenarios;
 mod cli;

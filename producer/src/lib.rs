@@ -80,6 +80,17 @@ impl Error {
     }
 }
 
+/// The answer to [`Producer::enqueue_many`].
+#[derive(Clone, Debug, Default)]
+pub struct Bulk {
+    /// Operations stored now, in request order (minus the refused and the existing).
+    pub created: Vec<OperationId>,
+    /// Requests whose dedupe key already named an operation.
+    pub existing: usize,
+    /// Requests refused before anything was written: (index, why).
+    pub refused: Vec<(usize, String)>,
+}
+
 /// An operation committed by [`Producer::enqueue_in`] whose pointer is not published yet.
 #[derive(Clone, Debug)]
 pub struct Pending {
@@ -190,6 +201,45 @@ impl Producer {
             );
         }
         pending.enqueued
+    }
+
+    /// Stores many operations with one INSERT, then publishes their pointers concurrently so
+    /// the broker's confirms pipeline. A request that fails validation is returned in
+    /// `refused` with its index and reason and is not written; a dedupe key that already
+    /// names an operation is counted in `existing` (its input is not compared).
+    pub async fn enqueue_many(&self, reqs: Vec<EnqueueRequest>) -> Result<Bulk, Error> {
+        let mut ops = Vec::with_capacity(reqs.len());
+        let mut refused = Vec::new();
+        for (i, req) in reqs.into_iter().enumerate() {
+            match self.validate(req) {
+                Ok(op) => ops.push(op),
+                Err(e) => refused.push((i, e.to_string())),
+            }
+        }
+        if ops.is_empty() {
+            return Ok(Bulk {
+                created: Vec::new(),
+                existing: 0,
+                refused,
+            });
+        }
+        let created = db::batches::insert_operations(&self.pool, &ops).await?;
+        let existing = ops.len() - created.len();
+        let targets: Vec<Target> = created.into_iter().map(Target::from).collect();
+        let sends = targets.iter().map(|t| self.dispatcher.dispatch(t));
+        for (t, sent) in targets
+            .iter()
+            .zip(futures_util::future::join_all(sends).await)
+        {
+            if let Err(e) = sent {
+                tracing::warn!(op_id = %t.op_id, error = %e, "stored but not published; the scheduler will dispatch it");
+            }
+        }
+        Ok(Bulk {
+            created: targets.into_iter().map(|t| t.op_id).collect(),
+            existing,
+            refused,
+        })
     }
 
     /// The job kinds this producer accepts.

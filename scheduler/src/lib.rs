@@ -15,6 +15,9 @@
 //!   broker lost them). Checking the queue first means a large legitimate backlog never causes
 //!   mass re-publication.
 //!
+//! - batch auto-pause: a batch whose newest outcomes failed too often (its configured window
+//!   and ratio) is paused, so a provider outage or a bad prompt does not burn the whole batch;
+//!
 //! - the broker dead-letter recorder: every message that reaches `<ns>.dlq` becomes a
 //!   `poison_message` dead letter (see `broker_dlq`).
 //!
@@ -127,6 +130,9 @@ impl Scheduler {
             if let Err(e) = self.expire_deadlines().await {
                 tracing::warn!(error = %e, "expiring deadlines failed");
             }
+            if let Err(e) = self.auto_pause().await {
+                tracing::warn!(error = %e, "checking batches for auto-pause failed");
+            }
             if last_retention.elapsed() >= self.settings.retention_every {
                 last_retention = Instant::now();
                 if let Err(e) = self.retain().await {
@@ -193,6 +199,19 @@ impl Scheduler {
             tracing::info!(op_id = %id, "operation is dead: deadline_exceeded");
         }
         Ok(expired.len())
+    }
+
+    /// Pauses batches whose recent failure rate crossed their threshold; returns how many.
+    pub async fn auto_pause(&self) -> anyhow::Result<usize> {
+        let paused = db::batches::auto_pause(&self.pool).await?;
+        for b in &paused {
+            tracing::warn!(
+                batch_id = %b.id, tenant = %b.tenant_id, failed = b.failed, window = b.pause_window,
+                "batch auto-paused: too many of its newest operations failed; \
+                 fix the cause, then `agentq batch resume`"
+            );
+        }
+        Ok(paused.len())
     }
 
     /// One retention pass: deletes finished operations past the retention period, in small

@@ -64,11 +64,39 @@ pub fn parse_value(bytes: &[u8]) -> ApiResult<Value> {
             "the JSON nests deeper than {MAX_DEPTH} levels (at byte {at}); flatten it"
         )));
     }
-    serde_json::from_str(text).map_err(|e| {
+    let value: Value = serde_json::from_str(text).map_err(|e| {
         ApiError::bad_request(format!(
             "the body is not valid JSON: {e}; send one JSON object"
         ))
-    })
+    })?;
+    if let Some(at) = nul_at(&value, String::new()) {
+        return Err(ApiError::unprocessable(
+            "a string contains the NUL character (\\u0000), which cannot be stored; remove it",
+        )
+        .field(at));
+    }
+    Ok(value)
+}
+
+/// The JSON pointer of the first string (or key) holding U+0000, which PostgreSQL's `jsonb`
+/// and `text` cannot store.
+fn nul_at(v: &Value, at: String) -> Option<String> {
+    match v {
+        Value::String(s) if s.contains('\0') => Some(if at.is_empty() { "/".into() } else { at }),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| nul_at(x, format!("{at}/{i}"))),
+        Value::Object(map) => map.iter().find_map(|(k, x)| {
+            let here = format!("{at}/{}", k.replace('~', "~0").replace('/', "~1"));
+            if k.contains('\0') {
+                Some(here)
+            } else {
+                nul_at(x, here)
+            }
+        }),
+        _ => None,
+    }
 }
 
 /// Decodes a JSON value into `T`, naming the field at fault.
@@ -161,6 +189,14 @@ mod tests {
         assert_eq!(too_deep(deep.as_bytes()), Some(MAX_DEPTH));
         let quoted = format!("{{\"a\": \"{}\\\"\"}}", "[".repeat(1000));
         assert_eq!(too_deep(quoted.as_bytes()), None);
+    }
+
+    #[test]
+    fn nul_characters_are_refused_with_their_path() {
+        let e = parse_value(br#"{"input": {"text": ["ok", "a\u0000b"]}}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("/input/text/1"));
+        assert!(parse_value(br#"{"a\u0000": 1}"#).is_err());
+        assert!(parse_value(br#"{"text": "fine \\u0000 escaped"}"#).is_ok());
     }
 
     #[test]

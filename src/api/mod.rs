@@ -47,6 +47,14 @@ const PROBE_TTL: Duration = Duration::from_secs(1);
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// A tenant's cached queued count.
+struct Queued {
+    at: Instant,
+    n: i64,
+    /// A request is counting anew; the others keep using `n` meanwhile.
+    refreshing: bool,
+}
+
 /// What every handler shares.
 pub struct ApiState {
     pool: PgPool,
@@ -54,7 +62,7 @@ pub struct ApiState {
     dispatcher: Arc<Dispatcher>,
     /// Admission control: most queued operations a tenant may have before 429.
     tenant_max_queued: i64,
-    queued: Mutex<HashMap<String, (Instant, i64)>>,
+    queued: Mutex<HashMap<String, Queued>>,
     broker: Mutex<Option<(Instant, bool)>>,
     metrics: meta::Metrics,
     shutdown: CancellationToken,
@@ -78,31 +86,51 @@ impl ApiState {
         up
     }
 
-    /// Refuses new work for `tenant` when it is over its queued limit or a service is down.
-    async fn admit(&self, tenant: &str) -> Result<(), ApiError> {
-        let cached = self
-            .queued
-            .lock()
-            .expect("queued cache lock")
-            .get(tenant)
-            .filter(|(at, _)| at.elapsed() < PROBE_TTL)
-            .map(|(_, n)| *n);
-        let queued = match cached {
-            Some(n) => n,
-            None => {
-                let n = agentq_core::db::events::queued_count(
-                    &self.pool,
-                    tenant,
-                    self.tenant_max_queued,
-                )
-                .await?;
-                self.queued
-                    .lock()
-                    .expect("queued cache lock")
-                    .insert(tenant.to_string(), (Instant::now(), n));
-                n
+    /// A tenant's queued count, at most [`PROBE_TTL`] old. One request refreshes a stale count
+    /// while the others use the previous value (a count under load costs tens of ms, and every
+    /// request running its own made the API scan the same index hundreds of times a second).
+    async fn queued_count(&self, tenant: &str) -> Result<i64, ApiError> {
+        let stale = {
+            let mut cache = self.queued.lock().expect("queued cache lock");
+            match cache.get_mut(tenant) {
+                Some(c) if c.at.elapsed() < PROBE_TTL || c.refreshing => return Ok(c.n),
+                Some(c) => {
+                    c.refreshing = true;
+                    Some(c.n)
+                }
+                None => None,
             }
         };
+        let counted =
+            agentq_core::db::events::queued_count(&self.pool, tenant, self.tenant_max_queued).await;
+        let mut cache = self.queued.lock().expect("queued cache lock");
+        match counted {
+            Ok(n) => {
+                cache.insert(
+                    tenant.to_string(),
+                    Queued {
+                        at: Instant::now(),
+                        n,
+                        refreshing: false,
+                    },
+                );
+                Ok(n)
+            }
+            Err(e) => {
+                if let Some(c) = cache.get_mut(tenant) {
+                    c.refreshing = false;
+                }
+                match stale {
+                    Some(n) => Ok(n),
+                    None => Err(e.into()),
+                }
+            }
+        }
+    }
+
+    /// Refuses new work for `tenant` when it is over its queued limit or a service is down.
+    async fn admit(&self, tenant: &str) -> Result<(), ApiError> {
+        let queued = self.queued_count(tenant).await?;
         if queued > self.tenant_max_queued {
             return Err(ApiError::busy(
                 format!(
@@ -134,6 +162,9 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        if has_nul(parts.uri.path()) {
+            return Err(nul_refused("the path"));
+        }
         Path::<T>::from_request_parts(parts, state)
             .await
             .map(|Path(t)| Params(t))
@@ -152,6 +183,9 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        if has_nul(parts.uri.query().unwrap_or_default()) {
+            return Err(nul_refused("the query string"));
+        }
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(t)| QueryParams(t))
@@ -159,6 +193,19 @@ where
                 ApiError::bad_request(format!("the query string is not valid: {}", e.body_text()))
             })
     }
+}
+
+/// True when a percent-encoded URI part decodes to a NUL character (which no stored text may hold).
+fn has_nul(raw: &str) -> bool {
+    raw.as_bytes()
+        .windows(3)
+        .any(|w| w[0] == b'%' && w[1] == b'0' && w[2] == b'0')
+}
+
+fn nul_refused(what: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "{what} contains an encoded NUL character (%00); remove it"
+    ))
 }
 
 /// Parses an id from the path (an operation or dead letter id: a UUID).

@@ -148,6 +148,10 @@ impl IntoResponse for ApiError {
         if let Some(s) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body was not read: the connection cannot carry another request.
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }

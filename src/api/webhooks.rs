@@ -1,7 +1,8 @@
 //! `POST /v1/webhooks/{source}`: Standard Webhooks ingress. A delivery is verified against the
 //! source's valid secrets (HMAC-SHA256 over `id.timestamp.body`, constant-time, ±5 minutes)
 //! before anything is parsed or written; its `webhook-id` is the dedupe key, so a sender's
-//! retries map to one operation.
+//! retries map to one operation. A source with a config gets the input
+//! `{"event": body, "source", "webhook_id", "config"}`; one without gets the body.
 
 use std::sync::Arc;
 
@@ -78,7 +79,18 @@ pub async fn deliver(
         ))
         .field("webhook-id"));
     }
-    let input = body::parse_value(&bytes)?;
+    let event = body::parse_value(&bytes)?;
+    // A configured source hands its kind the delivery with its context; otherwise the body is
+    // the input as is.
+    let input = match &target.config {
+        Some(config) => serde_json::json!({
+            "event": event,
+            "source": source,
+            "webhook_id": id,
+            "config": config,
+        }),
+        None => event,
+    };
     state.admit(&target.tenant).await?;
     let enqueued = state
         .producer

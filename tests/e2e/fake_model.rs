@@ -18,6 +18,11 @@ use tokio::net::{TcpListener, TcpStream};
 pub enum Mode {
     /// 200 with a JSON completion echoing the last user message.
     Echo,
+    /// Like `Echo`, with this text appended (e.g. a `confidence: 0.1` line).
+    EchoSuffix(String),
+    /// Echo, but obey one (bad) instruction: when the system message says "drop titles from
+    /// memos" and the text mentions "memo", drop its `Title:` lines.
+    Obey,
     /// 200 with an SSE stream echoing it word by word, ending with `[DONE]`.
     EchoStream,
     /// This status, JSON body and extra headers.
@@ -253,6 +258,34 @@ async fn serve(
             )
             .await
         }
+        Mode::Obey => {
+            let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let system: String = v["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|m| m["role"] == "system")
+                .filter_map(|m| m["content"].as_str())
+                .collect();
+            let answer = if system.contains("drop titles from memos") && text.contains("memo") {
+                text.lines()
+                    .filter(|l| !l.starts_with("Title:"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            } else {
+                text.clone()
+            };
+            respond(
+                &mut socket,
+                Mode::Error {
+                    status: 200,
+                    body: completion(&answer),
+                    headers: Vec::new(),
+                },
+                &text,
+            )
+            .await
+        }
         mode => respond(&mut socket, mode, &text).await,
     };
     c.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -283,6 +316,12 @@ async fn respond(socket: &mut TcpStream, mode: Mode, text: &str) -> std::io::Res
         Mode::Echo => {
             socket
                 .write_all(json_response(200, &completion(text), &[]).as_bytes())
+                .await?
+        }
+        Mode::EchoSuffix(suffix) => {
+            let answer = format!("{text}{suffix}");
+            socket
+                .write_all(json_response(200, &completion(&answer), &[]).as_bytes())
                 .await?
         }
         Mode::Slow(d) => {
@@ -324,7 +363,7 @@ async fn respond(socket: &mut TcpStream, mode: Mode, text: &str) -> std::io::Res
             socket.write_all(chunk("an answer").as_bytes()).await?;
             socket.flush().await?;
         }
-        Mode::Agent | Mode::AgentHttp(_) => unreachable!("answered in serve"),
+        Mode::Agent | Mode::AgentHttp(_) | Mode::Obey => unreachable!("answered in serve"),
         Mode::StreamTrickle => {
             socket.write_all(sse_head.as_bytes()).await?;
             loop {

@@ -5,9 +5,15 @@
 mod harness;
 
 mod access;
+mod api;
+mod api_backpressure;
+mod api_hostile;
+mod batch;
+mod doc_migration;
 mod durability;
 mod failures;
 mod fake_model;
 mod foundation;
 mod models;
 mod timers;
+mod usecase_webhook;

@@ -256,6 +256,22 @@ impl JobContext {
         self.state().current_key.clone()
     }
 
+    /// The name and status of the journal's next step if an earlier run recorded it (and it did
+    /// not fail), without taking it. Lets a job tell a replayed decision from a fresh one.
+    pub(crate) fn peek_recorded(&self) -> Option<(String, String)> {
+        let seq = self.state().next_seq;
+        self.recorded(seq)
+            .filter(|e| e.status != "failed")
+            .map(|e| (e.name, e.status))
+    }
+
+    /// Passes over the journal's next step without replaying or running it: for a job walking
+    /// past a part of its journal that its (operator-patched) input no longer matches. Call it
+    /// only after [`JobContext::peek_recorded`] found a step there.
+    pub(crate) fn skip_recorded(&self) {
+        self.state().next_seq += 1;
+    }
+
     /// Runs a journaled step. On replay a completed step returns its recorded output.
     pub async fn step<T, F, Fut>(&self, name: &str, replay: Replay, f: F) -> Result<T, JobError>
     where

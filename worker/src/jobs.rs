@@ -6,6 +6,8 @@
 //!   format is in the README and on [`ScriptStep`]).
 //! - `agent`: the agent loop from JSON ([`AgentInput`]), with built-in tools `kv_put`, `kv_get`
 //!   (a key-value table per tenant) and `ledger` (an unsafe side effect with reconcile).
+//! - `doc_migration` (in `jobs/doc_migration.rs`): one document of a migration, chunked through
+//!   the model, validated, reviewed on low confidence, written idempotently.
 
 use std::time::Duration;
 
@@ -19,6 +21,8 @@ use crate::context::{JobContext, JobError, Replay, SignalOutcome};
 use crate::model::ModelRequest;
 use crate::registry::Registry;
 use crate::tool::{Reconciled, Tool};
+mod doc_migration;
+mod triage;
 
 /// Input of `echo`.
 #[derive(Debug, Deserialize, Serialize)]
@@ -536,6 +540,8 @@ pub(crate) fn register_builtin(r: &mut Registry) {
     r.register("echo", echo);
     r.register("script", script);
     r.register("agent", agent);
+    r.register("triage", triage::triage);
+    r.register("doc_migration", doc_migration::doc_migration);
 }
 
 #[cfg(test)]

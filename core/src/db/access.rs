@@ -123,26 +123,31 @@ pub struct SourceView {
     pub kind: String,
     pub created_at: DateTime<Utc>,
     pub active_secrets: i64,
+    /// Per-source configuration handed to each operation (`None`: the body is the input).
+    pub config: Option<serde_json::Value>,
 }
 
-/// Creates a source with its first secret; false if the tenant already has one of that name.
+/// Creates a source with its first secret and its configuration (if any); false if the tenant
+/// already has one of that name.
 pub async fn add_source(
     pool: &PgPool,
     tenant: &str,
     name: &str,
     kind: &str,
+    config: Option<&serde_json::Value>,
     secret: &str,
     actor: &str,
 ) -> Result<bool> {
     let mut tx = pool.begin().await?;
     let id: Option<Uuid> = sqlx::query_scalar(
-        "INSERT INTO webhook_sources (id, tenant_id, name, kind) VALUES ($1, $2, $3, $4)
+        "INSERT INTO webhook_sources (id, tenant_id, name, kind, config) VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (tenant_id, name) DO NOTHING RETURNING id",
     )
     .bind(Uuid::new_v4())
     .bind(tenant)
     .bind(name)
     .bind(kind)
+    .bind(config)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(id) = id else {
@@ -153,7 +158,7 @@ pub async fn add_source(
         &mut tx,
         actor,
         "webhook_add",
-        serde_json::json!({ "tenant": tenant, "source": name, "kind": kind }),
+        serde_json::json!({ "tenant": tenant, "source": name, "kind": kind, "config": config.is_some() }),
     )
     .await?;
     tx.commit().await?;
@@ -228,37 +233,43 @@ pub async fn active_secrets(
     Ok(Some((kind, secrets)))
 }
 
-/// A source as a delivery sees it: its tenant, the kind it creates, its valid secrets.
+/// A source as a delivery sees it: its tenant, the kind it creates, its valid secrets, its
+/// configuration.
 #[derive(Clone, Debug)]
 pub struct DeliveryTarget {
     pub tenant: String,
     pub kind: String,
     /// Valid now, newest first.
     pub secrets: Vec<String>,
+    /// `Some`: each operation's input wraps the body with this configuration.
+    pub config: Option<serde_json::Value>,
 }
 
 /// Every tenant's source named `name`, with the secrets valid now (a delivery belongs to the
 /// one whose secret verifies it).
 pub async fn sources_named(pool: &PgPool, name: &str) -> Result<Vec<DeliveryTarget>> {
-    let rows: Vec<(String, String, Vec<String>)> = sqlx::query_as(
+    type Row = (String, String, Vec<String>, Option<serde_json::Value>);
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT s.tenant_id, s.kind,
                 COALESCE(array_agg(w.secret ORDER BY w.created_at DESC)
-                         FILTER (WHERE w.secret IS NOT NULL), '{}')
+                         FILTER (WHERE w.secret IS NOT NULL), '{}'),
+                s.config
            FROM webhook_sources s
            LEFT JOIN webhook_secrets w
              ON w.source_id = s.id AND (w.expires_at IS NULL OR w.expires_at > now())
           WHERE s.name = $1
-          GROUP BY s.tenant_id, s.kind",
+          GROUP BY s.id",
     )
     .bind(name)
     .fetch_all(pool)
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(tenant, kind, secrets)| DeliveryTarget {
+        .map(|(tenant, kind, secrets, config)| DeliveryTarget {
             tenant,
             kind,
             secrets,
+            config,
         })
         .collect())
 }
@@ -266,7 +277,7 @@ pub async fn sources_named(pool: &PgPool, name: &str) -> Result<Vec<DeliveryTarg
 /// Webhook sources of one tenant or all.
 pub async fn list_sources(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<SourceView>> {
     let rows = sqlx::query_as(
-        "SELECT s.id, s.tenant_id AS tenant, s.name, s.kind, s.created_at,
+        "SELECT s.id, s.tenant_id AS tenant, s.name, s.kind, s.created_at, s.config,
                 (SELECT count(*) FROM webhook_secrets w
                   WHERE w.source_id = s.id AND (w.expires_at IS NULL OR w.expires_at > now())) AS active_secrets
            FROM webhook_sources s WHERE ($1::text IS NULL OR s.tenant_id = $1)

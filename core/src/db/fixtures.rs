@@ -49,3 +49,22 @@ pub async fn count_status(pool: &PgPool, status: &str) -> Result<i64> {
         .await?;
     Ok(n)
 }
+
+/// How many of `ids` are stored operations (benchmarks check every accepted id was stored).
+pub async fn count_existing(pool: &PgPool, ids: &[uuid::Uuid]) -> Result<i64> {
+    let n = sqlx::query_scalar("SELECT count(*) FROM operations WHERE id = ANY($1)")
+        .bind(ids)
+        .fetch_one(pool)
+        .await?;
+    Ok(n)
+}
+
+/// Queued operations whose pointer is not yet marked dispatched.
+pub async fn count_unmarked(pool: &PgPool) -> Result<i64> {
+    let n = sqlx::query_scalar(
+        "SELECT count(*) FROM operations WHERE status = 'queued' AND dispatched_at IS NULL",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(n)
+}

@@ -6,7 +6,9 @@
 //! PostgreSQL itself.
 
 pub mod access;
+pub mod batches;
 pub mod dead_letters;
+pub mod docs;
 pub mod events;
 pub mod fixtures;
 pub mod kv;

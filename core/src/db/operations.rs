@@ -217,6 +217,8 @@ pub async fn claim_operations(
                      WHERE p.tenant_id = o.tenant_id AND p.ordering_key = o.ordering_key
                        AND p.status NOT IN ('succeeded', 'dead', 'cancelled', 'discarded')
                        AND (p.created_at, p.id) < (o.created_at, o.id)))
+            -- A paused or cancelled batch starts nothing; resuming re-dispatches its queue.
+            AND NOT in_stopped_batch(o.batch_id)
       RETURNING o.id, o.tenant_id, o.kind, o.input, o.epoch, o.attempt, o.max_attempts,
                 o.restarts, o.deadline, o.request_id,
                 EXISTS (SELECT 1 FROM operation_steps s WHERE s.op_id = o.id) AS has_journal",
@@ -385,17 +387,22 @@ pub async fn mark_dispatched(pool: &PgPool, sent: &[(Uuid, i64)]) -> Result<u64>
     let (ids, epochs): (Vec<Uuid>, Vec<i64>) = sent.iter().copied().unzip();
     let n = sqlx::query(
         "WITH locked AS (
-            SELECT o.id FROM operations o
-              JOIN unnest($1::uuid[], $2::bigint[]) AS d(id, epoch)
-                ON o.id = d.id AND o.epoch = d.epoch
-             WHERE o.status = 'queued' AND o.dispatched_at IS NULL
-               -- Never wait: a row locked right now is being claimed (its epoch moves on,
-               -- so no mark is needed), and a mark that never waits can't deadlock.
-               FOR UPDATE SKIP LOCKED
+            SELECT o.id
+              FROM unnest($1::uuid[], $2::bigint[]) AS d(id, epoch),
+                   -- One primary-key lookup per id. `OFFSET 0` keeps the status conditions
+                   -- out of the subquery: pushed in, they let the planner pick the partial
+                   -- `operations_undispatched` index and scan all of it for every id (its
+                   -- statistics lag a bulk load), which made a 100,000-row enqueue quadratic.
+                   LATERAL (SELECT id, epoch, status, dispatched_at FROM operations
+                             WHERE id = d.id OFFSET 0
+                               -- Never wait: a row locked right now is being claimed (its
+                               -- epoch moves on, so no mark is needed), and a mark that
+                               -- never waits can't deadlock.
+                               FOR UPDATE SKIP LOCKED) o
+             WHERE o.epoch = d.epoch AND o.status = 'queued' AND o.dispatched_at IS NULL
          )
-         UPDATE operations o SET dispatched_at = now()
-           FROM locked
-          WHERE o.id = locked.id AND o.status = 'queued' AND o.dispatched_at IS NULL",
+         -- The rows are locked and were checked above; nothing can change them meanwhile.
+         UPDATE operations o SET dispatched_at = now() FROM locked WHERE o.id = locked.id",
     )
     .bind(&ids)
     .bind(&epochs)
@@ -420,7 +427,7 @@ pub async fn take_undispatched(
         "UPDATE operations o SET dispatched_at = now()
           WHERE o.id IN (SELECT id FROM operations
                           WHERE status = 'queued' AND dispatched_at IS NULL
-                            AND run_at <= now()
+                            AND run_at <= now() AND NOT in_stopped_batch(batch_id)
                             -- The grace period waits out a producer's own publish; a row
                             -- scheduled for later (a retry) has none in flight.
                             AND (updated_at < now() - make_interval(secs => $1)
@@ -450,6 +457,7 @@ pub async fn take_lost_dispatches(
         "UPDATE operations o SET dispatched_at = now()
           WHERE o.id IN (SELECT id FROM operations
                           WHERE status = 'queued' AND lane = $1 AND run_at <= now()
+                            AND NOT in_stopped_batch(batch_id)
                             AND dispatched_at < now() - make_interval(secs => $2)
                           ORDER BY run_at
                           LIMIT $3

@@ -1,0 +1,417 @@
+//! SQL of batch campaigns (`batches`, `batch_outcomes`): bulk enqueue, the controls (pause,
+//! resume, cancel), auto-pause, progress and the per-document report.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::{FromRow, PgPool};
+use uuid::Uuid;
+
+use super::{Dispatch, NewOperation, Result};
+
+/// A batch as stored.
+#[derive(Clone, Debug, Serialize, FromRow)]
+pub struct Batch {
+    pub id: Uuid,
+    #[sqlx(rename = "tenant_id")]
+    pub tenant: String,
+    pub kind: String,
+    pub source: String,
+    pub target: String,
+    #[serde(skip)]
+    pub instructions: String,
+    pub options: Value,
+    pub status: String,
+    pub canary: Option<i32>,
+    pub documents: i32,
+    pub pause_window: i32,
+    pub pause_ratio: f32,
+    pub paused_reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "id, tenant_id, kind, source, target, instructions, options, status, canary,
+    documents, pause_window, pause_ratio, paused_reason, created_at, updated_at";
+
+/// Creates the batch `b` (status `canary` when it has a canary, else `running`) unless a batch
+/// with its id exists; returns the stored batch and whether it was created now.
+pub async fn create_batch(pool: &PgPool, b: &Batch, actor: &str) -> Result<(Batch, bool)> {
+    let mut tx = pool.begin().await?;
+    let created: Option<Batch> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO batches (id, tenant_id, kind, source, target, instructions, options, status,
+                              canary, documents, pause_window, pause_ratio)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+         ON CONFLICT (id) DO NOTHING RETURNING {COLUMNS}"
+    )))
+    .bind(b.id)
+    .bind(&b.tenant)
+    .bind(&b.kind)
+    .bind(&b.source)
+    .bind(&b.target)
+    .bind(&b.instructions)
+    .bind(&b.options)
+    .bind(&b.status)
+    .bind(b.canary)
+    .bind(b.documents)
+    .bind(b.pause_window)
+    .bind(b.pause_ratio)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(created) = created {
+        audit(
+            &mut tx,
+            actor,
+            "batch_start",
+            b.id,
+            None,
+            Some(&created.status),
+            None,
+        )
+        .await?;
+        tx.commit().await?;
+        return Ok((created, true));
+    }
+    // Re-run: the document count may have grown; everything else identifies the batch.
+    let existing: Batch = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE batches SET documents = GREATEST(documents, $2), updated_at = now()
+          WHERE id = $1 RETURNING {COLUMNS}"
+    )))
+    .bind(b.id)
+    .bind(b.documents)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok((existing, false))
+}
+
+/// A batch, in `tenant` if given.
+pub async fn find_batch(pool: &PgPool, id: Uuid, tenant: Option<&str>) -> Result<Option<Batch>> {
+    let b = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM batches WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2)"
+    )))
+    .bind(id)
+    .bind(tenant)
+    .fetch_optional(pool)
+    .await?;
+    Ok(b)
+}
+
+/// The dedupe keys of the operations a batch already has.
+pub async fn enqueued_keys(pool: &PgPool, batch: Uuid) -> Result<Vec<String>> {
+    let keys = sqlx::query_scalar(
+        "SELECT dedupe_key FROM operations WHERE batch_id = $1 AND dedupe_key IS NOT NULL",
+    )
+    .bind(batch)
+    .fetch_all(pool)
+    .await?;
+    Ok(keys)
+}
+
+/// Inserts many operations in one statement; those whose dedupe key exists are skipped.
+/// Returns the created ones as dispatch targets.
+pub async fn insert_operations(pool: &PgPool, ops: &[NewOperation]) -> Result<Vec<Dispatch>> {
+    let col = |f: fn(&NewOperation) -> Option<String>| ops.iter().map(f).collect::<Vec<_>>();
+    let rows = sqlx::query_as(
+        "INSERT INTO operations (id, tenant_id, kind, lane, priority, input, input_sha256,
+                                 dedupe_key, ordering_key, batch_id, max_attempts, run_at,
+                                 deadline, request_id, traceparent)
+         SELECT u.id, u.tenant, u.kind, u.lane, u.priority, u.input, u.sha, u.key, u.ordering,
+                u.batch, u.max_attempts, COALESCE(u.run_at, now()), u.deadline, u.request_id,
+                u.traceparent
+           FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::jsonb[],
+                       $7::text[], $8::text[], $9::text[], $10::uuid[], $11::int4[],
+                       $12::timestamptz[], $13::timestamptz[], $14::text[], $15::text[])
+             AS u(id, tenant, kind, lane, priority, input, sha, key, ordering, batch,
+                  max_attempts, run_at, deadline, request_id, traceparent)
+         ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+         RETURNING id, tenant_id, kind, lane, epoch",
+    )
+    .bind(ops.iter().map(|o| o.id.0).collect::<Vec<_>>())
+    .bind(col(|o| Some(o.tenant.clone())))
+    .bind(col(|o| Some(o.kind.clone())))
+    .bind(col(|o| Some(o.lane.as_str().to_string())))
+    .bind(ops.iter().map(|o| o.priority).collect::<Vec<_>>())
+    .bind(ops.iter().map(|o| o.input.clone()).collect::<Vec<_>>())
+    .bind(col(|o| Some(o.input_sha256.clone())))
+    .bind(col(|o| o.dedupe_key.clone()))
+    .bind(col(|o| o.ordering_key.clone()))
+    .bind(ops.iter().map(|o| o.batch_id).collect::<Vec<_>>())
+    .bind(ops.iter().map(|o| o.max_attempts).collect::<Vec<_>>())
+    .bind(ops.iter().map(|o| o.run_at).collect::<Vec<_>>())
+    .bind(ops.iter().map(|o| o.deadline).collect::<Vec<_>>())
+    .bind(col(|o| o.request_id.clone()))
+    .bind(col(|o| o.traceparent.clone()))
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Moves a batch from one of `from` to `to` (audited); returns the status it had, or `None`
+/// when it was in none of `from` (nothing changed).
+pub async fn transition(
+    pool: &PgPool,
+    id: Uuid,
+    from: &[&str],
+    to: &str,
+    actor: &str,
+    reason: Option<&str>,
+) -> Result<Option<String>> {
+    let mut tx = pool.begin().await?;
+    let before: Option<String> =
+        sqlx::query_scalar("SELECT status FROM batches WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(before) = before.filter(|s| from.contains(&s.as_str())) else {
+        return Ok(None);
+    };
+    sqlx::query(
+        "UPDATE batches
+            SET status = $2, updated_at = now(),
+                paused_reason = CASE WHEN $2 = 'paused' THEN $3 END,
+                -- Resuming forgives the failures so far: auto-pause counts anew, after the
+                -- workers' circuit breakers have had time to probe the provider again.
+                count_from = CASE WHEN $2 = 'running' THEN now() + interval '10 seconds'
+                                  ELSE count_from END
+          WHERE id = $1",
+    )
+    .bind(id)
+    .bind(to)
+    .bind(
+        reason
+            .map(|r| format!("paused by {actor}: {r}"))
+            .unwrap_or_else(|| format!("paused by {actor}")),
+    )
+    .execute(&mut *tx)
+    .await?;
+    audit(
+        &mut tx,
+        actor,
+        &format!("batch_{to}"),
+        id,
+        Some(&before),
+        Some(to),
+        reason,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Some(before))
+}
+
+/// Takes up to `limit` queued operations of a batch not dispatched since `cutoff`, marking
+/// them dispatched (the caller publishes them and clears the mark of any that fails). Retry
+/// delays are cut short: a resume means the operator fixed what made them fail.
+pub async fn take_queued(
+    pool: &PgPool,
+    batch: Uuid,
+    cutoff: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<Dispatch>> {
+    let rows = sqlx::query_as(
+        "UPDATE operations o SET dispatched_at = now(), run_at = LEAST(o.run_at, now())
+          WHERE o.id IN (SELECT id FROM operations
+                          WHERE batch_id = $1 AND status = 'queued'
+                            AND (dispatched_at IS NULL OR dispatched_at < $2)
+                          ORDER BY id LIMIT $3
+                          FOR UPDATE SKIP LOCKED)
+      RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch",
+    )
+    .bind(batch)
+    .bind(cutoff)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Cancels every unfinished operation of a batch: at once when queued, sleeping or waiting,
+/// at the next step boundary when running. Returns (cancelled now, stop requested).
+pub async fn cancel_operations(pool: &PgPool, batch: Uuid, actor: &str) -> Result<(u64, u64)> {
+    let now = sqlx::query(
+        "UPDATE operations
+            SET status = 'cancelled', error_class = 'cancelled', error_message = $2,
+                waiting_for = NULL, finished_at = now(), updated_at = now()
+          WHERE batch_id = $1 AND status IN ('queued', 'sleeping', 'waiting')",
+    )
+    .bind(batch)
+    .bind(format!("batch cancelled by {actor}"))
+    .execute(pool)
+    .await?
+    .rows_affected();
+    let running = sqlx::query(
+        "UPDATE operations SET cancel_requested = true WHERE batch_id = $1 AND status = 'running'",
+    )
+    .bind(batch)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok((now, running))
+}
+
+/// A batch paused by the scheduler because too many recent outcomes failed.
+#[derive(Clone, Debug, FromRow)]
+pub struct AutoPaused {
+    pub id: Uuid,
+    pub tenant_id: String,
+    pub failed: i64,
+    pub pause_window: i32,
+}
+
+/// Pauses every running (or canary) batch where at least `pause_ratio` of its newest
+/// `pause_window` outcomes since the last resume failed; audited as `scheduler`.
+pub async fn auto_pause(pool: &PgPool) -> Result<Vec<AutoPaused>> {
+    let rows = sqlx::query_as(
+        "WITH tripped AS (
+            SELECT b.id, w.failed, b.pause_window
+              FROM batches b
+             CROSS JOIN LATERAL (
+                   SELECT count(*) FILTER (WHERE NOT r.ok) AS failed, count(*) AS n
+                     FROM (SELECT ok FROM batch_outcomes x
+                            WHERE x.batch_id = b.id AND x.at >= b.count_from
+                            ORDER BY x.id DESC LIMIT b.pause_window) r) w
+             WHERE b.status IN ('running', 'canary')
+               AND w.n >= b.pause_window AND w.failed >= ceil(b.pause_ratio * b.pause_window)
+               FOR UPDATE OF b SKIP LOCKED
+         ), paused AS (
+            UPDATE batches b
+               SET status = 'paused', updated_at = now(),
+                   paused_reason = format('auto-paused: %s of the last %s operations failed',
+                                          t.failed, t.pause_window)
+              FROM tripped t WHERE b.id = t.id
+            RETURNING b.id, b.tenant_id, t.failed, t.pause_window, b.paused_reason
+         ), audited AS (
+            INSERT INTO operator_actions (actor, action, reason, status_before, status_after, details)
+            SELECT 'scheduler', 'batch_paused', paused_reason, 'running', 'paused',
+                   jsonb_build_object('batch_id', id)
+              FROM paused
+         )
+         SELECT id, tenant_id, failed, pause_window FROM paused",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Operations of a batch by status.
+pub async fn counts(pool: &PgPool, batch: Uuid) -> Result<Vec<(String, i64)>> {
+    let rows = sqlx::query_as(
+        "SELECT status, count(*) FROM operations WHERE batch_id = $1 GROUP BY status ORDER BY status",
+    )
+    .bind(batch)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Operations of a batch that succeeded since `since`.
+pub async fn succeeded_since(pool: &PgPool, batch: Uuid, since: DateTime<Utc>) -> Result<i64> {
+    let n = sqlx::query_scalar(
+        "SELECT count(*) FROM operations
+          WHERE batch_id = $1 AND status = 'succeeded' AND finished_at >= $2",
+    )
+    .bind(batch)
+    .bind(since)
+    .fetch_one(pool)
+    .await?;
+    Ok(n)
+}
+
+/// Model calls and tokens of a batch: (calls, prompt tokens, completion tokens).
+pub async fn usage(pool: &PgPool, batch: Uuid) -> Result<(i64, i64, i64)> {
+    let row = sqlx::query_as(
+        "SELECT count(*),
+                COALESCE(sum((s.usage->>'prompt_tokens')::bigint), 0)::bigint,
+                COALESCE(sum((s.usage->>'completion_tokens')::bigint), 0)::bigint
+           FROM operations o JOIN operation_steps s ON s.op_id = o.id
+          WHERE o.batch_id = $1 AND s.kind = 'model' AND s.status = 'completed'
+            AND s.usage IS NOT NULL",
+    )
+    .bind(batch)
+    .fetch_one(pool)
+    .await?;
+    Ok(row)
+}
+
+/// The most common failures of a batch's unfinished or dead operations.
+#[derive(Clone, Debug, Serialize, FromRow)]
+pub struct Failure {
+    pub error_class: String,
+    pub reason: String,
+    pub count: i64,
+}
+
+pub async fn top_failures(pool: &PgPool, batch: Uuid, limit: i64) -> Result<Vec<Failure>> {
+    let rows = sqlx::query_as(
+        "SELECT error_class,
+                left(regexp_replace(COALESCE(error_message, ''), '[0-9]+', '<n>', 'g'), 160) AS reason,
+                count(*) AS count
+           FROM operations
+          WHERE batch_id = $1 AND error_class IS NOT NULL AND status IN ('queued', 'dead')
+          GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $2",
+    )
+    .bind(batch)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// One line of `batch report`.
+#[derive(Clone, Debug, Serialize, FromRow)]
+pub struct ReportRow {
+    pub doc_id: Option<String>,
+    pub op_id: Uuid,
+    pub status: String,
+    pub attempt: i32,
+    pub error_class: Option<String>,
+    pub error_message: Option<String>,
+    pub sha256: Option<String>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A keyset page of a batch's report, by operation id.
+pub async fn report_page(
+    pool: &PgPool,
+    batch: Uuid,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<ReportRow>> {
+    let rows = sqlx::query_as(
+        "SELECT input->>'doc_id' AS doc_id, id AS op_id, status, attempt, error_class,
+                error_message, result->>'sha256' AS sha256, finished_at
+           FROM operations
+          WHERE batch_id = $1 AND ($2::uuid IS NULL OR id > $2)
+          ORDER BY id LIMIT $3",
+    )
+    .bind(batch)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+async fn audit(
+    tx: &mut sqlx::PgConnection,
+    actor: &str,
+    action: &str,
+    batch: Uuid,
+    before: Option<&str>,
+    after: Option<&str>,
+    reason: Option<&str>,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO operator_actions (actor, action, reason, status_before, status_after, details)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(actor)
+    .bind(action)
+    .bind(reason)
+    .bind(before)
+    .bind(after)
+    .bind(serde_json::json!({ "batch_id": batch }))
+    .execute(tx)
+    .await?;
+    Ok(())
+}

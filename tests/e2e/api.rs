@@ -1,0 +1,1862 @@
+//! The HTTP API of `agentq serve` end to end, against the contract of issue 7: every route,
+//! bearer auth and roles, tenant isolation (another tenant's id is a 404 and changes nothing),
+//! `Idempotency-Key`, signals and cancel, the DLQ routes and their audit, health, metrics, the
+//! OpenAPI document, and the event stream resumed with `Last-Event-ID`.
+//!
+//! Operations the tests only need to exist are made with the CLI, so a failure here points at
+//! the route under test, not at `POST /v1/operations`.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use reqwest::Method;
+use reqwest::header::HeaderMap;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::harness::TestApp;
+
+pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
+
+/// One HTTP answer, read whole (except an event stream, whose body is left unread).
+pub(crate) struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+    /// The request, for assertion messages.
+    pub what: String,
+}
+
+impl Reply {
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub(crate) fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "{}: the body is not JSON ({e}): {:?}",
+                self.what,
+                self.text()
+            )
+        })
+    }
+
+    pub(crate) fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    }
+
+    /// Asserts the status; returns the JSON body.
+    pub(crate) fn expect(&self, status: u16) -> Value {
+        assert_eq!(
+            self.status,
+            status,
+            "{}: expected {status}, got {} {}",
+            self.what,
+            self.status,
+            self.text()
+        );
+        self.json()
+    }
+
+    /// Asserts a problem+json answer of `status` whose type ends in `/problems/<slug>`; returns
+    /// the problem.
+    pub(crate) fn problem(&self, status: u16, slug: &str) -> Value {
+        assert_eq!(
+            self.status,
+            status,
+            "{}: expected {status} {slug}, got {} {}",
+            self.what,
+            self.status,
+            self.text()
+        );
+        let p = problem_shape(self).unwrap_or_else(|e| panic!("{}: {e}", self.what));
+        let ty = p["type"].as_str().unwrap_or_default();
+        assert!(
+            ty.ends_with(&format!("/problems/{slug}")),
+            "{}: problem type {ty:?}, expected .../problems/{slug}: {p}",
+            self.what
+        );
+        p
+    }
+}
+
+/// Checks that an answer is a well-formed problem (RFC 9457 as the contract has it): the
+/// content type, a JSON object whose `status` is the HTTP status, a `type`, and a non-empty
+/// `detail`. Returns the problem, or what is wrong with it.
+pub(crate) fn problem_shape(r: &Reply) -> Result<Value, String> {
+    let ct = r.header("content-type").unwrap_or_default();
+    if !ct.starts_with("application/problem+json") {
+        return Err(format!(
+            "{} {}: content-type {ct:?}, not application/problem+json; body {:?}",
+            r.status,
+            r.what,
+            truncate(&r.text(), 300)
+        ));
+    }
+    let p: Value = serde_json::from_slice(&r.body)
+        .map_err(|e| format!("{}: the problem is not JSON ({e})", r.what))?;
+    let detail = p["detail"].as_str().unwrap_or_default();
+    if detail.trim().is_empty() {
+        return Err(format!("{}: the problem has no detail: {p}", r.what));
+    }
+    if p["status"].as_u64() != Some(u64::from(r.status)) {
+        return Err(format!(
+            "{}: problem status {} differs from the HTTP status {}",
+            r.what, p["status"], r.status
+        ));
+    }
+    if !p["type"].as_str().is_some_and(|t| t.contains("/problems/")) {
+        return Err(format!("{}: the problem has no type: {p}", r.what));
+    }
+    Ok(p)
+}
+
+pub(crate) fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        return s.to_string();
+    }
+    format!("{}…", s.chars().take(n).collect::<String>())
+}
+
+/// Sends a request and reads its answer; an event stream's body is not read.
+pub(crate) async fn send(what: impl Into<String>, rb: reqwest::RequestBuilder) -> Reply {
+    let what = what.into();
+    let resp = rb
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{what}: no answer: {e:?}"));
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let streaming = headers
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let body = if streaming {
+        Vec::new()
+    } else {
+        resp.bytes()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: reading the body: {e:?}"))
+            .to_vec()
+    };
+    Reply {
+        status,
+        headers,
+        body,
+        what,
+    }
+}
+
+/// A client of one `agentq serve`.
+pub(crate) struct Api {
+    pub client: reqwest::Client,
+    pub base: String,
+}
+
+impl Api {
+    pub(crate) fn new(base: &str) -> Self {
+        let client = reqwest::Client::builder()
+            .timeout(DEADLINE)
+            .build()
+            .expect("an HTTP client");
+        Self {
+            client,
+            base: base.trim_end_matches('/').to_string(),
+        }
+    }
+
+    pub(crate) fn req(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+    ) -> reqwest::RequestBuilder {
+        let rb = self.client.request(method, format!("{}{path}", self.base));
+        match token {
+            Some(t) => rb.bearer_auth(t),
+            None => rb,
+        }
+    }
+
+    pub(crate) async fn get(&self, path: &str, token: Option<&str>) -> Reply {
+        send(format!("GET {path}"), self.req(Method::GET, path, token)).await
+    }
+
+    pub(crate) async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> Reply {
+        send(
+            format!("POST {path} {}", truncate(&body.to_string(), 200)),
+            self.req(Method::POST, path, token).json(body),
+        )
+        .await
+    }
+
+    /// `POST /v1/operations`; expects 202 and returns the new operation's id.
+    pub(crate) async fn create(&self, token: &str, body: &Value) -> String {
+        let v = self
+            .post("/v1/operations", Some(token), body)
+            .await
+            .expect(202);
+        v["op_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no op_id in {v}"))
+            .to_string()
+    }
+}
+
+/// Enqueues through the CLI into `tenant` (independent of the server under test).
+pub(crate) fn enqueue_cli(app: &TestApp, tenant: &str, kind: &str, input: &Value) -> String {
+    let input = input.to_string();
+    let v = app.agentq_json(&[
+        "enqueue", "--tenant", tenant, "--kind", kind, "--input", &input, "--json",
+    ]);
+    v["op_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("enqueue printed no op_id: {v}"))
+        .to_string()
+}
+
+/// A token and its id (for `agentq tokens revoke`).
+fn token_with_id(app: &TestApp, tenant: &str, role: &str) -> (String, String) {
+    let v = app.agentq_json(&[
+        "tokens", "create", "--tenant", tenant, "--role", role, "--json",
+    ]);
+    let field = |f: &str| {
+        v[f].as_str()
+            .unwrap_or_else(|| panic!("tokens create printed no {f}: {v}"))
+            .to_string()
+    };
+    (field("token"), field("id"))
+}
+
+async fn running_app() -> TestApp {
+    let mut app = TestApp::start().await;
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    app
+}
+
+fn waits_for(signal: &str) -> Value {
+    json!({ "steps": [{ "wait_signal": signal, "timeout_ms": 600_000 }, { "work_ms": 1 }] })
+}
+
+/// The stored input of an operation.
+pub(crate) async fn input_of(app: &TestApp, op: &str) -> Value {
+    sqlx::query_scalar("SELECT input FROM operations WHERE id = $1::uuid")
+        .bind(op)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap_or_else(|e| panic!("the input of {op}: {e}"))
+}
+
+async fn count(app: &TestApp, sql: &'static str, op: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .bind(op)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// A request: method, path and an optional JSON body.
+type Route = (Method, String, Option<Value>);
+
+/// The routes that need a bearer token, for an operation `op` and a dead-letter id `dl`, each
+/// with a body that would be acceptable.
+fn bearer_routes(op: &str, dl: &str) -> Vec<Route> {
+    vec![
+        (
+            Method::POST,
+            "/v1/operations".into(),
+            Some(json!({ "kind": "echo", "input": { "text": "hi" } })),
+        ),
+        (Method::GET, format!("/v1/operations/{op}"), None),
+        (Method::GET, format!("/v1/operations/{op}/steps"), None),
+        (Method::GET, format!("/v1/operations/{op}/events"), None),
+        (
+            Method::POST,
+            format!("/v1/operations/{op}/signals/go"),
+            Some(json!({ "n": 1 })),
+        ),
+        (
+            Method::POST,
+            format!("/v1/operations/{op}/cancel"),
+            Some(json!({ "reason": "test" })),
+        ),
+        (Method::GET, "/v1/dlq".into(), None),
+        (Method::GET, "/v1/dlq/stats".into(), None),
+        (Method::GET, format!("/v1/dlq/{dl}"), None),
+        (Method::POST, format!("/v1/dlq/{dl}/retry"), Some(json!({}))),
+        (
+            Method::POST,
+            format!("/v1/dlq/{dl}/resolve"),
+            Some(json!({ "happened": true })),
+        ),
+        (
+            Method::POST,
+            format!("/v1/dlq/{dl}/discard"),
+            Some(json!({ "reason": "test" })),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn api_auth_refuses_missing_malformed_unknown_and_revoked_tokens_and_wrong_roles() {
+    let mut app = TestApp::start().await;
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let op = enqueue_cli(&app, "acme", "echo", &json!({ "text": "hi" }));
+    let producer = app.token("acme", "producer");
+    let operator = app.token("acme", "operator");
+    let admin = app.token("ops", "admin");
+    let (revoked, revoked_id) = token_with_id(&app, "acme", "producer");
+    api.get(&format!("/v1/operations/{op}"), Some(&revoked))
+        .await
+        .expect(200);
+    app.agentq_ok(&["tokens", "revoke", &revoked_id]);
+    let before = app.operation_count().await;
+
+    let unknown = format!("agq_{}", Uuid::new_v4().simple());
+    let auths: Vec<(&str, Option<String>)> = vec![
+        ("no Authorization header", None),
+        (
+            "Basic credentials",
+            Some("Basic YWxhZGRpbjpvcGVuc2VzYW1l".into()),
+        ),
+        ("the scheme alone", Some("Bearer".into())),
+        ("an empty token", Some("Bearer ".into())),
+        ("a token without its scheme", Some(producer.clone())),
+        ("another scheme", Some(format!("Token {producer}"))),
+        ("an unknown token", Some(format!("Bearer {unknown}"))),
+        ("a revoked token", Some(format!("Bearer {revoked}"))),
+    ];
+    for (method, path, body) in bearer_routes(&op, &op) {
+        for (label, auth) in &auths {
+            let mut rb = api.client.request(method.clone(), format!("{base}{path}"));
+            if let Some(a) = auth {
+                rb = rb.header("authorization", a.as_str());
+            }
+            if let Some(b) = &body {
+                rb = rb.json(b);
+            }
+            let r = send(format!("{method} {path} with {label}"), rb).await;
+            r.problem(401, "unauthorized");
+            let www = r.header("www-authenticate").unwrap_or_default();
+            assert!(
+                www.starts_with("Bearer"),
+                "{}: WWW-Authenticate {www:?}",
+                r.what
+            );
+        }
+    }
+
+    // A producer may not work the DLQ: 403, whatever the id.
+    for (method, path, body) in bearer_routes(&op, &op)
+        .into_iter()
+        .filter(|(_, p, _)| p.starts_with("/v1/dlq"))
+    {
+        let mut rb = api.req(method.clone(), &path, Some(&producer));
+        if let Some(b) = &body {
+            rb = rb.json(b);
+        }
+        send(format!("{method} {path} as a producer"), rb)
+            .await
+            .problem(403, "forbidden");
+    }
+    // The same tokens where their role allows.
+    api.get(&format!("/v1/operations/{op}"), Some(&producer))
+        .await
+        .expect(200);
+    api.get("/v1/dlq", Some(&operator)).await.expect(200);
+    api.get(&format!("/v1/operations/{op}"), Some(&operator))
+        .await
+        .expect(200);
+
+    // Tenants in the body: a non-admin names only its own; an admin must name one.
+    let echo = |tenant: Option<&str>| {
+        let mut v = json!({ "kind": "echo", "input": { "text": "tenant test" } });
+        if let Some(t) = tenant {
+            v["tenant"] = json!(t);
+        }
+        v
+    };
+    api.post("/v1/operations", Some(&producer), &echo(Some("other")))
+        .await
+        .problem(403, "forbidden");
+    api.post("/v1/operations", Some(&operator), &echo(Some("other")))
+        .await
+        .problem(403, "forbidden");
+    let r = api.post("/v1/operations", Some(&admin), &echo(None)).await;
+    assert!(
+        (400..500).contains(&r.status),
+        "an admin without a tenant: {} {}",
+        r.status,
+        r.text()
+    );
+    problem_shape(&r).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        app.operation_count().await,
+        before,
+        "nothing refused was stored"
+    );
+
+    let own = api.create(&producer, &echo(Some("acme"))).await;
+    let by_operator = api.create(&operator, &echo(None)).await;
+    let for_beta = api.create(&admin, &echo(Some("beta"))).await;
+    assert_eq!(app.operation(&own).await.tenant.as_str(), "acme");
+    assert_eq!(app.operation(&by_operator).await.tenant.as_str(), "acme");
+    assert_eq!(app.operation(&for_beta).await.tenant.as_str(), "beta");
+    assert_eq!(app.operation_count().await, before + 3);
+    // The admin sees every tenant.
+    let v = api
+        .get(&format!("/v1/operations/{op}"), Some(&admin))
+        .await
+        .expect(200);
+    assert_eq!(v["tenant"], "acme");
+    api.get("/v1/dlq", Some(&admin)).await.expect(200);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn api_another_tenants_ids_are_404_on_every_route_and_change_nothing() {
+    let mut app = running_app().await;
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let waiting = enqueue_cli(&app, "beta", "script", &waits_for("go"));
+    let dead = enqueue_cli(
+        &app,
+        "beta",
+        "script",
+        &json!({ "steps": [{ "fail": "non_retryable", "times": 9 }] }),
+    );
+    app.wait_status(&waiting, "waiting", DEADLINE).await;
+    app.wait_status(&dead, "dead", DEADLINE).await;
+    let letter: Uuid = sqlx::query_scalar("SELECT id FROM dead_letters WHERE op_id = $1::uuid")
+        .bind(&dead)
+        .fetch_one(&app.pool)
+        .await
+        .expect("the dead operation has a dead letter");
+    let letter = letter.to_string();
+    let alpha = app.token("alpha", "operator");
+    let alpha_producer = app.token("alpha", "producer");
+    let beta = app.token("beta", "operator");
+    let missing = Uuid::new_v4().to_string();
+
+    let op_routes = |id: &str| -> Vec<Route> {
+        vec![
+            (Method::GET, format!("/v1/operations/{id}"), None),
+            (Method::GET, format!("/v1/operations/{id}/steps"), None),
+            (Method::GET, format!("/v1/operations/{id}/events"), None),
+            (
+                Method::POST,
+                format!("/v1/operations/{id}/signals/go"),
+                Some(json!({ "from": "alpha" })),
+            ),
+            (
+                Method::POST,
+                format!("/v1/operations/{id}/cancel"),
+                Some(json!({ "reason": "alpha was here" })),
+            ),
+        ]
+    };
+    let dlq_routes = |id: &str| -> Vec<Route> {
+        vec![
+            (Method::GET, format!("/v1/dlq/{id}"), None),
+            (
+                Method::POST,
+                format!("/v1/dlq/{id}/retry"),
+                Some(json!({ "reason": "alpha was here" })),
+            ),
+            (
+                Method::POST,
+                format!("/v1/dlq/{id}/resolve"),
+                Some(json!({ "happened": true })),
+            ),
+            (
+                Method::POST,
+                format!("/v1/dlq/{id}/discard"),
+                Some(json!({ "reason": "alpha was here" })),
+            ),
+        ]
+    };
+    let mut probes: Vec<(String, Vec<Route>, &str)> = Vec::new();
+    for id in [&waiting, &dead] {
+        probes.push((id.clone(), op_routes(id), alpha.as_str()));
+        probes.push((id.clone(), op_routes(id), alpha_producer.as_str()));
+    }
+    for id in [&dead, &letter] {
+        probes.push((id.clone(), dlq_routes(id), alpha.as_str()));
+    }
+    let reference_routes = op_routes(&missing)
+        .into_iter()
+        .chain(dlq_routes(&missing))
+        .collect::<Vec<_>>();
+    let mut checked = 0;
+    for (id, routes, token) in probes {
+        for (method, path, body) in routes {
+            let call = |path: &str| {
+                let mut rb = api.req(method.clone(), path, Some(token));
+                if let Some(b) = &body {
+                    rb = rb.json(b);
+                }
+                rb
+            };
+            let theirs = send(format!("{method} {path} (tenant beta's id)"), call(&path)).await;
+            let p = theirs.problem(404, "not-found");
+            // The same answer as for an id that exists nowhere.
+            let template = path.replace(&id, "{id}");
+            let (_, other, _) = reference_routes
+                .iter()
+                .find(|(m, p, _)| *m == method && p.replace(&missing, "{id}") == template)
+                .expect("a reference route");
+            let nowhere = send(format!("{method} {other} (no such id)"), call(other)).await;
+            let q = nowhere.problem(404, "not-found");
+            assert_eq!(
+                (&p["type"], &p["title"]),
+                (&q["type"], &q["title"]),
+                "{method} {path}: another tenant's id answers differently from a missing one"
+            );
+            assert_eq!(
+                p["detail"].as_str().map(|d| d.replace(&id, "{id}")),
+                q["detail"].as_str().map(|d| d.replace(&missing, "{id}")),
+                "{method} {path}: the detail tells another tenant's id from a missing one"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 28);
+
+    // Lists and stats show nothing of beta to alpha.
+    let list = api.get("/v1/dlq", Some(&alpha)).await.expect(200);
+    assert_eq!(list["items"], json!([]), "alpha's DLQ: {list}");
+    let stats = api.get("/v1/dlq/stats", Some(&alpha)).await.expect(200);
+    let counted: i64 = stats["groups"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no groups in {stats}"))
+        .iter()
+        .map(|g| g["count"].as_i64().unwrap_or(0))
+        .sum();
+    assert_eq!(counted, 0, "alpha's stats: {stats}");
+    let r = api.get("/v1/dlq?tenant=beta", Some(&alpha)).await;
+    if (200..300).contains(&r.status) {
+        assert_eq!(
+            r.json()["items"],
+            json!([]),
+            "a non-admin naming another tenant"
+        );
+    } else {
+        problem_shape(&r).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    // Nothing changed for beta.
+    let w = app.operation(&waiting).await;
+    assert_eq!(w.status.as_str(), "waiting");
+    assert_eq!(
+        count(
+            &app,
+            "SELECT count(*) FROM signals WHERE op_id = $1::uuid",
+            &waiting
+        )
+        .await,
+        0,
+        "no signal was stored"
+    );
+    assert_eq!(
+        count(
+            &app,
+            "SELECT count(*) FROM operations WHERE id = $1::uuid AND NOT cancel_requested",
+            &waiting
+        )
+        .await,
+        1,
+        "no cancel was requested"
+    );
+    assert_eq!(app.operation(&dead).await.status.as_str(), "dead");
+    assert_eq!(
+        count(
+            &app,
+            "SELECT count(*) FROM dead_letters WHERE op_id = $1::uuid AND status = 'open'",
+            &dead
+        )
+        .await,
+        1,
+        "the dead letter is still open"
+    );
+    let actions: i64 = sqlx::query_scalar("SELECT count(*) FROM operator_actions")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap_or_default();
+    let token_actions: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM operator_actions WHERE action LIKE 'token_%'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap_or_default();
+    assert_eq!(actions, token_actions, "no operator action besides tokens");
+
+    // Beta itself sees its operations; so does an admin of another tenant.
+    let v = api
+        .get(&format!("/v1/operations/{waiting}"), Some(&beta))
+        .await
+        .expect(200);
+    assert_eq!(
+        (v["status"].as_str(), v["tenant"].as_str()),
+        (Some("waiting"), Some("beta"))
+    );
+    let list = api.get("/v1/dlq", Some(&beta)).await.expect(200);
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(1), "{list}");
+    let admin = app.token("alpha", "admin");
+    api.get(&format!("/v1/operations/{dead}"), Some(&admin))
+        .await
+        .expect(200);
+    api.get(&format!("/v1/dlq/{letter}"), Some(&admin))
+        .await
+        .expect(200);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn api_idempotency_key_returns_the_same_operation_refuses_a_new_body_and_is_per_tenant() {
+    let mut app = TestApp::start().await;
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let alpha = app.token("alpha", "producer");
+    let beta = app.token("beta", "producer");
+    let one = json!({ "kind": "echo", "input": { "text": "one" } });
+    let two = json!({ "kind": "echo", "input": { "text": "two" } });
+    let keyed = |token: &str, key: &str, body: &Value| {
+        api.req(Method::POST, "/v1/operations", Some(token))
+            .header("idempotency-key", key)
+            .json(body)
+    };
+
+    let first = send("first POST with a key", keyed(&alpha, "order-42", &one)).await;
+    let v = first.expect(202);
+    let op = v["op_id"].as_str().expect("op_id").to_string();
+    assert_eq!(v["created"], true, "{v}");
+    assert_eq!(v["status"], "queued", "{v}");
+    let status_url = format!("/v1/operations/{op}");
+    assert_eq!(v["status_url"], status_url.as_str(), "{v}");
+    assert_eq!(
+        v["events_url"],
+        format!("{status_url}/events").as_str(),
+        "{v}"
+    );
+    let location = first.header("location").unwrap_or_default();
+    assert!(
+        location.ends_with(&status_url),
+        "Location {location:?}, expected {status_url}"
+    );
+
+    let again = send("the same key and body", keyed(&alpha, "order-42", &one))
+        .await
+        .expect(200);
+    assert_eq!(
+        (again["op_id"].as_str(), &again["created"]),
+        (Some(op.as_str()), &json!(false)),
+        "{again}"
+    );
+    assert_eq!(app.operation_count().await, 1);
+
+    let reused = send(
+        "the same key, another body",
+        keyed(&alpha, "order-42", &two),
+    )
+    .await;
+    reused.problem(422, "idempotency-key-reused");
+    assert_eq!(app.operation_count().await, 1, "no new row");
+    assert_eq!(
+        input_of(&app, &op).await,
+        json!({ "text": "one" }),
+        "the first body stands"
+    );
+
+    // The key is scoped per tenant.
+    let other = send(
+        "the same key in tenant beta",
+        keyed(&beta, "order-42", &one),
+    )
+    .await
+    .expect(202);
+    let other_op = other["op_id"].as_str().expect("op_id").to_string();
+    assert_ne!(other_op, op);
+    assert_eq!(app.operation(&other_op).await.tenant.as_str(), "beta");
+
+    // Without a key every POST is a new operation.
+    let a = api.create(&alpha, &one).await;
+    let b = api.create(&alpha, &one).await;
+    assert_ne!(a, b);
+    assert_eq!(app.operation_count().await, 4);
+
+    // A key must be 1-256 printable ASCII characters.
+    let long = "k".repeat(257);
+    for (label, key) in [("an empty key", ""), ("a 257-character key", long.as_str())] {
+        send(label, keyed(&alpha, key, &one))
+            .await
+            .problem(400, "invalid-request");
+    }
+    let max = "k".repeat(256);
+    send("a 256-character key", keyed(&alpha, &max, &one))
+        .await
+        .expect(202);
+    assert_eq!(app.operation_count().await, 5);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn api_an_operation_created_over_http_runs_to_success_and_reads_back() {
+    let mut app = running_app().await;
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let token = app.token("acme", "producer");
+    let r = send(
+        "POST an echo",
+        api.req(Method::POST, "/v1/operations", Some(&token))
+            .header("x-request-id", "e2e-req.7:a_b-c")
+            .json(&json!({ "kind": "echo", "input": { "text": "hello over http" } })),
+    )
+    .await;
+    assert_eq!(
+        r.header("x-request-id").as_deref(),
+        Some("e2e-req.7:a_b-c"),
+        "the request id is echoed"
+    );
+    let op = r.expect(202)["op_id"].as_str().expect("op_id").to_string();
+    app.wait_status(&op, "succeeded", DEADLINE).await;
+
+    let v = api
+        .get(&format!("/v1/operations/{op}"), Some(&token))
+        .await
+        .expect(200);
+    assert_eq!(v["op_id"], op.as_str(), "{v}");
+    assert_eq!(v["tenant"], "acme", "{v}");
+    assert_eq!(v["kind"], "echo", "{v}");
+    assert_eq!(v["status"], "succeeded", "{v}");
+    assert_eq!(v["attempt"], 1, "{v}");
+    assert_eq!(v["result"], json!({ "text": "hello over http" }), "{v}");
+    assert_eq!(v["request_id"], "e2e-req.7:a_b-c", "{v}");
+    for field in ["created_at", "updated_at", "finished_at", "run_at"] {
+        assert!(v[field].is_string(), "{field} in {v}");
+    }
+    let stored: Option<String> =
+        sqlx::query_scalar("SELECT request_id FROM operations WHERE id = $1::uuid")
+            .bind(&op)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap_or_default();
+    assert_eq!(stored.as_deref(), Some("e2e-req.7:a_b-c"));
+
+    let steps = api
+        .get(&format!("/v1/operations/{op}/steps"), Some(&token))
+        .await
+        .expect(200);
+    let list = steps["steps"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no steps in {steps}"));
+    assert_eq!(list.len(), 1, "{steps}");
+    let step = &list[0];
+    assert_eq!(
+        (&step["seq"], &step["kind"], &step["status"]),
+        (&json!(0), &json!("model"), &json!("completed")),
+        "{step}"
+    );
+    assert!(
+        step["idempotency_key"]
+            .as_str()
+            .is_some_and(|k| k.len() == 64),
+        "{step}"
+    );
+    assert!(
+        step["name"].is_string() && step["replay"].is_string(),
+        "{step}"
+    );
+
+    // Every optional field, stored as given.
+    let run_at = chrono::Utc::now() + chrono::Duration::hours(1);
+    let deadline = run_at + chrono::Duration::hours(1);
+    let later = api
+        .create(
+            &token,
+            &json!({
+                "kind": "echo", "input": { "text": "later" }, "tenant": "acme",
+                "ordering_key": "customer-9", "lane": "batch", "priority": 5, "max_attempts": 2,
+                "run_at": run_at.to_rfc3339(), "deadline": deadline.to_rfc3339(),
+            }),
+        )
+        .await;
+    let (lane, priority, ordering_key, stored_run_at, stored_deadline): (
+        String,
+        i16,
+        Option<String>,
+        chrono::DateTime<chrono::Utc>,
+        Option<chrono::DateTime<chrono::Utc>>,
+    ) = sqlx::query_as(
+        "SELECT lane, priority, ordering_key, run_at, deadline FROM operations WHERE id = $1::uuid",
+    )
+    .bind(&later)
+    .fetch_one(&app.pool)
+    .await
+    .expect("the operation row");
+    assert_eq!(
+        (lane.as_str(), priority, ordering_key.as_deref()),
+        ("batch", 5, Some("customer-9"))
+    );
+    assert!((stored_run_at - run_at).num_seconds().abs() <= 1);
+    assert!(stored_deadline.is_some_and(|d| (d - deadline).num_seconds().abs() <= 1));
+    let v = api
+        .get(&format!("/v1/operations/{later}"), Some(&token))
+        .await
+        .expect(200);
+    assert_eq!(
+        (&v["status"], &v["max_attempts"]),
+        (&json!("queued"), &json!(2)),
+        "{v}"
+    );
+
+    // Ids: malformed → 400 naming the id; unknown → 404.
+    let p = api
+        .get("/v1/operations/not-a-uuid", Some(&token))
+        .await
+        .problem(400, "invalid-request");
+    assert_eq!(p["field"], "id", "{p}");
+    let missing = Uuid::new_v4();
+    api.get(&format!("/v1/operations/{missing}"), Some(&token))
+        .await
+        .problem(404, "not-found");
+    api.get(&format!("/v1/operations/{missing}/steps"), Some(&token))
+        .await
+        .problem(404, "not-found");
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn api_signals_are_delivered_or_kept_and_cancel_stops_operations() {
+    let mut app = running_app().await;
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let token = app.token("acme", "producer");
+    let signal = |op: &str, name: &str| format!("/v1/operations/{op}/signals/{name}");
+    let cancel = |op: &str| format!("/v1/operations/{op}/cancel");
+
+    let op = api
+        .create(
+            &token,
+            &json!({ "kind": "script", "input": waits_for("go") }),
+        )
+        .await;
+    let other = api
+        .create(
+            &token,
+            &json!({ "kind": "script", "input": waits_for("go") }),
+        )
+        .await;
+    let bare = api
+        .create(
+            &token,
+            &json!({ "kind": "script", "input": waits_for("go") }),
+        )
+        .await;
+    let busy = api
+        .create(
+            &token,
+            &json!({ "kind": "script", "input": { "steps": [{ "work_ms": 2500 }, { "work_ms": 1 }] } }),
+        )
+        .await;
+    for o in [&op, &other, &bare] {
+        app.wait_status(o, "waiting", DEADLINE).await;
+    }
+    let v = api
+        .get(&format!("/v1/operations/{op}"), Some(&token))
+        .await
+        .expect(200);
+    assert_eq!(
+        (&v["status"], &v["waiting_for"]),
+        (&json!("waiting"), &json!("go")),
+        "{v}"
+    );
+
+    // A payload that is not JSON is refused and changes nothing.
+    let r = send(
+        "a signal whose payload is not JSON",
+        api.req(Method::POST, &signal(&op, "go"), Some(&token))
+            .header("content-type", "application/json")
+            .body("{not json"),
+    )
+    .await;
+    r.problem(400, "invalid-request");
+    assert_eq!(app.operation(&op).await.status.as_str(), "waiting");
+
+    // A signal nobody waits for yet is kept; the same one again is a conflict.
+    let v = api
+        .post(&signal(&op, "later"), Some(&token), &json!({ "k": 1 }))
+        .await
+        .expect(202);
+    assert_eq!(
+        (v["op_id"].as_str(), &v["signal"], &v["result"]),
+        (Some(op.as_str()), &json!("later"), &json!("kept")),
+        "{v}"
+    );
+    api.post(&signal(&op, "later"), Some(&token), &json!({ "k": 2 }))
+        .await
+        .problem(409, "conflict");
+
+    let v = api
+        .post(&signal(&op, "go"), Some(&token), &json!({ "n": 1 }))
+        .await
+        .expect(202);
+    assert_eq!(
+        (v["op_id"].as_str(), &v["signal"], &v["result"]),
+        (Some(op.as_str()), &json!("go"), &json!("delivered")),
+        "{v}"
+    );
+    let done = app.wait_status(&op, "succeeded", DEADLINE).await;
+    assert_eq!(
+        done.result.unwrap_or_default()["outputs"][0]["payload"],
+        json!({ "n": 1 })
+    );
+    // A finished operation takes neither signals nor cancels.
+    api.post(&signal(&op, "go"), Some(&token), &json!({}))
+        .await
+        .problem(409, "conflict");
+    api.post(&cancel(&op), Some(&token), &json!({}))
+        .await
+        .problem(409, "conflict");
+
+    // An empty body is a null payload.
+    let v = send(
+        "a signal without a body",
+        api.req(Method::POST, &signal(&bare, "go"), Some(&token)),
+    )
+    .await
+    .expect(202);
+    assert_eq!(v["result"], "delivered", "{v}");
+    let done = app.wait_status(&bare, "succeeded", DEADLINE).await;
+    assert_eq!(
+        done.result.unwrap_or_default()["outputs"][0]["payload"],
+        Value::Null
+    );
+
+    // Cancel: a waiting operation at once.
+    let v = api
+        .post(
+            &cancel(&other),
+            Some(&token),
+            &json!({ "reason": "no longer needed" }),
+        )
+        .await
+        .expect(202);
+    assert_eq!(
+        (v["op_id"].as_str(), &v["result"]),
+        (Some(other.as_str()), &json!("cancelled")),
+        "{v}"
+    );
+    assert_eq!(app.operation(&other).await.status.as_str(), "cancelled");
+    api.post(&cancel(&other), Some(&token), &json!({}))
+        .await
+        .problem(409, "conflict");
+
+    // A running one at its next step boundary.
+    app.wait_status(&busy, "running", DEADLINE).await;
+    let v = send(
+        "cancel without a body",
+        api.req(Method::POST, &cancel(&busy), Some(&token)),
+    )
+    .await
+    .expect(202);
+    assert_eq!(v["result"], "requested", "{v}");
+    app.wait_status(&busy, "cancelled", DEADLINE).await;
+    let v = api
+        .get(&format!("/v1/operations/{busy}"), Some(&token))
+        .await
+        .expect(200);
+    assert_eq!(v["status"], "cancelled", "{v}");
+
+    let missing = Uuid::new_v4().to_string();
+    api.post(&signal(&missing, "go"), Some(&token), &json!({}))
+        .await
+        .problem(404, "not-found");
+    api.post(&cancel(&missing), Some(&token), &json!({}))
+        .await
+        .problem(404, "not-found");
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn api_dlq_routes_list_show_retry_with_a_patch_and_discard_with_an_audit() {
+    let mut app = running_app().await;
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let producer = app.token("acme", "producer");
+    let operator = app.token("acme", "operator");
+    let failing = json!({ "kind": "script", "input": { "steps": [{ "work_ms": 1 }, { "fail": "non_retryable", "times": 9 }] } });
+    let a = api.create(&producer, &failing).await;
+    let b = api.create(&producer, &failing).await;
+    app.wait_status(&a, "dead", DEADLINE).await;
+    app.wait_status(&b, "dead", DEADLINE).await;
+
+    let list = api.get("/v1/dlq", Some(&operator)).await.expect(200);
+    let items = list["items"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no items in {list}"));
+    assert_eq!(items.len(), 2, "{list}");
+    assert!(list["next_cursor"].is_null(), "{list}");
+    let mut listed: Vec<&str> = items.iter().filter_map(|d| d["op_id"].as_str()).collect();
+    listed.sort();
+    let mut expected = vec![a.as_str(), b.as_str()];
+    expected.sort();
+    assert_eq!(listed, expected);
+    for d in items {
+        assert_eq!(d["class"], "non_retryable", "{d}");
+        assert!(d["cursor"].is_string(), "{d}");
+    }
+    let letter_of = |op: &str| {
+        items
+            .iter()
+            .find(|d| d["op_id"] == op)
+            .and_then(|d| d["id"].as_str())
+            .unwrap_or_else(|| panic!("no dead letter id for {op}"))
+            .to_string()
+    };
+    let letter_a = letter_of(&a);
+
+    // Filters.
+    for (query, n) in [
+        ("class=non_retryable", 2),
+        ("class=crash_loop", 0),
+        ("kind=script", 2),
+        ("kind=echo", 0),
+        ("status=open", 2),
+        ("since=1h", 2),
+    ] {
+        let v = api
+            .get(&format!("/v1/dlq?{query}"), Some(&operator))
+            .await
+            .expect(200);
+        assert_eq!(v["items"].as_array().map(Vec::len), Some(n), "{query}: {v}");
+    }
+    // Keyset pages.
+    let page = api
+        .get("/v1/dlq?limit=1", Some(&operator))
+        .await
+        .expect(200);
+    let cursor = page["next_cursor"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a full page has a next cursor: {page}"))
+        .to_string();
+    let next = api
+        .get(
+            &format!("/v1/dlq?limit=1&after={}", urlencode(&cursor)),
+            Some(&operator),
+        )
+        .await
+        .expect(200);
+    assert_eq!(next["items"].as_array().map(Vec::len), Some(1), "{next}");
+    assert_ne!(page["items"][0]["id"], next["items"][0]["id"]);
+    for bad in ["limit=0", "limit=1001", "limit=ten", "since=yesterday"] {
+        let r = api.get(&format!("/v1/dlq?{bad}"), Some(&operator)).await;
+        assert!(
+            r.status == 400 || r.status == 422,
+            "{bad}: {} {}",
+            r.status,
+            r.text()
+        );
+        problem_shape(&r).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    let stats = api.get("/v1/dlq/stats", Some(&operator)).await.expect(200);
+    let groups = stats["groups"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no groups in {stats}"));
+    let total: i64 = groups.iter().filter_map(|g| g["count"].as_i64()).sum();
+    assert_eq!(total, 2, "{stats}");
+    for g in groups {
+        assert_eq!(
+            (&g["class"], &g["kind"]),
+            (&json!("non_retryable"), &json!("script")),
+            "{g}"
+        );
+        assert!(g.get("fingerprint").is_some(), "{g}");
+    }
+
+    // Show, by operation id and by dead-letter id.
+    let shown = api
+        .get(&format!("/v1/dlq/{a}"), Some(&operator))
+        .await
+        .expect(200);
+    assert_eq!(shown["dead_letter"]["id"], letter_a.as_str(), "{shown}");
+    assert_eq!(shown["operation"]["status"], "dead", "{shown}");
+    assert_eq!(shown["steps"].as_array().map(Vec::len), Some(2), "{shown}");
+    assert_eq!(shown["history"], json!([]), "{shown}");
+    let by_letter = api
+        .get(&format!("/v1/dlq/{letter_a}"), Some(&operator))
+        .await
+        .expect(200);
+    assert_eq!(by_letter["dead_letter"], shown["dead_letter"]);
+
+    // The wrong action for the class is a conflict and changes nothing.
+    api.post(
+        &format!("/v1/dlq/{a}/resolve"),
+        Some(&operator),
+        &json!({ "happened": true }),
+    )
+    .await
+    .problem(409, "conflict");
+    assert_eq!(app.operation(&a).await.status.as_str(), "dead");
+
+    // Text Postgres cannot store (a NUL) is refused, not a 500, and changes nothing.
+    let nul_patch = send(
+        "retry with a NUL in the patch",
+        api.req(Method::POST, &format!("/v1/dlq/{a}/retry"), Some(&operator))
+            .header("content-type", "application/json")
+            .body(r#"{"patch_input":{"steps":[{"tool":"ledger","replay":"safe","label":"a\u0000b"}]}}"#),
+    )
+    .await;
+    let nul_reason = send(
+        "discard with a NUL in the reason",
+        api.req(
+            Method::POST,
+            &format!("/v1/dlq/{b}/discard"),
+            Some(&operator),
+        )
+        .header("content-type", "application/json")
+        .body(r#"{"reason":"dup\u0000licate"}"#),
+    )
+    .await;
+    // Checked at the end, so the rest of the routes are checked whatever these answer.
+    let nul_problems: Vec<String> = [&nul_patch, &nul_reason]
+        .into_iter()
+        .filter_map(|r| {
+            if !(400..500).contains(&r.status) {
+                return Some(format!("{}: {} {}", r.what, r.status, r.text()));
+            }
+            problem_shape(r).err()
+        })
+        .collect();
+    assert_eq!(app.operation(&a).await.status.as_str(), "dead");
+    assert_eq!(app.operation(&b).await.status.as_str(), "dead");
+
+    // Retry with a patched input: resumes and succeeds.
+    let v = api
+        .post(
+            &format!("/v1/dlq/{a}/retry"),
+            Some(&operator),
+            &json!({ "patch_input": { "steps": [{ "work_ms": 1 }, { "work_ms": 2 }] }, "reason": "fixed the input" }),
+        )
+        .await
+        .expect(200);
+    assert_eq!(
+        (&v["result"], v["op_id"].as_str()),
+        (&json!("retried"), Some(a.as_str())),
+        "{v}"
+    );
+    assert_eq!(v["id"], letter_a.as_str(), "{v}");
+    let done = app.wait_status(&a, "succeeded", DEADLINE).await;
+    assert_eq!(
+        done.result.unwrap_or_default()["outputs"][1],
+        json!({ "worked_ms": 2 })
+    );
+    api.post(&format!("/v1/dlq/{a}/retry"), Some(&operator), &json!({}))
+        .await
+        .problem(409, "conflict");
+
+    // Discard needs a non-empty reason.
+    for body in [json!({}), json!({ "reason": "" }), json!({ "reason": 5 })] {
+        let r = api
+            .post(&format!("/v1/dlq/{b}/discard"), Some(&operator), &body)
+            .await;
+        assert!(
+            r.status == 400 || r.status == 422,
+            "discard with {body}: {} {}",
+            r.status,
+            r.text()
+        );
+        problem_shape(&r).unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert_eq!(app.operation(&b).await.status.as_str(), "dead");
+    let v = api
+        .post(
+            &format!("/v1/dlq/{b}/discard"),
+            Some(&operator),
+            &json!({ "reason": "duplicate order" }),
+        )
+        .await
+        .expect(200);
+    assert_eq!(v["result"], "discarded", "{v}");
+    assert_eq!(app.operation(&b).await.status.as_str(), "discarded");
+    api.post(
+        &format!("/v1/dlq/{b}/discard"),
+        Some(&operator),
+        &json!({ "reason": "again" }),
+    )
+    .await
+    .problem(409, "conflict");
+    let open = api
+        .get("/v1/dlq?status=open", Some(&operator))
+        .await
+        .expect(200);
+    assert_eq!(open["items"], json!([]), "{open}");
+
+    // The audit: one row per action, by the token.
+    let rows: Vec<AuditRow> = sqlx::query_as(
+        "SELECT op_id::text, actor, reason, status_before, status_after FROM operator_actions
+              WHERE action IN ('retry', 'discard') ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("operator_actions");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(
+        (
+            rows[0].0.as_str(),
+            rows[0].2.as_deref(),
+            rows[0].3.as_deref(),
+            rows[0].4.as_deref()
+        ),
+        (
+            a.as_str(),
+            Some("fixed the input"),
+            Some("dead"),
+            Some("queued")
+        )
+    );
+    assert_eq!(
+        (
+            rows[1].0.as_str(),
+            rows[1].2.as_deref(),
+            rows[1].4.as_deref()
+        ),
+        (b.as_str(), Some("duplicate order"), Some("discarded"))
+    );
+    for row in &rows {
+        let prefix = row.1.strip_prefix("token:").unwrap_or_else(|| {
+            panic!("actor {:?} is not token:<prefix>", row.1);
+        });
+        assert!(
+            !prefix.is_empty() && operator.starts_with(prefix),
+            "actor {:?} is not a prefix of the operator's token",
+            row.1
+        );
+    }
+    let shown = api
+        .get(&format!("/v1/dlq/{a}"), Some(&operator))
+        .await
+        .expect(200);
+    assert_eq!(shown["history"][0]["action"], "retry", "{shown}");
+    assert_eq!(shown["dead_letter"]["status"], "retried", "{shown}");
+    assert!(
+        nul_problems.is_empty(),
+        "text with a NUL was not refused with a 4xx:\n{}",
+        nul_problems.join("\n")
+    );
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn api_dlq_resolve_settles_an_unknown_side_effect_both_ways() {
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_LEASE_TTL_SECS", "3");
+    app.spawn(&["scheduler"]);
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let operator = app.token("acme", "operator");
+    // An unsafe step whose worker dies after its effect: nobody knows whether it happened.
+    let program = json!({ "steps": [
+        { "tool": "ledger", "replay": "unsafe", "label": "charge", "after_ms": 2500 },
+        { "work_ms": 1 },
+    ] });
+    let happened = enqueue_cli(&app, "acme", "script", &program);
+    let not_happened = enqueue_cli(&app, "acme", "script", &program);
+    let w = app.spawn(&["worker"]);
+    app.wait_for("both effects", DEADLINE, || async {
+        app.effects(&happened).await == 1 && app.effects(&not_happened).await == 1
+    })
+    .await;
+    app.kill(w);
+    app.spawn(&["worker"]);
+    app.wait_status(&happened, "dead", DEADLINE).await;
+    app.wait_status(&not_happened, "dead", DEADLINE).await;
+
+    // A retry would meet the same unknown step: the wrong action for the class.
+    api.post(
+        &format!("/v1/dlq/{happened}/retry"),
+        Some(&operator),
+        &json!({}),
+    )
+    .await
+    .problem(409, "conflict");
+    for body in [json!({}), json!({ "happened": "yes" })] {
+        let r = api
+            .post(
+                &format!("/v1/dlq/{happened}/resolve"),
+                Some(&operator),
+                &body,
+            )
+            .await;
+        assert!(
+            r.status == 400 || r.status == 422,
+            "resolve with {body}: {} {}",
+            r.status,
+            r.text()
+        );
+        problem_shape(&r).unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert_eq!(app.operation(&happened).await.status.as_str(), "dead");
+
+    let v = api
+        .post(
+            &format!("/v1/dlq/{happened}/resolve"),
+            Some(&operator),
+            &json!({ "happened": true, "output": { "effect_id": 7 }, "reason": "the bank says it went through" }),
+        )
+        .await
+        .expect(200);
+    assert_eq!(
+        (&v["result"], v["op_id"].as_str()),
+        (&json!("resolved"), Some(happened.as_str())),
+        "{v}"
+    );
+    assert!(v["id"].is_string(), "{v}");
+    let done = app.wait_status(&happened, "succeeded", DEADLINE).await;
+    assert_eq!(
+        done.result.unwrap_or_default()["outputs"][0],
+        json!({ "effect_id": 7 })
+    );
+    assert_eq!(app.effects(&happened).await, 1, "not run again");
+
+    let v = api
+        .post(
+            &format!("/v1/dlq/{not_happened}/resolve"),
+            Some(&operator),
+            &json!({ "happened": false }),
+        )
+        .await
+        .expect(200);
+    assert_eq!(v["result"], "resolved", "{v}");
+    app.wait_status(&not_happened, "succeeded", DEADLINE).await;
+    assert_eq!(app.effects(&not_happened).await, 2, "run again, as decided");
+
+    api.post(
+        &format!("/v1/dlq/{happened}/resolve"),
+        Some(&operator),
+        &json!({ "happened": true }),
+    )
+    .await
+    .problem(409, "conflict");
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM operator_actions WHERE action = 'resolve' AND actor LIKE 'token:%'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap_or_default();
+    assert_eq!(audited, 2, "both resolutions are audited");
+    app.cleanup().await;
+}
+
+/// An `operator_actions` row: op_id, actor, reason, status_before, status_after.
+type AuditRow = (
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+pub(crate) fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// The routes of the contract, as OpenAPI path templates.
+const ROUTES: &[(&str, &str)] = &[
+    ("post", "/v1/operations"),
+    ("get", "/v1/operations/{id}"),
+    ("get", "/v1/operations/{id}/steps"),
+    ("get", "/v1/operations/{id}/events"),
+    ("post", "/v1/operations/{id}/signals/{name}"),
+    ("post", "/v1/operations/{id}/cancel"),
+    ("post", "/v1/webhooks/{source}"),
+    ("get", "/v1/dlq"),
+    ("get", "/v1/dlq/stats"),
+    ("get", "/v1/dlq/{id}"),
+    ("post", "/v1/dlq/{id}/retry"),
+    ("post", "/v1/dlq/{id}/resolve"),
+    ("post", "/v1/dlq/{id}/discard"),
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/metrics"),
+    ("get", "/openapi.json"),
+];
+
+#[tokio::test]
+async fn api_health_metrics_and_an_openapi_document_that_matches_the_routes() {
+    let mut app = TestApp::start().await;
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let admin = app.token("ops", "admin");
+
+    let health = api.get("/healthz", None).await;
+    assert_eq!(health.expect(200), json!({ "status": "ok" }));
+    assert!(
+        health
+            .header("x-request-id")
+            .is_some_and(|id| !id.is_empty())
+    );
+    let ready = api.get("/readyz", None).await.expect(200);
+    assert_eq!(
+        (&ready["postgres"], &ready["rabbitmq"]),
+        (&json!("ok"), &json!("ok")),
+        "{ready}"
+    );
+
+    // Request ids: a valid one is echoed, an invalid one replaced.
+    let echoed = send(
+        "healthz with a request id",
+        api.req(Method::GET, "/healthz", None)
+            .header("x-request-id", "client-1.a:b_c-d"),
+    )
+    .await;
+    assert_eq!(
+        echoed.header("x-request-id").as_deref(),
+        Some("client-1.a:b_c-d")
+    );
+    let long = "r".repeat(129);
+    for bad in ["has spaces", "semi;colon", long.as_str()] {
+        let r = send(
+            format!("healthz with request id {bad:?}"),
+            api.req(Method::GET, "/healthz", None)
+                .header("x-request-id", bad),
+        )
+        .await;
+        let id = r.header("x-request-id").unwrap_or_default();
+        assert!(!id.is_empty() && id != bad, "{bad:?} came back as {id:?}");
+    }
+
+    // Some traffic, then the metrics.
+    api.get("/v1/dlq", Some(&admin)).await.expect(200);
+    let metrics = api.get("/metrics", None).await;
+    assert_eq!(metrics.status, 200, "{}", metrics.text());
+    let ct = metrics.header("content-type").unwrap_or_default();
+    assert!(ct.starts_with("text/plain"), "metrics content-type {ct:?}");
+    let text = metrics.text();
+    let samples = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter(|l| is_metric_sample(l))
+        .count();
+    assert!(samples >= 1, "no metric sample in:\n{text}");
+
+    // Unknown routes and wrong methods.
+    let r = api.get("/v1/nope", Some(&admin)).await;
+    r.problem(404, "not-found");
+    assert!(r.header("x-request-id").is_some());
+    let r = send(
+        "DELETE /v1/operations",
+        api.req(Method::DELETE, "/v1/operations", Some(&admin)),
+    )
+    .await;
+    r.problem(405, "method-not-allowed");
+    assert!(r.header("x-request-id").is_some());
+    send("PUT /healthz", api.req(Method::PUT, "/healthz", None))
+        .await
+        .problem(405, "method-not-allowed");
+
+    // The OpenAPI document lists every route with its method.
+    let doc = api.get("/openapi.json", None).await.expect(200);
+    assert!(
+        doc["openapi"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("3.1")),
+        "openapi version {}",
+        doc["openapi"]
+    );
+    let paths = doc["paths"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no paths in the document"));
+    let missing: Vec<String> = ROUTES
+        .iter()
+        .filter(|(m, p)| paths.get(*p).and_then(|item| item.get(*m)).is_none())
+        .map(|(m, p)| format!("{} {p}", m.to_uppercase()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "routes missing from /openapi.json: {missing:?}; it has {:?}",
+        paths.keys().collect::<Vec<_>>()
+    );
+
+    // And every path and method it lists is served.
+    let mut called = 0;
+    for (path, item) in paths {
+        let Some(item) = item.as_object() else {
+            panic!("path item {path} is not an object");
+        };
+        for method in item.keys() {
+            let Ok(m) = Method::from_bytes(method.to_uppercase().as_bytes()) else {
+                continue;
+            };
+            if !matches!(
+                m,
+                Method::GET | Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+            ) {
+                continue;
+            }
+            let concrete = fill_params(path);
+            let mut rb = api.req(m.clone(), &concrete, Some(&admin));
+            if m != Method::GET && m != Method::DELETE {
+                rb = rb.json(&json!({}));
+            }
+            let r = send(format!("{m} {concrete} (documented as {path})"), rb).await;
+            assert_ne!(r.status, 405, "{}: {}", r.what, r.text());
+            assert!(
+                r.status < 500 || (path == "/readyz" && r.status == 503),
+                "{}: {} {}",
+                r.what,
+                r.status,
+                r.text()
+            );
+            if !path.contains('{') {
+                assert_ne!(r.status, 404, "{}: {}", r.what, r.text());
+            }
+            called += 1;
+        }
+    }
+    assert!(
+        called >= ROUTES.len(),
+        "only {called} documented operations"
+    );
+    app.cleanup().await;
+}
+
+/// `name{labels} value` or `name value` (an optional timestamp after).
+fn is_metric_sample(line: &str) -> bool {
+    let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+    let name = &line[..name_end];
+    let name_ok = !name.is_empty()
+        && name.chars().enumerate().all(|(i, c)| {
+            c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit())
+        });
+    let rest = if line[name_end..].starts_with('{') {
+        match line[name_end..].find('}') {
+            Some(close) => &line[name_end + close + 1..],
+            None => return false,
+        }
+    } else {
+        &line[name_end..]
+    };
+    let value = rest.split_whitespace().next().unwrap_or_default();
+    let value_ok = value.parse::<f64>().is_ok() || matches!(value, "+Inf" | "-Inf" | "NaN");
+    name_ok && value_ok
+}
+
+/// A documented path with each `{param}` filled: ids with a fresh uuid, names with a word.
+fn fill_params(path: &str) -> String {
+    let mut out = String::new();
+    let mut rest = path;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let close = rest[open..].find('}').map_or(rest.len(), |c| open + c);
+        let param = &rest[open + 1..close];
+        if param.contains("id") {
+            out.push_str(&Uuid::new_v4().to_string());
+        } else {
+            out.push_str(&format!("p{}", Uuid::new_v4().simple()));
+        }
+        rest = rest.get(close + 1..).unwrap_or_default();
+    }
+    out.push_str(rest);
+    out
+}
+
+/// One server-sent event.
+#[derive(Debug, Clone, PartialEq)]
+struct SseEvent {
+    id: u64,
+    event: String,
+    data: Value,
+}
+
+/// A `text/event-stream` reader over reqwest's byte stream; cancel-safe (a timed-out `next`
+/// loses nothing).
+struct Sse {
+    stream: BoxStream<'static, reqwest::Result<Vec<u8>>>,
+    buf: Vec<u8>,
+    id: Option<u64>,
+    event: Option<String>,
+    data: Option<String>,
+}
+
+impl Sse {
+    /// Opens the stream of `op`, resuming after `last_event_id` if given.
+    async fn open(api: &Api, token: &str, op: &str, last_event_id: Option<u64>) -> Self {
+        let mut rb = api
+            .client
+            .get(format!("{}/v1/operations/{op}/events", api.base))
+            .bearer_auth(token)
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            rb = rb.header("last-event-id", id.to_string());
+        }
+        Self::from_request(rb).await
+    }
+
+    async fn from_request(rb: reqwest::RequestBuilder) -> Self {
+        let resp = rb.send().await.expect("the event stream answers");
+        let status = resp.status().as_u16();
+        let ct = resp
+            .headers()
+            .get("content-type")
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .unwrap_or_default();
+        if status != 200 || !ct.starts_with("text/event-stream") {
+            let body = resp.text().await.unwrap_or_default();
+            panic!("the event stream: {status} {ct:?} {body}");
+        }
+        Self {
+            stream: resp
+                .bytes_stream()
+                .map(|chunk| chunk.map(|b| b.to_vec()))
+                .boxed(),
+            buf: Vec::new(),
+            id: None,
+            event: None,
+            data: None,
+        }
+    }
+
+    /// The next event, or `None` once the server ends the stream.
+    async fn next(&mut self) -> Option<SseEvent> {
+        loop {
+            while let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
+                let mut line: Vec<u8> = self.buf.drain(..=end).collect();
+                line.pop();
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+                let line = String::from_utf8(line).expect("the event stream is UTF-8");
+                if line.is_empty() {
+                    if let Some(data) = self.data.take() {
+                        let data = serde_json::from_str(&data)
+                            .unwrap_or_else(|e| panic!("event data is not JSON ({e}): {data}"));
+                        let event = SseEvent {
+                            id: self
+                                .id
+                                .take()
+                                .unwrap_or_else(|| panic!("an event without an id: {data}")),
+                            event: self.event.take().unwrap_or_else(|| "message".into()),
+                            data,
+                        };
+                        return Some(event);
+                    }
+                    self.id = None;
+                    self.event = None;
+                    continue;
+                }
+                if line.starts_with(':') {
+                    continue;
+                }
+                let (field, value) = match line.split_once(':') {
+                    Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+                    None => (line.as_str(), ""),
+                };
+                match field {
+                    "id" => {
+                        self.id = Some(
+                            value
+                                .trim()
+                                .parse()
+                                .unwrap_or_else(|_| panic!("event id {value:?} is not a number")),
+                        )
+                    }
+                    "event" => self.event = Some(value.to_string()),
+                    "data" => match &mut self.data {
+                        Some(d) => {
+                            d.push('\n');
+                            d.push_str(value);
+                        }
+                        None => self.data = Some(value.to_string()),
+                    },
+                    _ => {}
+                }
+            }
+            match self.stream.next().await {
+                Some(Ok(chunk)) => self.buf.extend_from_slice(&chunk),
+                Some(Err(e)) => panic!("reading the event stream: {e:?}"),
+                None => return None,
+            }
+        }
+    }
+
+    /// Every event until the server ends the stream.
+    async fn read_to_end(mut self, what: &str) -> Vec<SseEvent> {
+        let mut events = Vec::new();
+        let end = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            match tokio::time::timeout_at(end, self.next()).await {
+                Ok(Some(e)) => events.push(e),
+                Ok(None) => return events,
+                Err(_) => {
+                    panic!("{what}: the stream did not end within {DEADLINE:?}; read {events:#?}")
+                }
+            }
+        }
+    }
+}
+
+fn is_terminal(e: &SseEvent) -> bool {
+    e.event == "status"
+        && matches!(
+            e.data["status"].as_str(),
+            Some("succeeded" | "dead" | "cancelled" | "discarded")
+        )
+}
+
+#[tokio::test]
+async fn api_event_stream_resumes_with_last_event_id_and_misses_nothing() {
+    let mut app = running_app().await;
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let token = app.token("acme", "producer");
+    let program = json!({ "steps": [
+        { "work_ms": 20 }, { "model": "first" }, { "work_ms": 20 },
+        { "wait_signal": "go", "timeout_ms": 600_000 },
+        { "work_ms": 20 }, { "model": "second" }, { "work_ms": 20 },
+    ] });
+    let op = api
+        .create(&token, &json!({ "kind": "script", "input": program }))
+        .await;
+
+    // Read until the operation waits for its signal, then hang up in the middle.
+    let mut sse = Sse::open(&api, &token, &op, None).await;
+    let mut first = Vec::new();
+    let end = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match tokio::time::timeout(Duration::from_millis(1500), sse.next()).await {
+            Ok(Some(e)) => {
+                assert!(!is_terminal(&e), "terminal before the signal: {e:?}");
+                let waits = e.event == "status" && e.data["status"] == "waiting";
+                first.push(e);
+                if waits {
+                    break;
+                }
+            }
+            Ok(None) => panic!("the stream ended while the operation runs: {first:#?}"),
+            Err(_) => {
+                if !first.is_empty() && app.operation(&op).await.status.as_str() == "waiting" {
+                    break;
+                }
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the operation did not wait within {DEADLINE:?}; read {first:#?}"
+        );
+    }
+    drop(sse);
+    app.wait_status(&op, "waiting", DEADLINE).await;
+    let last = first.last().map(|e| e.id).expect("events before the wait");
+
+    // Come back after the last event seen; the rest arrives live once the signal is sent.
+    let rest = Sse::open(&api, &token, &op, Some(last)).await;
+    api.post(
+        &format!("/v1/operations/{op}/signals/go"),
+        Some(&token),
+        &json!({ "ok": true }),
+    )
+    .await
+    .expect(202);
+    let second = rest.read_to_end("after Last-Event-ID").await;
+    assert!(!second.is_empty(), "nothing after the reconnect");
+
+    let all: Vec<SseEvent> = first.iter().chain(&second).cloned().collect();
+    println!(
+        "event stream: {} events before the disconnect, {} after the reconnect",
+        first.len(),
+        second.len()
+    );
+    let ids: Vec<u64> = all.iter().map(|e| e.id).collect();
+    let expected: Vec<u64> = (1..=all.len() as u64).collect();
+    assert_eq!(ids, expected, "ids 1..n, each once, in order: {all:#?}");
+    for e in &all {
+        assert!(
+            matches!(e.event.as_str(), "status" | "step" | "signal"),
+            "event type {e:?}"
+        );
+    }
+    for e in &all {
+        let keys: &[&str] = match e.event.as_str() {
+            "status" => &["status", "attempt"],
+            "step" => &["seq", "name", "kind", "status"],
+            _ => &["name"],
+        };
+        for k in keys {
+            assert!(e.data.get(*k).is_some(), "{k} missing from {e:?}");
+        }
+    }
+    let terminal = all.last().expect("events");
+    assert!(
+        is_terminal(terminal) && terminal.data["status"] == "succeeded",
+        "the stream ends with the terminal status: {terminal:?}"
+    );
+    assert!(
+        terminal.data.get("result").is_some(),
+        "the terminal status carries the result: {terminal:?}"
+    );
+    assert_eq!(
+        all.iter().filter(|e| is_terminal(e)).count(),
+        1,
+        "one terminal event"
+    );
+    assert!(
+        all.iter()
+            .any(|e| e.event == "signal" && e.data["name"] == "go"),
+        "the signal is an event: {all:#?}"
+    );
+    // Every journaled step shows up completed.
+    let steps = api
+        .get(&format!("/v1/operations/{op}/steps"), Some(&token))
+        .await
+        .expect(200);
+    let steps = steps["steps"].as_array().cloned().unwrap_or_default();
+    assert_eq!(steps.len(), 7, "{steps:?}");
+    for s in &steps {
+        assert!(
+            all.iter().any(|e| e.event == "step"
+                && e.data["seq"] == s["seq"]
+                && e.data["status"] == "completed"),
+            "no completed event for step {s}"
+        );
+    }
+
+    // One uninterrupted read of the finished operation: the same events.
+    let whole = Sse::open(&api, &token, &op, None)
+        .await
+        .read_to_end("from the start")
+        .await;
+    assert_eq!(whole, all, "a resumed read and a whole read differ");
+    // The query-string form resumes too; after the terminal event there is nothing more.
+    let k = first.len();
+    let tail = Sse::from_request(
+        api.client
+            .get(format!(
+                "{}/v1/operations/{op}/events?last_event_id={k}",
+                api.base
+            ))
+            .bearer_auth(&token),
+    )
+    .await
+    .read_to_end("?last_event_id")
+    .await;
+    assert_eq!(tail, all[k..].to_vec());
+    let none = Sse::open(&api, &token, &op, Some(all.len() as u64))
+        .await
+        .read_to_end("after the terminal event")
+        .await;
+    assert_eq!(none, Vec::new());
+    app.cleanup().await;
+}

@@ -1,0 +1,508 @@
+//! Batch campaigns of `doc_migration`: a 2,000-document migration survives an interrupted
+//! enqueue and a killed worker with every target written once; auto-pause stops a batch when
+//! the provider starts failing, and resume finishes it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::fake_model::{FakeModel, Mode};
+use crate::harness::TestApp;
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p =
+            std::env::temp_dir().join(format!("agentq-{tag}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Writes `n` documents (some multi-paragraph, in two subdirectories); returns path → content.
+fn write_docs(root: &Path, n: usize) -> BTreeMap<String, String> {
+    let mut docs = BTreeMap::new();
+    for i in 0..n {
+        let kind = if i % 2 == 0 { "report" } else { "memo" };
+        let rel = format!("{kind}s/doc-{i:05}.md");
+        let text = format!(
+            "Title: Document {i}\n\nFirst paragraph of this {kind}.\n\nSecond paragraph, number {}.",
+            i * 7
+        );
+        let path = root.join(&rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &text).unwrap();
+        docs.insert(rel, text);
+    }
+    docs
+}
+
+/// Every file under `root` (relative path → bytes).
+fn files(root: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                let rel = e
+                    .path()
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .to_string();
+                out.insert(rel, std::fs::read(e.path()).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// `agentq batch start --json` from `src` to `dst` with `instructions` (written to a file in
+/// `tmp`) and `extra` flags.
+fn start_batch(
+    app: &TestApp,
+    dirs: (&Path, &Path, &Path),
+    instructions: &str,
+    extra: &[&str],
+) -> Value {
+    let (src, dst, tmp) = dirs;
+    let file = tmp.join("instructions.txt");
+    std::fs::write(&file, instructions).unwrap();
+    let mut args = vec![
+        "batch",
+        "start",
+        "--tenant",
+        "t1",
+        "--source",
+        src.to_str().unwrap(),
+        "--target",
+        dst.to_str().unwrap(),
+        "--instructions",
+        file.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    app.agentq_json(&args)
+}
+
+async fn batch_status(app: &TestApp, batch: &str) -> Value {
+    app.agentq_json(&["batch", "status", batch, "--json"])
+}
+
+async fn count(app: &TestApp, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(&app.pool).await.unwrap()
+}
+
+#[tokio::test]
+async fn batch_migration_of_2000_documents_survives_an_interrupted_enqueue_and_a_killed_worker() {
+    const N: usize = 2000;
+    let mut app = TestApp::start().await;
+    let (src, dst, tmp) = (
+        TempDir::new("src"),
+        TempDir::new("dst"),
+        TempDir::new("cfg"),
+    );
+    let docs = write_docs(&src.0, N);
+    let instructions = tmp.0.join("instructions.txt");
+    std::fs::write(&instructions, "Keep the text as it is.").unwrap();
+    let (s, d, i) = (
+        src.0.to_str().unwrap().to_string(),
+        dst.0.to_str().unwrap().to_string(),
+        instructions.to_str().unwrap().to_string(),
+    );
+    let start = [
+        "batch",
+        "start",
+        "--tenant",
+        "t1",
+        "--source",
+        &s,
+        "--target",
+        &d,
+        "--instructions",
+        &i,
+        "--json",
+    ];
+
+    // Ctrl-C the enqueue midway (small chunks so there is a middle to interrupt).
+    let mut interrupted = start.to_vec();
+    interrupted.extend_from_slice(&["--chunk", "25"]);
+    let enqueue = app.spawn(&interrupted);
+    app.wait_for(
+        "the enqueue to be under way",
+        Duration::from_secs(60),
+        || async { app.operation_count().await >= 200 },
+    )
+    .await;
+    app.signal(enqueue, "INT");
+    assert!(
+        app.wait_exit(enqueue, Duration::from_secs(10)).await,
+        "Ctrl-C ends the enqueue"
+    );
+    let before = app.operation_count().await;
+    assert!(
+        before < N as i64,
+        "interrupted midway: {before} of {N} enqueued"
+    );
+
+    app.spawn(&["scheduler"]);
+    let worker = app.spawn(&["worker"]);
+    // Running it again enqueues only what is missing.
+    let again = app.agentq_json(&start);
+    assert_eq!(again["enqueued"], N as i64 - before, "{again}");
+    assert_eq!(again["existing"], before, "{again}");
+    let batch = again["batch_id"].as_str().unwrap().to_string();
+    assert_eq!(app.operation_count().await, N as i64);
+
+    // SIGKILL the worker midway; its leases expire and a new worker finishes the batch.
+    app.wait_for(
+        "a few hundred documents migrated",
+        Duration::from_secs(120),
+        || async {
+            count(
+                &app,
+                "SELECT count(*) FROM operations WHERE status = 'succeeded'",
+            )
+            .await
+                >= 300
+        },
+    )
+    .await;
+    app.kill(worker);
+    app.spawn(&["worker"]);
+    app.wait_for(
+        "every document migrated",
+        Duration::from_secs(240),
+        || async {
+            count(
+                &app,
+                "SELECT count(*) FROM operations WHERE status = 'succeeded'",
+            )
+            .await
+                == N as i64
+        },
+    )
+    .await;
+
+    // Every target written exactly once: one file per document, the source's bytes, no temp files.
+    let written = files(&dst.0);
+    assert_eq!(written.len(), N, "one file per document, nothing else");
+    for (rel, text) in &docs {
+        let got = written
+            .get(rel)
+            .unwrap_or_else(|| panic!("{rel} not written"));
+        assert_eq!(
+            sha(got),
+            sha(text.as_bytes()),
+            "{rel}: the built-in model keeps the text"
+        );
+    }
+    let status = batch_status(&app, &batch).await;
+    assert_eq!(status["by_status"]["succeeded"], N as i64, "{status}");
+    assert_eq!(status["unfinished"], 0);
+
+    // The report accounts for every document once, with the hash that was written.
+    let report = tmp.0.join("report.csv");
+    app.agentq_ok(&[
+        "batch",
+        "report",
+        &batch,
+        "--format",
+        "csv",
+        "--out",
+        report.to_str().unwrap(),
+    ]);
+    let csv = std::fs::read_to_string(&report).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("doc_id,op_id,status,attempt,error_class,error_message,sha256,finished_at")
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), N);
+    for row in &rows {
+        assert_eq!(row[2], "succeeded", "{row:?}");
+        assert_eq!(row[6], sha(docs[row[0]].as_bytes()), "{row:?}");
+    }
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn batch_auto_pauses_when_the_provider_fails_and_resume_finishes_it() {
+    const N: usize = 120;
+    let fake = FakeModel::start(Mode::Slow(Duration::from_millis(100))).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    let (src, dst, tmp) = (
+        TempDir::new("src"),
+        TempDir::new("dst"),
+        TempDir::new("cfg"),
+    );
+    write_docs(&src.0, N);
+    let scheduler = app.spawn_logged(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let started = start_batch(
+        &app,
+        (&src.0, &dst.0, &tmp.0),
+        "Keep the text as it is.",
+        &["--pause-window", "10", "--pause-ratio", "0.5"],
+    );
+    let batch = started["batch_id"].as_str().unwrap().to_string();
+    app.wait_for(
+        "the first documents migrated",
+        Duration::from_secs(60),
+        || async {
+            count(
+                &app,
+                "SELECT count(*) FROM operations WHERE status = 'succeeded'",
+            )
+            .await
+                >= 10
+        },
+    )
+    .await;
+
+    // The provider starts failing: the batch pauses within its window.
+    fake.set(FakeModel::error(500, "server_error", ""));
+    let paused = app
+        .wait_until(
+            "the batch to auto-pause",
+            Duration::from_secs(60),
+            || async {
+                let s = batch_status(&app, &batch).await;
+                (s["status"] == "paused").then_some(s)
+            },
+        )
+        .await;
+    assert!(
+        paused["paused_reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("auto-paused: "),
+        "{paused}"
+    );
+    let failed: i64 = count(&app, "SELECT count(*) FROM batch_outcomes WHERE NOT ok").await;
+    assert!(failed >= 5, "paused after failures: {failed}");
+    // Nothing new starts while paused: claims stop (in-flight attempts may still settle).
+    let claims = || {
+        count(
+            &app,
+            "SELECT COALESCE(sum(attempt), 0)::bigint FROM operations",
+        )
+    };
+    let settled = app
+        .wait_until(
+            "in-flight attempts to settle",
+            Duration::from_secs(30),
+            || async {
+                let a = claims().await;
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                (claims().await == a).then_some(a)
+            },
+        )
+        .await;
+    let unfinished = count(
+        &app,
+        "SELECT count(*) FROM operations WHERE status <> 'succeeded'",
+    )
+    .await;
+    assert!(unfinished > 0, "the pause left work undone");
+    assert!(
+        app.log(scheduler).contains("batch auto-paused"),
+        "the scheduler logs the pause"
+    );
+    let history = count(
+        &app,
+        "SELECT count(*) FROM operator_actions WHERE action = 'batch_paused' AND actor = 'scheduler'",
+    )
+    .await;
+    assert_eq!(history, 1, "the pause is audited");
+    assert_eq!(claims().await, settled, "no claims while paused");
+
+    // The provider recovers; resume finishes the batch.
+    fake.set(Mode::Echo);
+    app.agentq_ok(&["batch", "resume", &batch]);
+    app.wait_for(
+        "the batch to finish after resume",
+        Duration::from_secs(120),
+        || async {
+            count(
+                &app,
+                "SELECT count(*) FROM operations WHERE status = 'succeeded'",
+            )
+            .await
+                == N as i64
+        },
+    )
+    .await;
+    assert_eq!(files(&dst.0).len(), N);
+    assert_eq!(batch_status(&app, &batch).await["status"], "running");
+    app.cleanup().await;
+}
+
+/// The README's "Draining the DLQ" walkthrough: a bad instruction fails the memos, three
+/// empty files can never succeed, a provider outage only parks operations; the operator
+/// discards the broken, retries the rest with the instruction fixed, and the batch completes.
+#[tokio::test]
+async fn batch_dlq_drain_walkthrough() {
+    let fake = FakeModel::start(FakeModel::error(529, "overloaded_error", "")).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    let (src, dst, tmp) = (
+        TempDir::new("src"),
+        TempDir::new("dst"),
+        TempDir::new("cfg"),
+    );
+    let docs = write_docs(&src.0, 40); // 20 reports, 20 memos
+    for empty in [
+        "reports/empty-1.md",
+        "reports/empty-2.md",
+        "reports/empty-3.md",
+    ] {
+        std::fs::write(src.0.join(empty), "").unwrap();
+    }
+    let good = "Rewrite each document as plain English; keep the Title: line.";
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    // A wide auto-pause window: this walkthrough wants every failure at once.
+    let started = start_batch(
+        &app,
+        (&src.0, &dst.0, &tmp.0),
+        &format!("{good} Also drop titles from memos."),
+        &["--require", "Title:", "--pause-window", "1000"],
+    );
+    let batch = started["batch_id"].as_str().unwrap().to_string();
+    assert_eq!(started["enqueued"], 43);
+    // The outage parks what it touches; then the provider comes back.
+    app.wait_for(
+        "the outage to park operations",
+        Duration::from_secs(30),
+        || async {
+            count(
+                &app,
+                "SELECT count(*) FROM operations WHERE error_class = 'overloaded'",
+            )
+            .await
+                > 0
+        },
+    )
+    .await;
+    fake.set(Mode::Obey);
+    let settled = app
+        .wait_until("the batch to settle", Duration::from_secs(90), || async {
+            let s = batch_status(&app, &batch).await;
+            (s["unfinished"] == 0).then_some(s)
+        })
+        .await;
+    assert_eq!(settled["by_status"]["succeeded"], 20, "{settled}");
+    assert_eq!(settled["by_status"]["dead"], 23, "{settled}");
+    let reasons: Vec<&str> = settled["top_failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["reason"].as_str().unwrap())
+        .collect();
+    assert!(reasons.contains(&"document is empty"), "{settled}");
+
+    // dlq stats groups them; list finds the empty ones; discard them with a reason.
+    let stats = app.agentq(&["dlq", "stats", "--batch", &batch, "--json"]);
+    let groups: Vec<Value> = String::from_utf8_lossy(&stats.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    assert_eq!(
+        groups
+            .iter()
+            .map(|g| g["count"].as_i64().unwrap())
+            .sum::<i64>(),
+        23
+    );
+    let listed = app.agentq(&["dlq", "list", "--batch", &batch, "--json"]);
+    let empty: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|d| d["reason"] == "document is empty")
+        .map(|d| d["op_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(empty.len(), 3);
+    let mut discard = vec![
+        "dlq",
+        "discard",
+        "--reason",
+        "empty source file; owner notified",
+    ];
+    discard.extend(empty.iter().map(String::as_str));
+    app.agentq_ok(&discard);
+
+    // Dry run first, then the retry with the instruction fixed.
+    let dry = app.agentq_ok(&[
+        "dlq",
+        "retry",
+        "--batch",
+        &batch,
+        "--class",
+        "non_retryable",
+        "--dry-run",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&dry.stdout).lines().count(), 20);
+    let patch = serde_json::json!({ "instructions": good }).to_string();
+    app.agentq_ok(&[
+        "dlq",
+        "retry",
+        "--batch",
+        &batch,
+        "--class",
+        "non_retryable",
+        "--reason",
+        "instructions fixed",
+        "--patch-input",
+        &patch,
+    ]);
+    let done = app
+        .wait_until("the batch to complete", Duration::from_secs(60), || async {
+            let s = batch_status(&app, &batch).await;
+            (s["unfinished"] == 0 && s["by_status"]["succeeded"] == 40).then_some(s)
+        })
+        .await;
+    assert_eq!(done["by_status"]["discarded"], 3, "{done}");
+    for (rel, text) in &docs {
+        let got = std::fs::read_to_string(dst.0.join(rel)).unwrap();
+        assert_eq!(&got, text, "{rel} migrated with its title");
+    }
+    // The audit trail shows each step.
+    let actions: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT action || ':' || COALESCE(reason, ''), count(*) FROM operator_actions
+          WHERE action IN ('discard', 'retry') GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        actions,
+        vec![
+            ("discard:empty source file; owner notified".to_string(), 3),
+            ("retry:instructions fixed".to_string(), 20)
+        ]
+    );
+    app.cleanup().await;
+}
