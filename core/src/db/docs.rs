@@ -195,6 +195,27 @@ pub async fn upsert_target(
     Ok(())
 }
 
+/// Every id of a source table (as text, sorted): the documents of a batch.
+pub async fn list_ids(pool: &PgPool, table: &str, id_column: &str) -> Result<Vec<String>, Error> {
+    let (table, id) = (
+        Ident::table(table).map_err(Error::Schema)?,
+        Ident::column(id_column).map_err(Error::Schema)?,
+    );
+    let sql = format!(
+        "SELECT {id}::text FROM {table} WHERE {id} IS NOT NULL ORDER BY 1",
+        id = id.sql(),
+        table = table.sql()
+    );
+    // Safe: the names are validated identifiers, quoted.
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_all(pool)
+        .await
+        .map_err(|e| match schema_problem(&e) {
+            Some(m) => Error::Schema(format!("listing source table {}: {m}", table.as_str())),
+            None => e.into(),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,25 +246,4 @@ mod tests {
         assert!(Ident::table(&"x".repeat(63)).is_ok());
         assert!(Ident::column("s.t").is_err(), "a column is never qualified");
     }
-}
-
-/// Every id of a source table (as text, sorted): the documents of a batch.
-pub async fn list_ids(pool: &PgPool, table: &str, id_column: &str) -> Result<Vec<String>, Error> {
-    let (table, id) = (
-        Ident::table(table).map_err(Error::Schema)?,
-        Ident::column(id_column).map_err(Error::Schema)?,
-    );
-    let sql = format!(
-        "SELECT {id}::text FROM {table} WHERE {id} IS NOT NULL ORDER BY 1",
-        id = id.sql(),
-        table = table.sql()
-    );
-    // Safe: the names are validated identifiers, quoted.
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .fetch_all(pool)
-        .await
-        .map_err(|e| match schema_problem(&e) {
-            Some(m) => Error::Schema(format!("listing source table {}: {m}", table.as_str())),
-            None => e.into(),
-        })
 }
