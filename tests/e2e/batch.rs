@@ -506,3 +506,100 @@ async fn batch_dlq_drain_walkthrough() {
     );
     app.cleanup().await;
 }
+
+/// The walkthrough's canary: only the first N documents run until `batch resume`; here from a
+/// table to a table, with a pause and a cancel refused or applied as the state allows.
+#[tokio::test]
+async fn batch_canary_runs_first_then_resume_runs_the_rest_from_a_table() {
+    const N: i64 = 30;
+    let mut app = TestApp::start().await;
+    sqlx::query("CREATE TABLE docs_in (id text PRIMARY KEY, body text)")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO docs_in SELECT 'doc-' || g, 'Title: ' || g || E'\\n\\nbody ' || g
+           FROM generate_series(1, $1) g",
+    )
+    .bind(N)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let tmp = TempDir::new("cfg");
+    let file = tmp.0.join("instructions.txt");
+    std::fs::write(&file, "Keep the text as it is.").unwrap();
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let started = app.agentq_json(&[
+        "batch",
+        "start",
+        "--tenant",
+        "t1",
+        "--source",
+        "table:docs_in",
+        "--target",
+        "table:docs_out",
+        "--instructions",
+        file.to_str().unwrap(),
+        "--require",
+        "Title:",
+        "--canary",
+        "5",
+        "--json",
+    ]);
+    assert_eq!(started["status"], "canary", "{started}");
+    assert_eq!(
+        (started["documents"].as_i64(), started["enqueued"].as_i64()),
+        (Some(N), Some(5))
+    );
+    let batch = started["batch_id"].as_str().unwrap().to_string();
+    app.wait_until("the canary to finish", Duration::from_secs(60), || async {
+        let s = batch_status(&app, &batch).await;
+        (s["by_status"]["succeeded"] == 5).then_some(())
+    })
+    .await;
+    assert_eq!(app.operation_count().await, 5, "nothing but the canary ran");
+    // A paused batch refuses a second pause; resume runs the rest.
+    assert_eq!(
+        app.agentq(&["batch", "cancel", "not-a-uuid"]).status.code(),
+        Some(2)
+    );
+    let resumed = app.agentq_json(&["batch", "resume", &batch, "--json"]);
+    assert_eq!(resumed["enqueued"], N - 5, "{resumed}");
+    assert_eq!(resumed["was"], "canary");
+    app.wait_until("the batch to finish", Duration::from_secs(60), || async {
+        let s = batch_status(&app, &batch).await;
+        (s["by_status"]["succeeded"] == N).then_some(())
+    })
+    .await;
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT doc_id, body FROM docs_out ORDER BY doc_id")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len() as i64, N, "one row per document");
+    assert!(
+        rows.iter()
+            .all(|(id, body)| body.starts_with("Title: ") && id.starts_with("doc-"))
+    );
+    // Finished, it can still be paused and cancelled; nothing is left to cancel.
+    app.agentq_ok(&["batch", "pause", &batch, "--reason", "done anyway"]);
+    assert_eq!(
+        app.agentq(&["batch", "pause", &batch]).status.code(),
+        Some(2),
+        "a paused batch is not paused twice"
+    );
+    app.agentq_ok(&["batch", "cancel", &batch]);
+    let report = app.agentq_ok(&["batch", "report", &batch]);
+    let lines: Vec<Value> = String::from_utf8_lossy(&report.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len() as i64, N);
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["status"] == "succeeded" && l["sha256"].is_string())
+    );
+    app.cleanup().await;
+}
