@@ -562,8 +562,20 @@ async fn start(config: Config, args: StartArgs) -> anyhow::Result<()> {
 /// Re-publishes the queued operations of a resumed batch (their pointers were dropped while
 /// it was paused). Returns how many were published.
 async fn redispatch(config: &Config, pool: &PgPool, batch: Uuid) -> anyhow::Result<usize> {
-    let cutoff = chrono::Utc::now();
     let (_, dispatcher) = crate::commands::producer(config, pool.clone(), "batch");
+    let total = redispatch_with(pool, &dispatcher, batch).await;
+    dispatcher.close().await;
+    total
+}
+
+/// Re-publishes the queued operations of a resumed batch through `dispatcher` (the CLI's
+/// `batch resume` and the console's resume share it). Returns how many were published.
+pub async fn redispatch_with(
+    pool: &PgPool,
+    dispatcher: &agentq_core::dispatch::Dispatcher,
+    batch: Uuid,
+) -> anyhow::Result<usize> {
+    let cutoff = chrono::Utc::now();
     let mut total = 0;
     loop {
         let taken = batches::take_queued(pool, batch, cutoff, CHUNK as i64).await?;
@@ -586,7 +598,6 @@ async fn redispatch(config: &Config, pool: &PgPool, batch: Uuid) -> anyhow::Resu
             break;
         }
     }
-    dispatcher.close().await;
     Ok(total)
 }
 

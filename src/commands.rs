@@ -43,12 +43,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Worker { concurrency } => {
             let pool = connect(&config).await?;
             let shutdown = shutdown_on_signal();
-            worker(&config, pool, concurrency)?.run(shutdown).await
+            let worker = worker(&config, pool, concurrency)?;
+            with_metrics(&config, None, worker.run(shutdown)).await
         }
         Command::Scheduler => {
             let pool = connect(&config).await?;
             let shutdown = shutdown_on_signal();
-            scheduler(&config, pool).run(shutdown).await
+            let scheduler = scheduler(&config, pool.clone());
+            with_metrics(&config, Some(pool), scheduler.run(shutdown)).await
         }
         Command::Dev => dev(config).await,
         Command::Serve => {
@@ -245,19 +247,48 @@ async fn dev(config: Config) -> anyhow::Result<()> {
     );
     let worker = worker(&config, pool.clone(), None)?;
     let scheduler = scheduler(&config, pool.clone());
-    let (w, s, a) = tokio::join!(
-        worker.run(shutdown.clone()),
-        scheduler.run(shutdown.clone()),
-        async {
-            let served =
-                crate::api::serve(&config, pool.clone(), &config.listen, shutdown.clone()).await;
-            if served.is_err() {
-                shutdown.cancel();
+    let all = async {
+        let (w, s, a) = tokio::join!(
+            worker.run(shutdown.clone()),
+            scheduler.run(shutdown.clone()),
+            async {
+                let served =
+                    crate::api::serve(&config, pool.clone(), &config.listen, shutdown.clone())
+                        .await;
+                if served.is_err() {
+                    shutdown.cancel();
+                }
+                served
             }
-            served
-        }
+        );
+        w.and(s).and(a)
+    };
+    with_metrics(&config, Some(pool.clone()), all).await
+}
+
+/// Runs `run` while serving `GET /metrics` on `AGENTQ_METRICS_ADDR`, if set (nothing is bound
+/// or printed otherwise); the endpoint stops when `run` returns. With `pool` each scrape also
+/// reads the database gauges; workers pass none, as they scale out and the gauges would be the
+/// same from every one of them.
+async fn with_metrics(
+    config: &Config,
+    pool: Option<PgPool>,
+    run: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let Some(addr) = config.metrics_addr.as_deref() else {
+        return run.await;
+    };
+    let endpoint = crate::api::meta::MetricsEndpoint::bind(addr, pool).await?;
+    let stop = CancellationToken::new();
+    let (ran, served) = tokio::join!(
+        async {
+            let ran = run.await;
+            stop.cancel();
+            ran
+        },
+        endpoint.serve(stop.clone())
     );
-    w.and(s).and(a)
+    ran.and(served)
 }
 
 async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {

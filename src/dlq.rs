@@ -430,6 +430,7 @@ pub async fn act_one(
             kind: r.kind.clone(),
             lane: r.lane.clone(),
             epoch: r.epoch,
+            traceparent: None,
         });
         if let Err(e) = dispatcher.dispatch(&target).await {
             tracing::warn!(op_id = %r.id, error = %e, "re-queued; the scheduler will dispatch it");

@@ -1,5 +1,5 @@
-//! The `agentq` binary: parses the command line, installs logging, and hands the command to
-//! [`commands::run`]. Exit codes: 0 success, 2 the input was refused (the message on stderr
+//! The `agentq` binary: parses the command line, installs logging and tracing, and hands the
+//! command to [`commands::run`]. Exit codes: 0 success, 2 the input was refused (the message on stderr
 //! says what and why), 1 anything else.
 
 mod access;
@@ -19,7 +19,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    agentq_core::telemetry::init();
+    let telemetry = agentq_core::telemetry::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -30,7 +30,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(commands::run(cli)) {
+    let outcome = runtime.block_on(commands::run(cli));
+    drop(runtime);
+    // Every command (serve, worker, scheduler, dev) ends here: export the last spans.
+    telemetry.shutdown();
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if let Some(refusal) = e.downcast_ref::<commands::Refused>() {

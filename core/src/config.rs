@@ -170,6 +170,12 @@ pub struct Config {
     )]
     pub listen: String,
 
+    /// Address where `agentq worker`, `agentq scheduler` and `agentq dev` serve `GET /metrics`
+    /// (Prometheus text); unset → no metrics endpoint. `agentq serve` has `/metrics` on its
+    /// API address.
+    #[arg(long, env = "AGENTQ_METRICS_ADDR", global = true)]
+    pub metrics_addr: Option<String>,
+
     /// Most operations a tenant may have queued before `POST /v1/operations` answers 429.
     #[arg(
         long,

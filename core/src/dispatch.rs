@@ -48,6 +48,9 @@ pub struct Target {
     /// The epoch the operation had when it was committed as queued; the mark applies only if
     /// nothing claimed it since.
     pub epoch: i64,
+    /// The W3C trace context stored with the operation, sent as the pointer's `traceparent`
+    /// header (the worker reads the stored one; the header is for anything else on the path).
+    pub traceparent: Option<String>,
 }
 
 impl From<db::Dispatch> for Target {
@@ -58,6 +61,7 @@ impl From<db::Dispatch> for Target {
             kind: d.kind,
             lane: d.lane.parse().unwrap_or_default(),
             epoch: d.epoch,
+            traceparent: d.traceparent,
         }
     }
 }
@@ -127,7 +131,10 @@ impl Dispatcher {
     pub async fn publish(&self, target: &Target) -> Result<(), Error> {
         let publisher = self.publisher().await?;
         let pointer = Pointer::new(target.op_id, &target.tenant, &target.kind);
-        if let Err(e) = publisher.publish(&pointer, target.lane).await {
+        if let Err(e) = publisher
+            .publish_traced(&pointer, target.lane, target.traceparent.as_deref())
+            .await
+        {
             self.drop_link_if_broken().await;
             return Err(e.into());
         }

@@ -5,12 +5,15 @@
 //! - [`db`]: the only module that contains SQL;
 //! - [`broker`]: the only module that imports `lapin`;
 //! - [`dispatch`]: publishing pointers for committed operations and recording that they were sent;
-//! - [`telemetry`]: logging set-up (never logs inputs, prompts, outputs or secrets).
+//! - [`metrics`]: the Prometheus registry; every metric name declared once;
+//! - [`telemetry`]: logging and tracing set-up, OTLP export, W3C `traceparent` propagation
+//!   (never logs or traces inputs, prompts, outputs or secrets).
 
 pub mod broker;
 pub mod config;
 pub mod db;
 pub mod dispatch;
+pub mod metrics;
 pub mod operation;
 pub mod retry;
 pub mod telemetry;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use agentq_core::db::{self, Inserted, NewOperation};
 use agentq_core::dispatch::{Dispatcher, Target};
+use agentq_core::metrics;
 use agentq_core::operation::{Lane, OperationId, Status, TenantId, input_sha256};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -165,6 +166,7 @@ impl Producer {
                     kind: op.kind,
                     lane: op.lane,
                     epoch,
+                    traceparent: op.traceparent,
                 }),
             }),
             Inserted::Existing {
@@ -192,6 +194,10 @@ impl Producer {
 
     /// Publishes the pointer of a committed [`Pending`] operation.
     pub async fn dispatch(&self, pending: Pending) -> Enqueued {
+        // Counted here, after the caller's commit: a rolled-back enqueue_in never gets this far.
+        if let Some(target) = &pending.target {
+            metrics::OPERATIONS_ENQUEUED.inc(&[&target.kind]);
+        }
         if let Some(target) = &pending.target
             && let Err(e) = self.dispatcher.dispatch(target).await
         {
@@ -226,6 +232,9 @@ impl Producer {
         let created = db::batches::insert_operations(&self.pool, &ops).await?;
         let existing = ops.len() - created.len();
         let targets: Vec<Target> = created.into_iter().map(Target::from).collect();
+        for t in &targets {
+            metrics::OPERATIONS_ENQUEUED.inc(&[&t.kind]);
+        }
         let sends = targets.iter().map(|t| self.dispatcher.dispatch(t));
         for (t, sent) in targets
             .iter()

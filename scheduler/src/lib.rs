@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use agentq_core::broker::{self, Names};
 use agentq_core::db;
 use agentq_core::dispatch::{Dispatcher, Target};
+use agentq_core::metrics;
 use agentq_core::operation::Lane;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -179,6 +180,10 @@ impl Scheduler {
         let permit = self.in_flight.clone().acquire_owned().await?;
         let woken = db::timers::wake_due(&self.pool, self.settings.wake_batch).await?;
         let n = woken.len();
+        for w in &woken {
+            let lag = (w.woken_at - w.due_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
+            metrics::TIMER_LAG.observe(&[], lag.max(0.0));
+        }
         if n > 0 {
             let rows: Vec<db::Dispatch> = woken.iter().map(db::Dispatch::from).collect();
             let (pool, dispatcher) = (self.pool.clone(), self.dispatcher.clone());
@@ -240,16 +245,20 @@ impl Scheduler {
         let n = reaped.len();
         let mut requeued = Vec::new();
         for r in reaped {
+            metrics::LEASES_EXPIRED.inc(&[&r.kind]);
             if r.status == "dead" {
+                metrics::CRASH_LOOPS.inc(&[&r.kind]);
                 tracing::warn!(op_id = %r.id, restarts = r.restarts, "operation is dead: crash_loop");
             } else {
                 tracing::info!(op_id = %r.id, restarts = r.restarts, in_flight = ?r.in_flight, "recovered an expired lease");
+                metrics::LEASES_RESCUED.inc(&[&r.kind]);
                 requeued.push(db::Dispatch {
                     id: r.id,
                     tenant_id: r.tenant_id,
                     kind: r.kind,
                     lane: r.lane,
                     epoch: r.epoch,
+                    traceparent: None,
                 });
             }
         }

@@ -1,99 +1,32 @@
-//! Liveness, readiness and Prometheus metrics.
+//! Liveness, readiness and Prometheus metrics: `GET /metrics` of `agentq serve`, and the
+//! `GET /metrics` endpoint `agentq worker` and `agentq scheduler` serve on `AGENTQ_METRICS_ADDR`.
+//! Both render the process's registry (`agentq_core::metrics`).
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
+use agentq_core::metrics;
 use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use serde_json::json;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
 use super::ApiState;
 
-/// Upper bounds (seconds) of the request-duration histogram.
-const BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
-
+/// The API's request metrics, recorded in the process's registry.
 #[derive(Default)]
-struct Series {
-    count: u64,
-    sum: f64,
-    buckets: [u64; BUCKETS.len()],
-}
-
-/// Request counts and durations by method, route and status.
-#[derive(Default)]
-pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, String, u16), Series>>,
-}
+pub struct Metrics;
 
 impl Metrics {
+    /// Counts one answered request; `route` is the matched route template, never the path.
     pub fn observe(&self, method: &str, route: &str, status: u16, took: Duration) {
-        let secs = took.as_secs_f64();
-        let mut map = self.requests.lock().expect("metrics lock");
-        let s = map
-            .entry((method.to_string(), route.to_string(), status))
-            .or_default();
-        s.count += 1;
-        s.sum += secs;
-        for (i, le) in BUCKETS.iter().enumerate() {
-            if secs <= *le {
-                s.buckets[i] += 1;
-            }
-        }
-    }
-
-    fn render(&self, out: &mut String) {
-        let map = self.requests.lock().expect("metrics lock");
-        out.push_str("# HELP agentq_http_requests_total HTTP requests answered, by method, route and status.\n");
-        out.push_str("# TYPE agentq_http_requests_total counter\n");
-        for ((m, r, s), v) in map.iter() {
-            let _ = writeln!(
-                out,
-                "agentq_http_requests_total{{method=\"{m}\",route=\"{r}\",status=\"{s}\"}} {}",
-                v.count
-            );
-        }
-        out.push_str(
-            "# HELP agentq_http_request_duration_seconds Time to answer an HTTP request.\n",
-        );
-        out.push_str("# TYPE agentq_http_request_duration_seconds histogram\n");
-        let mut by_route: BTreeMap<(&str, &str), Series> = BTreeMap::new();
-        for ((m, r, _), v) in map.iter() {
-            let s = by_route.entry((m, r)).or_default();
-            s.count += v.count;
-            s.sum += v.sum;
-            for i in 0..BUCKETS.len() {
-                s.buckets[i] += v.buckets[i];
-            }
-        }
-        for ((m, r), s) in by_route {
-            let labels = format!("method=\"{m}\",route=\"{r}\"");
-            for (i, le) in BUCKETS.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "agentq_http_request_duration_seconds_bucket{{{labels},le=\"{le}\"}} {}",
-                    s.buckets[i]
-                );
-            }
-            let _ = writeln!(
-                out,
-                "agentq_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-                s.count
-            );
-            let _ = writeln!(
-                out,
-                "agentq_http_request_duration_seconds_sum{{{labels}}} {}",
-                s.sum
-            );
-            let _ = writeln!(
-                out,
-                "agentq_http_request_duration_seconds_count{{{labels}}} {}",
-                s.count
-            );
-        }
+        metrics::HTTP_REQUESTS.inc(&[method, route, &status.to_string()]);
+        metrics::HTTP_REQUEST_DURATION.observe(&[method, route], took.as_secs_f64());
     }
 }
 
@@ -130,19 +63,51 @@ pub async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
     response
 }
 
-/// `GET /metrics`: Prometheus text.
+/// `GET /metrics`: Prometheus text, with the database gauges read now.
 pub async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
-    let mut out = String::new();
-    state.metrics.render(&mut out);
-    match agentq_core::db::count_by_status(&state.pool).await {
-        Ok(rows) => {
-            out.push_str("# HELP agentq_operations Operations by status.\n");
-            out.push_str("# TYPE agentq_operations gauge\n");
-            for (status, n) in rows {
-                let _ = writeln!(out, "agentq_operations{{status=\"{status}\"}} {n}");
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "metrics: counting operations failed"),
+    prometheus(Some(&state.pool)).await
+}
+
+async fn prometheus(pool: Option<&PgPool>) -> Response {
+    let text = metrics::scrape(pool).await;
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response()
+}
+
+/// A bound `GET /metrics` endpoint (`AGENTQ_METRICS_ADDR`) of a process without the API.
+pub struct MetricsEndpoint {
+    listener: tokio::net::TcpListener,
+    pool: Option<PgPool>,
+}
+
+impl MetricsEndpoint {
+    /// Binds `addr` and prints `metrics on http://ADDR` (the bound port when `addr` asks for 0).
+    /// With a pool, each scrape also reads the database gauges.
+    pub async fn bind(addr: &str, pool: Option<PgPool>) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen on AGENTQ_METRICS_ADDR {addr}: {e}; pick another address"
+            )
+        })?;
+        let bound: SocketAddr = listener.local_addr()?;
+        println!("metrics on http://{bound}");
+        tracing::info!(addr = %bound, "serving GET /metrics");
+        Ok(Self { listener, pool })
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+
+    /// Serves until `shutdown`.
+    pub async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let app =
+            axum::Router::new()
+                .route(
+                    "/metrics",
+                    get(|State(pool): State<Option<PgPool>>| async move {
+                        prometheus(pool.as_ref()).await
+                    }),
+                )
+                .with_state(self.pool);
+        axum::serve(self.listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await?;
+        Ok(())
+    }
 }

@@ -10,10 +10,11 @@ mod auth;
 mod body;
 mod dlq;
 mod events;
-mod meta;
+pub(crate) mod meta;
 pub mod openapi;
 mod operations;
 mod problem;
+mod ui;
 mod webhooks;
 
 use std::collections::HashMap;
@@ -46,6 +47,18 @@ const MAX_HEADERS_BYTES: usize = 32 * 1024;
 const PROBE_TTL: Duration = Duration::from_secs(1);
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+tokio::task_local! {
+    /// The caller's valid `traceparent` header, if it sent one (set by [`observe`]).
+    static INCOMING_TRACEPARENT: Option<String>;
+}
+
+/// The `traceparent` an operation created by the current request carries to its worker: the
+/// request's own span when spans are exported, else the caller's header passed through.
+pub(crate) fn traceparent() -> Option<String> {
+    agentq_core::telemetry::current_traceparent()
+        .or_else(|| INCOMING_TRACEPARENT.try_with(Clone::clone).ok().flatten())
+}
 
 /// A tenant's cached queued count.
 struct Queued {
@@ -240,6 +253,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .layer(middleware::from_fn(timeout));
     Router::new()
         .merge(timed)
+        .merge(ui::router(state.clone()))
         .route("/v1/operations/{id}/events", get(events::stream))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
@@ -295,7 +309,23 @@ async fn observe(State(state): State<Arc<ApiState>>, req: Request, next: Next) -
         .map(|m| m.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
     let method = req.method().clone();
-    let span = tracing::info_span!("http", request_id = %request_id, %method, %route);
+    // The request's span is the root of its trace, or a child of the caller's `traceparent`.
+    let incoming = req
+        .headers()
+        .get(agentq_core::telemetry::TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(agentq_core::telemetry::valid_traceparent);
+    let span = tracing::info_span!(
+        "http",
+        request_id = %request_id,
+        %method,
+        %route,
+        otel.name = %format_args!("{method} {route}"),
+        otel.kind = "server",
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    agentq_core::telemetry::set_parent(&span, incoming.as_deref());
     let oversized = req
         .headers()
         .iter()
@@ -326,13 +356,20 @@ async fn observe(State(state): State<Arc<ApiState>>, req: Request, next: Next) -
         }
         next.run(req).await
     };
-    let mut response = REQUEST_ID
+    let mut response = INCOMING_TRACEPARENT
         .scope(
-            request_id.clone(),
-            tracing::Instrument::instrument(run, span.clone()),
+            incoming,
+            REQUEST_ID.scope(
+                request_id.clone(),
+                tracing::Instrument::instrument(run, span.clone()),
+            ),
         )
         .await;
     let status = response.status();
+    span.record("http.response.status_code", status.as_u16());
+    if status.is_server_error() {
+        span.record("otel.status_code", "error");
+    }
     state
         .metrics
         .observe(method.as_str(), &route, status.as_u16(), started.elapsed());
@@ -355,7 +392,7 @@ pub fn state(config: &Config, pool: PgPool, shutdown: CancellationToken) -> Arc<
         tenant_max_queued: config.tenant_max_queued,
         queued: Mutex::new(HashMap::new()),
         broker: Mutex::new(None),
-        metrics: meta::Metrics::default(),
+        metrics: meta::Metrics,
         shutdown,
     })
 }

@@ -119,6 +119,7 @@ pub async fn create(
         run_at: req.run_at,
         deadline: req.deadline,
         request_id: request_id(),
+        traceparent: super::traceparent(),
         fingerprint: Some(fingerprint),
         ..EnqueueRequest::default()
     };

@@ -100,6 +100,7 @@ pub async fn deliver(
             input,
             dedupe_key: Some(format!("webhook:{source}:{id}")),
             request_id: request_id(),
+            traceparent: super::traceparent(),
             ..EnqueueRequest::default()
         })
         .await

@@ -134,9 +134,14 @@ impl TestApp {
         self.children.len() - 1
     }
 
-    /// Like [`TestApp::spawn`], with the process's output (its log at `info`, and stdout) kept for
-    /// [`TestApp::log`].
+    /// Like [`TestApp::spawn`], with the process's output (its log at `info`, or at the level a
+    /// test set with `set_env("RUST_LOG", …)`, and stdout) kept for [`TestApp::log`].
     pub fn spawn_logged(&mut self, args: &[&str]) -> usize {
+        let level = self
+            .env
+            .iter()
+            .find(|(k, _)| k == "RUST_LOG")
+            .map_or("info".to_string(), |(_, v)| v.clone());
         let path = std::env::temp_dir().join(format!(
             "agentq-test-{}-{}.log",
             self.namespace,
@@ -146,7 +151,7 @@ impl TestApp {
         let out = file.try_clone().unwrap();
         let child = self
             .command(args)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", level)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(file)

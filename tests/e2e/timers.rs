@@ -367,9 +367,19 @@ async fn two_schedulers_wake_20000_sleepers_exactly_once_and_never_early() {
     .await
     .unwrap();
     let conn = broker::connect(&app.amqp_url, "test").await.unwrap();
-    let published = broker::queue_depth(&conn, &app.names(), Lane::Interactive)
-        .await
-        .unwrap();
+    // A row is taken for dispatch before its publish is confirmed: wait for the confirms.
+    let published = app
+        .wait_until(
+            "the wake-ups' pointers in the queue",
+            Duration::from_secs(30),
+            || async {
+                let n = broker::queue_depth(&conn, &app.names(), Lane::Interactive)
+                    .await
+                    .unwrap();
+                (n >= 20000).then_some(n)
+            },
+        )
+        .await;
     println!(
         "two schedulers: {wakes} wake-ups of {distinct} operations, {early} early, max lag {max_lag_ms:.0} ms, {published} pointers"
     );

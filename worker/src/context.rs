@@ -29,7 +29,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::gate::ModelGate;
-use crate::model::{ModelRequest, ModelResponse};
+use crate::model::{ModelError, ModelRequest, ModelResponse};
 use crate::tool::{Reconciled, Tool};
 
 /// Asks a tool whether a call with this idempotency key already happened.
@@ -122,6 +122,15 @@ impl JobError {
             JobError::DeadlineExceeded(_) => "deadline_exceeded",
             JobError::Suspended => "suspended",
         }
+    }
+}
+
+/// The stable class of a model error, for the model call's span.
+fn model_error_class(e: &ModelError) -> &'static str {
+    match e {
+        ModelError::Retryable { .. } => "retryable",
+        ModelError::Overloaded { .. } => "overloaded",
+        ModelError::NonRetryable { .. } => "non_retryable",
     }
 }
 
@@ -294,7 +303,24 @@ impl JobContext {
         let model = self.inner.model.clone();
         let (tenant, kind) = (self.inner.info.tenant.clone(), self.inner.info.kind.clone());
         self.run_step(name, "model", Replay::Safe, |_key| async move {
-            let resp = model.call(&tenant, &kind, &request).await?;
+            // The call's span names the model and how it ended; never the prompt or the answer.
+            let span = tracing::info_span!(
+                "model_call",
+                otel.kind = "client",
+                model = request.model.as_deref().unwrap_or("default"),
+                outcome = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty,
+            );
+            let called =
+                tracing::Instrument::instrument(model.call(&tenant, &kind, &request), span.clone())
+                    .await;
+            match &called {
+                Ok(_) => span.record("outcome", "ok"),
+                Err(e) => span
+                    .record("outcome", model_error_class(e))
+                    .record("otel.status_code", "error"),
+            };
+            let resp = called?;
             let usage = serde_json::to_value(resp.usage).ok();
             Ok((resp, usage))
         })
@@ -333,7 +359,22 @@ impl JobContext {
                 Box::pin(async move { tool.reconcile(&recover_args, &key).await })
             })),
             |key| async move {
-                match tool.call(&args, &key).await {
+                // The call's span names the tool and how it ended; never its arguments or result.
+                let span = tracing::info_span!(
+                    "tool_call",
+                    tool = tool.name(),
+                    outcome = tracing::field::Empty,
+                    otel.status_code = tracing::field::Empty,
+                );
+                let called =
+                    tracing::Instrument::instrument(tool.call(&args, &key), span.clone()).await;
+                match &called {
+                    Ok(_) => span.record("outcome", "ok"),
+                    Err(e) => span
+                        .record("outcome", e.class())
+                        .record("otel.status_code", "error"),
+                };
+                match called {
                     Ok(v) => Ok((v, None)),
                     Err(JobError::NonRetryable(e)) if report_errors => {
                         Ok((serde_json::json!({ "error": e }), None))
@@ -533,7 +574,38 @@ impl JobContext {
             seq
         };
         let key = step_idempotency_key(self.inner.info.op_id, seq, name);
+        // The step's span names it, never its arguments or its output.
+        let span = tracing::info_span!(
+            "step",
+            otel.name = %format_args!("step {name}"),
+            step = name,
+            seq,
+            kind,
+            replay = replay.as_str(),
+            replayed = false,
+            otel.status_code = tracing::field::Empty,
+        );
+        let body = self.run_step_at(seq, key, name, kind, replay, reconcile, f);
+        tracing::Instrument::instrument(body, span).await
+    }
 
+    /// The body of [`JobContext::run_step_with`], inside the step's span.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_step_at<'a, T, F, Fut>(
+        &self,
+        seq: i32,
+        key: String,
+        name: &str,
+        kind: &'static str,
+        replay: Replay,
+        reconcile: Option<Reconcile<'a>>,
+        f: F,
+    ) -> Result<T, JobError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<(T, Option<serde_json::Value>), JobError>>,
+    {
         // A step that failed on an earlier attempt has no outcome to keep: whatever the code
         // asks for at that position now (an operator may have patched the input) runs fresh.
         if let Some(entry) = self.recorded(seq).filter(|e| e.status != "failed") {
@@ -545,6 +617,7 @@ impl JobContext {
             }
             match entry.status.as_str() {
                 "completed" => {
+                    tracing::Span::current().record("replayed", true);
                     let out = entry.output.unwrap_or(serde_json::Value::Null);
                     return serde_json::from_value(out).map_err(|e| {
                         JobError::Nondeterminism(format!(
@@ -651,7 +724,9 @@ impl JobContext {
         }
 
         self.state().current_key = Some(key.clone());
+        let ran = Instant::now();
         let outcome = f(key.clone()).await;
+        agentq_core::metrics::STEP_DURATION.observe(&[kind], ran.elapsed().as_secs_f64());
         self.state().current_key = None;
         match outcome {
             Ok((value, usage)) => {
@@ -666,6 +741,9 @@ impl JobContext {
                 Ok(value)
             }
             Err(e) => {
+                if !matches!(e, JobError::Suspended) {
+                    tracing::Span::current().record("otel.status_code", "error");
+                }
                 if !matches!(e, JobError::LeaseLost) {
                     let mut failed = row("failed");
                     failed.error = Some(e.to_string());

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use agentq_core::db::{self, Claimed, FailTo};
+use agentq_core::metrics;
 use agentq_core::operation::OperationId;
 use agentq_core::retry;
 use futures_util::FutureExt;
@@ -23,7 +24,8 @@ pub(crate) async fn execute(
     stop: CancellationToken,
     cancel: Arc<AtomicBool>,
 ) {
-    let (id, epoch) = (op.id, op.epoch);
+    let (id, epoch, kind) = (op.id, op.epoch, op.kind.clone());
+    let started = std::time::Instant::now();
     // Every log line about this attempt carries the operation and the request that made it.
     let span = tracing::info_span!(
         "operation",
@@ -33,8 +35,13 @@ pub(crate) async fn execute(
         attempt = op.attempt,
         epoch = op.epoch,
         request_id = op.request_id.as_deref().unwrap_or("-"),
+        outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     );
+    // Part of the trace of the request (or webhook delivery) that created the operation.
+    agentq_core::telemetry::set_parent(&span, op.traceparent.as_deref());
     tracing::Instrument::instrument(run(&shared, op, stop, cancel), span).await;
+    metrics::ATTEMPT_DURATION.observe(&[&kind], started.elapsed().as_secs_f64());
     shared.leases.release(id, epoch);
 }
 
@@ -85,7 +92,20 @@ async fn run(shared: &Shared, op: Claimed, stop: CancellationToken, cancel: Arc<
             }
         }
     };
+    record_outcome(&outcome);
     settle(shared, &op, &ctx, outcome).await;
+}
+
+/// Notes how the attempt ended on the operation span (a class, never an error message).
+fn record_outcome(outcome: &Result<Value, JobError>) {
+    let span = tracing::Span::current();
+    match outcome {
+        Ok(_) => span.record("outcome", "succeeded"),
+        Err(e @ (JobError::Suspended | JobError::Cancelled)) => span.record("outcome", e.class()),
+        Err(e) => span
+            .record("outcome", e.class())
+            .record("otel.status_code", "error"),
+    };
 }
 
 /// Maps a job's outcome to its database transition: the one place that decides what a
@@ -93,8 +113,13 @@ async fn run(shared: &Shared, op: Claimed, stop: CancellationToken, cancel: Arc<
 async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result<Value, JobError>) {
     let (steps, failed_step) = ctx.take_pending();
     shared.leases.settling(op.id, op.epoch);
+    // (outcome, failure class) for the metrics, counted once the transition is written.
+    let mut finished: Option<(&'static str, &'static str)> = None;
     let written = match &outcome {
-        Ok(result) => db::complete_operation(&shared.pool, op.id, op.epoch, result, &steps).await,
+        Ok(result) => {
+            finished = Some(("succeeded", ""));
+            db::complete_operation(&shared.pool, op.id, op.epoch, result, &steps).await
+        }
         Err(JobError::LeaseLost) => return,
         Err(JobError::Suspended) => match ctx.take_suspend() {
             Some((run_at, waiting_for)) => {
@@ -110,6 +135,7 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
             }
             None => {
                 // A job returned Suspended without parking through ctx: a bug in the job.
+                finished = Some(("dead", "non_retryable"));
                 db::fail_operation(
                     &shared.pool,
                     op.id,
@@ -154,6 +180,18 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
                 JobError::Cancelled => ("cancelled", FailTo::Cancelled),
                 other => (other.class(), FailTo::Dead),
             };
+            finished = Some((
+                match to {
+                    FailTo::Retry {
+                        count_attempt: true,
+                        ..
+                    } => "retry",
+                    FailTo::Retry { .. } => "parked",
+                    FailTo::Dead => "dead",
+                    FailTo::Cancelled => "cancelled",
+                },
+                class,
+            ));
             tracing::info!(op_id = %op.id, class, attempt = op.attempt, "operation attempt failed");
             db::fail_operation(
                 &shared.pool,
@@ -168,6 +206,12 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
             .await
         }
     };
+    if let (Ok(true), Some((outcome, class))) = (&written, finished) {
+        metrics::OPERATIONS_FINISHED.inc(&[&op.kind, outcome]);
+        if !matches!(outcome, "succeeded" | "cancelled") {
+            metrics::OPERATION_FAILURES.inc(&[&op.kind, class]);
+        }
+    }
     match written {
         Ok(true) => {}
         Ok(false) => {

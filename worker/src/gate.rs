@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agentq_core::metrics;
 use chrono::Utc;
 use tokio::sync::Semaphore;
 
@@ -81,6 +82,7 @@ pub struct ModelGate {
 impl ModelGate {
     /// Puts `client` behind a gate.
     pub fn new(client: Arc<dyn ModelClient>, settings: GateSettings) -> Self {
+        metrics::BREAKER_STATE.set(&[&provider_label(client.as_ref())], 0.0);
         Self {
             slots: Arc::new(Semaphore::new(settings.concurrency.max(1))),
             client,
@@ -138,9 +140,23 @@ impl ModelGate {
         let _tenant = tenant_slots.acquire().await.expect("never closed");
         let _slot = self.slots.acquire().await.expect("never closed");
         let mut attempt = 0;
+        let provider = provider_label(self.client.as_ref());
         loop {
-            self.admit()?;
+            if let Err(e) = self.admit() {
+                metrics::MODEL_CALL_ERRORS.inc(&[&provider, "parked"]);
+                return Err(e);
+            }
+            let called = Instant::now();
             let result = self.client.complete(request).await;
+            metrics::MODEL_CALL_DURATION.observe(&[&provider], called.elapsed().as_secs_f64());
+            match &result {
+                Ok(resp) => {
+                    metrics::MODEL_TOKENS.add(&[kind, "prompt"], resp.usage.prompt_tokens as f64);
+                    let completion = resp.usage.completion_tokens as f64;
+                    metrics::MODEL_TOKENS.add(&[kind, "completion"], completion);
+                }
+                Err(e) => metrics::MODEL_CALL_ERRORS.inc(&[&provider, error_class(e)]),
+            }
             match &result {
                 Ok(_) => self.succeeded(),
                 Err(ModelError::NonRetryable { .. }) => self.neutral(),
@@ -181,6 +197,7 @@ impl ModelGate {
                     successes: 0,
                     cooldown: *cooldown,
                 };
+                self.breaker_metric(1.0);
                 Ok(())
             }
             State::Open { until, .. } => Err(self.parked(until.saturating_duration_since(now))),
@@ -225,6 +242,7 @@ impl ModelGate {
                 if *successes >= CLOSE_AFTER {
                     tracing::info!(provider = self.client.provider(), "model circuit closed");
                     *state = State::Closed { failures: 0 };
+                    self.breaker_metric(0.0);
                 }
             }
             State::Open { .. } => {}
@@ -259,7 +277,29 @@ impl ModelGate {
                 until: Instant::now() + cooldown,
                 cooldown,
             };
+            self.breaker_metric(2.0);
         }
+    }
+
+    /// Publishes the breaker's state: 0 closed, 1 half-open, 2 open.
+    fn breaker_metric(&self, state: f64) {
+        metrics::BREAKER_STATE.set(&[&provider_label(self.client.as_ref())], state);
+    }
+}
+
+/// The provider as a metric label: its name or URL, without a query and with any password
+/// replaced.
+fn provider_label(client: &dyn ModelClient) -> String {
+    let provider = client.provider();
+    agentq_core::config::redact_url(provider.split('?').next().unwrap_or(provider))
+}
+
+/// A model error's class as a metric label.
+fn error_class(e: &ModelError) -> &'static str {
+    match e {
+        ModelError::Retryable { .. } => "retryable",
+        ModelError::Overloaded { .. } => "overloaded",
+        ModelError::NonRetryable { .. } => "non_retryable",
     }
 }
 

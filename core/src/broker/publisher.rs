@@ -2,10 +2,12 @@
 //! tasks publishing at once pipeline their confirms on one channel.
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
 
 use super::{CALL_TIMEOUT, Error, Names, Result};
 use crate::operation::{Lane, Pointer};
+use crate::telemetry::TRACEPARENT;
 
 /// A confirm-mode channel for publishing pointers of one namespace.
 #[derive(Clone)]
@@ -31,13 +33,41 @@ impl Publisher {
 
     /// Publishes a pointer to `lane` and waits for the broker's confirm.
     pub async fn publish(&self, pointer: &Pointer, lane: Lane) -> Result<()> {
-        self.publish_raw(&pointer.encode(), lane, &pointer.op_id.to_string())
+        self.publish_traced(pointer, lane, None).await
+    }
+
+    /// Publishes a pointer with the W3C `traceparent` of the operation (if it has one) as an
+    /// AMQP header, and waits for the broker's confirm.
+    pub async fn publish_traced(
+        &self,
+        pointer: &Pointer,
+        lane: Lane,
+        traceparent: Option<&str>,
+    ) -> Result<()> {
+        let mut props = BasicProperties::default();
+        if let Some(tp) = traceparent {
+            let mut headers = FieldTable::default();
+            headers.insert(TRACEPARENT.into(), AMQPValue::LongString(tp.into()));
+            props = props.with_headers(headers);
+        }
+        self.send(&pointer.encode(), lane, &pointer.op_id.to_string(), props)
             .await
     }
 
     /// Publishes arbitrary bytes to `lane` (tests use it to send poison messages).
     pub async fn publish_raw(&self, body: &[u8], lane: Lane, message_id: &str) -> Result<()> {
-        let props = BasicProperties::default()
+        self.send(body, lane, message_id, BasicProperties::default())
+            .await
+    }
+
+    async fn send(
+        &self,
+        body: &[u8],
+        lane: Lane,
+        message_id: &str,
+        props: BasicProperties,
+    ) -> Result<()> {
+        let props = props
             .with_delivery_mode(2)
             .with_content_type("application/json".into())
             .with_message_id(message_id.into());

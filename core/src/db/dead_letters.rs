@@ -176,14 +176,18 @@ pub struct StatRow {
     pub newest: DateTime<Utc>,
 }
 
+/// The error fingerprint of a dead letter `d`: its reason with ids, long hex strings and numbers
+/// replaced, so the same failure with different ids groups together.
+pub const FINGERPRINT: &str = "left(regexp_replace(regexp_replace(regexp_replace(d.reason,
+    '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}', '<id>', 'gi'),
+    '[0-9a-f]{16,}', '<hex>', 'gi'),
+    '[0-9]+', '<n>', 'g'), 160)";
+
 /// Groups of open dead letters, largest first.
 pub async fn stats(pool: &PgPool, filter: &Filter) -> Result<Vec<StatRow>> {
-    let mut q = QueryBuilder::new(
-        "SELECT d.class, d.kind,
-                left(regexp_replace(regexp_replace(regexp_replace(d.reason,
-                    '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}', '<id>', 'gi'),
-                    '[0-9a-f]{16,}', '<hex>', 'gi'),
-                    '[0-9]+', '<n>', 'g'), 160) AS fingerprint,
+    let mut q = QueryBuilder::new("SELECT d.class, d.kind, ");
+    q.push(FINGERPRINT).push(
+        " AS fingerprint,
                 count(*) AS count, min(d.created_at) AS oldest, max(d.created_at) AS newest
            FROM dead_letters d LEFT JOIN operations o ON o.id = d.op_id",
     );

@@ -7,10 +7,12 @@
 
 pub mod access;
 pub mod batches;
+pub mod console;
 pub mod dead_letters;
 pub mod docs;
 pub mod events;
 pub mod fixtures;
+pub mod gauges;
 pub mod kv;
 pub mod ledger;
 pub mod operations;

@@ -182,6 +182,8 @@ pub struct Claimed {
     pub deadline: Option<DateTime<Utc>>,
     /// The `x-request-id` of the request that created it (for log lines about it).
     pub request_id: Option<String>,
+    /// The W3C trace context it was created in: the worker's span for it is that span's child.
+    pub traceparent: Option<String>,
     /// Whether the journal has rows; a first run skips loading it.
     pub has_journal: bool,
 }
@@ -220,7 +222,7 @@ pub async fn claim_operations(
             -- A paused or cancelled batch starts nothing; resuming re-dispatches its queue.
             AND NOT in_stopped_batch(o.batch_id)
       RETURNING o.id, o.tenant_id, o.kind, o.input, o.epoch, o.attempt, o.max_attempts,
-                o.restarts, o.deadline, o.request_id,
+                o.restarts, o.deadline, o.request_id, o.traceparent,
                 EXISTS (SELECT 1 FROM operation_steps s WHERE s.op_id = o.id) AS has_journal",
     )
     .bind(ids)
@@ -378,6 +380,9 @@ pub struct Dispatch {
     pub kind: String,
     pub lane: String,
     pub epoch: i64,
+    /// The W3C trace context stored with the operation, sent along as an AMQP header.
+    #[sqlx(default)]
+    pub traceparent: Option<String>,
 }
 
 /// Records that pointers were confirmed by the broker. A mark stamped with an older epoch (the
@@ -435,7 +440,7 @@ pub async fn take_undispatched(
                           ORDER BY updated_at
                           LIMIT $2
                           FOR UPDATE SKIP LOCKED)
-      RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch",
+      RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch, o.traceparent",
     )
     .bind(grace.as_secs_f64())
     .bind(limit)
@@ -462,7 +467,7 @@ pub async fn take_lost_dispatches(
                           ORDER BY run_at
                           LIMIT $3
                           FOR UPDATE SKIP LOCKED)
-      RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch",
+      RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch, o.traceparent",
     )
     .bind(lane.as_str())
     .bind(stale.as_secs_f64())

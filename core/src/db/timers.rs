@@ -187,6 +187,7 @@ impl From<&Woken> for Dispatch {
             kind: w.kind.clone(),
             lane: w.lane.clone(),
             epoch: w.epoch,
+            traceparent: None,
         }
     }
 }

@@ -1,0 +1,319 @@
+//! SQL of the operator console's read views: the operations list (keyset pages), the overview
+//! counts and per-minute series, pending approvals, batches, payload reads and the audit row of
+//! a payload reveal.
+//!
+//! Every function takes the caller's tenant scope (`None` only for an admin) and filters by it,
+//! so the console, like the API, never shows another tenant's rows.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
+use uuid::Uuid;
+
+use super::Result;
+
+/// Which operations a console list shows.
+#[derive(Clone, Debug, Default)]
+pub struct OperationFilter {
+    /// The caller's scope (or, for an admin, the tenant asked for).
+    pub tenant: Option<String>,
+    pub status: Option<String>,
+    pub kind: Option<String>,
+    pub batch: Option<Uuid>,
+    /// Created at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Created before.
+    pub until: Option<DateTime<Utc>>,
+    /// Only operations waiting for this signal (pending approvals: `approval`).
+    pub waiting_for: Option<String>,
+}
+
+/// One row of the operations list (no input, result or error payloads: they stay on the
+/// operation page, behind "reveal").
+#[derive(Clone, Debug, FromRow)]
+pub struct OperationRow {
+    pub id: Uuid,
+    pub tenant_id: String,
+    pub kind: String,
+    pub status: String,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub error_class: Option<String>,
+    pub waiting_for: Option<String>,
+    pub batch_id: Option<Uuid>,
+}
+
+/// One keyset page of operations, newest first, after `(created_at, id)` of the previous page.
+pub async fn list_operations(
+    pool: &PgPool,
+    f: &OperationFilter,
+    limit: i64,
+    after: Option<(DateTime<Utc>, Uuid)>,
+) -> Result<Vec<OperationRow>> {
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(
+        "SELECT id, tenant_id, kind, status, attempt, max_attempts, created_at, updated_at,
+                finished_at, error_class, waiting_for, batch_id
+           FROM operations WHERE true",
+    );
+    if let Some(t) = &f.tenant {
+        q.push(" AND tenant_id = ").push_bind(t.clone());
+    }
+    if let Some(s) = &f.status {
+        q.push(" AND status = ").push_bind(s.clone());
+    }
+    if let Some(k) = &f.kind {
+        q.push(" AND kind = ").push_bind(k.clone());
+    }
+    if let Some(b) = f.batch {
+        q.push(" AND batch_id = ").push_bind(b);
+    }
+    if let Some(s) = f.since {
+        q.push(" AND created_at >= ").push_bind(s);
+    }
+    if let Some(u) = f.until {
+        q.push(" AND created_at < ").push_bind(u);
+    }
+    if let Some(w) = &f.waiting_for {
+        q.push(" AND status = 'waiting' AND waiting_for = ")
+            .push_bind(w.clone());
+    }
+    if let Some((at, id)) = after {
+        q.push(" AND (created_at, id) < (")
+            .push_bind(at)
+            .push(", ")
+            .push_bind(id)
+            .push(")");
+    }
+    q.push(" ORDER BY created_at DESC, id DESC LIMIT ")
+        .push_bind(limit);
+    Ok(q.build_query_as().fetch_all(pool).await?)
+}
+
+/// Operations by status, in `tenant` if given.
+pub async fn status_counts(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<(String, i64)>> {
+    let rows = sqlx::query_as(
+        "SELECT status, count(*) FROM operations
+          WHERE $1::text IS NULL OR tenant_id = $1 GROUP BY status ORDER BY status",
+    )
+    .bind(tenant)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Open dead letters by class, in `tenant` if given.
+pub async fn open_dead_letters_by_class(
+    pool: &PgPool,
+    tenant: Option<&str>,
+) -> Result<Vec<(String, i64)>> {
+    let rows = sqlx::query_as(
+        "SELECT class, count(*) FROM dead_letters
+          WHERE status = 'open' AND ($1::text IS NULL OR tenant_id = $1)
+          GROUP BY class ORDER BY count(*) DESC, class",
+    )
+    .bind(tenant)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Seconds the oldest due queued operation has waited, by lane.
+pub async fn oldest_queued(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<(String, f64)>> {
+    let rows = sqlx::query_as(
+        "SELECT lane, EXTRACT(EPOCH FROM now() - min(run_at))::float8 FROM operations
+          WHERE status = 'queued' AND run_at <= now() AND ($1::text IS NULL OR tenant_id = $1)
+          GROUP BY lane ORDER BY lane",
+    )
+    .bind(tenant)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// One minute of the overview's charts.
+#[derive(Clone, Debug, FromRow)]
+pub struct Minute {
+    pub minute: DateTime<Utc>,
+    /// Operations that succeeded in the minute.
+    pub succeeded: i64,
+    /// Operations that went dead in the minute.
+    pub dead: i64,
+    /// Attempts that failed in the minute and were scheduled for a retry.
+    pub retried: i64,
+    /// The longest queue wait (due → claimed), in seconds, of the claims made in the minute.
+    pub max_wait_secs: f64,
+}
+
+/// The last `minutes` minutes, oldest first (every minute present, zeros where idle).
+pub async fn minutes(pool: &PgPool, tenant: Option<&str>, minutes: i32) -> Result<Vec<Minute>> {
+    let rows = sqlx::query_as(
+        "WITH m AS (
+            SELECT generate_series(date_trunc('minute', now()) - make_interval(mins => $2 - 1),
+                                   date_trunc('minute', now()), interval '1 minute') AS minute
+         ), fin AS (
+            SELECT date_trunc('minute', finished_at) AS minute,
+                   count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+                   count(*) FILTER (WHERE status = 'dead') AS dead
+              FROM operations
+             WHERE finished_at >= date_trunc('minute', now()) - make_interval(mins => $2 - 1)
+               AND ($1::text IS NULL OR tenant_id = $1)
+             GROUP BY 1
+         ), ev AS (
+            SELECT date_trunc('minute', e.at) AS minute,
+                   count(*) FILTER (WHERE e.data->>'status' = 'queued'
+                                      AND e.data ? 'error_class') AS retried,
+                   COALESCE(max(EXTRACT(EPOCH FROM e.at - (e.data->>'run_at')::timestamptz))
+                            FILTER (WHERE e.data->>'status' = 'running'), 0)::float8 AS max_wait
+              FROM operation_events e JOIN operations o ON o.id = e.op_id
+             WHERE e.type = 'status'
+               AND e.at >= date_trunc('minute', now()) - make_interval(mins => $2 - 1)
+               AND ($1::text IS NULL OR o.tenant_id = $1)
+             GROUP BY 1
+         )
+         SELECT m.minute, COALESCE(fin.succeeded, 0) AS succeeded, COALESCE(fin.dead, 0) AS dead,
+                COALESCE(ev.retried, 0) AS retried,
+                GREATEST(COALESCE(ev.max_wait, 0), 0)::float8 AS max_wait_secs
+           FROM m LEFT JOIN fin USING (minute) LEFT JOIN ev USING (minute)
+          ORDER BY m.minute",
+    )
+    .bind(tenant)
+    .bind(minutes)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// The input, result and error of an operation: what the console shows only on "reveal".
+#[derive(Clone, Debug, FromRow)]
+pub struct Payloads {
+    pub input: Value,
+    pub result: Option<Value>,
+    pub error_message: Option<String>,
+}
+
+/// An operation's payloads, in `tenant` if given.
+pub async fn payloads(pool: &PgPool, op: Uuid, tenant: Option<&str>) -> Result<Option<Payloads>> {
+    let row = sqlx::query_as(
+        "SELECT input, result, error_message FROM operations
+          WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2)",
+    )
+    .bind(op)
+    .bind(tenant)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row)
+}
+
+/// Audits that `actor` revealed the payloads of `op` in the console.
+pub async fn audit_reveal(pool: &PgPool, op: Uuid, actor: &str, status: &str) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO operator_actions (actor, action, op_id, status_before, status_after, details)
+         VALUES ($1, 'reveal_payloads', $2, $3, $3, '{\"via\": \"console\"}')",
+    )
+    .bind(actor)
+    .bind(op)
+    .bind(status)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The audit trail of one operation, oldest first.
+pub async fn operation_actions(
+    pool: &PgPool,
+    op: Uuid,
+) -> Result<Vec<super::dead_letters::ActionView>> {
+    let rows = sqlx::query_as(
+        "SELECT actor, action, op_id, dead_letter_id, reason, status_before, status_after,
+                details, created_at
+           FROM operator_actions WHERE op_id = $1 ORDER BY created_at, id",
+    )
+    .bind(op)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// A batch with its operations counted by status, for the console's batches page.
+#[derive(Clone, Debug, FromRow)]
+pub struct BatchRow {
+    pub id: Uuid,
+    pub tenant_id: String,
+    pub kind: String,
+    pub status: String,
+    pub documents: i32,
+    pub paused_reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub enqueued: i64,
+    pub succeeded: i64,
+    pub failed: i64,
+    pub unfinished: i64,
+}
+
+/// The newest `limit` batches, in `tenant` if given.
+pub async fn list_batches(
+    pool: &PgPool,
+    tenant: Option<&str>,
+    limit: i64,
+) -> Result<Vec<BatchRow>> {
+    let rows = sqlx::query_as(
+        "SELECT b.id, b.tenant_id, b.kind, b.status, b.documents, b.paused_reason, b.created_at,
+                COALESCE(c.enqueued, 0) AS enqueued, COALESCE(c.succeeded, 0) AS succeeded,
+                COALESCE(c.failed, 0) AS failed, COALESCE(c.unfinished, 0) AS unfinished
+           FROM batches b
+           LEFT JOIN LATERAL (
+                SELECT count(*) AS enqueued,
+                       count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+                       count(*) FILTER (WHERE status IN ('dead', 'discarded', 'cancelled')) AS failed,
+                       count(*) FILTER (WHERE status IN ('queued', 'running', 'sleeping', 'waiting'))
+                           AS unfinished
+                  FROM operations o WHERE o.batch_id = b.id) c ON true
+          WHERE $1::text IS NULL OR b.tenant_id = $1
+          ORDER BY b.created_at DESC, b.id DESC LIMIT $2",
+    )
+    .bind(tenant)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// An open dead letter with its fingerprint (the grouping of [`super::dead_letters::stats`]).
+#[derive(Clone, Debug, FromRow)]
+pub struct InboxItem {
+    #[sqlx(flatten)]
+    pub dead_letter: super::dead_letters::DeadLetterView,
+    pub fingerprint: String,
+}
+
+/// The newest `limit` dead letters matching `filter`, each with its fingerprint.
+pub async fn inbox(
+    pool: &PgPool,
+    filter: &super::dead_letters::Filter,
+    limit: i64,
+) -> Result<Vec<InboxItem>> {
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(
+        "SELECT d.id, d.op_id, d.tenant_id AS tenant, d.kind, d.class, d.reason, d.attempts,
+                d.failed_step, d.created_at, d.status, d.resolved_by, d.resolved_at, d.note,
+                o.batch_id, octet_length(d.raw_message) AS raw_bytes, ",
+    );
+    q.push(super::dead_letters::FINGERPRINT)
+        .push(" AS fingerprint FROM dead_letters d LEFT JOIN operations o ON o.id = d.op_id");
+    q.push(" WHERE d.status = ")
+        .push_bind(filter.status.clone().unwrap_or_else(|| "open".into()));
+    if let Some(t) = &filter.tenant {
+        q.push(" AND d.tenant_id = ").push_bind(t.clone());
+    }
+    if let Some(k) = &filter.kind {
+        q.push(" AND d.kind = ").push_bind(k.clone());
+    }
+    if let Some(c) = &filter.class {
+        q.push(" AND d.class = ").push_bind(c.clone());
+    }
+    q.push(" ORDER BY d.created_at DESC, d.id DESC LIMIT ")
+        .push_bind(limit);
+    Ok(q.build_query_as().fetch_all(pool).await?)
+}

@@ -1,0 +1,479 @@
+//! Prometheus metrics: one process-global registry of counters, gauges and histograms, and its
+//! text rendering (`# HELP`, `# TYPE`, samples).
+//!
+//! Every metric is a `pub const` [`Metric`] declared once, with its help text, type, label names
+//! and buckets, in the one table below ([`ALL`]); code records through those constants
+//! (`metrics::OPERATIONS_ENQUEUED.inc(&[kind])`), never through a name typed elsewhere.
+//!
+//! Invariant: label values are ids of kinds, classes, lanes, statuses, providers, step kinds and
+//! routes: never an input, a prompt, an output, a token or a secret. A metric that meets more
+//! than [`MAX_SERIES`] label sets folds the rest into `_other`, so a bug cannot grow memory.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{LazyLock, Mutex};
+
+use sqlx::PgPool;
+
+/// What a metric is, as Prometheus names it in `# TYPE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One metric's declaration: the single place its name and help text are written.
+#[derive(Debug)]
+pub struct Metric {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub kind: Kind,
+    /// Label names, in the order values are passed.
+    pub labels: &'static [&'static str],
+    /// Upper bounds of a histogram's buckets (seconds); empty for counters and gauges.
+    pub buckets: &'static [f64],
+}
+
+/// Most label sets kept per metric; more are counted under `_other`.
+pub const MAX_SERIES: usize = 2000;
+
+const NO_BUCKETS: &[f64] = &[];
+/// HTTP requests: milliseconds to seconds.
+const HTTP_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
+/// Steps and attempts: a local step takes milliseconds, an agent's attempt minutes.
+const RUN_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+/// Model calls: a local model answers in microseconds, a provider in up to minutes.
+const MODEL_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+];
+/// Timer lag: one scheduler tick is 200 ms.
+const LAG_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+
+macro_rules! metrics {
+    ($( $(#[$doc:meta])* $ident:ident = $name:literal, $kind:ident, [$($label:literal),*], $buckets:expr, $help:literal; )*) => {
+        $( $(#[$doc])* pub const $ident: Metric = Metric {
+            name: $name,
+            help: $help,
+            kind: Kind::$kind,
+            labels: &[$($label),*],
+            buckets: $buckets,
+        }; )*
+        /// Every metric agentq exports, in the order they are rendered.
+        pub const ALL: &[Metric] = &[$($ident),*];
+    };
+}
+
+metrics! {
+    /// Counted by the producer after the insert (`agentq serve`, library producers).
+    OPERATIONS_ENQUEUED = "agentq_operations_enqueued_total", Counter, ["kind"], NO_BUCKETS,
+        "Operations stored by a producer, by kind.";
+    /// Counted by the worker's `settle` once the outcome is written.
+    OPERATIONS_FINISHED = "agentq_operations_finished_total", Counter, ["kind", "outcome"], NO_BUCKETS,
+        "Operation attempts ended by a worker, by kind and outcome (succeeded, dead, cancelled, retry, parked).";
+    /// Every failed attempt with its failure class (a retry's class is `retryable`).
+    OPERATION_FAILURES = "agentq_operation_failures_total", Counter, ["kind", "class"], NO_BUCKETS,
+        "Failed operation attempts written by a worker, by kind and failure class.";
+    STEP_DURATION = "agentq_step_duration_seconds", Histogram, ["step_kind"], RUN_BUCKETS,
+        "Time a step ran (not replayed), by step kind (model, tool, custom).";
+    ATTEMPT_DURATION = "agentq_operation_attempt_duration_seconds", Histogram, ["kind"], RUN_BUCKETS,
+        "Time from claim to settled outcome of one operation attempt, by kind.";
+    LEASES_EXPIRED = "agentq_leases_expired_total", Counter, ["kind"], NO_BUCKETS,
+        "Running operations whose lease expired (worker died or hung), found by the reaper, by kind.";
+    LEASES_RESCUED = "agentq_leases_rescued_total", Counter, ["kind"], NO_BUCKETS,
+        "Expired leases the reaper put back to queued, by kind.";
+    CRASH_LOOPS = "agentq_crash_loops_total", Counter, ["kind"], NO_BUCKETS,
+        "Operations the reaper moved to dead as crash_loop (restarts over the limit), by kind.";
+    BREAKER_STATE = "agentq_circuit_breaker_state", Gauge, ["provider"], NO_BUCKETS,
+        "Model circuit breaker of this worker per provider: 0 closed, 1 half-open, 2 open.";
+    MODEL_CALL_DURATION = "agentq_model_call_duration_seconds", Histogram, ["provider"], MODEL_BUCKETS,
+        "Time of one model call to the provider (each in-step retry counts), by provider.";
+    MODEL_CALL_ERRORS = "agentq_model_call_errors_total", Counter, ["provider", "class"], NO_BUCKETS,
+        "Failed model calls by provider and class (retryable, overloaded, non_retryable, parked by the breaker).";
+    MODEL_TOKENS = "agentq_model_tokens_total", Counter, ["kind", "type"], NO_BUCKETS,
+        "Model tokens used, by operation kind and type (prompt, completion).";
+    TIMER_LAG = "agentq_timer_lag_seconds", Histogram, [], LAG_BUCKETS,
+        "Time from a sleep's or wait's due time to the scheduler waking it.";
+    /// Database gauge, read at scrape time.
+    OPERATIONS_BY_STATUS = "agentq_operations", Gauge, ["status"], NO_BUCKETS,
+        "Operations by status (read from PostgreSQL at scrape time).";
+    /// Database gauge, read at scrape time.
+    QUEUE_DEPTH = "agentq_queue_depth", Gauge, ["lane"], NO_BUCKETS,
+        "Queued operations that are due, by lane (read from PostgreSQL at scrape time).";
+    /// Database gauge, read at scrape time.
+    QUEUE_OLDEST_AGE = "agentq_queue_oldest_age_seconds", Gauge, ["lane"], NO_BUCKETS,
+        "Age of the oldest due queued operation since its run_at, by lane (0 when none).";
+    /// Database gauge, read at scrape time.
+    DEAD_LETTERS_OPEN = "agentq_dead_letters_open", Gauge, ["class"], NO_BUCKETS,
+        "Open dead letters by failure class (read from PostgreSQL at scrape time).";
+    HTTP_REQUESTS = "agentq_http_requests_total", Counter, ["method", "route", "status"], NO_BUCKETS,
+        "HTTP requests answered, by method, route and status.";
+    HTTP_REQUEST_DURATION = "agentq_http_request_duration_seconds", Histogram, ["method", "route"], HTTP_BUCKETS,
+        "Time to answer an HTTP request, by method and route.";
+}
+
+enum Value {
+    Scalar(f64),
+    Histogram {
+        counts: Vec<u64>,
+        sum: f64,
+        count: u64,
+    },
+}
+
+/// Series by metric name, then by label values.
+type Series = BTreeMap<&'static str, BTreeMap<Vec<String>, Value>>;
+
+/// A set of metric series. The process uses [`global`]; tests may make their own.
+#[derive(Default)]
+pub struct Registry {
+    series: Mutex<Series>,
+}
+
+static GLOBAL: LazyLock<Registry> = LazyLock::new(Registry::default);
+
+/// The process's registry, which `/metrics` renders.
+pub fn global() -> &'static Registry {
+    &GLOBAL
+}
+
+impl Registry {
+    fn update(&self, m: &Metric, labels: &[&str], f: impl FnOnce(&mut Value)) {
+        debug_assert_eq!(labels.len(), m.labels.len(), "labels of {}", m.name);
+        let mut all = self.series.lock().expect("metrics lock");
+        let family = all.entry(m.name).or_default();
+        let mut key: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
+        if !family.contains_key(&key) && family.len() >= MAX_SERIES {
+            key = vec!["_other".to_string(); labels.len()];
+        }
+        let value = family.entry(key).or_insert_with(|| match m.kind {
+            Kind::Histogram => Value::Histogram {
+                counts: vec![0; m.buckets.len()],
+                sum: 0.0,
+                count: 0,
+            },
+            _ => Value::Scalar(0.0),
+        });
+        f(value);
+    }
+
+    /// Adds `v` to a counter (or gauge).
+    pub fn add(&self, m: &Metric, labels: &[&str], v: f64) {
+        self.update(m, labels, |value| {
+            if let Value::Scalar(x) = value {
+                *x += v;
+            }
+        });
+    }
+
+    /// Sets a gauge.
+    pub fn set(&self, m: &Metric, labels: &[&str], v: f64) {
+        self.update(m, labels, |value| {
+            if let Value::Scalar(x) = value {
+                *x = v;
+            }
+        });
+    }
+
+    /// Records one observation of a histogram.
+    pub fn observe(&self, m: &Metric, labels: &[&str], v: f64) {
+        self.update(m, labels, |value| {
+            if let Value::Histogram { counts, sum, count } = value {
+                for (c, le) in counts.iter_mut().zip(m.buckets) {
+                    if v <= *le {
+                        *c += 1;
+                    }
+                }
+                *sum += v;
+                *count += 1;
+            }
+        });
+    }
+
+    /// Replaces every series of a gauge at once (database gauges: a status with no rows left
+    /// must disappear, not keep its last value).
+    pub fn replace(&self, m: &Metric, rows: Vec<(Vec<String>, f64)>) {
+        let mut all = self.series.lock().expect("metrics lock");
+        let family = all.entry(m.name).or_default();
+        family.clear();
+        for (labels, v) in rows.into_iter().take(MAX_SERIES) {
+            debug_assert_eq!(labels.len(), m.labels.len(), "labels of {}", m.name);
+            family.insert(labels, Value::Scalar(v));
+        }
+    }
+
+    /// A counter's or gauge's current value, or a histogram's count.
+    pub fn value(&self, m: &Metric, labels: &[&str]) -> Option<f64> {
+        let all = self.series.lock().expect("metrics lock");
+        let key: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
+        all.get(m.name)?.get(&key).map(|v| match v {
+            Value::Scalar(x) => *x,
+            Value::Histogram { count, .. } => *count as f64,
+        })
+    }
+
+    /// Every declared metric as Prometheus text (version 0.0.4): `# HELP` and `# TYPE` for each,
+    /// even one without samples yet.
+    pub fn render(&self) -> String {
+        let all = self.series.lock().expect("metrics lock");
+        let mut out = String::new();
+        for m in ALL {
+            let _ = writeln!(out, "# HELP {} {}", m.name, escape_help(m.help));
+            let _ = writeln!(out, "# TYPE {} {}", m.name, m.kind.as_str());
+            let Some(family) = all.get(m.name) else {
+                continue;
+            };
+            for (values, value) in family {
+                let labels = label_pairs(m.labels, values);
+                match value {
+                    Value::Scalar(x) => {
+                        let _ = writeln!(out, "{}{} {}", m.name, braces(&labels), number(*x));
+                    }
+                    Value::Histogram { counts, sum, count } => {
+                        let sep = if labels.is_empty() { "" } else { "," };
+                        for (c, le) in counts.iter().zip(m.buckets) {
+                            let _ = writeln!(
+                                out,
+                                "{}_bucket{{{labels}{sep}le=\"{}\"}} {c}",
+                                m.name,
+                                number(*le)
+                            );
+                        }
+                        let _ =
+                            writeln!(out, "{}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}", m.name);
+                        let _ = writeln!(out, "{}_sum{} {}", m.name, braces(&labels), number(*sum));
+                        let _ = writeln!(out, "{}_count{} {count}", m.name, braces(&labels));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Metric {
+    /// Adds 1 to this counter in the process's registry.
+    pub fn inc(&self, labels: &[&str]) {
+        global().add(self, labels, 1.0);
+    }
+
+    /// Adds `v` to this counter in the process's registry.
+    pub fn add(&self, labels: &[&str], v: f64) {
+        global().add(self, labels, v);
+    }
+
+    /// Sets this gauge in the process's registry.
+    pub fn set(&self, labels: &[&str], v: f64) {
+        global().set(self, labels, v);
+    }
+
+    /// Records one observation of this histogram in the process's registry.
+    pub fn observe(&self, labels: &[&str], v: f64) {
+        global().observe(self, labels, v);
+    }
+}
+
+/// Reads the database gauges ([`OPERATIONS_BY_STATUS`], [`QUEUE_DEPTH`], [`QUEUE_OLDEST_AGE`],
+/// [`DEAD_LETTERS_OPEN`]) into the process's registry; a failed query is logged and leaves that
+/// gauge as it was. Called by whoever serves `/metrics` with a pool, at scrape time.
+pub async fn refresh_database_gauges(pool: &PgPool) {
+    let registry = global();
+    match crate::db::count_by_status(pool).await {
+        Ok(rows) => registry.replace(
+            &OPERATIONS_BY_STATUS,
+            rows.into_iter().map(|(s, n)| (vec![s], n as f64)).collect(),
+        ),
+        Err(e) => tracing::warn!(error = %e, "metrics: counting operations by status failed"),
+    }
+    match crate::db::gauges::queues_by_lane(pool).await {
+        Ok(rows) => {
+            // Every lane has a sample, 0 when empty, so "no data" never hides an alert.
+            let lane = |l: crate::Lane| rows.iter().find(|r| r.lane == l.as_str());
+            let all = crate::Lane::ALL;
+            registry.replace(
+                &QUEUE_DEPTH,
+                all.iter()
+                    .map(|l| {
+                        let n = lane(*l).map_or(0, |r| r.depth);
+                        (vec![l.as_str().to_string()], n as f64)
+                    })
+                    .collect(),
+            );
+            registry.replace(
+                &QUEUE_OLDEST_AGE,
+                all.iter()
+                    .map(|l| {
+                        let age = lane(*l).map_or(0.0, |r| r.oldest_age_secs.max(0.0));
+                        (vec![l.as_str().to_string()], age)
+                    })
+                    .collect(),
+            );
+        }
+        Err(e) => tracing::warn!(error = %e, "metrics: reading queue depth failed"),
+    }
+    match crate::db::gauges::open_dead_letters_by_class(pool).await {
+        Ok(rows) => registry.replace(
+            &DEAD_LETTERS_OPEN,
+            rows.into_iter().map(|(c, n)| (vec![c], n as f64)).collect(),
+        ),
+        Err(e) => tracing::warn!(error = %e, "metrics: counting open dead letters failed"),
+    }
+}
+
+/// The `/metrics` body: the database gauges read first when there is a pool.
+pub async fn scrape(pool: Option<&PgPool>) -> String {
+    if let Some(pool) = pool {
+        refresh_database_gauges(pool).await;
+    }
+    global().render()
+}
+
+/// The content type of [`Registry::render`]'s text.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+fn label_pairs(names: &[&str], values: &[String]) -> String {
+    let mut s = String::new();
+    for (i, (n, v)) in names.iter().zip(values).enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "{n}=\"{}\"", escape_label(v));
+    }
+    s
+}
+
+fn braces(labels: &str) -> String {
+    if labels.is_empty() {
+        String::new()
+    } else {
+        format!("{{{labels}}}")
+    }
+}
+
+/// A label value as the text format requires: `\`, `"` and newlines escaped.
+pub fn escape_label(v: &str) -> String {
+    v.replace('\\', r"\\")
+        .replace('"', "\\\"")
+        .replace('\n', r"\n")
+}
+
+fn escape_help(v: &str) -> String {
+    v.replace('\\', r"\\").replace('\n', r"\n")
+}
+
+fn number(x: f64) -> String {
+    if x.is_nan() {
+        "NaN".into()
+    } else if x.is_infinite() {
+        if x > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        x.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_declared_metric_renders_with_help_and_type() {
+        let registry = Registry::default();
+        for m in ALL {
+            assert!(m.name.starts_with("agentq_"), "{}", m.name);
+            assert!(!m.help.is_empty(), "{} has no help", m.name);
+            assert_eq!(
+                m.kind == Kind::Histogram,
+                !m.buckets.is_empty(),
+                "{}",
+                m.name
+            );
+            assert!(m.buckets.windows(2).all(|w| w[0] < w[1]), "{}", m.name);
+            let labels: Vec<&str> = m.labels.iter().map(|_| "x").collect();
+            match m.kind {
+                Kind::Histogram => registry.observe(m, &labels, 0.3),
+                _ => registry.add(m, &labels, 2.0),
+            }
+        }
+        let names: std::collections::HashSet<_> = ALL.iter().map(|m| m.name).collect();
+        assert_eq!(names.len(), ALL.len(), "a metric name is declared twice");
+        let text = registry.render();
+        for m in ALL {
+            let kind = m.kind.as_str();
+            assert!(text.contains(&format!("# HELP {} ", m.name)), "{}", m.name);
+            assert!(
+                text.contains(&format!("# TYPE {} {kind}\n", m.name)),
+                "{}",
+                m.name
+            );
+            let sample = match m.kind {
+                Kind::Histogram => format!("{}_count", m.name),
+                _ => m.name.to_string(),
+            };
+            assert!(
+                text.lines().any(|l| l.starts_with(&sample)),
+                "no sample of {}:\n{text}",
+                m.name
+            );
+        }
+        assert!(
+            text.contains("agentq_timer_lag_seconds_bucket{le=\"0.5\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("agentq_timer_lag_seconds_bucket{le=\"+Inf\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("agentq_timer_lag_seconds_sum 0.3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("agentq_step_duration_seconds_bucket{step_kind=\"x\",le=\"0.25\"} 0\n"),
+            "{text}"
+        );
+        // Every line is a comment or `name{labels} value`.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+        }
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let registry = Registry::default();
+        registry.add(&OPERATIONS_ENQUEUED, &["a\"b\\c\nd"], 1.0);
+        let text = registry.render();
+        assert!(
+            text.contains("agentq_operations_enqueued_total{kind=\"a\\\"b\\\\c\\nd\"} 1\n"),
+            "{text}"
+        );
+        assert_eq!(text.lines().filter(|l| l.contains("a\\\"b")).count(), 1);
+    }
+
+    #[test]
+    fn gauges_are_replaced_and_series_are_capped() {
+        let registry = Registry::default();
+        registry.replace(&OPERATIONS_BY_STATUS, vec![(vec!["queued".into()], 3.0)]);
+        registry.replace(&OPERATIONS_BY_STATUS, vec![(vec!["dead".into()], 1.0)]);
+        assert_eq!(registry.value(&OPERATIONS_BY_STATUS, &["queued"]), None);
+        assert_eq!(registry.value(&OPERATIONS_BY_STATUS, &["dead"]), Some(1.0));
+        for i in 0..MAX_SERIES + 5 {
+            registry.add(&OPERATIONS_ENQUEUED, &[&format!("k{i}")], 1.0);
+        }
+        assert_eq!(registry.value(&OPERATIONS_ENQUEUED, &["_other"]), Some(5.0));
+        registry.observe(&TIMER_LAG, &[], 1000.0);
+        assert_eq!(registry.value(&TIMER_LAG, &[]), Some(1.0));
+    }
+}

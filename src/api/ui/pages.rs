@@ -1,0 +1,737 @@
+//! The console's pages other than the DLQ: overview, operations (list and one operation, with
+//! the audited payload reveal), pending approvals, and batches with pause / resume.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use agentq_core::OperationId;
+use agentq_core::db::{self, batches, console};
+use axum::Form;
+use axum::extract::rejection::FormRejection;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Redirect, Response};
+use chrono::{DateTime, NaiveDateTime, Utc};
+use serde::Deserialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use super::html::{self, badge, csrf, esc, secs, time, url};
+use super::session::{Fields, Session};
+use super::{UiError, UiResult, UiState};
+
+const STATUSES: [&str; 9] = [
+    "queued",
+    "running",
+    "sleeping",
+    "waiting",
+    "succeeded",
+    "dead",
+    "cancelled",
+    "discarded",
+    "",
+];
+
+/// Operations per page of the list.
+const PAGE: i64 = 50;
+
+fn parse_uuid(s: &str, what: &str) -> UiResult<Uuid> {
+    Uuid::parse_str(s.trim()).map_err(|_| UiError::not_found(format!("no {what} {s}")))
+}
+
+/// Where to go after an action: a console path from the form, else `default`.
+fn back(fields: &Fields, default: &str) -> Response {
+    let next = fields
+        .get("next")
+        .filter(|n| n.starts_with("/ui") && !n.contains("//") && !n.contains('\\'))
+        .map(String::as_str)
+        .unwrap_or(default);
+    Redirect::to(next).into_response()
+}
+
+// ---------------------------------------------------------------- overview
+
+/// `GET /ui`: counts, open dead letters, queue age, and the last hour per minute.
+pub async fn overview(State(state): State<Arc<UiState>>, session: Session) -> UiResult {
+    let pool = &state.api.pool;
+    let scope = session.caller.scope();
+    let counts = console::status_counts(pool, scope).await?;
+    let dead = console::open_dead_letters_by_class(pool, scope).await?;
+    let oldest = console::oldest_queued(pool, scope).await?;
+    let minutes = console::minutes(pool, scope, 60).await?;
+
+    let mut body = String::from("<h1>Overview</h1><div class=\"cards\">");
+    let by: BTreeMap<&str, i64> = counts.iter().map(|(s, n)| (s.as_str(), *n)).collect();
+    for s in STATUSES.iter().filter(|s| !s.is_empty()) {
+        body.push_str(&format!(
+            "<a class=\"card\" href=\"/ui/operations?status={s}\"><div class=\"n\">{}</div>{}</a>",
+            by.get(s).copied().unwrap_or(0),
+            badge(s)
+        ));
+    }
+    body.push_str("</div><div class=\"cards\">");
+    let open: i64 = dead.iter().map(|(_, n)| n).sum();
+    body.push_str(&format!(
+        "<a class=\"card\" href=\"/ui/dlq\"><div class=\"n\">{open}</div>open dead letters</a>"
+    ));
+    for (class, n) in &dead {
+        body.push_str(&format!(
+            "<a class=\"card\" href=\"/ui/dlq?class={}\"><div class=\"n\">{n}</div>{}</a>",
+            url(class),
+            esc(class)
+        ));
+    }
+    if oldest.is_empty() {
+        body.push_str("<div class=\"card\"><div class=\"n\">–</div>oldest queued</div>");
+    }
+    for (lane, age) in &oldest {
+        body.push_str(&format!(
+            "<div class=\"card\"><div class=\"n\">{}</div>oldest queued ({})</div>",
+            esc(&secs(*age)),
+            esc(lane)
+        ));
+    }
+    body.push_str("</div><h2>Last hour, per minute</h2><div class=\"charts\">");
+    let series = |f: fn(&console::Minute) -> f64| -> Vec<(DateTime<Utc>, f64)> {
+        minutes.iter().map(|m| (m.minute, f(m))).collect()
+    };
+    body.push_str(&html::bar_chart(
+        "Throughput: operations succeeded",
+        &series(|m| m.succeeded as f64),
+        |v| format!("{v:.0}"),
+    ));
+    body.push_str(&html::bar_chart(
+        "Failures: attempts failed (retried or dead)",
+        &series(|m| (m.dead + m.retried) as f64),
+        |v| format!("{v:.0}"),
+    ));
+    body.push_str(&html::bar_chart(
+        "Queue age: longest wait before a claim",
+        &series(|m| m.max_wait_secs),
+        secs,
+    ));
+    body.push_str("</div>");
+    Ok(html::page(&session, "Overview", "/ui", &body))
+}
+
+// ---------------------------------------------------------------- operations list
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ListQuery {
+    status: Option<String>,
+    kind: Option<String>,
+    tenant: Option<String>,
+    batch: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    after: Option<String>,
+}
+
+fn non_empty(s: &Option<String>) -> Option<String> {
+    s.as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+}
+
+/// A time filter: RFC 3339, a `datetime-local` value (UTC), or an age such as `2h`.
+fn parse_time(s: &str, field: &str) -> UiResult<DateTime<Utc>> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    for f in ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"] {
+        if let Ok(t) = NaiveDateTime::parse_from_str(s, f) {
+            return Ok(t.and_utc());
+        }
+    }
+    crate::dlq::parse_since(s).map_err(|_| {
+        UiError::bad_request(format!(
+            "{field} is not a time: give 2026-01-31T12:00 (UTC), RFC 3339, or an age such as 2h"
+        ))
+    })
+}
+
+/// `GET /ui/operations`: filters and keyset pages, newest first.
+pub async fn operations(
+    State(state): State<Arc<UiState>>,
+    session: Session,
+    Query(q): Query<ListQuery>,
+) -> UiResult {
+    let scope = session.caller.scope();
+    let filter = console::OperationFilter {
+        tenant: scope.map(String::from).or_else(|| non_empty(&q.tenant)),
+        status: non_empty(&q.status),
+        kind: non_empty(&q.kind),
+        batch: non_empty(&q.batch)
+            .map(|b| {
+                Uuid::parse_str(&b).map_err(|_| UiError::bad_request("batch is not a batch id"))
+            })
+            .transpose()?,
+        since: non_empty(&q.since)
+            .map(|s| parse_time(&s, "since"))
+            .transpose()?,
+        until: non_empty(&q.until)
+            .map(|s| parse_time(&s, "until"))
+            .transpose()?,
+        waiting_for: None,
+    };
+    let after = non_empty(&q.after)
+        .map(|a| {
+            crate::dlq::parse_cursor(&a)
+                .map_err(|_| UiError::bad_request("after is not a cursor from a previous page"))
+        })
+        .transpose()?;
+    let rows = console::list_operations(&state.api.pool, &filter, PAGE, after).await?;
+
+    let mut body = String::from("<h1>Operations</h1><form method=\"get\" class=\"filters\">");
+    body.push_str("<label>status<select name=\"status\">");
+    for s in STATUSES.iter().rev() {
+        let sel = if filter.status.as_deref().unwrap_or("") == *s {
+            " selected"
+        } else {
+            ""
+        };
+        let label = if s.is_empty() { "any" } else { s };
+        body.push_str(&format!("<option value=\"{s}\"{sel}>{label}</option>"));
+    }
+    body.push_str("</select></label>");
+    let field = |name: &str, v: &Option<String>, hint: &str| {
+        format!(
+            "<label>{name}<input name=\"{name}\" value=\"{}\" placeholder=\"{hint}\"></label>",
+            esc(v.as_deref().unwrap_or(""))
+        )
+    };
+    body.push_str(&field("kind", &q.kind, "any"));
+    if scope.is_none() {
+        body.push_str(&field("tenant", &q.tenant, "all"));
+    }
+    body.push_str(&field("batch", &q.batch, "batch id"));
+    body.push_str(&field("since", &q.since, "2h or 2026-01-31T12:00"));
+    body.push_str(&field("until", &q.until, "UTC"));
+    body.push_str("<button type=\"submit\">Filter</button></form>");
+    body.push_str(&operations_table(&rows));
+    if rows.len() as i64 == PAGE
+        && let Some(last) = rows.last()
+    {
+        let cursor = format!(
+            "{}/{}",
+            last.created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            last.id
+        );
+        let mut next = String::from("/ui/operations?");
+        for (k, v) in [
+            ("status", &q.status),
+            ("kind", &q.kind),
+            ("tenant", &q.tenant),
+            ("batch", &q.batch),
+            ("since", &q.since),
+            ("until", &q.until),
+        ] {
+            if let Some(v) = non_empty(v) {
+                next.push_str(&format!("{k}={}&", url(&v)));
+            }
+        }
+        next.push_str(&format!("after={}", url(&cursor)));
+        body.push_str(&format!(
+            "<p class=\"pager\"><a href=\"{}\">Older →</a></p>",
+            esc(&next)
+        ));
+    }
+    Ok(html::page(&session, "Operations", "/ui/operations", &body))
+}
+
+fn operations_table(rows: &[console::OperationRow]) -> String {
+    if rows.is_empty() {
+        return "<p class=\"muted\">No operations match.</p>".into();
+    }
+    let mut t = String::from(
+        "<table><thead><tr><th>operation</th><th>tenant</th><th>kind</th><th>status</th>\
+         <th class=\"num\">attempt</th><th>created</th><th>updated</th><th>error class</th>\
+         <th>batch</th></tr></thead><tbody>",
+    );
+    for r in rows {
+        t.push_str(&format!(
+            "<tr><td><a class=\"mono\" href=\"/ui/operations/{id}\">{id}</a></td><td>{}</td>\
+             <td>{}</td><td>{}{}</td><td class=\"num\">{}/{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td></tr>",
+            esc(&r.tenant_id),
+            esc(&r.kind),
+            badge(&r.status),
+            r.waiting_for
+                .as_deref()
+                .map(|w| format!(" <span class=\"muted\">for {}</span>", esc(w)))
+                .unwrap_or_default(),
+            r.attempt,
+            r.max_attempts,
+            time(r.created_at),
+            time(r.updated_at),
+            esc(r.error_class.as_deref().unwrap_or("")),
+            r.batch_id
+                .map(|b| format!(
+                    "<a class=\"mono\" href=\"/ui/operations?batch={b}\">{}</a>",
+                    &b.to_string()[..8]
+                ))
+                .unwrap_or_default(),
+            id = r.id,
+        ));
+    }
+    t.push_str("</tbody></table>");
+    t
+}
+
+// ---------------------------------------------------------------- one operation
+
+/// `GET /ui/operations/{id}`: the operation, its journal as a timeline, its events and audit
+/// trail; payloads hidden.
+pub async fn operation(
+    State(state): State<Arc<UiState>>,
+    session: Session,
+    Path(id): Path<String>,
+) -> UiResult {
+    operation_page(&state, &session, &id, false).await
+}
+
+/// `POST /ui/operations/{id}/reveal`: the same page with the input, result and step outputs
+/// shown; audited as `reveal_payloads`.
+pub async fn reveal(
+    State(state): State<Arc<UiState>>,
+    session: Session,
+    Path(id): Path<String>,
+    form: Result<Form<Fields>, FormRejection>,
+) -> UiResult {
+    session.check(form)?;
+    operation_page(&state, &session, &id, true).await
+}
+
+async fn operation_page(state: &UiState, session: &Session, id: &str, revealed: bool) -> UiResult {
+    let pool = &state.api.pool;
+    let scope = session.caller.scope();
+    let op_id = parse_uuid(id, "operation")?;
+    let op = db::find_operation(pool, OperationId(op_id), scope)
+        .await?
+        .ok_or_else(|| UiError::not_found(format!("no operation {op_id}")))?;
+    let steps = db::list_steps(pool, op_id, scope).await?;
+    let events = db::events::events_after(pool, op_id, 0, 500).await?;
+    let payloads = if revealed {
+        console::audit_reveal(pool, op_id, &session.actor(), op.status.as_str()).await?;
+        console::payloads(pool, op_id, scope).await?
+    } else {
+        None
+    };
+    let actions = console::operation_actions(pool, op_id).await?;
+
+    let mut body = format!(
+        "<h1>Operation <span class=\"mono\">{op_id}</span> {}</h1><dl class=\"kv\">\
+         <dt>tenant</dt><dd>{}</dd><dt>kind</dt><dd>{}</dd><dt>lane</dt><dd>{}</dd>\
+         <dt>attempt</dt><dd>{} of {} (restarts {})</dd><dt>created</dt><dd>{}</dd>\
+         <dt>updated</dt><dd>{}</dd><dt>finished</dt><dd>{}</dd>",
+        badge(op.status.as_str()),
+        esc(&op.tenant),
+        esc(&op.kind),
+        esc(op.lane.as_str()),
+        op.attempt,
+        op.max_attempts,
+        op.restarts,
+        time(op.created_at),
+        time(op.updated_at),
+        op.finished_at.map(time).unwrap_or_else(|| "–".into()),
+    );
+    if let Some(w) = &op.waiting_for {
+        body.push_str(&format!("<dt>waiting for</dt><dd>signal {}</dd>", esc(w)));
+    }
+    if let Some(b) = op.batch_id {
+        body.push_str(&format!(
+            "<dt>batch</dt><dd><a class=\"mono\" href=\"/ui/operations?batch={b}\">{b}</a></dd>"
+        ));
+    }
+    if let Some(c) = &op.error_class {
+        body.push_str(&format!(
+            "<dt>error</dt><dd>{} <span class=\"error-text\">{}</span></dd>",
+            badge(c),
+            esc(op.error_message.as_deref().unwrap_or(""))
+        ));
+    }
+    body.push_str("</dl>");
+
+    let path = format!("/ui/operations/{op_id}");
+    if op.waiting_for.as_deref() == Some("approval") && op.status.as_str() == "waiting" {
+        body.push_str(&approval_forms(session, op_id, &path));
+    }
+    if op.status.as_str() == "dead" {
+        body.push_str(
+            "<p><a href=\"/ui/dlq\">This operation is dead: act on it in the dead-letter inbox</a></p>",
+        );
+    }
+
+    body.push_str("<h2>Payloads</h2>");
+    match &payloads {
+        Some(p) => {
+            body.push_str(
+                "<p class=\"muted\">Revealed for you; this reveal is recorded in the audit trail.</p>\
+                 <h3>input</h3>",
+            );
+            body.push_str(&html::json_block(&p.input));
+            if let Some(r) = &p.result {
+                body.push_str("<h3>result</h3>");
+                body.push_str(&html::json_block(r));
+            }
+        }
+        None => body.push_str(&format!(
+            "<form method=\"post\" action=\"{path}/reveal\" class=\"inline\">{}\
+             <button type=\"submit\" class=\"secondary\" id=\"reveal\">Reveal input, result and \
+             step outputs</button></form> <span class=\"muted\">(recorded in the audit \
+             trail)</span>",
+            csrf(session)
+        )),
+    }
+
+    body.push_str("<h2>Journal</h2>");
+    if steps.is_empty() {
+        body.push_str("<p class=\"muted\">No steps yet.</p>");
+    } else {
+        body.push_str("<ol class=\"timeline\">");
+        for s in &steps {
+            let took = s
+                .completed_at
+                .map(|c| secs((c - s.started_at).num_milliseconds() as f64 / 1000.0))
+                .unwrap_or_else(|| "–".into());
+            body.push_str(&format!(
+                "<li class=\"{}\"><strong>#{} {}</strong> <span class=\"muted\">{} · {}</span> {}\
+                 <div class=\"meta\">started {} · took {} · epoch {}{}</div>",
+                esc(&s.status),
+                s.seq,
+                esc(&s.name),
+                esc(&s.kind),
+                esc(&s.replay),
+                badge(&s.status),
+                time(s.started_at),
+                esc(&took),
+                s.epoch,
+                s.wake_at
+                    .map(|w| format!(" · wakes/times out {}", time(w)))
+                    .unwrap_or_default(),
+            ));
+            if let Some(e) = &s.error {
+                body.push_str(&format!("<div class=\"error-text\">{}</div>", esc(e)));
+            }
+            if let Some(u) = &s.usage {
+                body.push_str(&format!(
+                    "<div class=\"meta\">usage {}</div>",
+                    esc(&u.to_string())
+                ));
+            }
+            if payloads.is_some()
+                && let Some(o) = &s.output
+            {
+                body.push_str(&html::json_block(o));
+            } else if s.output.is_some() {
+                body.push_str("<div class=\"meta\">output hidden</div>");
+            }
+            body.push_str("</li>");
+        }
+        body.push_str("</ol>");
+    }
+
+    body.push_str(
+        "<h2>Events</h2><table><thead><tr><th class=\"num\">#</th><th>at</th><th>type</th>\
+         <th>what</th></tr></thead><tbody>",
+    );
+    for e in &events {
+        body.push_str(&format!(
+            "<tr><td class=\"num\">{}</td><td>{}</td><td>{}</td><td class=\"mono\">{}</td></tr>",
+            e.seq,
+            esc(&e.at.format("%H:%M:%S%.3f").to_string()),
+            esc(&e.kind),
+            esc(&e.data.to_string())
+        ));
+    }
+    body.push_str("</tbody></table>");
+
+    body.push_str(&audit_table(&actions));
+    Ok(html::page(session, "Operation", "/ui/operations", &body))
+}
+
+fn audit_table(actions: &[db::dead_letters::ActionView]) -> String {
+    if actions.is_empty() {
+        return "<h2>Operator actions</h2><p class=\"muted\">None.</p>".into();
+    }
+    let mut t = String::from(
+        "<h2>Operator actions</h2><table><thead><tr><th>at</th><th>actor</th><th>action</th>\
+         <th>before → after</th><th>reason</th></tr></thead><tbody>",
+    );
+    for a in actions {
+        t.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{} → {}</td><td>{}</td></tr>",
+            time(a.created_at),
+            esc(&a.actor),
+            esc(&a.action),
+            esc(a.status_before.as_deref().unwrap_or("")),
+            esc(a.status_after.as_deref().unwrap_or("")),
+            esc(a.reason.as_deref().unwrap_or(""))
+        ));
+    }
+    t.push_str("</tbody></table>");
+    t
+}
+
+// ---------------------------------------------------------------- approvals
+
+fn approval_forms(session: &Session, op: Uuid, next: &str) -> String {
+    let c = csrf(session);
+    let next = esc(next);
+    format!(
+        "<div class=\"actions\">\
+         <form method=\"post\" action=\"/ui/operations/{op}/approve\" class=\"inline\">{c}\
+         <input type=\"hidden\" name=\"next\" value=\"{next}\">\
+         <input name=\"reason\" placeholder=\"reason (optional)\">\
+         <button type=\"submit\" data-action=\"approve\">Approve</button></form>\
+         <form method=\"post\" action=\"/ui/operations/{op}/reject\" class=\"inline\">{c}\
+         <input type=\"hidden\" name=\"next\" value=\"{next}\">\
+         <input name=\"reason\" placeholder=\"reason (optional)\">\
+         <button type=\"submit\" class=\"danger\" data-action=\"reject\">Reject</button></form>\
+         </div>"
+    )
+}
+
+/// `GET /ui/approvals`: operations waiting for an `approval` signal.
+pub async fn approvals(State(state): State<Arc<UiState>>, session: Session) -> UiResult {
+    let filter = console::OperationFilter {
+        tenant: session.caller.scope().map(String::from),
+        waiting_for: Some("approval".into()),
+        ..Default::default()
+    };
+    let rows = console::list_operations(&state.api.pool, &filter, 200, None).await?;
+    let mut body = String::from("<h1>Pending approvals</h1>");
+    if rows.is_empty() {
+        body.push_str("<p class=\"muted\">Nothing waits for an approval.</p>");
+    } else {
+        body.push_str(
+            "<table><thead><tr><th>operation</th><th>tenant</th><th>kind</th><th>waiting since</th>\
+             <th>decide</th></tr></thead><tbody>",
+        );
+        for r in &rows {
+            body.push_str(&format!(
+                "<tr data-op=\"{id}\"><td><a class=\"mono\" href=\"/ui/operations/{id}\">{id}</a></td>\
+                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&r.tenant_id),
+                esc(&r.kind),
+                time(r.updated_at),
+                approval_forms(&session, r.id, "/ui/approvals"),
+                id = r.id
+            ));
+        }
+        body.push_str("</tbody></table>");
+    }
+    Ok(html::page(&session, "Approvals", "/ui/approvals", &body))
+}
+
+/// `POST /ui/operations/{id}/approve`.
+pub async fn approve(
+    state: State<Arc<UiState>>,
+    session: Session,
+    id: Path<String>,
+    form: Result<Form<Fields>, FormRejection>,
+) -> UiResult {
+    decide(state, session, id, form, true).await
+}
+
+/// `POST /ui/operations/{id}/reject`.
+pub async fn reject(
+    state: State<Arc<UiState>>,
+    session: Session,
+    id: Path<String>,
+    form: Result<Form<Fields>, FormRejection>,
+) -> UiResult {
+    decide(state, session, id, form, false).await
+}
+
+/// The approval convention of `agentq approve` / `reject`: signal `approval` with
+/// `{"approved", "by", "reason"}`, audited as `approve` / `reject`.
+async fn decide(
+    State(state): State<Arc<UiState>>,
+    session: Session,
+    Path(id): Path<String>,
+    form: Result<Form<Fields>, FormRejection>,
+    approved: bool,
+) -> UiResult {
+    let fields = session.check(form)?;
+    let op = parse_uuid(&id, "operation")?;
+    let actor = session.actor();
+    let reason = fields
+        .get("reason")
+        .map(|r| r.trim())
+        .filter(|r| !r.is_empty());
+    let payload = json!({ "approved": approved, "by": actor, "reason": reason });
+    let action = if approved { "approve" } else { "reject" };
+    let sent = db::timers::send_signal(
+        &state.api.pool,
+        op,
+        session.caller.scope(),
+        "approval",
+        &payload,
+        &actor,
+        action,
+        reason,
+    )
+    .await?;
+    let message = match sent {
+        db::timers::Sent::Woke(target) => {
+            if let Err(e) = state.api.dispatcher.dispatch(&target.into()).await {
+                tracing::warn!(op_id = %op, error = %e, "approved; the scheduler will dispatch it");
+            }
+            format!("{action}d {op}: it resumes now")
+        }
+        db::timers::Sent::Kept { status, .. } => {
+            format!("{action}d {op}: it is {status}; the decision is kept for its wait")
+        }
+        db::timers::Sent::AlreadyPending => {
+            format!("refused: a decision for {op} was already sent and not consumed yet")
+        }
+        db::timers::Sent::Finished(status) => {
+            format!("refused: operation {op} is {status}; nothing was sent")
+        }
+        db::timers::Sent::NotFound => return Err(UiError::not_found(format!("no operation {op}"))),
+    };
+    state.sessions.flash(&session.id, message);
+    Ok(back(&fields, "/ui/approvals"))
+}
+
+// ---------------------------------------------------------------- batches
+
+/// `GET /ui/batches`: the newest batches with progress and pause / resume.
+pub async fn batches(State(state): State<Arc<UiState>>, session: Session) -> UiResult {
+    let rows = console::list_batches(&state.api.pool, session.caller.scope(), 100).await?;
+    let mut body = String::from("<h1>Batches</h1>");
+    if rows.is_empty() {
+        body.push_str(
+            "<p class=\"muted\">No batches. Start one with <code>agentq batch start</code>.</p>",
+        );
+    } else {
+        body.push_str(
+            "<table><thead><tr><th>batch</th><th>tenant</th><th>kind</th><th>status</th>\
+             <th>progress</th><th class=\"num\">succeeded</th><th class=\"num\">failed</th>\
+             <th class=\"num\">unfinished</th><th>created</th><th>control</th></tr></thead><tbody>",
+        );
+        let c = csrf(&session);
+        for b in &rows {
+            let total = i64::from(b.documents).max(b.enqueued).max(1);
+            let done = b.succeeded + b.failed;
+            let control = match b.status.as_str() {
+                "running" | "canary" => format!(
+                    "<form method=\"post\" action=\"/ui/batches/{}/pause\" class=\"inline\">{c}\
+                     <input name=\"reason\" placeholder=\"reason (optional)\">\
+                     <button type=\"submit\" class=\"danger\" data-action=\"pause\">Pause</button></form>",
+                    b.id
+                ),
+                "paused" => format!(
+                    "<form method=\"post\" action=\"/ui/batches/{}/resume\" class=\"inline\">{c}\
+                     <button type=\"submit\" data-action=\"resume\">Resume</button></form>",
+                    b.id
+                ),
+                _ => String::new(),
+            };
+            body.push_str(&format!(
+                "<tr data-batch=\"{id}\"><td><a class=\"mono\" href=\"/ui/operations?batch={id}\">{}</a></td>\
+                 <td>{}</td><td>{}</td><td>{}{}</td>\
+                 <td><progress value=\"{done}\" max=\"{total}\"></progress> {done}/{total}</td>\
+                 <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+                 <td>{}</td><td>{control}</td></tr>",
+                &b.id.to_string()[..8],
+                esc(&b.tenant_id),
+                esc(&b.kind),
+                badge(&b.status),
+                b.paused_reason
+                    .as_deref()
+                    .map(|r| format!("<div class=\"muted\">{}</div>", esc(r)))
+                    .unwrap_or_default(),
+                b.succeeded,
+                b.failed,
+                b.unfinished,
+                time(b.created_at),
+                id = b.id,
+            ));
+        }
+        body.push_str("</tbody></table>");
+    }
+    Ok(html::page(&session, "Batches", "/ui/batches", &body))
+}
+
+async fn visible_batch(state: &UiState, session: &Session, id: &str) -> UiResult<batches::Batch> {
+    let id = parse_uuid(id, "batch")?;
+    batches::find_batch(&state.api.pool, id, session.caller.scope())
+        .await?
+        .ok_or_else(|| UiError::not_found(format!("no batch {id}")))
+}
+
+/// `POST /ui/batches/{id}/pause`: the same transition as `agentq batch pause` (audited).
+pub async fn pause(
+    State(state): State<Arc<UiState>>,
+    session: Session,
+    Path(id): Path<String>,
+    form: Result<Form<Fields>, FormRejection>,
+) -> UiResult {
+    let fields = session.check(form)?;
+    let b = visible_batch(&state, &session, &id).await?;
+    let reason = fields
+        .get("reason")
+        .map(|r| r.trim())
+        .filter(|r| !r.is_empty());
+    let done = batches::transition(
+        &state.api.pool,
+        b.id,
+        &["running", "canary"],
+        "paused",
+        &session.actor(),
+        reason,
+    )
+    .await?;
+    let message = match done {
+        Some(_) => format!(
+            "paused batch {}: nothing new starts; running operations finish their current run",
+            b.id
+        ),
+        None => format!("refused: batch {} is {}, not running", b.id, b.status),
+    };
+    state.sessions.flash(&session.id, message);
+    Ok(back(&fields, "/ui/batches"))
+}
+
+/// `POST /ui/batches/{id}/resume`: the transition of `agentq batch resume` and the same
+/// re-dispatch of its queue. A batch with documents not enqueued yet (a canary) is resumed
+/// with the CLI, which reads its source.
+pub async fn resume(
+    State(state): State<Arc<UiState>>,
+    session: Session,
+    Path(id): Path<String>,
+    form: Result<Form<Fields>, FormRejection>,
+) -> UiResult {
+    let fields = session.check(form)?;
+    let b = visible_batch(&state, &session, &id).await?;
+    let pool = &state.api.pool;
+    let enqueued: i64 = batches::counts(pool, b.id).await?.iter().map(|c| c.1).sum();
+    if enqueued < i64::from(b.documents) {
+        state.sessions.flash(
+            &session.id,
+            format!(
+                "refused: batch {} has documents not enqueued yet; resume it with `agentq batch \
+                 resume {}`, which reads its source",
+                b.id, b.id
+            ),
+        );
+        return Ok(back(&fields, "/ui/batches"));
+    }
+    let done =
+        batches::transition(pool, b.id, &["paused"], "running", &session.actor(), None).await?;
+    let message = match done {
+        Some(_) => {
+            let sent = crate::batch::redispatch_with(pool, &state.api.dispatcher, b.id).await?;
+            format!(
+                "resumed batch {}: {sent} queued operations re-dispatched",
+                b.id
+            )
+        }
+        None => format!("refused: batch {} is {}, not paused", b.id, b.status),
+    };
+    state.sessions.flash(&session.id, message);
+    Ok(back(&fields, "/ui/batches"))
+}

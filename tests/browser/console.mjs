@@ -1,0 +1,103 @@
+// Drives the operator console in headless Debian chromium (playwright-core, no downloaded
+// browser): sign in, retry a dead operation from the DLQ inbox with a patched input and see it
+// succeed, approve a waiting operation, pause a batch; a screenshot of every page goes to OUTDIR.
+//
+// Usage: node tests/browser/console.mjs BASE TOKEN OUTDIR DEAD_OP WAITING_OP BATCH
+// (NODE_PATH must hold playwright-core: see .ci/browser-deps). Exits non-zero on any failure.
+import { createRequire } from 'node:module';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+
+const require = createRequire(import.meta.url);
+const { chromium } = require('playwright-core');
+
+const [base, token, outdir, deadOp, waitingOp, batch] = process.argv.slice(2);
+if (!batch) {
+  console.error('usage: console.mjs BASE TOKEN OUTDIR DEAD_OP WAITING_OP BATCH');
+  process.exit(2);
+}
+mkdirSync(outdir, { recursive: true });
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  headless: true,
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+const page = await browser.newPage({ viewport: { width: 1366, height: 900 } });
+page.setDefaultTimeout(15000);
+const shot = (name) => page.screenshot({ path: join(outdir, `${name}.png`), fullPage: true });
+const flash = async () => (await page.locator('#flash').textContent()).trim();
+const step = (what) => console.log(`console.mjs: ${what}`);
+
+try {
+  step('sign in');
+  await page.goto(`${base}/ui/login`);
+  await shot('login');
+  await page.fill('input[name=token]', token);
+  await page.click('button[type=submit]');
+  await page.waitForURL(`${base}/ui`);
+  await page.locator('h1', { hasText: 'Overview' }).waitFor();
+  await shot('overview');
+
+  step('the dead operation, before the retry');
+  await page.goto(`${base}/ui/operations/${deadOp}`);
+  await page.locator('.badge', { hasText: 'dead' }).first().waitFor();
+  await shot('operation-dead');
+
+  step('patch and retry it from the DLQ inbox');
+  await page.goto(`${base}/ui/dlq`);
+  const row = page.locator(`tr[data-op="${deadOp}"]`);
+  await row.waitFor();
+  await shot('dlq');
+  await row.locator('summary', { hasText: 'Patch' }).click();
+  await row.locator('textarea[name=patch_input]').fill('{"steps": [{"work_ms": 1}, {"work_ms": 1}]}');
+  await row.locator('input[name=reason]').first().fill('fixed the input in the console');
+  await row.locator('button[data-action=patch-retry]').click();
+  await page.waitForURL(`${base}/ui/dlq`);
+  const retried = await flash();
+  if (!retried.startsWith('retried')) throw new Error(`retry: ${retried}`);
+
+  step('see it succeed');
+  let succeeded = false;
+  for (let i = 0; i < 100 && !succeeded; i++) {
+    await page.goto(`${base}/ui/operations/${deadOp}`);
+    succeeded = (await page.locator('h1 .badge').textContent()).trim() === 'succeeded';
+    if (!succeeded) await page.waitForTimeout(200);
+  }
+  if (!succeeded) throw new Error(`operation ${deadOp} did not succeed after the retry`);
+  await shot('operation-retried');
+
+  step('approve the waiting operation');
+  await page.goto(`${base}/ui/approvals`);
+  await shot('approvals');
+  const waiting = page.locator(`tr[data-op="${waitingOp}"]`);
+  await waiting.locator('form[action$="/approve"] input[name=reason]').fill('looks right');
+  await waiting.locator('button[data-action=approve]').click();
+  await page.waitForURL(`${base}/ui/approvals`);
+  const approved = await flash();
+  if (!approved.startsWith('approved')) throw new Error(`approve: ${approved}`);
+
+  step('pause the batch');
+  await page.goto(`${base}/ui/batches`);
+  const b = page.locator(`tr[data-batch="${batch}"]`);
+  await b.locator('input[name=reason]').fill('checking the output');
+  await b.locator('button[data-action=pause]').click();
+  await page.waitForURL(`${base}/ui/batches`);
+  const paused = await flash();
+  if (!paused.startsWith('paused')) throw new Error(`pause: ${paused}`);
+  await shot('batches');
+
+  step('the operations list');
+  await page.goto(`${base}/ui/operations`);
+  await shot('operations');
+  await page.goto(`${base}/ui`);
+  await shot('overview-after');
+  console.log(JSON.stringify({ ok: true, retried, approved, paused }));
+} catch (e) {
+  await shot('failure').catch(() => {});
+  console.error(`console.mjs: FAILED: ${e.message}`);
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}
