@@ -185,6 +185,11 @@ pub struct Config {
     )]
     pub tenant_max_queued: i64,
 
+    /// JSON keys whose values the console shows as `[redacted]` even when an operator reveals
+    /// an operation's payloads (comma-separated, any depth; e.g. `email,ssn,api_key`).
+    #[arg(long, env = "AGENTQ_CONSOLE_REDACT", global = true)]
+    pub console_redact: Option<String>,
+
     /// Seconds a committed operation may wait for its producer's publish before the scheduler
     /// publishes it instead (a producer that crashed between commit and publish).
     #[arg(

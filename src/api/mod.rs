@@ -73,6 +73,8 @@ pub struct ApiState {
     pool: PgPool,
     producer: Producer,
     dispatcher: Arc<Dispatcher>,
+    /// JSON keys the console redacts in revealed payloads (`AGENTQ_CONSOLE_REDACT`).
+    redact_keys: Vec<String>,
     /// Admission control: most queued operations a tenant may have before 429.
     tenant_max_queued: i64,
     queued: Mutex<HashMap<String, Queued>>,
@@ -390,6 +392,14 @@ pub fn state(config: &Config, pool: PgPool, shutdown: CancellationToken) -> Arc<
         producer,
         dispatcher,
         tenant_max_queued: config.tenant_max_queued,
+        redact_keys: config
+            .console_redact
+            .as_deref()
+            .unwrap_or_default()
+            .split(',')
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty())
+            .collect(),
         queued: Mutex::new(HashMap::new()),
         broker: Mutex::new(None),
         metrics: meta::Metrics,

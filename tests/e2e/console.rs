@@ -333,11 +333,18 @@ impl Browser {
 #[tokio::test]
 async fn console_refuses_producers_forged_forms_and_other_tenants_and_hides_payloads() {
     const CANARY: &str = "CANARY-7f3e9b1d-console";
+    const REDACTED: &str = "LABEL-never-shown-5d1";
     let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_CONSOLE_REDACT", "label, ssn");
     app.spawn(&["worker"]);
     let (_, base) = app.serve().await;
     let op = app.enqueue_echo(&format!("secret {CANARY}"));
     app.wait_status(&op, "succeeded", DEADLINE).await;
+    let labelled = app.enqueue_script(
+        serde_json::json!([{ "tool": "ledger", "replay": "safe", "label": REDACTED }]),
+        &[],
+    );
+    app.wait_status(&labelled, "succeeded", DEADLINE).await;
     let other = app.agentq_json(&[
         "enqueue",
         "--tenant",
@@ -448,6 +455,22 @@ async fn console_refuses_producers_forged_forms_and_other_tenants_and_hides_payl
         .await,
         1
     );
+    // Keys named in AGENTQ_CONSOLE_REDACT stay hidden even in a reveal: it adds no occurrence
+    // of their values (the script's step names carry the label, as code-defined names do).
+    let (_, plain) = ui.get(&format!("/ui/operations/{labelled}")).await;
+    let r = ui
+        .post(
+            &format!("/ui/operations/{labelled}/reveal"),
+            &[("csrf", &csrf)],
+        )
+        .await;
+    let revealed = r.text().await.unwrap();
+    assert_eq!(
+        revealed.matches(REDACTED).count(),
+        plain.matches(REDACTED).count(),
+        "the reveal shows no redacted value"
+    );
+    assert!(revealed.contains("[redacted]"));
     // Revealing stays a separate request: the plain page still hides them.
     let (_, body) = ui.get(&format!("/ui/operations/{op}")).await;
     assert!(!body.contains(CANARY));

@@ -310,11 +310,22 @@ async fn operation_page(state: &UiState, session: &Session, id: &str, revealed: 
     let op = db::find_operation(pool, OperationId(op_id), scope)
         .await?
         .ok_or_else(|| UiError::not_found(format!("no operation {op_id}")))?;
-    let steps = db::list_steps(pool, op_id, scope).await?;
+    let mut steps = db::list_steps(pool, op_id, scope).await?;
+    for s in &mut steps {
+        if let Some(o) = &mut s.output {
+            html::redact(o, &state.api.redact_keys);
+        }
+    }
     let events = db::events::events_after(pool, op_id, 0, 500).await?;
     let payloads = if revealed {
         console::audit_reveal(pool, op_id, &session.actor(), op.status.as_str()).await?;
-        console::payloads(pool, op_id, scope).await?
+        console::payloads(pool, op_id, scope).await?.map(|mut p| {
+            html::redact(&mut p.input, &state.api.redact_keys);
+            if let Some(r) = &mut p.result {
+                html::redact(r, &state.api.redact_keys);
+            }
+            p
+        })
     } else {
         None
     };
