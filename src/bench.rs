@@ -1,29 +1,28 @@
-//! `agentq bench`: end-to-end throughput and latency of `echo` operations in a throwaway
-//! database and namespace, so it never touches real data and cleans up after itself.
+//! `agentq bench`: every scenario runs in a throwaway database and broker namespace, so it never
+//! touches real data, and deletes both afterwards (unless `--keep`).
 //!
-//! Enqueue is one operation per call (the webhook path), from `--producers` concurrent callers.
-//! Start latency is creation → first step started; done latency is creation → finished.
-//! `commits_per_job` is the database's committed transactions during the run (minus the
-//! benchmark's own progress polls) divided by the number of jobs.
+//! This module owns what the scenarios share: the throwaway setup and cleanup, the worker and
+//! scheduler child processes (started from this executable, so their peak RSS is their own),
+//! commit counting from `pg_stat_database`, percentiles, and the report format (a table, then
+//! one JSON line).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentq_core::broker::{self, Names};
 use agentq_core::{Config, db};
-use agentq_producer::EnqueueRequest;
 use anyhow::Context;
-use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::json;
-use tokio_util::sync::CancellationToken;
+use serde_json::{Value, json};
+use sqlx::PgPool;
 
 use crate::cli::{BenchArgs, Scenario};
 use crate::commands::{self, Refused};
 
 pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
-    if args.jobs == 0 || args.producers == 0 || args.concurrency == 0 {
-        return Err(Refused("--jobs, --producers and --concurrency must be above 0".into()).into());
+    if args.jobs == 0 || args.producers == 0 || args.concurrency == 0 || args.workers == Some(0) {
+        return Err(Refused(
+            "--jobs, --producers, --concurrency and --workers must be above 0".into(),
+        )
+        .into());
     }
     let tag = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
     config.database_url = db::with_database(&config.database_url, &format!("agentq_bench_{tag}"))?;
@@ -32,7 +31,10 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
         .await
         .context("creating the benchmark database")?;
     let outcome = match args.scenario {
-        Scenario::Throughput => measure(&config, &args).await.map(|r| print_report(&r)),
+        Scenario::E2e => crate::bench_jobs::e2e(&config, &args).await,
+        Scenario::Batch => crate::bench_jobs::batch(&config, &args).await,
+        Scenario::Steps => crate::bench_jobs::steps(&config, &args).await,
+        Scenario::Inflight => crate::bench_jobs::inflight(&config, &args).await,
         Scenario::Timers => crate::bench_scenarios::timers(&config, &args).await,
         Scenario::Waiting => crate::bench_scenarios::waiting(&config, &args).await,
         Scenario::Http => crate::bench_http::http(&config, &args).await,
@@ -49,25 +51,22 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
     outcome
 }
 
-struct Report {
-    jobs: usize,
-    lane: String,
-    concurrency: u16,
-    producers: usize,
-    workers: String,
-    elapsed: Duration,
-    enqueue_elapsed: Duration,
-    start: Percentiles,
-    done: Percentiles,
-    commits_per_job: f64,
-    max_rss_kib: u64,
-    /// Peak RSS of the worker processes (with `--workers`).
-    worker_peak_rss_kib: Option<u64>,
-    /// With `--model-latency-ms`: the fake provider's peak concurrent calls, and all calls.
-    model: Option<(usize, usize)>,
+async fn cleanup(config: &Config) {
+    if let Err(e) = db::drop_database(&config.database_url).await {
+        eprintln!("warning: dropping the benchmark database: {e}");
+    }
+    match broker::connect(&config.amqp_url, "bench-cleanup").await {
+        Ok(conn) => {
+            if let Err(e) = broker::delete_topology(&conn, &Names::new(&config.namespace)).await {
+                eprintln!("warning: deleting the benchmark namespace: {e}");
+            }
+            let _ = conn.close(200, "bench cleanup".into()).await;
+        }
+        Err(e) => eprintln!("warning: deleting the benchmark namespace: {e}"),
+    }
 }
 
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 pub(crate) struct Percentiles {
     pub(crate) p50: f64,
     pub(crate) p99: f64,
@@ -85,276 +84,245 @@ pub(crate) fn percentiles(mut ms: Vec<f64>) -> Percentiles {
     }
 }
 
-async fn measure(config: &Config, args: &BenchArgs) -> anyhow::Result<Report> {
-    // With a model latency, every call goes to a fake provider that answers after it.
-    let fake = match args.model_latency_ms {
-        Some(ms) => Some(crate::bench_model::LatencyModel::start(Duration::from_millis(ms)).await?),
-        None => None,
+/// Resident memory of a process now (`VmRSS`) and at its peak (`VmHWM`), in KiB.
+pub(crate) fn rss_kib(pid: &str) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
     };
-    let mut config = config.clone();
-    if let Some(f) = &fake {
-        config.model_base_url = Some(f.url.clone());
-        config.model_concurrency = usize::from(args.concurrency);
-        config.model_tenant_concurrency = usize::from(args.concurrency);
-        config.model_first_byte_secs = config
-            .model_first_byte_secs
-            .max(args.model_latency_ms.unwrap_or(0) / 1000 + 60);
-    }
-    let config = &config;
-    let pool = commands::connect(config).await?;
-    let shutdown = CancellationToken::new();
+    (field("VmRSS:"), field("VmHWM:"))
+}
 
-    // Workers: in-process by default, or separate processes.
-    let mut children = Vec::new();
-    let mut engines = Vec::new();
-    if let Some(n) = args.workers {
+/// Peak resident memory of this process (producers, load generators, in-process parts).
+pub(crate) fn max_rss_kib() -> u64 {
+    rss_kib("self").1
+}
+
+/// CPU seconds (user + system) a process has used, from /proc/PID/stat.
+pub(crate) fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // After the ")": state is field 0, utime field 11, stime field 12; 100 ticks per second.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// A worker or scheduler started as a child process of the bench, on the bench's database and
+/// namespace. Killed if dropped.
+pub(crate) struct Proc {
+    pub(crate) role: &'static str,
+    child: tokio::process::Child,
+    pid: String,
+}
+
+impl Proc {
+    /// Starts `agentq <role> <args>` with the bench's configuration (and the model provider's,
+    /// when one is set).
+    pub(crate) fn spawn(
+        config: &Config,
+        role: &'static str,
+        args: &[String],
+    ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("finding the agentq executable")?;
-        for _ in 0..n {
-            let child = tokio::process::Command::new(&exe)
-                .arg("worker")
-                .arg("--concurrency")
-                .arg(args.concurrency.to_string())
-                .env("DATABASE_URL", &config.database_url)
-                .env("AMQP_URL", &config.amqp_url)
-                .env("AGENTQ_NAMESPACE", &config.namespace)
-                .env(
-                    "AGENTQ_MODEL_CONCURRENCY",
-                    config.model_concurrency.to_string(),
-                )
-                .env(
-                    "AGENTQ_MODEL_TENANT_CONCURRENCY",
-                    config.model_tenant_concurrency.to_string(),
-                )
-                .env(
-                    "AGENTQ_MODEL_FIRST_BYTE_SECS",
-                    config.model_first_byte_secs.to_string(),
-                )
-                .envs(
-                    config
-                        .model_base_url
-                        .as_ref()
-                        .map(|u| ("AGENTQ_MODEL_BASE_URL", u.clone())),
-                )
-                .env("RUST_LOG", "warn")
-                .kill_on_drop(true)
-                .spawn()
-                .context("starting a worker process")?;
-            children.push(child);
-        }
-    } else {
-        let worker = commands::worker(config, pool.clone(), Some(args.concurrency))?;
-        engines.push(tokio::spawn(worker.run(shutdown.clone())));
+        let child = tokio::process::Command::new(&exe)
+            .arg(role)
+            .args(args)
+            .env("DATABASE_URL", &config.database_url)
+            .env("AMQP_URL", &config.amqp_url)
+            .env("AGENTQ_NAMESPACE", &config.namespace)
+            .env(
+                "AGENTQ_MODEL_CONCURRENCY",
+                config.model_concurrency.to_string(),
+            )
+            .env(
+                "AGENTQ_MODEL_TENANT_CONCURRENCY",
+                config.model_tenant_concurrency.to_string(),
+            )
+            .env(
+                "AGENTQ_MODEL_FIRST_BYTE_SECS",
+                config.model_first_byte_secs.to_string(),
+            )
+            .envs(
+                config
+                    .model_base_url
+                    .as_ref()
+                    .map(|u| ("AGENTQ_MODEL_BASE_URL", u.clone())),
+            )
+            // Several children would fight over one metrics port.
+            .env_remove("AGENTQ_METRICS_ADDR")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting an agentq {role} process"))?;
+        let pid = child.id().context("child pid")?.to_string();
+        Ok(Self { role, child, pid })
     }
-    let scheduler = commands::scheduler(config, pool.clone());
-    engines.push(tokio::spawn(scheduler.run(shutdown.clone())));
 
-    let (producer, dispatcher) = commands::producer(config, pool.clone(), "bench");
-    // Open the broker link (and declare the topology) before the clock starts.
-    dispatcher
-        .with_connection(async |_| Ok(()))
-        .await
-        .context("connecting to RabbitMQ")?;
-
-    let commits_before = db::commit_count(&pool).await?;
-    let polls = AtomicUsize::new(0);
-    let bar = ProgressBar::new(args.jobs as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{msg:>9} [{bar:40}] {pos}/{len} {per_sec} eta {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    bar.set_message("enqueue");
-
-    let started = Instant::now();
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut enqueuers = Vec::new();
-    for _ in 0..args.producers {
-        let producer = producer.clone();
-        let next = next.clone();
-        let bar = bar.clone();
-        let (jobs, lane) = (args.jobs, args.lane);
-        enqueuers.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= jobs {
-                    return anyhow::Ok(());
-                }
-                producer
-                    .enqueue(EnqueueRequest {
-                        tenant: "bench".into(),
-                        kind: "echo".into(),
-                        input: json!({ "text": format!("document {i}") }),
-                        lane,
-                        ..EnqueueRequest::default()
-                    })
-                    .await?;
-                bar.inc(1);
-            }
-        }));
+    /// `agentq worker --concurrency C`.
+    pub(crate) fn worker(config: &Config, concurrency: u16) -> anyhow::Result<Self> {
+        Self::spawn(
+            config,
+            "worker",
+            &["--concurrency".into(), concurrency.to_string()],
+        )
     }
-    for e in enqueuers {
-        e.await??;
-    }
-    let enqueue_elapsed = started.elapsed();
 
-    bar.set_position(0);
-    bar.set_message("succeeded");
-    let deadline = Duration::from_secs(args.timeout_secs);
-    let finished = commands::poll_until(deadline, Duration::from_millis(20), || async {
-        polls.fetch_add(1, Ordering::Relaxed);
-        let counts = db::count_by_status(&pool).await.ok()?;
-        let done: i64 = counts
-            .iter()
-            .filter(|(s, _)| s == "succeeded")
-            .map(|(_, n)| n)
-            .sum();
-        bar.set_position(done as u64);
-        (done as usize >= args.jobs).then_some(())
+    /// (now, peak) resident memory in KiB.
+    pub(crate) fn rss_kib(&self) -> (u64, u64) {
+        rss_kib(&self.pid)
+    }
+
+    pub(crate) fn cpu_seconds(&self) -> f64 {
+        cpu_seconds(&self.pid)
+    }
+
+    /// Reads the peak RSS, then kills the process and waits for it.
+    pub(crate) async fn stop(mut self) -> u64 {
+        let (_, peak) = self.rss_kib();
+        let _ = self.child.kill().await;
+        peak
+    }
+}
+
+/// Stops `procs`, returning each one's peak RSS in KiB, then waits (up to 10 s) for every
+/// other session on the database to end, so their commits are in `pg_stat_database`. Also
+/// returns how many queries the wait made on `pool`.
+pub(crate) async fn stop_all(pool: &PgPool, procs: Vec<Proc>) -> (Vec<(&'static str, u64)>, usize) {
+    let mut peaks = Vec::new();
+    for p in procs {
+        let role = p.role;
+        peaks.push((role, p.stop().await));
+    }
+    let mut polls = 0;
+    commands::poll_until(Duration::from_secs(10), Duration::from_millis(20), || {
+        polls += 1;
+        async { (db::fixtures::other_sessions(pool).await.ok()? == 0).then_some(()) }
     })
     .await;
-    let elapsed = started.elapsed();
-    bar.finish_and_clear();
-    if finished.is_none() {
-        let counts = db::count_by_status(&pool).await.unwrap_or_default();
-        anyhow::bail!("not all operations succeeded within {deadline:?}: {counts:?}");
-    }
+    (peaks, polls)
+}
 
-    shutdown.cancel();
-    for e in engines {
-        let _ = e.await;
-    }
-    dispatcher.close().await;
-    // The workers' own peak memory (separate processes), before they go.
-    let worker_peak_rss_kib = children
-        .iter()
-        .filter_map(|c| c.id())
-        .map(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/status"))
-                .ok()
-                .and_then(|s| {
-                    s.lines()
-                        .find(|l| l.starts_with("VmHWM:"))
-                        .and_then(|l| l.split_whitespace().nth(1))
-                        .and_then(|n| n.parse::<u64>().ok())
-                })
-                .unwrap_or(0)
-        })
-        .max();
-    for mut c in children {
-        let _ = c.kill().await;
-    }
-    // Backends flush their statistics when they exit: close every connection, then count.
-    let timings = db::finished_timings(&pool).await?;
-    pool.close().await;
+/// Commits counted by `pg_stat_database` for the benchmark database. Read it from a fresh
+/// pool with every other session gone: backends report their counts when they exit.
+pub(crate) async fn commits_now(config: &Config) -> anyhow::Result<i64> {
     let pool = commands::connect(config).await?;
-    let commits_after = db::commit_count(&pool).await?;
+    let n = db::commit_count(&pool).await?;
     pool.close().await;
-    let own = polls.load(Ordering::Relaxed) as i64 + 2;
-    let commits = (commits_after - commits_before - own).max(0);
-
-    let ms = |a: chrono::DateTime<chrono::Utc>, b: chrono::DateTime<chrono::Utc>| {
-        (b - a).num_microseconds().unwrap_or(0) as f64 / 1000.0
-    };
-    Ok(Report {
-        jobs: args.jobs,
-        lane: args.lane.to_string(),
-        concurrency: args.concurrency,
-        producers: args.producers,
-        workers: args
-            .workers
-            .map(|n| format!("{n} processes"))
-            .unwrap_or_else(|| "in-process".into()),
-        elapsed,
-        enqueue_elapsed,
-        start: percentiles(timings.iter().map(|(c, s, _)| ms(*c, *s)).collect()),
-        done: percentiles(timings.iter().map(|(c, _, f)| ms(*c, *f)).collect()),
-        commits_per_job: commits as f64 / args.jobs as f64,
-        max_rss_kib: max_rss_kib(),
-        worker_peak_rss_kib,
-        model: fake.as_ref().map(|f| {
-            (
-                f.counters.peak.load(std::sync::atomic::Ordering::SeqCst),
-                f.counters
-                    .requests
-                    .load(std::sync::atomic::Ordering::SeqCst),
-            )
-        }),
-    })
+    Ok(n)
 }
 
-async fn cleanup(config: &Config) {
-    if let Err(e) = db::drop_database(&config.database_url).await {
-        eprintln!("warning: dropping the benchmark database: {e}");
-    }
-    match broker::connect(&config.amqp_url, "bench-cleanup").await {
-        Ok(conn) => {
-            if let Err(e) = broker::delete_topology(&conn, &Names::new(&config.namespace)).await {
-                eprintln!("warning: deleting the benchmark namespace: {e}");
-            }
+/// A scenario's report: rows for the table and the same figures for the final JSON line.
+pub(crate) struct Report {
+    title: String,
+    rows: Vec<(String, String)>,
+    line: serde_json::Map<String, Value>,
+}
+
+impl Report {
+    pub(crate) fn new(scenario: &str, title: String) -> Self {
+        let mut line = serde_json::Map::new();
+        line.insert("scenario".into(), json!(scenario));
+        Self {
+            title,
+            rows: Vec::new(),
+            line,
         }
-        Err(e) => eprintln!("warning: deleting the benchmark namespace: {e}"),
+    }
+
+    /// A figure rounded to `decimals`, under `label` in the table and `key` in the JSON.
+    pub(crate) fn num(&mut self, label: &str, key: &str, value: f64, decimals: usize) -> &mut Self {
+        let scale = 10f64.powi(decimals as i32);
+        self.rows
+            .push((label.into(), format!("{value:.decimals$}")));
+        self.line
+            .insert(key.into(), json!((value * scale).round() / scale));
+        self
+    }
+
+    /// A value shown as is.
+    pub(crate) fn val(&mut self, label: &str, key: &str, value: Value) -> &mut Self {
+        let shown = match &value {
+            Value::String(s) => s.clone(),
+            v => v.to_string(),
+        };
+        self.rows.push((label.into(), shown));
+        self.line.insert(key.into(), value);
+        self
+    }
+
+    /// Peak RSS of each stopped process (`worker_1_peak_rss_kib`, …) and of the bench itself.
+    pub(crate) fn rss(&mut self, peaks: &[(&'static str, u64)]) -> &mut Self {
+        let mut seen = std::collections::BTreeMap::<&str, usize>::new();
+        for (role, peak) in peaks {
+            let n = seen.entry(role).or_default();
+            *n += 1;
+            self.val(
+                &format!("{role} {n} peak RSS KiB"),
+                &format!("{role}_{n}_peak_rss_kib"),
+                json!(peak),
+            );
+        }
+        self.val(
+            "bench process peak RSS KiB",
+            "bench_peak_rss_kib",
+            json!(max_rss_kib()),
+        )
+    }
+
+    pub(crate) fn print(&self) {
+        println!("{}", self.title);
+        let width = self
+            .rows
+            .iter()
+            .map(|(l, _)| l.chars().count())
+            .max()
+            .unwrap_or(0);
+        for (label, value) in &self.rows {
+            println!("  {label:<width$}  {value:>12}");
+        }
+        println!("{}", Value::Object(self.line.clone()));
     }
 }
 
-/// Peak resident memory of this process (the in-process worker included), from /proc.
-pub(crate) fn max_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn print_report(r: &Report) {
-    let secs = r.elapsed.as_secs_f64();
-    let jobs_per_s = r.jobs as f64 / secs;
-    let enqueue_per_s = r.jobs as f64 / r.enqueue_elapsed.as_secs_f64();
-    println!(
-        "agentq bench: {} echo operations, lane {}, concurrency {}, {} producers, workers {}",
-        r.jobs, r.lane, r.concurrency, r.producers, r.workers
-    );
-    println!("  {:<22} {:>10.0}", "jobs/s (end to end)", jobs_per_s);
-    println!("  {:<22} {:>10.0}", "enqueue/s", enqueue_per_s);
-    println!("  {:<22} {:>10.1}", "start p50 ms", r.start.p50);
-    println!("  {:<22} {:>10.1}", "start p99 ms", r.start.p99);
-    println!("  {:<22} {:>10.1}", "done p50 ms", r.done.p50);
-    println!("  {:<22} {:>10.1}", "done p99 ms", r.done.p99);
-    println!("  {:<22} {:>10.2}", "commits/job", r.commits_per_job);
-    println!("  {:<22} {:>10.1}", "elapsed s", secs);
-    println!("  {:<22} {:>10}", "max RSS KiB", r.max_rss_kib);
-    if let Some(w) = r.worker_peak_rss_kib {
-        println!("  {:<22} {:>10}", "worker peak RSS KiB", w);
+    #[test]
+    fn percentiles_pick_the_nearest_rank() {
+        let p = percentiles((1..=100).map(f64::from).collect());
+        assert_eq!(p.p50, 51.0);
+        assert_eq!(p.p99, 99.0);
+        assert_eq!(percentiles(Vec::new()).p50, 0.0);
     }
-    if let Some((peak, calls)) = r.model {
-        println!("  {:<22} {:>10}", "model calls in flight", peak);
-        println!("  {:<22} {:>10}", "model calls", calls);
+
+    #[test]
+    fn report_rounds_figures_and_numbers_processes_by_role() {
+        let mut r = Report::new("e2e", "t".into());
+        r.num("jobs/s", "jobs_per_s", 1234.567, 0).rss(&[
+            ("worker", 10),
+            ("worker", 12),
+            ("scheduler", 7),
+        ]);
+        assert_eq!(r.line["jobs_per_s"], json!(1235.0));
+        assert_eq!(r.line["worker_2_peak_rss_kib"], json!(12));
+        assert_eq!(r.line["scheduler_1_peak_rss_kib"], json!(7));
+        assert_eq!(r.rows[0], ("jobs/s".into(), "1235".into()));
     }
-    let mut line = json!({
-        "jobs": r.jobs,
-        "lane": r.lane,
-        "concurrency": r.concurrency,
-        "producers": r.producers,
-        "workers": r.workers,
-        "elapsed_s": (secs * 1000.0).round() / 1000.0,
-        "jobs_per_s": jobs_per_s.round(),
-        "enqueue_per_s": enqueue_per_s.round(),
-        "start_p50_ms": r.start.p50,
-        "start_p99_ms": r.start.p99,
-        "done_p50_ms": r.done.p50,
-        "done_p99_ms": r.done.p99,
-        "commits_per_job": (r.commits_per_job * 100.0).round() / 100.0,
-        "max_rss_kib": r.max_rss_kib,
-    });
-    if let Some(w) = r.worker_peak_rss_kib {
-        line["worker_peak_rss_kib"] = json!(w);
-    }
-    if let Some((peak, calls)) = r.model {
-        line["model_peak_concurrency"] = json!(peak);
-        line["model_calls"] = json!(calls);
-    }
-    println!("{line}");
 }

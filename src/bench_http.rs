@@ -184,6 +184,7 @@ pub async fn http(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     let (_, token) = db::access::create_token(&pool, TENANT, "producer", "bench")
         .await
         .context("creating a producer token")?;
+    let commits_before = db::commit_count(&pool).await?;
     let auth = HeaderValue::from_str(&format!("Bearer {token}"))
         .context("the token is not a header value")?;
 
@@ -277,8 +278,10 @@ pub async fn http(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     // scheduler running, a pointer whose publish failed is never marked.
     let unmarked_at_stop = count_unmarked(&pool).await?;
     let drain_started = Instant::now();
-    let drained = commands::poll_until(MARK_DRAIN, Duration::from_millis(50), || async {
-        (count_unmarked(&pool).await.ok()? == 0).then_some(())
+    let mut own_queries = 2;
+    let drained = commands::poll_until(MARK_DRAIN, Duration::from_millis(50), || {
+        own_queries += 1;
+        async { (count_unmarked(&pool).await.ok()? == 0).then_some(()) }
     })
     .await;
     let drain_secs = drain_started.elapsed().as_secs_f64();
@@ -304,6 +307,9 @@ pub async fn http(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
         .collect();
     let found = count_existing(&pool, &distinct).await?;
     pool.close().await;
+    // Own queries: the mark polls, the counts, and the fresh session reading the total.
+    let commits = crate::bench::commits_now(&config).await? - commits_before - own_queries - 3;
+    let commits_per_op = commits.max(0) as f64 / stored.max(1) as f64;
 
     let accepted = tally.op_ids.len() as u64 + tally.malformed;
     let duplicates = (tally.op_ids.len() - distinct.len()) as u64;
@@ -361,6 +367,7 @@ pub async fn http(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     println!("  {:<34} {:>10.1}", "  drained in s", drain_secs);
     println!("  {:<34} {:>10.1}", "elapsed s", secs);
     println!("  {:<34} {:>10}", "peak RSS KiB (API + clients)", rss);
+    println!("  {:<34} {:>10.2}", "commits/operation", commits_per_op);
     for (status, text) in &tally.samples {
         let what = if *status == 0 {
             "first transport error".to_string()
@@ -387,6 +394,7 @@ pub async fn http(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
             "operations_stored": stored, "mismatches": mismatches,
             "exactly_once": mismatches == 0,
             "unmarked_at_stop": unmarked_at_stop, "mark_drain_s": round(drain_secs), "elapsed_s": round(secs), "max_rss_kib": rss,
+            "commits_per_op": round(commits_per_op),
         })
     );
     anyhow::ensure!(

@@ -1,4 +1,5 @@
-//! `agentq bench --scenario timers|waiting`: the scheduler at scale and the cost of waiting.
+//! `agentq bench --scenario timers|waiting`: the scheduler at scale and the cost of waiting,
+//! with the scheduler and the worker as child processes of the bench.
 
 use std::time::{Duration, Instant};
 
@@ -6,48 +7,14 @@ use agentq_core::broker::{self, Names};
 use agentq_core::operation::Lane;
 use agentq_core::{Config, db};
 use agentq_producer::EnqueueRequest;
-use anyhow::Context;
 use chrono::Utc;
 use indicatif::ProgressBar;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::bench::percentiles;
+use crate::bench::{Proc, Report, commits_now, percentiles, stop_all};
 use crate::cli::BenchArgs;
 use crate::commands;
-
-/// CPU seconds (user + system) this process has used, from /proc/self/stat.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // After the ")": state is field 0, utime field 11, stime field 12; 100 ticks per second.
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-/// Resident memory of a process now and at its peak, in KiB, from /proc/PID/status.
-fn rss_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
 
 /// 1M sleepers far in the future, then `due_per_sec` coming due each second for `due_secs`:
 /// wake lag (due → queued and dispatched), idle CPU of the scheduler, and the due-query plan.
@@ -57,22 +24,21 @@ pub async fn timers(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     let far = Utc::now() + chrono::Duration::days(30);
     db::fixtures::insert_sleepers(&pool, args.sleepers, far, 1.0).await?;
 
-    let shutdown = CancellationToken::new();
-    let scheduler = commands::scheduler(config, pool.clone());
-    let running = tokio::spawn(scheduler.run(shutdown.clone()));
+    let scheduler = Proc::spawn(config, "scheduler", &[])?;
 
     // Idle: nothing due. Let it settle, then measure its CPU over 5 s.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (cpu0, t0) = (cpu_seconds(), Instant::now());
-    // (The depth sampling below runs in this process too, so idle CPU is measured first.)
+    let (cpu0, t0) = (scheduler.cpu_seconds(), Instant::now());
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let idle_cpu_pct = (cpu_seconds() - cpu0) / t0.elapsed().as_secs_f64() * 100.0;
+    let idle_cpu_pct = (scheduler.cpu_seconds() - cpu0) / t0.elapsed().as_secs_f64() * 100.0;
+    let scheduler_idle_rss = scheduler.rss_kib().0;
     let plan = db::timers::explain_wake_due(&pool).await?;
 
     let due = args.due_per_sec * args.due_secs;
     let first_due = Utc::now() + chrono::Duration::seconds(3);
     eprintln!("inserting {due} operations due over {} s…", args.due_secs);
     db::fixtures::insert_sleepers(&pool, due, first_due, 1000.0 / args.due_per_sec as f64).await?;
+    let commits_before = db::commit_count(&pool).await?;
     // Sample the lane queue's depth: the i-th pointer (in due order) was in the queue by the
     // first sample whose depth exceeds i, which gives due → published without instrumenting
     // the scheduler.
@@ -114,64 +80,85 @@ pub async fn timers(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     let lag = percentiles(lags.clone());
     let max_lag = lags.iter().copied().fold(0.0, f64::max);
     let early = lags.iter().filter(|l| **l < 0.0).count();
-    shutdown.cancel();
-    let _ = running.await;
+    let all_published_at = samples[samples.len() - 1].0;
+    let (peaks, polls) = stop_all(&pool, vec![scheduler]).await;
     pool.close().await;
+    // Own queries: the commit count, the wake lags, the wait for sessions, a fresh session.
+    let commits = commits_now(config).await? - commits_before - (polls as i64 + 3);
+    let span_s = ((all_published_at - first_due).num_milliseconds() as f64 / 1000.0).max(0.001);
 
-    println!(
-        "agentq bench timers: {} sleepers, {} due/s for {} s",
-        args.sleepers, args.due_per_sec, args.due_secs
+    let mut r = Report::new(
+        "timers",
+        format!(
+            "agentq bench timers: {} sleepers, {} due/s for {} s, one scheduler process",
+            args.sleepers, args.due_per_sec, args.due_secs
+        ),
     );
-    println!(
-        "  {:<38} {:>9.1}",
-        "wake lag p50 ms (due → queued)", lag.p50
-    );
-    println!("  {:<38} {:>9.1}", "wake lag p99 ms", lag.p99);
-    println!("  {:<38} {:>9.1}", "wake lag max ms", max_lag);
-    println!(
-        "  {:<38} {:>9.1}",
-        "publish lag p50 ms (due → in the queue)", published.p50
-    );
-    println!(
-        "  {:<38} {:>9.1}",
-        "publish lag p99 ms (±20 ms sampling)", published.p99
-    );
-    println!("  {:<34} {:>9}", "woken early", early);
-    println!(
-        "  {:<34} {:>9.2}",
-        "scheduler CPU % while idle", idle_cpu_pct
-    );
+    r.val("sleepers", "sleepers", json!(args.sleepers))
+        .val("due/s offered", "due_per_s", json!(args.due_per_sec))
+        .val("due s", "due_secs", json!(args.due_secs))
+        .num(
+            "timers published/s (first due → all in the queue)",
+            "published_per_s",
+            due as f64 / span_s,
+            0,
+        )
+        .num(
+            "wake lag p50 ms (due → queued)",
+            "wake_lag_p50_ms",
+            lag.p50,
+            1,
+        )
+        .num("wake lag p99 ms", "wake_lag_p99_ms", lag.p99, 1)
+        .num("wake lag max ms", "wake_lag_max_ms", max_lag, 1)
+        .num(
+            "publish lag p50 ms (due → in the queue)",
+            "publish_lag_p50_ms",
+            published.p50,
+            1,
+        )
+        .num(
+            "publish lag p99 ms (±20 ms sampling)",
+            "publish_lag_p99_ms",
+            published.p99,
+            1,
+        )
+        .val("woken early", "woken_early", json!(early))
+        .num(
+            "commits/timer",
+            "commits_per_timer",
+            commits.max(0) as f64 / due as f64,
+            3,
+        )
+        .num(
+            "scheduler CPU % while idle",
+            "idle_cpu_pct",
+            idle_cpu_pct,
+            2,
+        )
+        .val(
+            "scheduler idle RSS KiB",
+            "scheduler_idle_rss_kib",
+            json!(scheduler_idle_rss),
+        )
+        .val(
+            "due-timer query uses an index",
+            "plan_uses_index",
+            json!(plan.contains("Index Scan")),
+        )
+        .rss(&peaks);
     println!("  due-timer query plan:");
     for line in plan.lines() {
         println!("    {line}");
     }
-    println!(
-        "{}",
-        json!({
-            "scenario": "timers", "sleepers": args.sleepers, "due_per_s": args.due_per_sec,
-            "due_secs": args.due_secs, "wake_lag_p50_ms": lag.p50, "wake_lag_p99_ms": lag.p99,
-            "wake_lag_max_ms": max_lag, "woken_early": early,
-            "publish_lag_p50_ms": published.p50, "publish_lag_p99_ms": published.p99, "idle_cpu_pct": (idle_cpu_pct * 100.0).round() / 100.0,
-            "plan_uses_index": plan.contains("Index Scan"),
-        })
-    );
+    r.print();
     Ok(())
 }
 
 /// A worker process's memory with 0 and with `waiting` operations waiting for approval.
 pub async fn waiting(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     let pool = commands::connect(config).await?;
-    let exe = std::env::current_exe().context("finding the agentq executable")?;
-    let mut worker = tokio::process::Command::new(&exe)
-        .arg("worker")
-        .env("DATABASE_URL", &config.database_url)
-        .env("AMQP_URL", &config.amqp_url)
-        .env("AGENTQ_NAMESPACE", &config.namespace)
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting a worker process")?;
-    let pid = worker.id().context("worker pid")?;
+    let worker = Proc::spawn(config, "worker", &[])?;
     let shutdown = CancellationToken::new();
     let scheduler = commands::scheduler(config, pool.clone());
     let running = tokio::spawn(scheduler.run(shutdown.clone()));
@@ -197,7 +184,7 @@ pub async fn waiting(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (idle_rss, _) = rss_kib(pid);
+    let (idle_rss, _) = worker.rss_kib();
 
     eprintln!(
         "enqueueing {} operations that wait for approval…",
@@ -243,8 +230,8 @@ pub async fn waiting(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
         anyhow::ensure!(Instant::now() < deadline, "only {n} waiting in time");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (waiting_rss, peak_rss) = rss_kib(pid);
-    let _ = worker.kill().await;
+    let (waiting_rss, peak_rss) = worker.rss_kib();
+    worker.stop().await;
     shutdown.cancel();
     let _ = running.await;
     dispatcher.close().await;

@@ -116,7 +116,7 @@ pub enum Command {
     /// Batch campaigns: one operation per document, with canary, pause, resume, cancel, report.
     #[command(subcommand)]
     Batch(crate::batch::BatchCommand),
-    /// Measure end-to-end throughput and latency in a throwaway database and namespace.
+    /// Benchmarks (e2e, batch, steps, inflight, timers, waiting, http) in a throwaway database and namespace.
     Bench(BenchArgs),
 }
 
@@ -154,8 +154,15 @@ pub struct EnqueueArgs {
 /// What `agentq bench` measures.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
 pub enum Scenario {
-    /// End-to-end `echo` throughput and latency (enqueue → succeeded).
-    Throughput,
+    /// One-by-one enqueue from concurrent producers, `echo`, end to end (enqueue → succeeded).
+    #[value(alias = "throughput")]
+    E2e,
+    /// `enqueue_many` in chunks of 1,000, then drain: jobs/s from first claim to last finish.
+    Batch,
+    /// A 10-step `script` of safe `work_ms: 0` steps against a 1-step one: journal cost per step.
+    Steps,
+    /// Long model calls (`--model-latency-ms`, default 2000): operations in flight and memory.
+    Inflight,
     /// The timer loop: wake lag with many sleepers and a due rate, idle CPU, query plans.
     Timers,
     /// Worker memory with many operations waiting for approval.
@@ -168,7 +175,7 @@ pub enum Scenario {
 #[derive(clap::Args, Clone)]
 pub struct BenchArgs {
     /// What to measure.
-    #[arg(long, value_enum, default_value = "throughput")]
+    #[arg(long, value_enum, default_value = "e2e")]
     pub scenario: Scenario,
     /// timers: sleeping operations not due during the run.
     #[arg(long, default_value_t = 1_000_000)]
@@ -185,8 +192,8 @@ pub struct BenchArgs {
     /// Operations to run.
     #[arg(long, default_value_t = 2000)]
     pub jobs: usize,
-    /// throughput: answer model calls from an in-process fake provider after this many ms,
-    /// instead of the built-in model (measures how many calls a worker keeps in flight).
+    /// e2e, inflight: answer model calls from an in-process fake provider after this many ms,
+    /// instead of the built-in model (inflight: default 2000).
     #[arg(long)]
     pub model_latency_ms: Option<u64>,
     /// Operations a worker runs at once (per lane).
@@ -198,7 +205,7 @@ pub struct BenchArgs {
     /// Concurrent one-by-one enqueuers (like webhook requests arriving at once).
     #[arg(long, default_value_t = 32)]
     pub producers: usize,
-    /// Run the workers as this many separate `agentq worker` processes instead of in-process.
+    /// e2e, batch, steps, inflight: worker processes (children of the bench; default 1).
     #[arg(long)]
     pub workers: Option<usize>,
     /// Keep the benchmark database and namespace afterwards (for inspection).

@@ -7,6 +7,7 @@ mod api;
 mod batch;
 mod bench;
 mod bench_http;
+mod bench_jobs;
 mod bench_model;
 mod bench_scenarios;
 mod cli;

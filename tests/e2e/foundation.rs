@@ -487,3 +487,66 @@ async fn migrate_is_safe_to_run_twice_and_concurrently() {
     db::drop_database(&url).await.unwrap();
     app.cleanup().await;
 }
+
+/// The batched completion writes each operation fenced by its own epoch: a stale one in the
+/// batch is left alone (its lease was lost) and the others commit with their journal rows.
+#[tokio::test]
+async fn a_batched_completion_writes_only_the_operations_whose_lease_it_holds() {
+    let app = TestApp::start().await;
+    let ids = app
+        .enqueue_many(
+            "echo",
+            Lane::Interactive,
+            (0..3).map(|i| json!({ "text": format!("doc {i}") })),
+        )
+        .await;
+    let claimed = db::claim_operations(&app.pool, &ids, "batcher", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 3);
+    let step = |id: uuid::Uuid| db::StepWrite {
+        seq: 0,
+        name: "model".into(),
+        kind: "model",
+        replay: "safe",
+        idempotency_key: format!("key-{id}"),
+        status: "completed",
+        output: Some(json!({ "text": "done" })),
+        error: None,
+        started_at: chrono::Utc::now(),
+        completed_at: Some(chrono::Utc::now()),
+        usage: None,
+        wake_at: None,
+    };
+    let batch: Vec<db::Completion> = claimed
+        .iter()
+        .map(|c| db::Completion {
+            id: c.id,
+            // The second one's lease was lost: another claim bumped its epoch.
+            epoch: if c.id == ids[1] { c.epoch - 1 } else { c.epoch },
+            result: json!({ "text": "done" }),
+            steps: vec![step(c.id)],
+        })
+        .collect();
+    let mut written = db::complete_operations(&app.pool, &batch).await.unwrap();
+    written.sort();
+    let mut expected = vec![ids[0], ids[2]];
+    expected.sort();
+    assert_eq!(written, expected);
+    for (id, status, steps) in [
+        (ids[0], "succeeded", 1),
+        (ids[1], "running", 0),
+        (ids[2], "succeeded", 1),
+    ] {
+        let (s, n): (String, i64) = sqlx::query_as(
+            "SELECT o.status, (SELECT count(*) FROM operation_steps s WHERE s.op_id = o.id)
+               FROM operations o WHERE o.id = $1",
+        )
+        .bind(id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        assert_eq!((s.as_str(), n), (status, steps), "operation {id}");
+    }
+    app.cleanup().await;
+}

@@ -125,6 +125,9 @@ async fn claim_batch(
     } else {
         Vec::new()
     };
+    // Every delivery of the batch is settled by one `multiple` ack of the last acked one
+    // (deliveries arrive in tag order; rejects are sent before it).
+    let mut last_acked = None;
     for (id, delivery, permit) in pointed {
         if unknown.contains(&id) {
             tracing::warn!(op_id = %id, "rejecting a pointer to an unknown operation to the dead-letter queue");
@@ -141,8 +144,11 @@ async fn claim_batch(
                 drop(permit);
             });
         }
-        // Ack after the claim committed (or once it is known to change nothing).
-        delivery.ack().await?;
+        last_acked = Some(delivery);
+    }
+    // Ack after the claim committed (or once it is known to change nothing).
+    if let Some(delivery) = last_acked {
+        delivery.ack_through().await?;
     }
     Ok(())
 }

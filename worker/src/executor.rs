@@ -118,7 +118,13 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
     let written = match &outcome {
         Ok(result) => {
             finished = Some(("succeeded", ""));
-            db::complete_operation(&shared.pool, op.id, op.epoch, result, &steps).await
+            let completion = db::Completion {
+                id: op.id,
+                epoch: op.epoch,
+                result: result.clone(),
+                steps,
+            };
+            shared.completer.complete(&shared.pool, completion).await
         }
         Err(JobError::LeaseLost) => return,
         Err(JobError::Suspended) => match ctx.take_suspend() {

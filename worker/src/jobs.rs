@@ -146,7 +146,12 @@ pub async fn script(ctx: JobContext, input: ScriptInput) -> Result<Value, JobErr
         let out = match step {
             ScriptStep::Work { work_ms } => {
                 ctx.step("work", Replay::Safe, |_key| async move {
-                    tokio::time::sleep(Duration::from_millis(work_ms)).await;
+                    // A timer rounds up to the next millisecond tick: 0 ms only yields.
+                    if work_ms == 0 {
+                        tokio::task::yield_now().await;
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(work_ms)).await;
+                    }
                     Ok(json!({ "worked_ms": work_ms }))
                 })
                 .await?

@@ -7,6 +7,7 @@
 
 pub mod agent;
 mod claim;
+mod complete;
 pub mod context;
 mod executor;
 pub mod gate;
@@ -35,6 +36,9 @@ pub use tool::{Reconciled, Tool};
 use claim::Ended;
 use lease::Leases;
 
+/// First delay before reconnecting to the broker; it doubles up to 10 s while connecting fails.
+const RECONNECT_FIRST: Duration = Duration::from_millis(200);
+
 /// Everything a running job shares with its worker.
 pub(crate) struct Shared {
     pub(crate) pool: PgPool,
@@ -42,6 +46,8 @@ pub(crate) struct Shared {
     pub(crate) registry: Registry,
     pub(crate) model: Arc<gate::ModelGate>,
     pub(crate) leases: Leases,
+    /// Writes successful attempts, many per statement.
+    pub(crate) completer: complete::Completer,
 }
 
 /// Worker settings (from [`agentq_core::Config`] in the binary).
@@ -92,6 +98,7 @@ impl Worker {
                 registry,
                 model,
                 leases,
+                completer: complete::Completer::new(),
             }),
         }
     }
@@ -112,6 +119,10 @@ impl Worker {
             let pool = shared.pool.clone();
             tokio::spawn(async move { shared.leases.run_heartbeat(pool, stop).await })
         };
+        let completer = {
+            let shared = self.shared.clone();
+            tokio::spawn(async move { shared.completer.run(shared.pool.clone()).await })
+        };
         tracing::info!(owner = %self.owner(), "worker started");
         let names = Names::new(&self.settings.namespace);
         let lanes: Vec<(Lane, u16)> = [
@@ -126,14 +137,20 @@ impl Worker {
             .map(|(_, n)| Arc::new(Semaphore::new(usize::from(*n))))
             .collect();
 
-        let mut backoff = Duration::from_millis(200);
+        let mut backoff = RECONNECT_FIRST;
         while !shutdown.is_cancelled() {
+            let mut opened = false;
             match self
-                .consume(&names, &lanes, &slots, &tasks, &shutdown)
+                .consume(&names, &lanes, &slots, &tasks, &shutdown, &mut opened)
                 .await
             {
                 Ok(()) => break,
                 Err(e) => {
+                    // A session that was up starts a fresh backoff: one broker restart should not
+                    // make the next one cost the longest delay.
+                    if opened {
+                        backoff = RECONNECT_FIRST;
+                    }
                     tracing::warn!(error = %e, "broker connection lost; reconnecting in {backoff:?}");
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
@@ -163,10 +180,13 @@ impl Worker {
             let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
         }
         heartbeat.abort();
+        // Every execution has had its completion answered: nothing is waiting on the writer.
+        completer.abort();
         Ok(())
     }
 
     /// One broker session: connect, consume every lane until shutdown (Ok) or a failure (Err).
+    /// Sets `opened` once every lane consumes.
     async fn consume(
         &self,
         names: &Names,
@@ -174,6 +194,7 @@ impl Worker {
         slots: &[Arc<Semaphore>],
         tasks: &TaskTracker,
         shutdown: &CancellationToken,
+        opened: &mut bool,
     ) -> anyhow::Result<()> {
         let conn = broker::connect(&self.settings.amqp_url, "worker").await?;
         broker::declare_topology(&conn, names).await?;
@@ -191,6 +212,7 @@ impl Worker {
                 session.clone(),
             )));
         }
+        *opened = true;
         let mut result = Ok(());
         let mut loops: futures_util::stream::FuturesUnordered<_> = loops.into_iter().collect();
         while let Some(ended) = futures_util::StreamExt::next(&mut loops).await {

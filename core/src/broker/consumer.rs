@@ -129,6 +129,13 @@ impl Delivery {
         Ok(())
     }
 
+    /// Acks this delivery and every earlier unsettled one on its channel (`multiple`): one
+    /// frame for a whole claimed batch.
+    pub async fn ack_through(&self) -> Result<()> {
+        self.0.acker.ack(BasicAckOptions { multiple: true }).await?;
+        Ok(())
+    }
+
     /// Poison: dead-letter it through the DLX, never requeue.
     pub async fn reject(&self) -> Result<()> {
         self.0

@@ -33,16 +33,29 @@ pub enum Error {
     /// The namespace is not a valid name prefix.
     #[error("{0}")]
     Namespace(String),
+    /// The URL could not be parsed.
+    #[error("invalid AMQP_URL: {0}")]
+    Url(String),
 }
 
 /// Result alias of the broker layer.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Heartbeat interval asked of the broker when the URL sets none (`?heartbeat=N` overrides):
+/// a connection whose peer vanished without a reset (a partition, a dead load balancer) is
+/// dropped after two silent intervals, 20 s, instead of the server default's 120 s, and the
+/// process reconnects.
+pub const DEFAULT_HEARTBEAT_SECS: u16 = 10;
+
 /// Opens a connection, named after the process role so it is recognisable in the management UI.
 pub async fn connect(url: &str, role: &str) -> Result<Connection> {
+    let mut uri: lapin::uri::AMQPUri = url.parse().map_err(Error::Url)?;
+    if uri.query.heartbeat.is_none() {
+        uri.query.heartbeat = Some(DEFAULT_HEARTBEAT_SECS);
+    }
     let props =
         ConnectionProperties::default().with_connection_name(format!("agentq-{role}").into());
-    let conn = tokio::time::timeout(CALL_TIMEOUT, Connection::connect(url, props))
+    let conn = tokio::time::timeout(CALL_TIMEOUT, Connection::connect_uri(uri, props))
         .await
         .map_err(|_| Error::Timeout(CALL_TIMEOUT))??;
     Ok(conn)

@@ -68,3 +68,15 @@ pub async fn count_unmarked(pool: &PgPool) -> Result<i64> {
     .await?;
     Ok(n)
 }
+
+/// Other sessions connected to this database: a benchmark waits for its stopped processes'
+/// backends to exit (they flush their statistics then) before reading the commit count.
+pub async fn other_sessions(pool: &PgPool) -> Result<i64> {
+    let n = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(n)
+}

@@ -202,8 +202,12 @@ pub async fn claim_operations(
         "WITH locked AS (
             -- Lock in id order: batches of overlapping ids (duplicate pointers on two workers,
             -- dispatch marks) then queue behind each other instead of deadlocking.
+            -- Found by primary key only: the status test is written so that no partial index
+            -- over queued rows can serve it. Right after a bulk enqueue the planner's row
+            -- estimates for those indexes are stale (hundreds, not the 100k queued), and it
+            -- would scan the whole backlog bitmap per claim, O(backlog) instead of O(batch).
             SELECT id FROM operations
-             WHERE id = ANY($1) AND status = 'queued' AND run_at <= now()
+             WHERE id = ANY($1) AND COALESCE(status, '') = 'queued' AND run_at <= now()
              ORDER BY id
                FOR UPDATE
          )
@@ -212,7 +216,7 @@ pub async fn claim_operations(
                 lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3),
                 updated_at = now()
            FROM locked
-          WHERE o.id = locked.id AND o.status = 'queued' AND o.run_at <= now()
+          WHERE o.id = locked.id AND COALESCE(o.status, '') = 'queued' AND o.run_at <= now()
             -- Ordering keys: only the oldest unfinished operation of its key may start.
             AND (o.ordering_key IS NULL OR NOT EXISTS (
                     SELECT 1 FROM operations p
@@ -297,6 +301,90 @@ pub async fn complete_operation(
     .fetch_optional(pool)
     .await?;
     Ok(done.is_some())
+}
+
+/// One running operation's success, for [`complete_operations`].
+#[derive(Clone, Debug)]
+pub struct Completion {
+    pub id: Uuid,
+    pub epoch: i64,
+    pub result: Value,
+    /// Its pending journal rows.
+    pub steps: Vec<StepWrite>,
+}
+
+/// Finishes many running operations with their results and pending journal rows in one
+/// statement (one commit), each fenced by its own epoch exactly as [`complete_operation`].
+/// Returns the ids written; an id missing from it lost its lease (nothing was written for it).
+/// The journal upsert is [`journal_cte!`]'s, joined on each row's operation instead of one.
+pub async fn complete_operations(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Uuid>> {
+    let ids: Vec<Uuid> = batch.iter().map(|c| c.id).collect();
+    let epochs: Vec<i64> = batch.iter().map(|c| c.epoch).collect();
+    let results: Vec<&Value> = batch.iter().map(|c| &c.result).collect();
+    let steps: Vec<StepWrite> = batch.iter().flat_map(|c| c.steps.iter().cloned()).collect();
+    let owners: Vec<Uuid> = batch
+        .iter()
+        .flat_map(|c| std::iter::repeat_n(c.id, c.steps.len()))
+        .collect();
+    let c = super::steps::StepColumns::from(steps.as_slice());
+    let done: Vec<Uuid> = sqlx::query_scalar(
+        "WITH input AS (
+            SELECT * FROM unnest($13::uuid[], $14::bigint[], $15::jsonb[]) AS i(id, epoch, result)
+         ), locked AS (
+            -- Lock in id order, like the claim and the heartbeat, so they cannot deadlock.
+            SELECT o.id, i.epoch, i.result FROM operations o JOIN input i ON o.id = i.id
+             WHERE o.epoch = i.epoch AND o.status = 'running'
+             ORDER BY o.id
+               FOR UPDATE OF o
+         ), done AS (
+            UPDATE operations o
+               SET status = 'succeeded', result = l.result, finished_at = now(), updated_at = now(),
+                   lease_owner = NULL, lease_expires_at = NULL,
+                   error_class = NULL, error_message = NULL
+              FROM locked l
+             WHERE o.id = l.id AND o.epoch = l.epoch AND o.status = 'running'
+         RETURNING o.id, o.epoch
+         ), journal AS (
+            INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
+                                         output, error, epoch, started_at, completed_at, usage,
+                                         wake_at)
+            SELECT done.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
+                   s.error, done.epoch, s.started_at, s.completed_at, s.usage, s.wake_at
+              FROM unnest($16::uuid[], $1::int[], $2::text[], $3::text[], $4::text[], $5::text[],
+                          $6::text[], $7::jsonb[], $8::text[], $9::timestamptz[],
+                          $10::timestamptz[], $11::jsonb[], $12::timestamptz[])
+                   AS s(op_id, seq, name, kind, replay, key, status, output, error, started_at,
+                        completed_at, usage, wake_at)
+              JOIN done ON done.id = s.op_id
+            ON CONFLICT (op_id, seq) DO UPDATE
+               SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
+                   idempotency_key = EXCLUDED.idempotency_key,
+                   status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
+                   epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
+                   usage = EXCLUDED.usage,
+                   wake_at = COALESCE(EXCLUDED.wake_at, operation_steps.wake_at)
+         )
+         SELECT id FROM done",
+    )
+    .bind(c.seq)
+    .bind(c.name)
+    .bind(c.kind)
+    .bind(c.replay)
+    .bind(c.key)
+    .bind(c.status)
+    .bind(c.output)
+    .bind(c.error)
+    .bind(c.started_at)
+    .bind(c.completed_at)
+    .bind(c.usage)
+    .bind(c.wake_at)
+    .bind(&ids)
+    .bind(&epochs)
+    .bind(&results)
+    .bind(&owners)
+    .fetch_all(pool)
+    .await?;
+    Ok(done)
 }
 
 /// Where a failed attempt sends a running operation.

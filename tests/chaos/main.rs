@@ -1,0 +1,862 @@
+//! The chaos suite: a mixed workload of `script` operations on three workers and two
+//! schedulers (the real `agentq` binary), while their PostgreSQL and RabbitMQ are restarted,
+//! paused and cut off, and the processes are SIGKILLed. The servers are private to this test
+//! (free ports, a temporary directory), the processes reach them through in-tree fault proxies.
+//! At the end it checks that nothing was lost, duplicated or left hanging, and prints the
+//! recovery time after each fault.
+//!
+//! Reduced size by default (part of `cargo test --workspace`); `AGENTQ_CHAOS_FULL=1` runs the
+//! full size: 10,000 operations, 50 worker kills, 2 RabbitMQ restarts, 2 Postgres restarts, 1
+//! Postgres pause. `CHAOS_SEED` picks the workload.
+
+mod proxy;
+mod services;
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+use agentq_core::db;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::time::Instant;
+
+use proxy::Proxy;
+use services::{Postgres, Rabbit, Scratch};
+
+/// Lease length of the processes under test (the unit of "stuck").
+const LEASE: Duration = Duration::from_secs(4);
+/// Completions after a fault that count as "throughput resumed".
+const RESUMED_AFTER: i64 = 10;
+/// Crash recoveries an operation may take before `crash_loop` (several faults may hit it).
+const RESTART_LIMIT: i32 = 10;
+const TERMINAL: &str = "('succeeded', 'dead', 'cancelled', 'discarded')";
+
+/// A tiny deterministic generator, so a failing run can be reproduced from its seed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// How big a run is.
+struct Size {
+    operations: usize,
+    worker_kills: usize,
+    scheduler_kills: usize,
+    rabbit_restarts: usize,
+    pg_restarts: usize,
+    pg_pauses: usize,
+    pause: Duration,
+    /// Operations enqueued but not finished, at most.
+    window: i64,
+}
+
+impl Size {
+    fn from_env() -> Self {
+        if std::env::var("AGENTQ_CHAOS_FULL").is_ok_and(|v| v == "1") {
+            Size {
+                operations: 10_000,
+                worker_kills: 50,
+                scheduler_kills: 4,
+                rabbit_restarts: 2,
+                pg_restarts: 2,
+                pg_pauses: 1,
+                pause: Duration::from_secs(20),
+                window: 300,
+            }
+        } else {
+            Size {
+                operations: 1_200,
+                worker_kills: 4,
+                scheduler_kills: 1,
+                rabbit_restarts: 1,
+                pg_restarts: 1,
+                pg_pauses: 1,
+                pause: Duration::from_secs(20),
+                window: 200,
+            }
+        }
+    }
+}
+
+/// One injected fault.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    KillWorker,
+    KillScheduler,
+    RabbitRestart,
+    PgRestart,
+    PgPause,
+    ProxyReset(Side),
+    ProxyBlackhole(Side),
+    ProxyDelay(Side),
+    ProxyCut(Side),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Side {
+    Pg,
+    Amqp,
+}
+
+impl Fault {
+    fn name(self) -> String {
+        let side = |s: Side| {
+            if s == Side::Pg {
+                "postgres"
+            } else {
+                "rabbitmq"
+            }
+        };
+        match self {
+            Fault::KillWorker => "SIGKILL worker".into(),
+            Fault::KillScheduler => "SIGKILL scheduler".into(),
+            Fault::RabbitRestart => "rabbitmq stop_app/start_app".into(),
+            Fault::PgRestart => "postgres restart -m fast".into(),
+            Fault::PgPause => "postgres SIGSTOP 20 s".into(),
+            Fault::ProxyReset(s) => format!("proxy reset all ({})", side(s)),
+            Fault::ProxyBlackhole(s) => format!("proxy blackhole 5 s ({})", side(s)),
+            Fault::ProxyDelay(s) => format!("proxy delay 300 ms for 5 s ({})", side(s)),
+            Fault::ProxyCut(s) => format!("proxy cut mid-frame ({})", side(s)),
+        }
+    }
+
+    /// Faults that can end a worker's lease (kills, or a database outage longer than it).
+    fn ends_leases(self) -> bool {
+        !matches!(
+            self,
+            Fault::RabbitRestart
+                | Fault::ProxyReset(Side::Amqp)
+                | Fault::ProxyBlackhole(Side::Amqp)
+                | Fault::ProxyDelay(Side::Amqp)
+                | Fault::ProxyCut(Side::Amqp)
+        )
+    }
+}
+
+/// The faults of a run, heavy ones spread out and kills in between.
+fn schedule(size: &Size) -> Vec<Fault> {
+    let mut heavy = Vec::new();
+    for side in [Side::Pg, Side::Amqp] {
+        heavy.push(Fault::ProxyReset(side));
+        heavy.push(Fault::ProxyCut(side));
+        heavy.push(Fault::ProxyDelay(side));
+        heavy.push(Fault::ProxyBlackhole(side));
+    }
+    for i in 0..size.rabbit_restarts.max(size.pg_restarts) {
+        if i < size.rabbit_restarts {
+            heavy.insert(heavy.len().min(2 + 4 * i), Fault::RabbitRestart);
+        }
+        if i < size.pg_restarts {
+            heavy.insert(heavy.len().min(4 + 4 * i), Fault::PgRestart);
+        }
+    }
+    for _ in 0..size.pg_pauses {
+        heavy.insert(heavy.len() / 2, Fault::PgPause);
+    }
+    for i in 0..size.scheduler_kills {
+        heavy.insert((2 * i + 1).min(heavy.len()), Fault::KillScheduler);
+    }
+    // Kills evenly between the heavy faults.
+    let slots = heavy.len() + 1;
+    let mut all = Vec::new();
+    for (i, f) in heavy.into_iter().enumerate() {
+        let kills = size.worker_kills * (i + 1) / slots - size.worker_kills * i / slots;
+        all.extend(std::iter::repeat_n(Fault::KillWorker, kills));
+        all.push(f);
+    }
+    let placed = all.iter().filter(|f| **f == Fault::KillWorker).count();
+    all.extend(std::iter::repeat_n(
+        Fault::KillWorker,
+        size.worker_kills - placed,
+    ));
+    all
+}
+
+/// A `script` program drawn from the mix: work, safe and unsafe ledger steps (half of the
+/// unsafe ones reconcile), sleeps, waits for a signal the test sends, waits that time out and
+/// continue, retryable failures. Returns it and whether the test must send it a `go` signal.
+fn program(rng: &mut Lcg) -> (Value, bool) {
+    let safe =
+        |label: &str| json!({ "tool": "ledger", "replay": "safe", "label": label, "after_ms": 50 });
+    match rng.below(20) {
+        0..=5 => (
+            json!([{ "work_ms": 50 + rng.below(250) }, safe("s0")]),
+            false,
+        ),
+        6..=8 => (
+            json!([safe("s0"), { "tool": "ledger", "replay": "unsafe", "label": "u1",
+                     "after_ms": rng.below(300), "reconcile": rng.below(2) == 0 }]),
+            false,
+        ),
+        9..=11 => (
+            json!([{ "sleep_ms": 200 + rng.below(1300) }, safe("s1")]),
+            false,
+        ),
+        12..=14 => (
+            json!([{ "wait_signal": "go", "timeout_ms": 120_000 }, safe("s1")]),
+            true,
+        ),
+        15 => (
+            json!([{ "wait_signal": "never", "timeout_ms": 1000, "on_timeout": "continue" },
+                   { "work_ms": 20 }]),
+            false,
+        ),
+        16..=17 => (
+            json!([{ "fail": "retryable", "times": 1 }, safe("s1")]),
+            false,
+        ),
+        _ => (
+            json!([{ "work_ms": 20 }, safe("s0"), { "work_ms": 20 }, safe("s1")]),
+            false,
+        ),
+    }
+}
+
+/// The `agentq` processes under test, restarted when killed; one that exits by itself is
+/// restarted too and counted (a process should never give up because a server went away).
+struct Processes {
+    env: Vec<(String, String)>,
+    logs: std::path::PathBuf,
+    workers: Vec<Child>,
+    schedulers: Vec<Child>,
+    started: usize,
+    /// Processes that exited without being killed.
+    exited: Vec<String>,
+}
+
+impl Processes {
+    fn spawn(&mut self, role: &str) -> Child {
+        self.started += 1;
+        let log = self.logs.join(format!("{role}-{}.log", self.started));
+        let file = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentq"));
+        cmd.arg(role)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.spawn().expect("starting agentq")
+    }
+
+    fn kill(&mut self, role: &str, i: usize) {
+        let child = if role == "worker" {
+            &mut self.workers[i]
+        } else {
+            &mut self.schedulers[i]
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        let fresh = self.spawn(role);
+        if role == "worker" {
+            self.workers[i] = fresh;
+        } else {
+            self.schedulers[i] = fresh;
+        }
+    }
+
+    /// Restarts processes that exited by themselves; records them.
+    fn supervise(&mut self) {
+        for role in ["worker", "scheduler"] {
+            let n = if role == "worker" {
+                self.workers.len()
+            } else {
+                self.schedulers.len()
+            };
+            for i in 0..n {
+                let child = if role == "worker" {
+                    &mut self.workers[i]
+                } else {
+                    &mut self.schedulers[i]
+                };
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.exited.push(format!("{role} {i}: {status}"));
+                    let fresh = self.spawn(role);
+                    if role == "worker" {
+                        self.workers[i] = fresh;
+                    } else {
+                        self.schedulers[i] = fresh;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Lines of every log containing `needle`.
+    fn count_in_logs(&self, needle: &str) -> usize {
+        std::fs::read_dir(&self.logs)
+            .map(|dir| {
+                dir.flatten()
+                    .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                    .map(|s| s.matches(needle).count())
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Processes {
+    /// Kills the processes; with `AGENTQ_CHAOS_LOGS=DIR` their logs are copied there first
+    /// (the scratch directory holding them is deleted).
+    fn drop(&mut self) {
+        for c in self.workers.iter_mut().chain(self.schedulers.iter_mut()) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Ok(keep) = std::env::var("AGENTQ_CHAOS_LOGS") {
+            let _ = std::fs::create_dir_all(&keep);
+            for e in std::fs::read_dir(&self.logs)
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let _ = std::fs::copy(e.path(), std::path::Path::new(&keep).join(e.file_name()));
+            }
+        }
+    }
+}
+
+/// Progress as seen by the monitor (straight to the private Postgres, not through a proxy).
+#[derive(Default)]
+struct Progress {
+    terminal: AtomicI64,
+    enqueued: AtomicI64,
+}
+
+async fn count_terminal(pool: &PgPool) -> Option<i64> {
+    let q = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM operations WHERE status IN {TERMINAL}"
+    )))
+    .fetch_one(pool);
+    tokio::time::timeout(Duration::from_secs(2), q)
+        .await
+        .ok()?
+        .ok()
+}
+
+/// What happened to one fault.
+struct Record {
+    fault: Fault,
+    /// From the injection to the end of the fault (server back, proxy healed, process restarted).
+    outage: Duration,
+    /// From the end of the fault until [`RESUMED_AFTER`] more operations finished.
+    recovery: Option<Duration>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
+    let size = Size::from_env();
+    let seed = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0xc4a05_u64);
+    let run_started = Instant::now();
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+    // Declared in this order so they drop in reverse: processes, proxies, servers, directory.
+    let scratch = Scratch::new(&tag);
+    let pg = Postgres::start(&scratch.path);
+    let rabbit = Rabbit::start(&scratch.path, &tag);
+    let pg_proxy = Proxy::start(pg.addr()).await;
+    let amqp_proxy = Proxy::start(rabbit.addr()).await;
+
+    let direct_db = format!("postgres://postgres@127.0.0.1:{}/agentq_chaos", pg.port);
+    let proxied_db = format!(
+        "postgres://postgres@127.0.0.1:{}/agentq_chaos",
+        pg_proxy.addr.port()
+    );
+    let direct_amqp = format!("amqp://guest:guest@127.0.0.1:{}/%2f", rabbit.port);
+    let proxied_amqp = format!(
+        "amqp://guest:guest@127.0.0.1:{}/%2f",
+        amqp_proxy.addr.port()
+    );
+    db::migrate(&direct_db).await.expect("migrating");
+    let pool = db::connect(&direct_db, 8).await.unwrap();
+    let namespace = format!("chaos-{tag}");
+    println!(
+        "chaos: seed {seed}, {} operations, postgres :{} (proxy :{}), rabbitmq :{} (proxy :{})",
+        size.operations,
+        pg.port,
+        pg_proxy.addr.port(),
+        rabbit.port,
+        amqp_proxy.addr.port()
+    );
+
+    let logs = scratch.path.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let env: Vec<(String, String)> = [
+        ("DATABASE_URL", proxied_db.as_str()),
+        ("AMQP_URL", proxied_amqp.as_str()),
+        ("AGENTQ_NAMESPACE", namespace.as_str()),
+        ("AGENTQ_LEASE_TTL_SECS", &LEASE.as_secs().to_string()),
+        ("AGENTQ_RESTART_LIMIT", &RESTART_LIMIT.to_string()),
+        ("AGENTQ_DISPATCH_GRACE_SECS", "1"),
+        ("AGENTQ_CONCURRENCY_INTERACTIVE", "16"),
+        ("RUST_LOG", "warn,agentq_worker::context=info"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let mut procs = Processes {
+        env,
+        logs,
+        workers: Vec::new(),
+        schedulers: Vec::new(),
+        started: 0,
+        exited: Vec::new(),
+    };
+    for _ in 0..3 {
+        let w = procs.spawn("worker");
+        procs.workers.push(w);
+    }
+    for _ in 0..2 {
+        let s = procs.spawn("scheduler");
+        procs.schedulers.push(s);
+    }
+
+    // The monitor: terminal count every 100 ms, and supervision of the processes.
+    let progress = Arc::new(Progress::default());
+    let monitor_stop = Arc::new(AtomicBool::new(false));
+    let monitor = {
+        let (pool, progress, stop) = (pool.clone(), progress.clone(), monitor_stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                if let Some(n) = count_terminal(&pool).await {
+                    progress.terminal.store(n, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    // The signaller: `agentq signal <op> go` for every operation that waits for one, retried
+    // through faults (each try is a fresh process through the proxy).
+    let (sig_tx, mut sig_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let signals_sent = Arc::new(AtomicI64::new(0));
+    let signaller = {
+        let env = procs.env.clone();
+        let sent = signals_sent.clone();
+        tokio::spawn(async move {
+            let limit = Arc::new(tokio::sync::Semaphore::new(8));
+            let mut tasks = tokio::task::JoinSet::new();
+            while let Some(op) = sig_rx.recv().await {
+                let permit = limit.clone().acquire_owned().await.unwrap();
+                let (env, sent) = (env.clone(), sent.clone());
+                tasks.spawn(async move {
+                    let end = Instant::now() + Duration::from_secs(120);
+                    while Instant::now() < end {
+                        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentq"));
+                        cmd.args(["signal", &op, "go", "--payload", r#"{"approved":true}"#]);
+                        for (k, v) in &env {
+                            cmd.env(k, v);
+                        }
+                        cmd.stdin(Stdio::null())
+                            .stdout(Stdio::null())
+                            .stderr(Stdio::null());
+                        let ok = tokio::time::timeout(Duration::from_secs(15), cmd.status())
+                            .await
+                            .is_ok_and(|s| s.is_ok_and(|s| s.success()));
+                        if ok {
+                            sent.fetch_add(1, Ordering::SeqCst);
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    drop(permit);
+                });
+            }
+            while tasks.join_next().await.is_some() {}
+        })
+    };
+
+    // The enqueuer: every operation has a dedupe key, so a retry after an ambiguous failure
+    // (the server went away mid-commit) never creates a second one.
+    let enqueuer = {
+        let pool = db::connect(&direct_db, 4).await.unwrap();
+        let progress = progress.clone();
+        let dispatcher = Arc::new(agentq_core::dispatch::Dispatcher::new(
+            pool.clone(),
+            &direct_amqp,
+            agentq_core::broker::Names::new(&namespace),
+            "chaos-producer",
+        ));
+        let producer =
+            agentq_producer::Producer::new(pool.clone(), dispatcher.clone(), ["script".into()], 3);
+        let (n, window) = (size.operations, size.window);
+        tokio::spawn(async move {
+            let mut rng = Lcg(seed);
+            let mut failures = 0u64;
+            for i in 0..n {
+                while progress.enqueued.load(Ordering::SeqCst)
+                    - progress.terminal.load(Ordering::SeqCst)
+                    >= window
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let (steps, signal) = program(&mut rng);
+                loop {
+                    let req = agentq_producer::EnqueueRequest {
+                        tenant: "t1".into(),
+                        kind: "script".into(),
+                        input: json!({ "steps": steps }),
+                        dedupe_key: Some(format!("chaos-{i}")),
+                        lane: agentq_core::Lane::Interactive,
+                        ..Default::default()
+                    };
+                    let sent = tokio::time::timeout(Duration::from_secs(10), producer.enqueue(req));
+                    match sent.await {
+                        Ok(Ok(e)) => {
+                            if signal {
+                                let _ = sig_tx.send(e.op_id.0.to_string());
+                            }
+                            break;
+                        }
+                        _ => {
+                            failures += 1;
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                }
+                progress.enqueued.store(i as i64 + 1, Ordering::SeqCst);
+            }
+            drop(sig_tx);
+            dispatcher.close().await;
+            failures
+        })
+    };
+
+    // The faults, each at its share of the workload, each followed by its recovery.
+    let faults = schedule(&size);
+    let mut records: Vec<Record> = Vec::new();
+    let mut rng = Lcg(seed ^ 0xfa17);
+    let n = size.operations as i64;
+    for (i, fault) in faults.iter().copied().enumerate() {
+        // Faults are spread over the first 80 % of the workload, so each leaves work behind it
+        // to measure the recovery on.
+        let at = n * 4 * (i as i64 + 1) / (5 * (faults.len() as i64 + 1));
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while progress.terminal.load(Ordering::SeqCst) < at {
+            procs.supervise();
+            assert!(
+                Instant::now() < deadline,
+                "no progress towards fault {i} ({}): {} of {n} finished",
+                fault.name(),
+                progress.terminal.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let started = Instant::now();
+        match fault {
+            Fault::KillWorker => procs.kill("worker", rng.below(3) as usize),
+            Fault::KillScheduler => procs.kill("scheduler", rng.below(2) as usize),
+            Fault::RabbitRestart => {
+                let r = &rabbit;
+                // stop_app, a few seconds down, start_app (blocking CLI calls, off the runtime).
+                tokio::task::block_in_place(|| {
+                    let out = Command::new("rabbitmqctl")
+                        .args(["-q", "-n", &r.node, "stop_app"])
+                        .output()
+                        .unwrap();
+                    assert!(out.status.success(), "stop_app: {out:?}");
+                    std::thread::sleep(Duration::from_secs(3));
+                    r.restart_app();
+                });
+            }
+            Fault::PgRestart => tokio::task::block_in_place(|| pg.restart_fast()),
+            Fault::PgPause => {
+                pg.signal_all("STOP");
+                tokio::time::sleep(size.pause).await;
+                pg.signal_all("CONT");
+            }
+            Fault::ProxyReset(side) => side_proxy(side, &pg_proxy, &amqp_proxy).reset_all(),
+            Fault::ProxyBlackhole(side) => {
+                let p = side_proxy(side, &pg_proxy, &amqp_proxy);
+                p.blackhole(true);
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                p.blackhole(false);
+            }
+            Fault::ProxyDelay(side) => {
+                let p = side_proxy(side, &pg_proxy, &amqp_proxy);
+                p.delay(Duration::from_millis(300));
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                p.delay(Duration::ZERO);
+            }
+            Fault::ProxyCut(side) => {
+                let p = side_proxy(side, &pg_proxy, &amqp_proxy);
+                p.cut_mid_frame(5 + rng.below(20) as usize);
+                let until = Instant::now() + Duration::from_secs(5);
+                while p.cut_pending() && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+        let ended = Instant::now();
+        let base = progress.terminal.load(Ordering::SeqCst);
+        let target = (base + RESUMED_AFTER).min(n);
+        let until = ended + Duration::from_secs(120);
+        let mut recovery = None;
+        while Instant::now() < until {
+            procs.supervise();
+            if progress.terminal.load(Ordering::SeqCst) >= target && base < n {
+                recovery = Some(ended.elapsed());
+                break;
+            }
+            if base >= n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        println!(
+            "chaos: fault {:>2} {:<40} outage {:>6.1} s, throughput resumed after {}",
+            i + 1,
+            fault.name(),
+            (ended - started).as_secs_f64(),
+            recovery.map_or("—".to_string(), |d| format!("{:.1} s", d.as_secs_f64()))
+        );
+        records.push(Record {
+            fault,
+            outage: ended - started,
+            recovery,
+        });
+    }
+    let faults_stopped = Instant::now();
+
+    let enqueue_failures = enqueuer.await.unwrap();
+    let _ = signaller.await;
+    let stuck_at = faults_stopped.max(Instant::now()) + LEASE * 2 + Duration::from_secs(3);
+    // "Stuck": non-terminal 2 lease periods (plus the longest scripted timer) after the faults
+    // stopped, the last operation was enqueued and the last signal sent.
+    while Instant::now() < stuck_at {
+        procs.supervise();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stuck: Vec<(uuid::Uuid, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT id, status FROM operations WHERE status NOT IN {TERMINAL} ORDER BY created_at"
+    )))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    // Let whatever was stuck finish (or not) before the checks, so the figures are final.
+    let end = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < end && count_terminal(&pool).await != Some(n) {
+        procs.supervise();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    monitor_stop.store(true, Ordering::SeqCst);
+    let _ = monitor.await;
+
+    let report = check(&pool, n, &records).await;
+    let reconciled = procs.count_in_logs("reconciled: the effect");
+    let took = run_started.elapsed();
+    println!(
+        "chaos: ---- results (seed {seed}, {:.0} s) ----",
+        took.as_secs_f64()
+    );
+    println!(
+        "chaos: operations enqueued {n}, found {}, lost {}",
+        report.found, report.lost
+    );
+    println!("chaos: statuses {:?}", report.statuses);
+    println!(
+        "chaos: safe ledger effects duplicated {}, missing from succeeded operations {}",
+        report.safe_duplicates, report.missing_safe
+    );
+    println!(
+        "chaos: unsafe steps failed closed (unknown_side_effect) {}, reconciled {reconciled}, \
+         neither (repeated or left unresolved) {}",
+        report.failed_closed, report.unsafe_violations
+    );
+    println!(
+        "chaos: non-terminal {:.0} s after the faults stopped: {} {:?}",
+        (LEASE * 2).as_secs_f64(),
+        stuck.len(),
+        stuck.iter().take(5).collect::<Vec<_>>()
+    );
+    println!(
+        "chaos: dead letters {:?}, not explained by a fault {} {:?}",
+        report.dead_letters,
+        report.unexplained.len(),
+        report.unexplained.iter().take(5).collect::<Vec<_>>()
+    );
+    println!(
+        "chaos: recoveries {}, signals sent {}, enqueue retries {enqueue_failures}, \
+         proxy connections pg {} amqp {}, processes that exited by themselves {:?}",
+        report.restarts,
+        signals_sent.load(Ordering::SeqCst),
+        pg_proxy.accepted(),
+        amqp_proxy.accepted(),
+        procs.exited
+    );
+    let mut by_kind: HashMap<String, Vec<(f64, f64)>> = HashMap::new();
+    for r in &records {
+        by_kind.entry(r.fault.name()).or_default().push((
+            r.outage.as_secs_f64(),
+            r.recovery.map_or(f64::NAN, |d| d.as_secs_f64()),
+        ));
+    }
+    let mut kinds: Vec<_> = by_kind.into_iter().collect();
+    kinds.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, secs) in &kinds {
+        let (outage, secs): (Vec<f64>, Vec<f64>) = secs.iter().copied().unzip();
+        let max = secs.iter().copied().fold(0.0, f64::max);
+        let mean = secs.iter().sum::<f64>() / secs.len() as f64;
+        let down = outage.iter().sum::<f64>() / outage.len() as f64;
+        println!(
+            "chaos: recovery {name:<40} n={:<3} outage {down:>5.1} s, resumed after mean {mean:>5.1} s, max {max:>5.1} s",
+            secs.len()
+        );
+    }
+
+    assert_eq!(report.lost, 0, "operations lost");
+    assert_eq!(report.safe_duplicates, 0, "duplicate safe effects");
+    assert_eq!(
+        report.missing_safe, 0,
+        "succeeded operations missing an effect"
+    );
+    assert_eq!(
+        report.unsafe_violations, 0,
+        "unsafe steps neither failed closed nor reconciled"
+    );
+    assert!(
+        stuck.is_empty(),
+        "operations non-terminal 2 lease periods after the faults: {stuck:?}"
+    );
+    assert!(
+        report.unexplained.is_empty(),
+        "unexplained dead letters: {:?}",
+        report.unexplained
+    );
+    let unrecovered: Vec<String> = records
+        .iter()
+        .filter(|r| r.recovery.is_none())
+        .map(|r| r.fault.name())
+        .collect();
+    assert!(
+        unrecovered.is_empty(),
+        "throughput did not resume after {unrecovered:?}"
+    );
+    assert!(
+        procs.exited.is_empty(),
+        "processes gave up: {:?}",
+        procs.exited
+    );
+    drop(procs);
+    pool.close().await;
+    drop((pg_proxy, amqp_proxy, rabbit, pg, scratch));
+}
+
+fn side_proxy<'a>(side: Side, pg: &'a Proxy, amqp: &'a Proxy) -> &'a Proxy {
+    if side == Side::Pg { pg } else { amqp }
+}
+
+/// The end-of-run figures.
+struct Report {
+    found: i64,
+    lost: i64,
+    statuses: Vec<(String, i64)>,
+    restarts: i64,
+    safe_duplicates: i64,
+    missing_safe: i64,
+    failed_closed: i64,
+    unsafe_violations: i64,
+    dead_letters: Vec<(String, i64)>,
+    unexplained: Vec<(uuid::Uuid, String)>,
+}
+
+async fn check(pool: &PgPool, n: i64, records: &[Record]) -> Report {
+    let one = |sql: &'static str| async move {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    let found =
+        one("SELECT count(DISTINCT dedupe_key) FROM operations WHERE dedupe_key LIKE 'chaos-%'")
+            .await;
+    let statuses: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, count(*) FROM operations GROUP BY status ORDER BY status")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let restarts = one("SELECT COALESCE(sum(restarts), 0)::bigint FROM operations").await;
+    let safe_duplicates = one(
+        "SELECT count(*) FROM (SELECT 1 FROM ledger_effects WHERE replay = 'safe'
+                                GROUP BY op_id, label HAVING count(*) > 1) d",
+    )
+    .await;
+    let missing_safe = one(
+        "SELECT count(*) FROM operations o, jsonb_array_elements(o.input->'steps') st
+          WHERE o.status = 'succeeded' AND st->>'tool' = 'ledger'
+            AND NOT EXISTS (SELECT 1 FROM ledger_effects e WHERE e.op_id = o.id AND e.label = st->>'label')",
+    )
+    .await;
+    let failed_closed = one(
+        "SELECT count(*) FROM operations WHERE status = 'dead' AND error_class = 'unknown_side_effect'",
+    )
+    .await;
+    // An unsafe effect that happened twice, or an unsafe step left started/unknown in an
+    // operation that is not dead as unknown_side_effect.
+    let unsafe_violations = one(
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM ledger_effects WHERE replay = 'unsafe'
+                                        GROUP BY op_id, label HAVING count(*) > 1) d)
+              + (SELECT count(*) FROM operation_steps s JOIN operations o ON o.id = s.op_id
+                  WHERE s.replay = 'unsafe' AND s.status IN ('started', 'unknown')
+                    AND o.status IN ('succeeded', 'dead', 'cancelled', 'discarded')
+                    AND NOT (o.status = 'dead' AND o.error_class = 'unknown_side_effect'))",
+    )
+    .await;
+    let dead_letters: Vec<(String, i64)> =
+        sqlx::query_as("SELECT class, count(*) FROM dead_letters GROUP BY class ORDER BY class")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    // Explained: unknown_side_effect of an unsafe step without reconcile, left unknown by a
+    // fault that ends leases; crash_loop only if such faults happened.
+    let lease_faults = records.iter().any(|r| r.fault.ends_leases());
+    let letters: Vec<(uuid::Uuid, String, String, bool)> = sqlx::query_as(
+        "SELECT d.id, d.class, d.reason,
+                EXISTS (SELECT 1 FROM operation_steps s
+                         WHERE s.op_id = d.op_id AND s.replay = 'unsafe' AND s.status = 'unknown')
+                AND EXISTS (SELECT 1 FROM operations o, jsonb_array_elements(o.input->'steps') st
+                             WHERE o.id = d.op_id AND st->>'replay' = 'unsafe'
+                               AND NOT COALESCE((st->>'reconcile')::boolean, false))
+           FROM dead_letters d",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let unexplained = letters
+        .into_iter()
+        .filter(|(_, class, _, unsafe_unknown)| match class.as_str() {
+            "unknown_side_effect" => !(lease_faults && *unsafe_unknown),
+            "crash_loop" => !lease_faults,
+            _ => true,
+        })
+        .map(|(id, class, reason, _)| (id, format!("{class}: {reason}")))
+        .collect();
+    Report {
+        found,
+        lost: n - found,
+        statuses,
+        restarts,
+        safe_duplicates,
+        missing_safe,
+        failed_closed,
+        unsafe_violations,
+        dead_letters,
+        unexplained,
+    }
+}
