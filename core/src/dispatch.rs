@@ -77,9 +77,22 @@ pub struct Dispatcher {
     names: Names,
     role: String,
     link: tokio::sync::Mutex<Option<Link>>,
+    /// After a failed connection attempt: no new attempt before this instant (so an outage
+    /// costs a connection attempt every few seconds, not one per publish).
+    retry: Mutex<Retry>,
     marks: Mutex<Option<mpsc::Sender<(Uuid, i64)>>>,
     marker: Mutex<Option<JoinHandle<()>>>,
 }
+
+/// The reconnect backoff of a [`Dispatcher`].
+struct Retry {
+    not_before: Option<std::time::Instant>,
+    delay: Duration,
+}
+
+/// First and longest wait between connection attempts while the broker is unreachable.
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(2);
 
 impl Dispatcher {
     /// A dispatcher for `names`; it connects on first use and declares the topology each time
@@ -92,6 +105,10 @@ impl Dispatcher {
             names,
             role: role.to_string(),
             link: tokio::sync::Mutex::new(None),
+            retry: Mutex::new(Retry {
+                not_before: None,
+                delay: RETRY_FIRST,
+            }),
             marks: Mutex::new(Some(tx)),
             marker: Mutex::new(Some(marker)),
         }
@@ -105,9 +122,31 @@ impl Dispatcher {
         {
             return Ok(l.publisher.clone());
         }
-        let conn = broker::connect(&self.amqp_url, &self.role).await?;
-        broker::declare_topology(&conn, &self.names).await?;
-        let publisher = Publisher::open(&conn, self.names.clone()).await?;
+        if let Some(at) = self.retry.lock().expect("retry lock").not_before {
+            let now = std::time::Instant::now();
+            if now < at {
+                return Err(broker::Error::Unreachable(at - now).into());
+            }
+        }
+        let opened = async {
+            let conn = broker::connect(&self.amqp_url, &self.role).await?;
+            broker::declare_topology(&conn, &self.names).await?;
+            let publisher = Publisher::open(&conn, self.names.clone()).await?;
+            Ok::<_, broker::Error>((conn, publisher))
+        };
+        let (conn, publisher) = match opened.await {
+            Ok(opened) => {
+                let mut retry = self.retry.lock().expect("retry lock");
+                (retry.not_before, retry.delay) = (None, RETRY_FIRST);
+                opened
+            }
+            Err(e) => {
+                let mut retry = self.retry.lock().expect("retry lock");
+                retry.not_before = Some(std::time::Instant::now() + retry.delay);
+                retry.delay = (retry.delay * 2).min(RETRY_MAX);
+                return Err(e.into());
+            }
+        };
         *link = Some(Link {
             conn,
             publisher: publisher.clone(),

@@ -36,6 +36,9 @@ pub enum Error {
     /// The URL could not be parsed.
     #[error("invalid AMQP_URL: {0}")]
     Url(String),
+    /// A recent connection attempt failed; the next one waits this long (backoff).
+    #[error("rabbitmq is unreachable; the next connection attempt is in {0:?}")]
+    Unreachable(std::time::Duration),
 }
 
 /// Result alias of the broker layer.
