@@ -277,6 +277,33 @@ impl Pointer {
     }
 }
 
+/// The JSON pointer of the first string (or key) of `v` holding U+0000, which PostgreSQL's
+/// `jsonb` and `text` cannot store (the root is `/`).
+pub fn nul_at(v: &serde_json::Value) -> Option<String> {
+    fn walk(v: &serde_json::Value, at: String) -> Option<String> {
+        use serde_json::Value;
+        match v {
+            Value::String(s) if s.contains('\0') => {
+                Some(if at.is_empty() { "/".into() } else { at })
+            }
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, x)| walk(x, format!("{at}/{i}"))),
+            Value::Object(map) => map.iter().find_map(|(k, x)| {
+                let here = format!("{at}/{}", k.replace('~', "~0").replace('/', "~1"));
+                if k.contains('\0') {
+                    Some(here)
+                } else {
+                    walk(x, here)
+                }
+            }),
+            _ => None,
+        }
+    }
+    walk(v, String::new())
+}
+
 /// Hex SHA-256 of the canonical JSON of an input: how an idempotent enqueue recognises "same input".
 pub fn input_sha256(input: &serde_json::Value) -> String {
     // serde_json's Map is ordered by key (no `preserve_order` feature), so this is canonical.

@@ -266,6 +266,16 @@ impl Producer {
                 known.join(", ")
             )));
         }
+        if let Some(at) = agentq_core::operation::nul_at(&req.input) {
+            return Err(Error::Invalid(format!(
+                "input{} contains the NUL character (\\u0000), which cannot be stored; remove it",
+                if at == "/" {
+                    String::new()
+                } else {
+                    format!(" at {at}")
+                }
+            )));
+        }
         if let Some(check) = &self.check {
             check(&req.kind, &req.input).map_err(Error::Invalid)?;
         }

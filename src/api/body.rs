@@ -69,34 +69,13 @@ pub fn parse_value(bytes: &[u8]) -> ApiResult<Value> {
             "the body is not valid JSON: {e}; send one JSON object"
         ))
     })?;
-    if let Some(at) = nul_at(&value, String::new()) {
+    if let Some(at) = agentq_core::operation::nul_at(&value) {
         return Err(ApiError::unprocessable(
             "a string contains the NUL character (\\u0000), which cannot be stored; remove it",
         )
         .field(at));
     }
     Ok(value)
-}
-
-/// The JSON pointer of the first string (or key) holding U+0000, which PostgreSQL's `jsonb`
-/// and `text` cannot store.
-fn nul_at(v: &Value, at: String) -> Option<String> {
-    match v {
-        Value::String(s) if s.contains('\0') => Some(if at.is_empty() { "/".into() } else { at }),
-        Value::Array(items) => items
-            .iter()
-            .enumerate()
-            .find_map(|(i, x)| nul_at(x, format!("{at}/{i}"))),
-        Value::Object(map) => map.iter().find_map(|(k, x)| {
-            let here = format!("{at}/{}", k.replace('~', "~0").replace('/', "~1"));
-            if k.contains('\0') {
-                Some(here)
-            } else {
-                nul_at(x, here)
-            }
-        }),
-        _ => None,
-    }
 }
 
 /// Decodes a JSON value into `T`, naming the field at fault.

@@ -11,7 +11,7 @@ use serde_json::Value;
 use sqlx::{FromRow, PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::steps::{bind_journal, journal_cte};
+use super::steps::{bind_journal, bind_steps, journal_cte, journal_upsert};
 use super::{Result, StepWrite};
 use crate::operation::{Lane, OperationId, OperationView, Status};
 
@@ -326,8 +326,7 @@ pub async fn complete_operations(pool: &PgPool, batch: &[Completion]) -> Result<
         .iter()
         .flat_map(|c| std::iter::repeat_n(c.id, c.steps.len()))
         .collect();
-    let c = super::steps::StepColumns::from(steps.as_slice());
-    let done: Vec<Uuid> = sqlx::query_scalar(
+    const SQL: &str = concat!(
         "WITH input AS (
             SELECT * FROM unnest($13::uuid[], $14::bigint[], $15::jsonb[]) AS i(id, epoch, result)
          ), locked AS (
@@ -356,34 +355,19 @@ pub async fn complete_operations(pool: &PgPool, batch: &[Completion]) -> Result<
                    AS s(op_id, seq, name, kind, replay, key, status, output, error, started_at,
                         completed_at, usage, wake_at)
               JOIN done ON done.id = s.op_id
-            ON CONFLICT (op_id, seq) DO UPDATE
-               SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
-                   idempotency_key = EXCLUDED.idempotency_key,
-                   status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
-                   epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
-                   usage = EXCLUDED.usage,
-                   wake_at = COALESCE(EXCLUDED.wake_at, operation_steps.wake_at)
+            ",
+        journal_upsert!(),
+        "
          )
-         SELECT id FROM done",
-    )
-    .bind(c.seq)
-    .bind(c.name)
-    .bind(c.kind)
-    .bind(c.replay)
-    .bind(c.key)
-    .bind(c.status)
-    .bind(c.output)
-    .bind(c.error)
-    .bind(c.started_at)
-    .bind(c.completed_at)
-    .bind(c.usage)
-    .bind(c.wake_at)
-    .bind(&ids)
-    .bind(&epochs)
-    .bind(&results)
-    .bind(&owners)
-    .fetch_all(pool)
-    .await?;
+         SELECT id FROM done"
+    );
+    let done: Vec<Uuid> = bind_steps(sqlx::query_scalar(SQL), &steps)
+        .bind(&ids)
+        .bind(&epochs)
+        .bind(&results)
+        .bind(&owners)
+        .fetch_all(pool)
+        .await?;
     Ok(done)
 }
 

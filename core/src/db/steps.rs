@@ -86,18 +86,27 @@ macro_rules! journal_cte {
                                 $10::timestamptz[], $11::jsonb[], $12::timestamptz[])
                    AS s(seq, name, kind, replay, key, status, output, error, started_at,
                         completed_at, usage, wake_at)
-            ON CONFLICT (op_id, seq) DO UPDATE
-               SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
-                   idempotency_key = EXCLUDED.idempotency_key,
-                   status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
-                   epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
-                   usage = EXCLUDED.usage,
-                   wake_at = COALESCE(EXCLUDED.wake_at, operation_steps.wake_at)
+            ", $crate::db::steps::journal_upsert!(), "
          )"
         )
     };
 }
 pub(crate) use journal_cte;
+
+/// What a journal write does to a row it finds (a replay rewrites a step's outcome): shared by
+/// [`journal_cte!`] and the batched completion.
+macro_rules! journal_upsert {
+    () => {
+        "ON CONFLICT (op_id, seq) DO UPDATE
+               SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
+                   idempotency_key = EXCLUDED.idempotency_key,
+                   status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
+                   epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
+                   usage = EXCLUDED.usage,
+                   wake_at = COALESCE(EXCLUDED.wake_at, operation_steps.wake_at)"
+    };
+}
+pub(crate) use journal_upsert;
 
 /// A scalar query of this crate.
 pub(crate) type Scalar<'q, O> =
@@ -110,6 +119,11 @@ pub(crate) fn bind_journal<'q, O>(
     epoch: i64,
     id: Uuid,
 ) -> Scalar<'q, O> {
+    bind_steps(q, steps).bind(epoch).bind(id)
+}
+
+/// Binds the twelve step columns of `steps` as arrays, in [`journal_cte!`]'s order (`$1`–`$12`).
+pub(crate) fn bind_steps<'q, O>(q: Scalar<'q, O>, steps: &[StepWrite]) -> Scalar<'q, O> {
     let c = StepColumns::from(steps);
     q.bind(c.seq)
         .bind(c.name)
@@ -123,8 +137,6 @@ pub(crate) fn bind_journal<'q, O>(
         .bind(c.completed_at)
         .bind(c.usage)
         .bind(c.wake_at)
-        .bind(epoch)
-        .bind(id)
 }
 
 /// Writes journal rows for a running operation, fenced by its epoch. Returns false when the
