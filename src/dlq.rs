@@ -486,7 +486,7 @@ async fn bulk_action(
     };
     if bulk.dry_run {
         for id in &targets {
-            match dead_letters::find_dead_letter(&pool, *id).await? {
+            match dead_letters::find_dead_letter(&pool, *id, None).await? {
                 Some(d) if bulk.json => {
                     println!("{}", json!({ "would": verb, "dead_letter": listed(&d) }))
                 }
@@ -577,7 +577,7 @@ pub async fn patched_input(
     id: Uuid,
     patch: &Value,
 ) -> anyhow::Result<(Value, String)> {
-    let d = dead_letters::find_dead_letter(pool, id)
+    let d = dead_letters::find_dead_letter(pool, id, None)
         .await?
         .ok_or_else(|| anyhow::anyhow!("no dead letter {id}"))?;
     let op = d
@@ -648,7 +648,7 @@ pub async fn details(pool: &PgPool, d: &DeadLetterView) -> agentq_core::db::Resu
 async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
     let id = parse_ids(&[id.to_string()])?[0];
     let pool = connect(config).await?;
-    let d = dead_letters::find_dead_letter(&pool, id)
+    let d = dead_letters::find_dead_letter(&pool, id, None)
         .await?
         .ok_or_else(|| refuse(format!("no dead letter or operation {id}")))?;
     let details = details(&pool, &d).await?;

@@ -106,15 +106,12 @@ pub async fn stats(
     Ok(Json(json!({ "groups": groups })))
 }
 
-/// The dead letter `id` (or the open one of operation `id`) as the caller may see it.
+/// The dead letter `id` (or the open one of operation `id`) in the caller's tenant.
 async fn visible(state: &ApiState, caller: &Caller, id: &str) -> ApiResult<DeadLetterView> {
     let id = parse_id(id, "id")?;
-    let found = dead_letters::find_dead_letter(&state.pool, id).await?;
-    match (found, caller.scope()) {
-        (Some(d), Some(own)) if d.tenant.as_deref() != Some(own) => Err(not_found(id)),
-        (Some(d), _) => Ok(d),
-        (None, _) => Err(not_found(id)),
-    }
+    dead_letters::find_dead_letter(&state.pool, id, caller.scope())
+        .await?
+        .ok_or_else(|| not_found(id))
 }
 
 fn not_found(id: Uuid) -> ApiError {

@@ -78,7 +78,7 @@ async fn exhausted_nonretryable_and_panicking_jobs_end_where_they_should() {
     let dead = app.wait_status(&fatal, "dead", DEADLINE).await;
     assert_eq!(dead.error_class.as_deref(), Some("non_retryable"));
     assert_eq!(dead.attempt, 1);
-    let letter = dead_letters::find_dead_letter(&app.pool, dead.op_id.0)
+    let letter = dead_letters::find_dead_letter(&app.pool, dead.op_id.0, None)
         .await
         .unwrap()
         .unwrap();
@@ -439,10 +439,11 @@ async fn two_operators_retrying_one_dead_letter_requeue_it_once() {
     let op = app.enqueue_script(json!([{ "fail": "non_retryable", "times": 1 }]), &[]);
     app.wait_status(&op, "dead", DEADLINE).await;
     app.kill(w);
-    let letter = dead_letters::find_dead_letter(&app.pool, OperationId::parse(&op).unwrap().0)
-        .await
-        .unwrap()
-        .unwrap();
+    let letter =
+        dead_letters::find_dead_letter(&app.pool, OperationId::parse(&op).unwrap().0, None)
+            .await
+            .unwrap()
+            .unwrap();
     let id = letter.id.to_string();
     let racers: Vec<_> = (0..2)
         .map(|i| {

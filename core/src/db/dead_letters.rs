@@ -142,14 +142,20 @@ pub async fn select_ids(pool: &PgPool, filter: &Filter, limit: i64) -> Result<Ve
     Ok(ids)
 }
 
-/// A dead letter by its own id or by its operation's id (the open one first, else the newest).
-pub async fn find_dead_letter(pool: &PgPool, id: Uuid) -> Result<Option<DeadLetterView>> {
+/// A dead letter by its own id or by its operation's id (the open one first, else the newest);
+/// with `tenant`, another tenant's dead letter is not found.
+pub async fn find_dead_letter(
+    pool: &PgPool,
+    id: Uuid,
+    tenant: Option<&str>,
+) -> Result<Option<DeadLetterView>> {
     let sql = format!(
-        "{VIEW_COLUMNS} WHERE d.id = $1 OR d.op_id = $1
+        "{VIEW_COLUMNS} WHERE (d.id = $1 OR d.op_id = $1) AND ($2::text IS NULL OR d.tenant_id = $2)
           ORDER BY (d.status = 'open') DESC, d.created_at DESC LIMIT 1"
     );
     let row = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(id)
+        .bind(tenant)
         .fetch_optional(pool)
         .await?;
     Ok(row)

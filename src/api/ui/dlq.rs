@@ -151,14 +151,9 @@ async fn visible(
     id: &str,
 ) -> UiResult<dead_letters::DeadLetterView> {
     let id = Uuid::parse_str(id).map_err(|_| UiError::not_found(format!("no dead letter {id}")))?;
-    let found = dead_letters::find_dead_letter(&state.api.pool, id).await?;
-    match (found, session.caller.scope()) {
-        (Some(d), Some(own)) if d.tenant.as_deref() != Some(own) => {
-            Err(UiError::not_found(format!("no dead letter {id}")))
-        }
-        (Some(d), _) => Ok(d),
-        (None, _) => Err(UiError::not_found(format!("no dead letter {id}"))),
-    }
+    dead_letters::find_dead_letter(&state.api.pool, id, session.caller.scope())
+        .await?
+        .ok_or_else(|| UiError::not_found(format!("no dead letter {id}")))
 }
 
 fn reason_of(fields: &Fields) -> Option<String> {
