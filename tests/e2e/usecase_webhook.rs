@@ -1,7 +1,8 @@
 //! The "Webhook-triggered jobs" walkthrough of the README, end to end: a `triage` source with a
 //! callback config, signed deliveries at the HTTP API (with sender retries and duplicates sent
-//! at once), a worker killed while callbacks are in flight, a callback answered 503 after it was
-//! applied — and every webhook-id ends as exactly one operation and exactly one applied callback.
+//! at once), a worker killed while callbacks are in flight, a callback refused with 503 and one
+//! answered 502 after it was applied — and every webhook-id ends as exactly one operation and
+//! exactly one applied callback.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,8 +36,11 @@ struct Receiver {
     lookups: Mutex<Vec<(String, u16)>>,
     /// How long a POST waits, after being applied, before it answers.
     delay_ms: AtomicU64,
-    /// Webhook-ids whose first POST is applied and then answered 503.
-    fail_once: Mutex<HashSet<String>>,
+    /// Webhook-ids whose first POST is refused with 503 before anything is applied.
+    refuse_once: Mutex<HashSet<String>>,
+    /// Webhook-ids whose first POST is applied and then answered 502 (a gateway that fell
+    /// over after the receiver acted): the sender cannot know whether it happened.
+    fall_over_once: Mutex<HashSet<String>>,
 }
 
 impl Receiver {
@@ -66,6 +70,10 @@ async fn receive(
         return (StatusCode::BAD_REQUEST, "Idempotency-Key is required").into_response();
     };
     r.received.lock().unwrap().push((key.clone(), body.clone()));
+    let webhook_id = body["webhook_id"].as_str().unwrap_or_default();
+    if r.refuse_once.lock().unwrap().remove(webhook_id) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "busy; nothing applied").into_response();
+    }
     let result = {
         let mut applied = r.applied.lock().unwrap();
         let n = applied.len();
@@ -74,9 +82,8 @@ async fn receive(
             .or_insert_with(|| json!({ "ticket": format!("T-{n}"), "label": body["label"] }))
             .clone()
     };
-    let webhook_id = body["webhook_id"].as_str().unwrap_or_default();
-    if r.fail_once.lock().unwrap().remove(webhook_id) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "applied, then fell over").into_response();
+    if r.fall_over_once.lock().unwrap().remove(webhook_id) {
+        return (StatusCode::BAD_GATEWAY, "applied, then fell over").into_response();
     }
     let delay = r.delay_ms.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -258,12 +265,18 @@ async fn usecase_webhook_every_delivery_is_one_operation_and_one_callback_across
     let in_flight = receiver.received().len();
     app.spawn(&["worker"]);
 
-    // Phase 2: a callback applied and then answered 503 is retried with the same key.
+    // Phase 2: a callback refused with 503 is posted again with the same key; one applied
+    // and then answered 502 may have happened, so the next attempt asks instead of posting.
     receiver
-        .fail_once
+        .refuse_once
         .lock()
         .unwrap()
         .insert("evt_6".to_string());
+    receiver
+        .fall_over_once
+        .lock()
+        .unwrap()
+        .insert("evt_7".to_string());
     ops.extend(deliver_all(&http, &base, &secret, &later).await);
 
     for op in ops.values() {
@@ -316,10 +329,13 @@ async fn usecase_webhook_every_delivery_is_one_operation_and_one_callback_across
         assert_eq!(out["label"], *label, "{id}: {out}");
         assert_eq!(out["callback"]["body"], applied[key], "{id}: {out}");
         if id == "evt_6" {
-            assert_eq!(
-                posts.len(),
-                2,
-                "evt_6: re-posted after the 503, de-duplicated"
+            assert_eq!(posts.len(), 2, "evt_6: posted again after the 503");
+        }
+        if id == "evt_7" {
+            assert_eq!(posts.len(), 1, "evt_7: not posted again after the 502");
+            assert!(
+                lookups.contains(&(key.clone(), 200)),
+                "evt_7: the retry asked the receiver, which had applied it: {lookups:?}"
             );
         }
     }
@@ -340,7 +356,7 @@ async fn usecase_webhook_every_delivery_is_one_operation_and_one_callback_across
     assert_eq!(
         received.len(),
         n + 1,
-        "POSTs: one per webhook-id plus evt_6's retry after the 503 (lookups {lookups:?})"
+        "POSTs: one per webhook-id plus evt_6's after the 503 (lookups {lookups:?})"
     );
 
     receiver_task.abort();

@@ -73,6 +73,12 @@ pub enum JobError {
         message: String,
         not_before: Option<DateTime<Utc>>,
     },
+    /// Transient, and the call certainly had no effect: it was never sent, or the outside
+    /// system refused it before acting (429, 503, a database error for the statement).
+    /// Retried like `Retryable`; an unsafe step runs again on the next attempt. A plain
+    /// `Retryable` from an unsafe step leaves its outcome unknown instead (see [`Tool::call`]).
+    #[error("{0}")]
+    NoEffect(String),
     /// Can never succeed as is: straight to the DLQ.
     #[error("{0}")]
     NonRetryable(String),
@@ -109,10 +115,27 @@ impl JobError {
         }
     }
 
+    /// A transient error that certainly had no effect (see [`JobError::NoEffect`]).
+    pub fn no_effect(message: impl Into<String>) -> Self {
+        JobError::NoEffect(message.into())
+    }
+
+    /// Whether a step that failed with this error may have had its effect anyway: a
+    /// transient failure not known to be [`JobError::NoEffect`] (a dropped connection or a
+    /// timeout after the request was sent). An unsafe step ending so is journaled `unknown`.
+    fn outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            JobError::Retryable { .. } | JobError::Overloaded { .. }
+        )
+    }
+
     /// The stable snake_case class stored as `error_class`.
     pub fn class(&self) -> &'static str {
         match self {
-            JobError::Retryable { .. } | JobError::Panicked(_) => "retryable",
+            JobError::Retryable { .. } | JobError::NoEffect(_) | JobError::Panicked(_) => {
+                "retryable"
+            }
             JobError::Overloaded { .. } => "overloaded",
             JobError::NonRetryable(_) => "non_retryable",
             JobError::Cancelled => "cancelled",
@@ -185,6 +208,8 @@ struct State {
     pending_unsafe: bool,
     /// The step that failed, if the job fails.
     failed_step: Option<i32>,
+    /// An unsafe step whose call failed with its outcome unknown: seq, name, idempotency key.
+    unknown_step: Option<(i32, String, String)>,
     /// Idempotency key of the step running now.
     current_key: Option<String>,
     /// Set when the job parks itself: wake time, and the signal waited for.
@@ -232,6 +257,7 @@ impl JobContext {
                     pending_since: None,
                     pending_unsafe: false,
                     failed_step: None,
+                    unknown_step: None,
                     current_key: None,
                     suspend: None,
                 }),
@@ -744,7 +770,16 @@ impl JobContext {
                 if !matches!(e, JobError::Suspended) {
                     tracing::Span::current().record("otel.status_code", "error");
                 }
-                if !matches!(e, JobError::LeaseLost) {
+                if replay == Replay::Unsafe && e.outcome_unknown() {
+                    // The effect may have happened: never run it blindly again. The next
+                    // attempt reconciles, or fails closed (the `started` branch above).
+                    let mut unknown = row("unknown");
+                    unknown.error = Some(format!("outcome unknown: {e}"));
+                    self.push(unknown, true);
+                    let mut st = self.state();
+                    st.failed_step = Some(seq);
+                    st.unknown_step = Some((seq, name.to_string(), key.clone()));
+                } else if !matches!(e, JobError::LeaseLost) {
                     let mut failed = row("failed");
                     failed.error = Some(e.to_string());
                     failed.completed_at = Some(Utc::now());
@@ -808,6 +843,15 @@ impl JobContext {
         st.pending_since = None;
         st.pending_unsafe = false;
         Ok(())
+    }
+
+    /// The unsafe step this attempt left with its outcome unknown, as the error an operator
+    /// sees if no attempt is left to reconcile it.
+    pub(crate) fn unknown_side_effect(&self) -> Option<JobError> {
+        let st = self.state();
+        st.unknown_step
+            .clone()
+            .map(|(seq, name, key)| JobError::UnknownSideEffect { seq, name, key })
     }
 
     /// The rows to write with the final transition, and the step that failed (if any).

@@ -157,6 +157,10 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
         },
         Err(e) => {
             let attempts_left = op.attempt < op.max_attempts;
+            // No attempt is left to reconcile an unsafe step whose outcome this one lost:
+            // the operator gets the step and its key, not just "retries exhausted".
+            let unknown = ctx.unknown_side_effect().filter(|_| !attempts_left);
+            let e = unknown.as_ref().unwrap_or(e);
             let (class, to) = match e {
                 JobError::Retryable { not_before, .. } if attempts_left => (
                     "retryable",
@@ -165,14 +169,14 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
                         count_attempt: true,
                     },
                 ),
-                JobError::Panicked(_) if attempts_left => (
+                JobError::NoEffect(_) | JobError::Panicked(_) if attempts_left => (
                     "retryable",
                     FailTo::Retry {
                         run_at: retry::next_run_at(op.attempt, None),
                         count_attempt: true,
                     },
                 ),
-                JobError::Retryable { .. } | JobError::Panicked(_) => {
+                JobError::Retryable { .. } | JobError::NoEffect(_) | JobError::Panicked(_) => {
                     ("retries_exhausted", FailTo::Dead)
                 }
                 // Not the operation's fault: park it, harder, without using up an attempt.

@@ -307,7 +307,7 @@ impl Tool for Ledger {
             self.replay == Replay::Safe,
         )
         .await
-        .map_err(|e| JobError::retryable(format!("ledger unavailable: {e}")))?;
+        .map_err(ledger_error)?;
         // The effect has happened; its answer takes a while to arrive.
         tokio::time::sleep(Duration::from_millis(self.after_ms)).await;
         Ok(json!({ "effect_id": id }))
@@ -324,6 +324,27 @@ impl Tool for Ledger {
             Some(id) => Reconciled::Happened(json!({ "effect_id": id })),
             None => Reconciled::NotHappened,
         })
+    }
+}
+
+/// How a failed ledger write fails the call. No connection to send it on, or PostgreSQL
+/// rejecting the statement, means the effect did not happen. A connection lost after the
+/// statement was sent leaves it unknown (it may have committed), and so does a server shutting
+/// down (SQLSTATE class 57: the session may be ended just after the commit).
+fn ledger_error(e: agentq_core::db::Error) -> JobError {
+    use agentq_core::db::Error;
+    let message = format!("ledger unavailable: {e}");
+    let no_effect = match &e {
+        Error::Sqlx(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) => true,
+        Error::Sqlx(sqlx::Error::Database(db)) => !db
+            .code()
+            .is_some_and(|c| c.starts_with("57") || c.starts_with("08")),
+        _ => false,
+    };
+    if no_effect {
+        JobError::no_effect(message)
+    } else {
+        JobError::retryable(message)
     }
 }
 
@@ -552,6 +573,22 @@ pub(crate) fn register_builtin(r: &mut Registry) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ledger_error_says_whether_the_effect_may_have_happened() {
+        use agentq_core::db::Error;
+        let never_sent = ledger_error(Error::Sqlx(sqlx::Error::PoolTimedOut));
+        assert!(
+            matches!(never_sent, JobError::NoEffect(_)),
+            "{never_sent:?}"
+        );
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let answer_lost = ledger_error(Error::Sqlx(sqlx::Error::Io(reset)));
+        assert!(
+            matches!(answer_lost, JobError::Retryable { .. }),
+            "{answer_lost:?}"
+        );
+    }
 
     #[test]
     fn script_inputs_are_checked_before_anything_runs() {

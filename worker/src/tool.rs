@@ -44,6 +44,12 @@ pub trait Tool: Send + Sync {
 
     /// Performs the call. `idempotency_key` is stable across retries and crashes: pass it to
     /// the outside system so it can deduplicate.
+    ///
+    /// How an error is classed matters for an `Unsafe` tool. [`JobError::NoEffect`] says the
+    /// call certainly did nothing (never sent; refused before acting), so the next attempt
+    /// runs it again. A `Retryable` or `Overloaded` error (a timeout, a dropped connection)
+    /// leaves the outcome unknown: the step is journaled `unknown` and the next attempt
+    /// reconciles it, or fails closed. `NonRetryable` means it failed for good.
     async fn call(&self, args: &Value, idempotency_key: &str) -> Result<Value, JobError>;
 
     /// Asks the outside system whether the call with `idempotency_key` already happened.

@@ -296,13 +296,16 @@ async fn answer_body(response: reqwest::Response) -> Value {
 }
 
 /// How a callback status that is not a success fails the step: 408, 429 and 5xx are worth
-/// retrying; any other answer will not change.
+/// retrying; any other answer will not change. 408, 429 and 503 say the receiver did not act;
+/// after another 5xx it may have, so the outcome is unknown (the next attempt reconciles).
 fn status_error(what: &str, host: &str, status: StatusCode) -> JobError {
     let message = format!("{what} to {host} answered {}", status.as_u16());
-    if status.is_server_error()
-        || status == StatusCode::REQUEST_TIMEOUT
+    if status == StatusCode::REQUEST_TIMEOUT
         || status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::SERVICE_UNAVAILABLE
     {
+        JobError::no_effect(message)
+    } else if status.is_server_error() {
         JobError::retryable(message)
     } else {
         JobError::NonRetryable(format!(
@@ -335,12 +338,17 @@ impl Tool for Callback {
             .send()
             .await
             .map_err(|e| {
-                let why = if e.is_timeout() {
-                    "timed out"
+                if e.is_connect() {
+                    // No connection, so nothing was sent.
+                    JobError::no_effect(format!("the callback to {host} could not connect"))
                 } else {
-                    "failed"
-                };
-                JobError::retryable(format!("the callback to {host} {why}"))
+                    let why = if e.is_timeout() {
+                        "timed out"
+                    } else {
+                        "failed"
+                    };
+                    JobError::retryable(format!("the callback to {host} {why}"))
+                }
             })?;
         let status = response.status();
         if !status.is_success() {
@@ -389,6 +397,29 @@ mod tests {
 
     fn labels(l: &[&str]) -> Vec<String> {
         l.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_callback_status_says_whether_the_receiver_may_have_acted() {
+        let class = |code: u16| match status_error(
+            "the callback",
+            "h",
+            StatusCode::from_u16(code).unwrap(),
+        ) {
+            JobError::NoEffect(_) => "no effect",
+            JobError::Retryable { .. } => "unknown",
+            JobError::NonRetryable(_) => "refused",
+            other => panic!("{other:?}"),
+        };
+        for code in [408, 429, 503] {
+            assert_eq!(class(code), "no effect", "{code}");
+        }
+        for code in [500, 502, 504] {
+            assert_eq!(class(code), "unknown", "{code}");
+        }
+        for code in [400, 404, 409] {
+            assert_eq!(class(code), "refused", "{code}");
+        }
     }
 
     #[test]
