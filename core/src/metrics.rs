@@ -80,12 +80,14 @@ metrics! {
     /// Counted by the producer after the insert (`agentq serve`, library producers).
     OPERATIONS_ENQUEUED = "agentq_operations_enqueued_total", Counter, ["kind"], NO_BUCKETS,
         "Operations stored by a producer, by kind.";
-    /// Counted by the worker's `settle` once the outcome is written.
+    /// Counted by the worker's `settle` once the outcome is written, and by the scheduler for
+    /// the operations it ends (`deadline_exceeded`, `crash_loop`). Not counted: a cancel or
+    /// discard of an operation no worker holds (the `agentq_operations` gauge shows those).
     OPERATIONS_FINISHED = "agentq_operations_finished_total", Counter, ["kind", "outcome"], NO_BUCKETS,
-        "Operation attempts ended by a worker, by kind and outcome (succeeded, dead, cancelled, retry, parked).";
+        "Operation attempts ended by a worker, and operations the scheduler ended (deadline, crash loop), by kind and outcome (succeeded, dead, cancelled, retry, parked).";
     /// Every failed attempt with its failure class (a retry's class is `retryable`).
     OPERATION_FAILURES = "agentq_operation_failures_total", Counter, ["kind", "class"], NO_BUCKETS,
-        "Failed operation attempts written by a worker, by kind and failure class.";
+        "Failed operation attempts written by a worker, and operations the scheduler ended, by kind and failure class.";
     STEP_DURATION = "agentq_step_duration_seconds", Histogram, ["step_kind"], RUN_BUCKETS,
         "Time a step ran (not replayed), by step kind (model, tool, custom).";
     ATTEMPT_DURATION = "agentq_operation_attempt_duration_seconds", Histogram, ["kind"], RUN_BUCKETS,

@@ -200,8 +200,10 @@ impl Scheduler {
     /// One pass of the deadline loop; returns how many operations it stopped.
     pub async fn expire_deadlines(&self) -> anyhow::Result<usize> {
         let expired = db::timers::expire_deadlines(&self.pool, self.settings.batch).await?;
-        for id in &expired {
+        for (id, kind) in &expired {
             tracing::info!(op_id = %id, "operation is dead: deadline_exceeded");
+            metrics::OPERATIONS_FINISHED.inc(&[kind, "dead"]);
+            metrics::OPERATION_FAILURES.inc(&[kind, "deadline_exceeded"]);
         }
         Ok(expired.len())
     }
@@ -248,6 +250,8 @@ impl Scheduler {
             metrics::LEASES_EXPIRED.inc(&[&r.kind]);
             if r.status == "dead" {
                 metrics::CRASH_LOOPS.inc(&[&r.kind]);
+                metrics::OPERATIONS_FINISHED.inc(&[&r.kind, "dead"]);
+                metrics::OPERATION_FAILURES.inc(&[&r.kind, "crash_loop"]);
                 tracing::warn!(op_id = %r.id, restarts = r.restarts, "operation is dead: crash_loop");
             } else {
                 tracing::info!(op_id = %r.id, restarts = r.restarts, in_flight = ?r.in_flight, "recovered an expired lease");

@@ -302,5 +302,42 @@ async fn metrics_move_as_operations_run_succeed_and_fail() {
             s.text
         );
     }
+
+    // An operation the scheduler ends (its deadline passed while it waited) is counted by the
+    // scheduler: finished as dead, failed as deadline_exceeded.
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(1500);
+    let late = api
+        .create(
+            &token,
+            &json!({ "kind": "script", "deadline": deadline,
+                     "input": { "steps": [{ "wait_signal": "never", "timeout_ms": 60_000 }] } }),
+        )
+        .await;
+    app.wait_status(&late, "dead", DEADLINE).await;
+    let ended = |s: &Scrape| {
+        (
+            finished(s, "script", "dead"),
+            s.get(
+                "agentq_operation_failures_total",
+                &[("kind", "script"), ("class", "deadline_exceeded")],
+            ),
+        )
+    };
+    let before = ended(&s1);
+    let s2 = app
+        .wait_until("the scheduler's counters", DEADLINE, || {
+            let url = scheduler_url.clone();
+            async move {
+                let s = Scrape::of(&url).await;
+                (ended(&s).1 > before.1).then_some(s)
+            }
+        })
+        .await;
+    assert_eq!(
+        (ended(&s2).0 - ended(&s1).0, ended(&s2).1 - ended(&s1).1),
+        (1.0, 1.0),
+        "{}",
+        s2.text
+    );
     app.cleanup().await;
 }

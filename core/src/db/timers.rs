@@ -206,9 +206,9 @@ pub async fn explain_wake_due(pool: &PgPool) -> Result<String> {
 
 /// Moves up to `limit` queued, sleeping or waiting operations past their deadline to `dead`
 /// (`deadline_exceeded`, with a dead letter). Running ones are stopped by their worker at the
-/// next step boundary.
-pub async fn expire_deadlines(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>> {
-    let rows = sqlx::query_scalar(
+/// next step boundary. Returns their ids and kinds.
+pub async fn expire_deadlines(pool: &PgPool, limit: i64) -> Result<Vec<(Uuid, String)>> {
+    let rows = sqlx::query_as(
         "WITH expired AS (
             SELECT id FROM operations
              WHERE deadline < now() AND status IN ('queued', 'sleeping', 'waiting')
@@ -229,7 +229,7 @@ pub async fn expire_deadlines(pool: &PgPool, limit: i64) -> Result<Vec<Uuid>> {
               FROM dead
             ON CONFLICT (op_id) WHERE status = 'open' DO NOTHING
          )
-         SELECT id FROM dead",
+         SELECT id, kind FROM dead",
     )
     .bind(limit)
     .fetch_all(pool)
