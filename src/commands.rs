@@ -7,7 +7,7 @@ use std::time::Duration;
 use agentq_core::broker::Names;
 use agentq_core::dispatch::Dispatcher;
 use agentq_core::operation::{OperationId, OperationView, StepView};
-use agentq_core::{Config, db};
+use agentq_core::{Config, db, telemetry};
 use agentq_producer::{EnqueueRequest, Producer};
 use agentq_worker::{LocalModel, ModelClient, Registry, Worker};
 use anyhow::Context;
@@ -307,6 +307,19 @@ async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {
     }
     let pool = connect(&config).await?;
     let (producer, dispatcher) = producer(&config, pool, "enqueue");
+    // The enqueue is a span of its own: a child of `TRACEPARENT` when the caller sets one (the
+    // OpenTelemetry convention for passing a trace to a process), else the root of a new trace.
+    // The operation carries it to the worker, as one created over the API does.
+    let span = tracing::info_span!(
+        "enqueue",
+        otel.kind = "producer",
+        tenant = %args.tenant,
+        kind = %args.kind
+    );
+    let incoming = std::env::var("TRACEPARENT")
+        .ok()
+        .and_then(|t| telemetry::valid_traceparent(&t));
+    telemetry::set_parent(&span, incoming.as_deref());
     let req = EnqueueRequest {
         tenant: args.tenant,
         kind: args.kind,
@@ -316,9 +329,10 @@ async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {
         lane: args.lane,
         max_attempts: args.max_attempts,
         deadline,
+        traceparent: telemetry::traceparent_of(&span).or(incoming),
         ..EnqueueRequest::default()
     };
-    let result = producer.enqueue(req).await;
+    let result = tracing::Instrument::instrument(producer.enqueue(req), span).await;
     dispatcher.close().await;
     let enqueued = result.map_err(|e| {
         if e.is_refusal() {

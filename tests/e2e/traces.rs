@@ -225,29 +225,57 @@ async fn a_webhook_delivery_and_its_model_call_are_one_trace() {
     // Without a traceparent the request starts a trace of its own, which the worker continues.
     let op2 = deliver(&base, "tracker", &secret, &json!({ "text": "again" }), None).await;
     app.wait_status(&op2, "succeeded", DEADLINE).await;
-    let (http2, operation2) = app
-        .wait_until("the second operation's spans", DEADLINE, || {
-            let spans = receiver.spans();
-            let op2 = op2.clone();
-            async move {
-                let operation = spans
-                    .iter()
-                    .find(|s| s.name == "operation" && s.attr("op_id").as_deref() == Some(&op2))
-                    .cloned()?;
-                let http = spans
-                    .iter()
-                    .find(|s| s.span_id == operation.parent_span_id)
-                    .cloned()?;
-                Some((http, operation))
-            }
-        })
-        .await;
+    let (http2, operation2) = parent_and_operation(&app, &receiver, &op2).await;
     assert_ne!(operation2.trace_id, trace_id);
     assert_eq!(http2.trace_id, operation2.trace_id);
     assert!(http2.parent_span_id.is_empty(), "a new trace's root");
 
+    // `agentq enqueue` continues the caller's trace from `TRACEPARENT`: its span is the caller's
+    // child and the operation's parent.
+    let (cli_trace, cli_caller) = (random_hex(16), random_hex(8));
+    app.set_env("TRACEPARENT", &format!("00-{cli_trace}-{cli_caller}-01"));
+    let enqueued = app.agentq_json(&[
+        "enqueue",
+        "--tenant",
+        "t1",
+        "--kind",
+        "echo",
+        "--input",
+        r#"{"text":"from the command line"}"#,
+        "--json",
+    ]);
+    let op3 = enqueued["op_id"].as_str().unwrap().to_string();
+    app.wait_status(&op3, "succeeded", DEADLINE).await;
+    let (enqueue, operation3) = parent_and_operation(&app, &receiver, &op3).await;
+    assert_eq!(enqueue.name, "enqueue");
+    assert_eq!(enqueue.attr("kind").as_deref(), Some("echo"));
+    assert_eq!(
+        (&enqueue.trace_id, &operation3.trace_id),
+        (&cli_trace, &cli_trace)
+    );
+    assert_eq!(enqueue.parent_span_id, cli_caller, "the caller's span");
+
     task.abort();
     app.cleanup().await;
+}
+
+/// Waits until the `operation` span of `op` and the span it is a child of were exported.
+async fn parent_and_operation(app: &TestApp, receiver: &Receiver, op: &str) -> (Span, Span) {
+    app.wait_until("an operation's span and its parent", DEADLINE, || {
+        let spans = receiver.spans();
+        async move {
+            let operation = spans
+                .iter()
+                .find(|s| s.name == "operation" && s.attr("op_id").as_deref() == Some(op))
+                .cloned()?;
+            let parent = spans
+                .iter()
+                .find(|s| s.span_id == operation.parent_span_id)
+                .cloned()?;
+            Some((parent, operation))
+        }
+    })
+    .await
 }
 
 const CANARY: &str = "CANARY-7f3a9c";
