@@ -739,6 +739,9 @@ async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
         report.unexplained.len(),
         report.unexplained.iter().take(5).collect::<Vec<_>>()
     );
+    for (op, _) in report.unexplained.iter().take(3) {
+        explain(&pool, *op).await;
+    }
     println!(
         "chaos: recoveries {}, signals sent {} (refused as already delivered {}), enqueue \
          retries {enqueue_failures}, proxy connections pg {} amqp {}, processes that exited by \
@@ -809,9 +812,6 @@ async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
         unfinished.is_empty(),
         "operations that never finished: {unfinished:?}"
     );
-    for (op, _) in report.unexplained.iter().take(3) {
-        explain(&pool, *op).await;
-    }
     assert!(
         report.unexplained.is_empty(),
         "unexplained dead letters: {:?}",

@@ -148,6 +148,7 @@ async fn a_worker_dying_four_times_on_one_operation_ends_in_crash_loop() {
     let dead = app.wait_status(&op, "dead", DEADLINE).await;
     assert_eq!(dead.error_class.as_deref(), Some("crash_loop"));
     assert_eq!(dead.restarts, 4);
+    assert_eq!(dead.attempt, 1, "crashes do not use up attempts");
     let letters: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM dead_letters WHERE op_id = $1::uuid AND class = 'crash_loop' AND status = 'open'",
     )
@@ -311,6 +312,7 @@ async fn sigterm_lets_short_work_finish_and_hands_long_work_back() {
         "released, not left to lapse"
     );
     assert_eq!(back.restarts, 0, "a graceful hand-back is not a crash");
+    assert_eq!(back.attempt, 0, "and it does not use up the attempt");
 
     // A scheduler republishes it and a new worker takes it.
     app.spawn(&["scheduler"]);
@@ -320,7 +322,7 @@ async fn sigterm_lets_short_work_finish_and_hands_long_work_back() {
         DEADLINE,
         || async {
             let v = app.operation(&long).await;
-            v.status.as_str() == "running" && v.attempt == 2
+            v.status.as_str() == "running" && v.attempt == 1
         },
     )
     .await;

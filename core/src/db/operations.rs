@@ -588,7 +588,7 @@ pub struct Reaped {
 }
 
 /// Recovers up to `limit` running operations whose lease expired (their worker died or hung):
-/// `restarts + 1`, back to `queued`, or `dead` with class `crash_loop` (and an open dead letter)
+/// `restarts + 1` and the attempt given back, back to `queued`, or `dead` with class `crash_loop` (and an open dead letter)
 /// when restarts exceed `restart_limit`. The message names the step in flight.
 pub async fn reap_expired_leases(
     pool: &PgPool,
@@ -610,6 +610,10 @@ pub async fn reap_expired_leases(
             UPDATE operations o
                SET restarts = o.restarts + 1,
                    status = CASE WHEN o.restarts + 1 > $1 THEN 'dead' ELSE 'queued' END,
+                   -- An attempt cut short by a crash is not a failure of the job: it is given
+                   -- back (the next claim counts it again); `restarts` has its own limit.
+                   attempt = CASE WHEN o.restarts + 1 > $1 THEN o.attempt
+                                  ELSE GREATEST(o.attempt - 1, 0) END,
                    error_class = CASE WHEN o.restarts + 1 > $1 THEN 'crash_loop' ELSE 'lease_expired' END,
                    error_message = format('lease of %s expired (worker died or hung) %s; restart %s of %s',
                                           o.lease_owner,
@@ -641,7 +645,8 @@ pub async fn reap_expired_leases(
 }
 
 /// Hands operations back on a graceful shutdown: each still running at `epoch` under `owner`
-/// returns to `queued` without counting a restart, for the dispatch sweeper to publish again.
+/// returns to `queued` without counting a restart or using up its attempt, for the dispatch
+/// sweeper to publish again.
 /// `updated_at` is set in the past so the sweeper takes them at its next tick: no producer
 /// publish is in flight for them, so the sweeper's grace period has nothing to wait for.
 pub async fn release_leases(pool: &PgPool, owner: &str, held: &[(Uuid, i64)]) -> Result<u64> {
@@ -649,6 +654,7 @@ pub async fn release_leases(pool: &PgPool, owner: &str, held: &[(Uuid, i64)]) ->
     let n = sqlx::query(
         "UPDATE operations o
             SET status = 'queued', run_at = now(), dispatched_at = NULL,
+                attempt = GREATEST(o.attempt - 1, 0),
                 lease_owner = NULL, lease_expires_at = NULL, updated_at = now() - interval '1 hour'
            FROM unnest($2::uuid[], $3::bigint[]) AS h(id, epoch)
           WHERE o.id = h.id AND o.epoch = h.epoch AND o.status = 'running' AND o.lease_owner = $1",
