@@ -67,7 +67,9 @@ impl From<db::Dispatch> for Target {
 }
 
 struct Link {
-    conn: Connection,
+    /// Shared so a broker call on it (a queue depth) runs without holding the link's lock:
+    /// publishes never wait behind such a call.
+    conn: std::sync::Arc<Connection>,
     publisher: Publisher,
 }
 
@@ -148,7 +150,7 @@ impl Dispatcher {
             }
         };
         *link = Some(Link {
-            conn,
+            conn: std::sync::Arc::new(conn),
             publisher: publisher.clone(),
         });
         Ok(publisher)
@@ -194,9 +196,13 @@ impl Dispatcher {
         f: impl AsyncFnOnce(&Connection) -> broker::Result<T>,
     ) -> Result<T, Error> {
         self.publisher().await?;
-        let link = self.link.lock().await;
-        let l = link.as_ref().expect("publisher() just opened the link");
-        Ok(f(&l.conn).await?)
+        let conn = self.link.lock().await.as_ref().map(|l| l.conn.clone());
+        // Dropped by a failed publish since: the next call reconnects.
+        let conn = conn.ok_or(broker::Error::Unreachable(Duration::ZERO))?;
+        let called = tokio::time::timeout(broker::CALL_TIMEOUT, f(&conn))
+            .await
+            .map_err(|_| broker::Error::Timeout(broker::CALL_TIMEOUT))?;
+        Ok(called?)
     }
 
     /// Writes the outstanding dispatch marks and closes the connection.

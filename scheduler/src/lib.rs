@@ -40,6 +40,13 @@ use tokio_util::sync::CancellationToken;
 /// Wake-up batches published concurrently (each up to `wake_batch` confirms in flight).
 pub const PUBLISHES_IN_FLIGHT: usize = 4;
 
+/// How long a scheduler waits for one pointer to be published and confirmed before it gives
+/// the row back to the sweeper. A confirm takes milliseconds; a publish still pending after
+/// this is stuck behind a broker connection that went silent (its own 30 s call timeout is
+/// far longer than a lease), and the operation must not wait for it. Publishing twice is
+/// harmless: the second pointer claims nothing.
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Scheduler settings.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -332,7 +339,15 @@ async fn publish_taken(
     let sends = rows.into_iter().map(|row| {
         let key = (row.id, row.epoch);
         let target = Target::from(row);
-        async move { dispatcher.publish(&target).await.map_err(|e| (key, e)) }
+        async move {
+            match tokio::time::timeout(PUBLISH_TIMEOUT, dispatcher.publish(&target)).await {
+                Ok(published) => published.map_err(|e| (key, e.to_string())),
+                Err(_) => Err((
+                    key,
+                    format!("no confirm within {} s", PUBLISH_TIMEOUT.as_secs()),
+                )),
+            }
+        }
     });
     let failed: Vec<((uuid::Uuid, i64), _)> = futures_util::future::join_all(sends)
         .await

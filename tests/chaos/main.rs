@@ -635,11 +635,12 @@ async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         println!(
-            "chaos: fault {:>2} {:<40} outage {:>6.1} s, throughput resumed after {}",
+            "chaos: fault {:>2} {:<40} outage {:>6.1} s, throughput resumed after {} (ended {})",
             i + 1,
             fault.name(),
             (ended - started).as_secs_f64(),
-            recovery.map_or("—".to_string(), |d| format!("{:.1} s", d.as_secs_f64()))
+            recovery.map_or("—".to_string(), |d| format!("{:.1} s", d.as_secs_f64())),
+            chrono::Utc::now().format("%H:%M:%S%.3f")
         );
         records.push(Record {
             fault,
