@@ -15,7 +15,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::html::{self, badge, csrf, esc, time, url};
-use super::session::{Fields, Session};
+use super::session::{Fields, Session, filled};
 use super::{UiError, UiResult, UiState};
 
 /// Most dead letters listed under the groups.
@@ -157,10 +157,7 @@ async fn visible(
 }
 
 fn reason_of(fields: &Fields) -> Option<String> {
-    fields
-        .get("reason")
-        .map(|r| r.trim().to_string())
-        .filter(|r| !r.is_empty())
+    filled(fields, "reason").map(str::to_string)
 }
 
 /// Runs `action` through the CLI's implementation and leaves its outcome for the next page.
@@ -213,10 +210,7 @@ pub async fn retry(
 ) -> UiResult {
     let fields = session.check(form)?;
     let d = visible(&state, &session, &id).await?;
-    let patch = fields
-        .get("patch_input")
-        .map(|p| p.trim())
-        .filter(|p| !p.is_empty());
+    let patch = filled(&fields, "patch_input");
     let input = match patch {
         None => None,
         Some(text) => {
@@ -252,10 +246,7 @@ pub async fn resolve(
 ) -> UiResult {
     let fields = session.check(form)?;
     let d = visible(&state, &session, &id).await?;
-    let output = fields
-        .get("output")
-        .map(|o| o.trim())
-        .filter(|o| !o.is_empty());
+    let output = filled(&fields, "output");
     let outcome = match fields.get("happened").map(String::as_str) {
         Some("true") => match output.map(serde_json::from_str::<Value>).transpose() {
             Ok(v) => Outcome::Happened(v.unwrap_or(Value::Null)),

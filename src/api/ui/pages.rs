@@ -16,7 +16,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::html::{self, badge, csrf, esc, secs, time, url};
-use super::session::{Fields, Session};
+use super::session::{Fields, Session, filled};
 use super::{UiError, UiResult, UiState};
 
 const STATUSES: [&str; 9] = [
@@ -568,10 +568,7 @@ async fn decide(
     let fields = session.check(form)?;
     let op = parse_uuid(&id, "operation")?;
     let actor = session.actor();
-    let reason = fields
-        .get("reason")
-        .map(|r| r.trim())
-        .filter(|r| !r.is_empty());
+    let reason = filled(&fields, "reason");
     let payload = json!({ "approved": approved, "by": actor, "reason": reason });
     let action = if approved { "approve" } else { "reject" };
     let sent = db::timers::send_signal(
@@ -683,10 +680,7 @@ pub async fn pause(
 ) -> UiResult {
     let fields = session.check(form)?;
     let b = visible_batch(&state, &session, &id).await?;
-    let reason = fields
-        .get("reason")
-        .map(|r| r.trim())
-        .filter(|r| !r.is_empty());
+    let reason = filled(&fields, "reason");
     let done = batches::transition(
         &state.api.pool,
         b.id,

@@ -196,6 +196,11 @@ impl Session {
 /// A form's fields.
 pub type Fields = HashMap<String, String>;
 
+/// The value of the form field `name`, trimmed; `None` when it is absent or blank.
+pub fn filled<'a>(fields: &'a Fields, name: &str) -> Option<&'a str> {
+    fields.get(name).map(|v| v.trim()).filter(|v| !v.is_empty())
+}
+
 impl FromRequestParts<Arc<UiState>> for Session {
     type Rejection = Response;
 
