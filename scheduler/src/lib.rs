@@ -209,8 +209,7 @@ impl Scheduler {
         let expired = db::timers::expire_deadlines(&self.pool, self.settings.batch).await?;
         for (id, kind) in &expired {
             tracing::info!(op_id = %id, "operation is dead: deadline_exceeded");
-            metrics::OPERATIONS_FINISHED.inc(&[kind, "dead"]);
-            metrics::OPERATION_FAILURES.inc(&[kind, "deadline_exceeded"]);
+            count_death(kind, "deadline_exceeded");
         }
         Ok(expired.len())
     }
@@ -257,8 +256,7 @@ impl Scheduler {
             metrics::LEASES_EXPIRED.inc(&[&r.kind]);
             if r.status == "dead" {
                 metrics::CRASH_LOOPS.inc(&[&r.kind]);
-                metrics::OPERATIONS_FINISHED.inc(&[&r.kind, "dead"]);
-                metrics::OPERATION_FAILURES.inc(&[&r.kind, "crash_loop"]);
+                count_death(&r.kind, "crash_loop");
                 tracing::warn!(op_id = %r.id, restarts = r.restarts, "operation is dead: crash_loop");
             } else {
                 tracing::info!(op_id = %r.id, restarts = r.restarts, in_flight = ?r.in_flight, "recovered an expired lease");
@@ -322,6 +320,13 @@ impl Scheduler {
     async fn publish(&self, rows: Vec<db::Dispatch>) -> anyhow::Result<usize> {
         publish_taken(&self.pool, &self.dispatcher, rows).await
     }
+}
+
+/// Counts an operation the scheduler ended as dead with `class`, as a worker counts the
+/// deaths it writes.
+fn count_death(kind: &str, class: &str) {
+    metrics::OPERATIONS_FINISHED.inc(&[kind, "dead"]);
+    metrics::OPERATION_FAILURES.inc(&[kind, class]);
 }
 
 /// Publishes rows a scheduler took for dispatch (their `dispatched_at` is already set, so nobody

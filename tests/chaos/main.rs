@@ -955,7 +955,7 @@ async fn check(pool: &PgPool, n: i64, records: &[Record]) -> Report {
             .unwrap();
     // Explained: unknown_side_effect of an unsafe step without reconcile, left unknown by a
     // fault that can lose an outcome; crash_loop only if such faults happened.
-    let lease_faults = records.iter().any(|r| r.fault.can_lose_an_outcome());
+    let outcome_faults = records.iter().any(|r| r.fault.can_lose_an_outcome());
     let letters: Vec<(uuid::Uuid, String, String, bool)> = sqlx::query_as(
         "SELECT d.op_id, d.class, d.reason,
                 EXISTS (SELECT 1 FROM operation_steps s
@@ -971,8 +971,8 @@ async fn check(pool: &PgPool, n: i64, records: &[Record]) -> Report {
     let unexplained = letters
         .into_iter()
         .filter(|(_, class, _, unsafe_unknown)| match class.as_str() {
-            "unknown_side_effect" => !(lease_faults && *unsafe_unknown),
-            "crash_loop" => !lease_faults,
+            "unknown_side_effect" => !(outcome_faults && *unsafe_unknown),
+            "crash_loop" => !outcome_faults,
             _ => true,
         })
         .map(|(id, class, reason, _)| (id, format!("{class}: {reason}")))

@@ -208,8 +208,6 @@ struct State {
     pending_unsafe: bool,
     /// The step that failed, if the job fails.
     failed_step: Option<i32>,
-    /// An unsafe step whose call failed with its outcome unknown: seq, name, idempotency key.
-    unknown_step: Option<(i32, String, String)>,
     /// Idempotency key of the step running now.
     current_key: Option<String>,
     /// Set when the job parks itself: wake time, and the signal waited for.
@@ -257,7 +255,6 @@ impl JobContext {
                     pending_since: None,
                     pending_unsafe: false,
                     failed_step: None,
-                    unknown_step: None,
                     current_key: None,
                     suspend: None,
                 }),
@@ -776,9 +773,7 @@ impl JobContext {
                     let mut unknown = row("unknown");
                     unknown.error = Some(format!("outcome unknown: {e}"));
                     self.push(unknown, true);
-                    let mut st = self.state();
-                    st.failed_step = Some(seq);
-                    st.unknown_step = Some((seq, name.to_string(), key.clone()));
+                    self.state().failed_step = Some(seq);
                 } else if !matches!(e, JobError::LeaseLost) {
                     let mut failed = row("failed");
                     failed.error = Some(e.to_string());
@@ -843,15 +838,6 @@ impl JobContext {
         st.pending_since = None;
         st.pending_unsafe = false;
         Ok(())
-    }
-
-    /// The unsafe step this attempt left with its outcome unknown, as the error an operator
-    /// sees if no attempt is left to reconcile it.
-    pub(crate) fn unknown_side_effect(&self) -> Option<JobError> {
-        let st = self.state();
-        st.unknown_step
-            .clone()
-            .map(|(seq, name, key)| JobError::UnknownSideEffect { seq, name, key })
     }
 
     /// The rows to write with the final transition, and the step that failed (if any).

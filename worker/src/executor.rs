@@ -159,7 +159,15 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
             let attempts_left = op.attempt < op.max_attempts;
             // No attempt is left to reconcile an unsafe step whose outcome this one lost:
             // the operator gets the step and its key, not just "retries exhausted".
-            let unknown = ctx.unknown_side_effect().filter(|_| !attempts_left);
+            let unknown = steps
+                .iter()
+                .find(|s| s.status == "unknown")
+                .filter(|_| !attempts_left)
+                .map(|s| JobError::UnknownSideEffect {
+                    seq: s.seq,
+                    name: s.name.clone(),
+                    key: s.idempotency_key.clone(),
+                });
             let e = unknown.as_ref().unwrap_or(e);
             let (class, to) = match e {
                 JobError::Retryable { not_before, .. } if attempts_left => (
