@@ -158,11 +158,13 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
         Err(e) => {
             let attempts_left = op.attempt < op.max_attempts;
             // No attempt is left to reconcile an unsafe step whose outcome this one lost:
-            // the operator gets the step and its key, not just "retries exhausted".
+            // the operator gets the step and its key, not just "retries exhausted". (An
+            // overloaded provider parks the operation without using an attempt instead.)
+            let exhausted = !attempts_left && matches!(e, JobError::Retryable { .. });
             let unknown = steps
                 .iter()
                 .find(|s| s.status == "unknown")
-                .filter(|_| !attempts_left)
+                .filter(|_| exhausted)
                 .map(|s| JobError::UnknownSideEffect {
                     seq: s.seq,
                     name: s.name.clone(),
