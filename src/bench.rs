@@ -38,6 +38,7 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
         Scenario::Timers => crate::bench_scenarios::timers(&config, &args).await,
         Scenario::Waiting => crate::bench_scenarios::waiting(&config, &args).await,
         Scenario::Http => crate::bench_http::http(&config, &args).await,
+        Scenario::DurableSteps => crate::bench_durable::durable_steps(&config, &args).await,
     };
     if args.keep {
         eprintln!(
@@ -157,6 +158,8 @@ impl Proc {
                 "AGENTQ_MODEL_FIRST_BYTE_SECS",
                 config.model_first_byte_secs.to_string(),
             )
+            .env("AGENTQ_LEASE_TTL_SECS", config.lease_ttl_secs.to_string())
+            .env("AGENTQ_RESTART_LIMIT", config.restart_limit.to_string())
             .envs(
                 config
                     .model_base_url

@@ -29,7 +29,7 @@ const INFLIGHT_LATENCY_MS: u64 = 2000;
 
 /// How the operations reach the database.
 #[derive(Clone, Copy)]
-enum Enqueue {
+pub(crate) enum Enqueue {
     /// `--producers` concurrent callers, one `enqueue` each, with the workers already running.
     OneByOne,
     /// `enqueue_many` in chunks of [`BATCH_CHUNK`] with no worker running; then the workers
@@ -38,16 +38,16 @@ enum Enqueue {
 }
 
 /// What one run of operations measured.
-struct Measured {
-    jobs: usize,
+pub(crate) struct Measured {
+    pub(crate) jobs: usize,
     /// First enqueue → last operation finished.
-    elapsed: Duration,
+    pub(crate) elapsed: Duration,
     enqueue_elapsed: Duration,
     /// (created, first step started, finished) of each measured operation.
     timings: Vec<(DateTime<Utc>, DateTime<Utc>, DateTime<Utc>)>,
     /// Commits per job: all of them, and (batched) those of the enqueue alone.
-    commits_per_job: f64,
-    enqueue_commits_per_job: Option<f64>,
+    pub(crate) commits_per_job: f64,
+    pub(crate) enqueue_commits_per_job: Option<f64>,
     /// The first worker's RSS after one operation, with nothing running (one-by-one only).
     worker_idle_rss_kib: Option<u64>,
     peaks: Vec<(&'static str, u64)>,
@@ -83,7 +83,7 @@ impl Measured {
             .collect()
     }
     /// First step started (≈ first claim) → last finished, over all operations.
-    fn drain(&self) -> Duration {
+    pub(crate) fn drain(&self) -> Duration {
         let first = self.timings.iter().map(|t| t.1).min();
         let last = self.timings.iter().map(|t| t.2).max();
         match (first, last) {
@@ -91,7 +91,7 @@ impl Measured {
             _ => Duration::ZERO,
         }
     }
-    fn report_common(&self, r: &mut Report) {
+    pub(crate) fn report_common(&self, r: &mut Report) {
         let (start, done) = (self.start(), self.done());
         r.num(
             "start p50 ms (created → running)",
@@ -116,7 +116,7 @@ impl Measured {
     }
 }
 
-fn bar(len: usize, msg: &'static str) -> ProgressBar {
+pub(crate) fn bar(len: usize, msg: &'static str) -> ProgressBar {
     let bar = ProgressBar::new(len as u64);
     bar.set_style(
         ProgressStyle::with_template("{msg:>9} [{bar:40}] {pos}/{len} {per_sec} eta {eta}")
@@ -129,7 +129,7 @@ fn bar(len: usize, msg: &'static str) -> ProgressBar {
 
 /// Runs `jobs` operations of `kind` (input `input(i)`) through child-process workers and a
 /// scheduler, and measures them.
-async fn run_jobs(
+pub(crate) async fn run_jobs(
     config: &Config,
     args: &BenchArgs,
     kind: &str,
@@ -163,7 +163,9 @@ async fn run_jobs(
     };
     let mut procs = vec![Proc::spawn(config, "scheduler", &[])?];
     let mut worker_idle_rss_kib = None;
-    let mut warm = 0;
+    // Operations that succeeded before this run (an earlier phase of the scenario) and the
+    // warm-up: not part of this run's count.
+    let mut warm = succeeded().await.unwrap_or(0);
     if matches!(enqueue, Enqueue::OneByOne) {
         for _ in 0..workers {
             procs.push(Proc::worker(config, args.concurrency)?);
@@ -187,7 +189,7 @@ async fn run_jobs(
                 ..EnqueueRequest::default()
             })
             .await?;
-        warm = 1;
+        warm += 1;
         commands::poll_until(deadline, Duration::from_millis(20), || async {
             (succeeded().await? >= warm).then_some(())
         })

@@ -1,12 +1,17 @@
 //! The benchmark's model provider: an in-process OpenAI-compatible server that answers every
 //! call after a fixed latency (echoing the last user message) and counts peak concurrency, so
 //! `agentq bench --model-latency-ms N` measures how many model calls a worker keeps in flight.
+//! With [`LatencyModel::agent`], a request that offers the `kv_put` tool is an agent's turn:
+//! turns before the last call `kv_put`, and every request is counted per (user text, turn) so
+//! `durable-steps` can tell how many calls a crash made it send again.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -15,6 +20,10 @@ pub struct Counters {
     pub requests: AtomicUsize,
     in_flight: AtomicUsize,
     pub peak: AtomicUsize,
+    /// Agent turns: requests per (user text, turn).
+    pub turns: Mutex<HashMap<(String, usize), usize>>,
+    /// Agent turns sent again although their model step was already committed (must be 0).
+    pub resent_journaled: AtomicUsize,
 }
 
 /// A running latency server.
@@ -31,16 +40,35 @@ impl Drop for LatencyModel {
 }
 
 impl LatencyModel {
+    /// Answers after `latency`; an agent's turns (requests offering `kv_put`) call the tool
+    /// until the request carries `agent_turns - 1` answers, then answer.
+    /// A turn sent again is checked against the journal in `pool` as it arrives.
+    pub async fn agent(
+        latency: Duration,
+        agent_turns: usize,
+        pool: PgPool,
+    ) -> std::io::Result<Self> {
+        Self::serve(latency, agent_turns, Some(pool)).await
+    }
+
     pub async fn start(latency: Duration) -> std::io::Result<Self> {
+        Self::serve(latency, 1, None).await
+    }
+
+    async fn serve(
+        latency: Duration,
+        agent_turns: usize,
+        pool: Option<PgPool>,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let counters = Arc::new(Counters::default());
         let c = counters.clone();
         let task = tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
-                let c = c.clone();
+                let (c, pool) = (c.clone(), pool.clone());
                 tokio::spawn(async move {
-                    let _ = answer(socket, latency, c).await;
+                    let _ = answer(socket, latency, agent_turns, pool, c).await;
                 });
             }
         });
@@ -52,7 +80,13 @@ impl LatencyModel {
     }
 }
 
-async fn answer(mut socket: TcpStream, latency: Duration, c: Arc<Counters>) -> std::io::Result<()> {
+async fn answer(
+    mut socket: TcpStream,
+    latency: Duration,
+    agent_turns: usize,
+    pool: Option<PgPool>,
+    c: Arc<Counters>,
+) -> std::io::Result<()> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     let body = loop {
@@ -89,9 +123,42 @@ async fn answer(mut socket: TcpStream, latency: Duration, c: Arc<Counters>) -> s
         .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
         .and_then(|m| m["content"].as_str())
         .unwrap_or_default();
+    let offers_kv_put = request["tools"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|t| t["function"]["name"] == "kv_put"));
+    let turn = request["messages"]
+        .as_array()
+        .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
+    let message = if offers_kv_put {
+        let sent_before = {
+            let mut turns = c.turns.lock().expect("bench model lock");
+            let n = turns.entry((text.to_string(), turn)).or_default();
+            *n += 1;
+            *n > 1
+        };
+        // Turn t is the model step at seq 2t (each earlier turn added one kv_put step).
+        if sent_before
+            && let Some(pool) = &pool
+            && agentq_core::db::fixtures::agent_step_completed(pool, text, 2 * turn as i32)
+                .await
+                .unwrap_or(false)
+        {
+            c.resent_journaled.fetch_add(1, Ordering::SeqCst);
+        }
+        if turn + 1 < agent_turns {
+            let args = json!({ "key": format!("t{turn}"), "value": turn }).to_string();
+            json!({ "role": "assistant", "content": null, "tool_calls": [{
+                "id": format!("call_{turn}"), "type": "function",
+                "function": { "name": "kv_put", "arguments": args } }] })
+        } else {
+            json!({ "role": "assistant", "content": "done" })
+        }
+    } else {
+        json!({ "role": "assistant", "content": text })
+    };
     let reply = json!({
         "model": "bench-latency",
-        "choices": [{ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": "stop" }],
+        "choices": [{ "index": 0, "message": message, "finish_reason": "stop" }],
         "usage": { "prompt_tokens": 1, "completion_tokens": 1 }
     })
     .to_string();

@@ -161,6 +161,10 @@ pub enum Scenario {
     Batch,
     /// A 10-step `script` of safe `work_ms: 0` steps against a 1-step one: journal cost per step.
     Steps,
+    /// Operations of `--steps` steps, each committed before the next: durable steps/s, commits
+    /// per step and step latency (no-op steps, then model steps of `--model-latency-ms`), and
+    /// the crash cost: model calls an agent workload sends again per SIGKILL.
+    DurableSteps,
     /// Long model calls (`--model-latency-ms`, default 2000): operations in flight and memory.
     Inflight,
     /// The timer loop: wake lag with many sleepers and a due rate, idle CPU, query plans.
@@ -192,6 +196,12 @@ pub struct BenchArgs {
     /// Operations to run.
     #[arg(long, default_value_t = 2000)]
     pub jobs: usize,
+    /// durable-steps: steps per operation.
+    #[arg(long, default_value_t = 10)]
+    pub steps: usize,
+    /// durable-steps: worker SIGKILLs in the crash-cost phase (0 skips it).
+    #[arg(long, default_value_t = 5)]
+    pub kills: usize,
     /// e2e, inflight: answer model calls from an in-process fake provider after this many ms,
     /// instead of the built-in model (inflight: default 2000).
     #[arg(long)]

@@ -6,6 +6,7 @@ mod access;
 mod api;
 mod batch;
 mod bench;
+mod bench_durable;
 mod bench_http;
 mod bench_jobs;
 mod bench_model;

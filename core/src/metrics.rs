@@ -59,6 +59,12 @@ const RUN_BUCKETS: &[f64] = &[
 const MODEL_BUCKETS: &[f64] = &[
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
 ];
+/// Group commit: operations written by one statement (a count, not seconds).
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+/// Journal durability: a step's rows reach the writer → committed (one group commit).
+const COMMIT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
 /// Timer lag: one scheduler tick is 200 ms.
 const LAG_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
 
@@ -90,6 +96,12 @@ metrics! {
         "Failed operation attempts written by a worker, and operations the scheduler ended, by kind and failure class.";
     STEP_DURATION = "agentq_step_duration_seconds", Histogram, ["step_kind"], RUN_BUCKETS,
         "Time a step ran (not replayed), by step kind (model, tool, custom).";
+    /// Observed by the worker's journal writer for every durable step write.
+    JOURNAL_COMMIT_DURATION = "agentq_journal_commit_duration_seconds", Histogram, [], COMMIT_BUCKETS,
+        "Time from a step's journal rows reaching the worker's writer to their commit (the wait a step adds before the next one starts).";
+    /// Observed by the worker for every grouped statement.
+    GROUP_COMMIT_SIZE = "agentq_group_commit_operations", Histogram, ["writer"], BATCH_BUCKETS,
+        "Operations written by one grouped statement of a worker, by writer (journal, completion).";
     ATTEMPT_DURATION = "agentq_operation_attempt_duration_seconds", Histogram, ["kind"], RUN_BUCKETS,
         "Time from claim to settled outcome of one operation attempt, by kind.";
     LEASES_EXPIRED = "agentq_leases_expired_total", Counter, ["kind"], NO_BUCKETS,

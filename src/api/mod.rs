@@ -1,4 +1,4 @@
-//! `agentq serve`: the HTTP API (DESIGN §11). Producers enqueue, read, signal and cancel;
+//! `agentq serve`: the HTTP API. Producers enqueue, read, signal and cancel;
 //! senders deliver signed webhooks; operators work the DLQ; monitors probe health, readiness
 //! and metrics. The routes call the same library functions as the CLI.
 //!

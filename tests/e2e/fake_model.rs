@@ -46,7 +46,13 @@ pub enum Mode {
     Agent,
     /// An agent that fetches each URL with `http_get` in turn, then answers with what it got.
     AgentHttp(Vec<String>),
+    /// An agent of `turns` model turns, each answered after `latency`: turn t < turns - 1 calls
+    /// `kv_put` with key `t{t}`, the last answers.
+    AgentTurns { turns: usize, latency: Duration },
 }
+
+/// Called with every completion request's body as it arrives, before the answer.
+pub type Hook = Arc<dyn Fn(Value) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
 #[derive(Default)]
 pub struct Counters {
@@ -61,6 +67,7 @@ pub struct FakeModel {
     pub addr: SocketAddr,
     pub url: String,
     mode: Arc<Mutex<Mode>>,
+    hook: Arc<Mutex<Option<Hook>>>,
     pub counters: Arc<Counters>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -76,13 +83,14 @@ impl FakeModel {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(Mutex::new(mode));
+        let hook: Arc<Mutex<Option<Hook>>> = Arc::new(Mutex::new(None));
         let counters = Arc::new(Counters::default());
-        let (m, c) = (mode.clone(), counters.clone());
+        let (m, h, c) = (mode.clone(), hook.clone(), counters.clone());
         let task = tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
-                let (m, c) = (m.clone(), c.clone());
+                let (m, h, c) = (m.clone(), h.clone(), c.clone());
                 tokio::spawn(async move {
-                    let _ = serve(socket, m, c).await;
+                    let _ = serve(socket, m, h, c).await;
                 });
             }
         });
@@ -90,6 +98,7 @@ impl FakeModel {
             addr,
             url: format!("http://{addr}"),
             mode,
+            hook,
             counters,
             task,
         }
@@ -97,6 +106,11 @@ impl FakeModel {
 
     pub fn set(&self, mode: Mode) {
         *self.mode.lock().unwrap() = mode;
+    }
+
+    /// Calls `hook` with every completion request's body before answering it.
+    pub fn set_hook(&self, hook: Hook) {
+        *self.hook.lock().unwrap() = Some(hook);
     }
 
     pub fn requests(&self) -> usize {
@@ -146,7 +160,7 @@ async fn read_request(socket: &mut TcpStream) -> std::io::Result<(String, Vec<u8
     }
 }
 
-fn last_user(body: &[u8]) -> String {
+pub fn last_user(body: &[u8]) -> String {
     let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     v["messages"]
         .as_array()
@@ -161,6 +175,23 @@ fn tool_results(body: &[u8]) -> usize {
     v["messages"]
         .as_array()
         .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count())
+}
+
+/// A 200 answer with this JSON body.
+fn ok(body: Value) -> Mode {
+    Mode::Error {
+        status: 200,
+        body,
+        headers: Vec::new(),
+    }
+}
+
+/// The turn a request is for: how many assistant messages it carries.
+pub fn assistant_turns(body: &[u8]) -> usize {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    v["messages"]
+        .as_array()
+        .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count())
 }
 
 fn tool_call(id: &str, name: &str, args: Value) -> Value {
@@ -185,6 +216,7 @@ fn completion(text: &str) -> Value {
 async fn serve(
     mut socket: TcpStream,
     mode: Arc<Mutex<Mode>>,
+    hook: Arc<Mutex<Option<Hook>>>,
     c: Arc<Counters>,
 ) -> std::io::Result<()> {
     let (method, body) = read_request(&mut socket).await?;
@@ -205,6 +237,11 @@ async fn serve(
     {
         c.models.lock().unwrap().push(m);
     }
+    let hook = hook.lock().unwrap().clone();
+    // A body cut short (the client was killed while sending it) is no request to check.
+    if let (Some(hook), Ok(request)) = (hook, serde_json::from_slice::<Value>(&body)) {
+        hook(request).await;
+    }
     let now = c.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     c.peak.fetch_max(now, Ordering::SeqCst);
     let mode = mode.lock().unwrap().clone();
@@ -220,16 +257,21 @@ async fn serve(
                 }
                 _ => completion("done: stored a, recorded b"),
             };
-            respond(
-                &mut socket,
-                Mode::Error {
-                    status: 200,
-                    body: reply,
-                    headers: Vec::new(),
-                },
-                &text,
-            )
-            .await
+            respond(&mut socket, ok(reply), &text).await
+        }
+        Mode::AgentTurns { turns, latency } => {
+            tokio::time::sleep(latency).await;
+            let turn = assistant_turns(&body);
+            let reply = if turn + 1 < turns {
+                tool_call(
+                    &format!("call_{turn}"),
+                    "kv_put",
+                    json!({ "key": format!("t{turn}"), "value": turn }),
+                )
+            } else {
+                completion("done")
+            };
+            respond(&mut socket, ok(reply), &text).await
         }
         Mode::AgentHttp(urls) => {
             let done = tool_results(&body);
@@ -247,16 +289,7 @@ async fn serve(
                     completion(&results.join(" | "))
                 }
             };
-            respond(
-                &mut socket,
-                Mode::Error {
-                    status: 200,
-                    body: reply,
-                    headers: Vec::new(),
-                },
-                &text,
-            )
-            .await
+            respond(&mut socket, ok(reply), &text).await
         }
         Mode::Obey => {
             let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -275,16 +308,7 @@ async fn serve(
             } else {
                 text.clone()
             };
-            respond(
-                &mut socket,
-                Mode::Error {
-                    status: 200,
-                    body: completion(&answer),
-                    headers: Vec::new(),
-                },
-                &text,
-            )
-            .await
+            respond(&mut socket, ok(completion(&answer)), &text).await
         }
         mode => respond(&mut socket, mode, &text).await,
     };
@@ -363,7 +387,9 @@ async fn respond(socket: &mut TcpStream, mode: Mode, text: &str) -> std::io::Res
             socket.write_all(chunk("an answer").as_bytes()).await?;
             socket.flush().await?;
         }
-        Mode::Agent | Mode::AgentHttp(_) | Mode::Obey => unreachable!("answered in serve"),
+        Mode::Agent | Mode::AgentHttp(_) | Mode::AgentTurns { .. } | Mode::Obey => {
+            unreachable!("answered in serve")
+        }
         Mode::StreamTrickle => {
             socket.write_all(sse_head.as_bytes()).await?;
             loop {

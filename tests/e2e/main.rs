@@ -10,6 +10,7 @@ mod api_backpressure;
 mod api_hostile;
 mod batch;
 mod console;
+mod crash_cost;
 mod doc_migration;
 mod durability;
 mod failures;

@@ -1,5 +1,5 @@
 //! The agent loop: model ↔ tool turns until the model answers without a tool call or the turn
-//! budget is spent (DESIGN §8, `ctx.agent`).
+//! budget is spent (`ctx.agent`).
 //!
 //! Everything is a journaled step, so a crash mid-loop resumes at the exact turn: each model
 //! turn is a replay-safe model step (its answer, tool calls included, is the journal entry);

@@ -1,4 +1,4 @@
-//! Consuming a lane and claiming operations (DESIGN §7).
+//! Consuming a lane and claiming operations.
 //!
 //! For each batch of deliveries already buffered by the broker (at most one per free
 //! concurrency slot): decode the pointers, claim every due, queued operation among them in one

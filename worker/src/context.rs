@@ -1,17 +1,23 @@
-//! The job context: the API a job function uses to do durable work (DESIGN §8).
+//! The job context: the API a job function uses to do durable work.
 //!
 //! Execution is replay. Every `ctx` call takes the next sequence number; if the journal has a
-//! completed entry for it, the recorded output is returned without doing the work. Journal
-//! writes follow the commit budget of DESIGN §3.2:
-//! - an unsafe step runs only after its `started` row has committed (flushed together with any
-//!   pending rows, in one fenced statement);
-//! - a safe step's start and completion are one row, kept pending and written with the next
-//!   write: an unsafe start, the final transition, or a flush once rows have waited
-//!   [`PENDING_FLUSH_AFTER`];
-//! - an unsafe step's completion is written before the next step starts, or with the final
-//!   transition.
+//! completed entry for it, the recorded output is returned without doing the work.
 //!
-//! Every write is fenced by the claim's epoch; a lost lease turns into [`JobError::LeaseLost`].
+//! What is durable when:
+//! - every finished step (model and tool calls, [`JobContext::step`] of either replay policy,
+//!   `now`, `uuid`, a reconciled outcome) is committed to the journal before the next step of
+//!   its operation starts; the last one commits with the operation's outcome. A crash costs at
+//!   most the step that was running, plus a step that had returned but whose operation had not
+//!   yet started another (job code between two steps: keep it short);
+//! - an unsafe step runs only after its `started` row has committed;
+//! - the one opt-in exception is [`JobContext::deferred_step`], for work that is cheap to redo:
+//!   its row waits for the next durable write (or [`DEFERRED_FLUSH_AFTER`]), and a crash before
+//!   then runs it again.
+//!
+//! Journal writes go through the worker's group commit (`group_commit.rs`): the rows of every
+//! operation that finished a step meanwhile share one fenced statement, and each step waits for
+//! its own commit. Every write is fenced by the claim's epoch; a lost lease turns into
+//! [`JobError::LeaseLost`].
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentq_core::db::{self, JournalEntry, StepWrite};
+use agentq_core::metrics;
 use agentq_core::operation::{OperationId, step_idempotency_key};
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
@@ -28,7 +35,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::gate::ModelGate;
+use crate::Shared;
 use crate::model::{ModelError, ModelRequest, ModelResponse};
 use crate::tool::{Reconciled, Tool};
 
@@ -36,9 +43,11 @@ use crate::tool::{Reconciled, Tool};
 type Reconcile<'a> =
     Box<dyn FnOnce(String) -> BoxFuture<'a, Result<Reconciled, JobError>> + Send + 'a>;
 
-/// Pending safe-step rows older than this are flushed at the next step boundary, so a long job
-/// does not lose much finished work to a crash.
-pub const PENDING_FLUSH_AFTER: Duration = Duration::from_secs(5);
+/// Deferred steps' rows older than this are written at the next step boundary even when no
+/// durable write is due, so a long run of deferred steps does not lose much work to a crash.
+pub const DEFERRED_FLUSH_AFTER: Duration = Duration::from_secs(5);
+/// Deferred steps' rows held at most; past this many they are written at the next boundary.
+pub const DEFERRED_MAX_ROWS: usize = 64;
 
 /// Whether a step may run again after a crash left its outcome unknown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,7 +67,29 @@ impl Replay {
     }
 }
 
-/// How a job (or one of its steps) failed. The class decides what happens next (DESIGN §9).
+/// What a step is, for the journal and its span.
+#[derive(Clone, Copy)]
+struct StepSpec<'a> {
+    name: &'a str,
+    /// `model`, `tool`, `now` or `custom`.
+    kind: &'static str,
+    replay: Replay,
+    /// Written with the next durable write instead of before the next step starts.
+    deferred: bool,
+}
+
+impl<'a> StepSpec<'a> {
+    fn new(name: &'a str, kind: &'static str, replay: Replay) -> Self {
+        Self {
+            name,
+            kind,
+            replay,
+            deferred: false,
+        }
+    }
+}
+
+/// How a job (or one of its steps) failed. The class decides what happens next.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
     /// Transient: retry the operation later (job-level retries are data, not loops).
@@ -204,8 +235,9 @@ struct State {
     /// Rows not yet written, and since when the oldest has waited.
     pending: Vec<StepWrite>,
     pending_since: Option<Instant>,
-    /// An unsafe completion is pending: write it before the next step starts.
-    pending_unsafe: bool,
+    /// A pending row must be durable before the next step starts (every row but a
+    /// [`JobContext::deferred_step`]'s).
+    pending_durable: bool,
     /// The step that failed, if the job fails.
     failed_step: Option<i32>,
     /// Idempotency key of the step running now.
@@ -216,15 +248,13 @@ struct State {
 
 struct Inner {
     info: OperationInfo,
-    pool: PgPool,
-    model: Arc<ModelGate>,
+    /// The worker's pool, model gate, journal writer and `http_get` allow-list.
+    shared: Arc<Shared>,
     state: Mutex<State>,
     lost: AtomicBool,
     stop: CancellationToken,
     /// Set by the heartbeat when an operator asked to cancel this operation.
     cancel: Arc<AtomicBool>,
-    /// Hosts the built-in `http_get` tool may fetch from.
-    http_allow: Arc<Vec<String>>,
 }
 
 /// The handle a job function receives. Cheap to clone; all clones share one journal cursor.
@@ -236,24 +266,21 @@ pub struct JobContext {
 impl JobContext {
     pub(crate) fn new(
         info: OperationInfo,
-        pool: PgPool,
-        model: Arc<ModelGate>,
+        shared: Arc<Shared>,
         journal: Vec<JournalEntry>,
         stop: CancellationToken,
         cancel: Arc<AtomicBool>,
-        http_allow: Arc<Vec<String>>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 info,
-                pool,
-                model,
+                shared,
                 state: Mutex::new(State {
                     journal,
                     next_seq: 0,
                     pending: Vec::new(),
                     pending_since: None,
-                    pending_unsafe: false,
+                    pending_durable: false,
                     failed_step: None,
                     current_key: None,
                     suspend: None,
@@ -261,7 +288,6 @@ impl JobContext {
                 lost: AtomicBool::new(false),
                 stop,
                 cancel,
-                http_allow,
             }),
         }
     }
@@ -273,12 +299,12 @@ impl JobContext {
 
     /// agentq's own database, for built-in tools only (the `ledger` demo tool).
     pub(crate) fn pool(&self) -> &PgPool {
-        &self.inner.pool
+        &self.inner.shared.pool
     }
 
     /// Hosts the built-in `http_get` tool may fetch from.
     pub(crate) fn http_allow(&self) -> Arc<Vec<String>> {
-        self.inner.http_allow.clone()
+        self.inner.shared.http_allow.clone()
     }
 
     /// The idempotency key of the step running now (`None` outside a step): stable across
@@ -304,16 +330,46 @@ impl JobContext {
         self.state().next_seq += 1;
     }
 
-    /// Runs a journaled step. On replay a completed step returns its recorded output.
+    /// Runs a journaled step. On replay a completed step returns its recorded output. Its row
+    /// is committed before the next step of the operation starts (or with the outcome).
     pub async fn step<T, F, Fut>(&self, name: &str, replay: Replay, f: F) -> Result<T, JobError>
     where
         T: Serialize + DeserializeOwned,
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<T, JobError>>,
     {
-        self.run_step(name, "custom", replay, |key| async move {
-            f(key).await.map(|v| (v, None))
-        })
+        let spec = StepSpec::new(name, "custom", replay);
+        self.run_step_with(
+            spec,
+            None,
+            |key| async move { f(key).await.map(|v| (v, None)) },
+        )
+        .await
+    }
+
+    /// A replay-safe step whose journal row is **not** made durable before the next step: it
+    /// is written with the operation's next durable write (the next ordinary step, a sleep or
+    /// wait, the outcome), or at a step boundary once deferred rows have waited
+    /// [`DEFERRED_FLUSH_AFTER`] or number [`DEFERRED_MAX_ROWS`]. What a crash costs: every
+    /// deferred step finished since that write runs again on recovery. Use it only for work
+    /// that is cheap and safe to redo (parsing, pure computation, an idempotent local read),
+    /// never for a model or tool call: those always go through [`JobContext::model`] and
+    /// [`JobContext::tool`], which are durable.
+    pub async fn deferred_step<T, F, Fut>(&self, name: &str, f: F) -> Result<T, JobError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<T, JobError>>,
+    {
+        let spec = StepSpec {
+            deferred: true,
+            ..StepSpec::new(name, "custom", Replay::Safe)
+        };
+        self.run_step_with(
+            spec,
+            None,
+            |key| async move { f(key).await.map(|v| (v, None)) },
+        )
         .await
     }
 
@@ -323,9 +379,10 @@ impl JobContext {
         name: &str,
         request: ModelRequest,
     ) -> Result<ModelResponse, JobError> {
-        let model = self.inner.model.clone();
+        let model = self.inner.shared.model.clone();
         let (tenant, kind) = (self.inner.info.tenant.clone(), self.inner.info.kind.clone());
-        self.run_step(name, "model", Replay::Safe, |_key| async move {
+        let spec = StepSpec::new(name, "model", Replay::Safe);
+        self.run_step_with(spec, None, |_key| async move {
             // The call's span names the model and how it ended; never the prompt or the answer.
             let span = tracing::info_span!(
                 "model_call",
@@ -375,9 +432,7 @@ impl JobContext {
     ) -> Result<Value, JobError> {
         let recover_args = args.clone();
         self.run_step_with(
-            tool.name(),
-            "tool",
-            tool.replay(),
+            StepSpec::new(tool.name(), "tool", tool.replay()),
             Some(Box::new(move |key: String| {
                 Box::pin(async move { tool.reconcile(&recover_args, &key).await })
             })),
@@ -430,10 +485,10 @@ impl JobContext {
         if Utc::now() >= wake_at {
             row.status = "completed";
             row.completed_at = Some(Utc::now());
-            self.push(row, false);
+            self.push(row, true);
             return Ok(());
         }
-        self.push(row, false);
+        self.push(row, true);
         self.state().suspend = Some((wake_at, None));
         Err(JobError::Suspended)
     }
@@ -462,7 +517,7 @@ impl JobContext {
                 // The wait step must exist before it can be resolved.
                 self.push(
                     self.park_row(seq, &step, "signal", key.clone(), deadline),
-                    false,
+                    true,
                 );
                 self.flush().await?;
                 deadline
@@ -470,7 +525,7 @@ impl JobContext {
         };
         let info = &self.inner.info;
         match db::timers::resolve_wait(
-            &self.inner.pool,
+            &self.inner.shared.pool,
             info.op_id.0,
             info.epoch,
             seq,
@@ -543,44 +598,25 @@ impl JobContext {
 
     /// The current time, journaled so a replay sees the same value.
     pub async fn now(&self) -> Result<DateTime<Utc>, JobError> {
-        self.run_step("now", "now", Replay::Safe, |_| async {
-            Ok((Utc::now(), None))
-        })
-        .await
+        let spec = StepSpec::new("now", "now", Replay::Safe);
+        self.run_step_with(spec, None, |_| async { Ok((Utc::now(), None)) })
+            .await
     }
 
     /// A random UUID, journaled so a replay sees the same value.
     pub async fn uuid(&self) -> Result<uuid::Uuid, JobError> {
-        self.run_step("uuid", "now", Replay::Safe, |_| async {
-            Ok((uuid::Uuid::new_v4(), None))
-        })
-        .await
+        let spec = StepSpec::new("uuid", "now", Replay::Safe);
+        self.run_step_with(spec, None, |_| async { Ok((uuid::Uuid::new_v4(), None)) })
+            .await
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner.state.lock().expect("job context state lock")
     }
 
-    async fn run_step<T, F, Fut>(
-        &self,
-        name: &str,
-        kind: &'static str,
-        replay: Replay,
-        f: F,
-    ) -> Result<T, JobError>
-    where
-        T: Serialize + DeserializeOwned,
-        F: FnOnce(String) -> Fut,
-        Fut: Future<Output = Result<(T, Option<serde_json::Value>), JobError>>,
-    {
-        self.run_step_with(name, kind, replay, None, f).await
-    }
-
     async fn run_step_with<'a, T, F, Fut>(
         &self,
-        name: &str,
-        kind: &'static str,
-        replay: Replay,
+        spec: StepSpec<'_>,
         reconcile: Option<Reconcile<'a>>,
         f: F,
     ) -> Result<T, JobError>
@@ -596,31 +632,28 @@ impl JobContext {
             st.next_seq += 1;
             seq
         };
-        let key = step_idempotency_key(self.inner.info.op_id, seq, name);
+        let key = step_idempotency_key(self.inner.info.op_id, seq, spec.name);
         // The step's span names it, never its arguments or its output.
         let span = tracing::info_span!(
             "step",
-            otel.name = %format_args!("step {name}"),
-            step = name,
+            otel.name = %format_args!("step {}", spec.name),
+            step = spec.name,
             seq,
-            kind,
-            replay = replay.as_str(),
+            kind = spec.kind,
+            replay = spec.replay.as_str(),
             replayed = false,
             otel.status_code = tracing::field::Empty,
         );
-        let body = self.run_step_at(seq, key, name, kind, replay, reconcile, f);
+        let body = self.run_step_at(seq, key, spec, reconcile, f);
         tracing::Instrument::instrument(body, span).await
     }
 
     /// The body of [`JobContext::run_step_with`], inside the step's span.
-    #[allow(clippy::too_many_arguments)]
     async fn run_step_at<'a, T, F, Fut>(
         &self,
         seq: i32,
         key: String,
-        name: &str,
-        kind: &'static str,
-        replay: Replay,
+        spec: StepSpec<'_>,
         reconcile: Option<Reconcile<'a>>,
         f: F,
     ) -> Result<T, JobError>
@@ -629,6 +662,12 @@ impl JobContext {
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<(T, Option<serde_json::Value>), JobError>>,
     {
+        let StepSpec {
+            name,
+            kind,
+            replay,
+            deferred,
+        } = spec;
         // A step that failed on an earlier attempt has no outcome to keep: whatever the code
         // asks for at that position now (an operator may have patched the input) runs fresh.
         if let Some(entry) = self.recorded(seq).filter(|e| e.status != "failed") {
@@ -700,7 +739,7 @@ impl JobContext {
                                     usage: None,
                                     wake_at: None,
                                 },
-                                false,
+                                true,
                             );
                             self.state().failed_step = Some(seq);
                             return Err(JobError::UnknownSideEffect {
@@ -732,24 +771,19 @@ impl JobContext {
             wake_at: None,
         };
 
-        let must_flush = {
-            let st = self.state();
-            st.pending_unsafe
-                || st
-                    .pending_since
-                    .is_some_and(|t| t.elapsed() >= PENDING_FLUSH_AFTER)
-        };
+        // Every step finished before this one is durable before it starts; an unsafe step's
+        // `started` row too, in the same write.
         if replay == Replay::Unsafe {
-            self.push(row("started"), false);
+            self.push(row("started"), true);
             self.flush().await?;
-        } else if must_flush {
+        } else if self.flush_due() {
             self.flush().await?;
         }
 
         self.state().current_key = Some(key.clone());
         let ran = Instant::now();
         let outcome = f(key.clone()).await;
-        agentq_core::metrics::STEP_DURATION.observe(&[kind], ran.elapsed().as_secs_f64());
+        metrics::STEP_DURATION.observe(&[kind], ran.elapsed().as_secs_f64());
         self.state().current_key = None;
         match outcome {
             Ok((value, usage)) => {
@@ -760,7 +794,7 @@ impl JobContext {
                 done.output = Some(output);
                 done.usage = usage;
                 done.completed_at = Some(Utc::now());
-                self.push(done, replay == Replay::Unsafe);
+                self.push(done, !deferred);
                 Ok(value)
             }
             Err(e) => {
@@ -778,7 +812,7 @@ impl JobContext {
                     let mut failed = row("failed");
                     failed.error = Some(e.to_string());
                     failed.completed_at = Some(Utc::now());
-                    self.push(failed, false);
+                    self.push(failed, !deferred);
                     self.state().failed_step = Some(seq);
                 }
                 Err(e)
@@ -791,13 +825,25 @@ impl JobContext {
         st.journal.iter().find(|e| e.seq == seq).cloned()
     }
 
-    fn push(&self, row: StepWrite, is_unsafe_completion: bool) {
+    /// Holds `row` for the next write; `durable`: it must commit before the next step starts.
+    fn push(&self, row: StepWrite, durable: bool) {
         let mut st = self.state();
         // A later row for the same seq replaces the earlier one (started → completed).
         st.pending.retain(|r| r.seq != row.seq);
         st.pending.push(row);
         st.pending_since.get_or_insert_with(Instant::now);
-        st.pending_unsafe |= is_unsafe_completion;
+        st.pending_durable |= durable;
+    }
+
+    /// Whether the pending rows must be written before the next step starts: any row but a
+    /// deferred step's, or deferred rows that waited too long or grew too many.
+    fn flush_due(&self) -> bool {
+        let st = self.state();
+        st.pending_durable
+            || st.pending.len() >= DEFERRED_MAX_ROWS
+            || st
+                .pending_since
+                .is_some_and(|t| t.elapsed() >= DEFERRED_FLUSH_AFTER)
     }
 
     fn check_running(&self) -> Result<(), JobError> {
@@ -825,9 +871,19 @@ impl JobContext {
             st.pending.clone()
         };
         let info = &self.inner.info;
-        let held = db::record_steps(&self.inner.pool, info.op_id.0, info.epoch, &rows)
+        let shared = &self.inner.shared;
+        let write = db::StepBatch {
+            id: info.op_id.0,
+            epoch: info.epoch,
+            steps: rows.clone(),
+        };
+        let asked = Instant::now();
+        let held = shared
+            .journal
+            .write(&shared.pool, write)
             .await
             .map_err(|e| JobError::retryable(format!("writing the journal: {e}")))?;
+        metrics::JOURNAL_COMMIT_DURATION.observe(&[], asked.elapsed().as_secs_f64());
         if !held {
             self.inner.lost.store(true, Ordering::Release);
             return Err(JobError::LeaseLost);
@@ -836,7 +892,7 @@ impl JobContext {
         st.pending
             .retain(|r| !rows.iter().any(|w| w.seq == r.seq && w.status == r.status));
         st.pending_since = None;
-        st.pending_unsafe = false;
+        st.pending_durable = false;
         Ok(())
     }
 
@@ -844,7 +900,7 @@ impl JobContext {
     pub(crate) fn take_pending(&self) -> (Vec<StepWrite>, Option<i32>) {
         let mut st = self.state();
         st.pending_since = None;
-        st.pending_unsafe = false;
+        st.pending_durable = false;
         (std::mem::take(&mut st.pending), st.failed_step)
     }
 }

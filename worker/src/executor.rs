@@ -45,7 +45,7 @@ pub(crate) async fn execute(
     shared.leases.release(id, epoch);
 }
 
-async fn run(shared: &Shared, op: Claimed, stop: CancellationToken, cancel: Arc<AtomicBool>) {
+async fn run(shared: &Arc<Shared>, op: Claimed, stop: CancellationToken, cancel: Arc<AtomicBool>) {
     let journal = if op.has_journal {
         match db::load_journal(&shared.pool, op.id).await {
             Ok(j) => j,
@@ -66,15 +66,7 @@ async fn run(shared: &Shared, op: Claimed, stop: CancellationToken, cancel: Arc<
         epoch: op.epoch,
         deadline: op.deadline,
     };
-    let ctx = JobContext::new(
-        info,
-        shared.pool.clone(),
-        shared.model.clone(),
-        journal,
-        stop.clone(),
-        cancel,
-        shared.http_allow.clone(),
-    );
+    let ctx = JobContext::new(info, shared.clone(), journal, stop.clone(), cancel);
     let outcome = match shared.registry.handler(&op.kind) {
         _ if op.deadline.is_some_and(|d| d <= chrono::Utc::now()) => Err(
             JobError::DeadlineExceeded(op.deadline.expect("checked just above")),
@@ -109,7 +101,7 @@ fn record_outcome(outcome: &Result<Value, JobError>) {
 }
 
 /// Maps a job's outcome to its database transition: the one place that decides what a
-/// failure class means (DESIGN §9).
+/// failure class means.
 async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result<Value, JobError>) {
     let (steps, failed_step) = ctx.take_pending();
     shared.leases.settling(op.id, op.epoch);
@@ -124,7 +116,7 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
                 result: result.clone(),
                 steps,
             };
-            shared.completer.complete(&shared.pool, completion).await
+            shared.completer.write(&shared.pool, completion).await
         }
         Err(JobError::LeaseLost) => return,
         Err(JobError::Suspended) => match ctx.take_suspend() {

@@ -56,8 +56,14 @@ pub struct ScriptInput {
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(untagged, deny_unknown_fields)]
 pub enum ScriptStep {
-    /// `{"work_ms": N}`: a replay-safe step taking N ms of wall time.
-    Work { work_ms: u64 },
+    /// `{"work_ms": N, "deferred": bool}`: a replay-safe step taking N ms of wall time,
+    /// durable before the next step starts; `deferred: true` makes it a
+    /// [`JobContext::deferred_step`] (re-run after a crash until a durable write carries it).
+    Work {
+        work_ms: u64,
+        #[serde(default)]
+        deferred: bool,
+    },
     /// `{"tool": "ledger", "replay": "safe"|"unsafe", "label": "…", "after_ms": N,
     /// "reconcile": bool}`: a side effect (a row in `ledger_effects`). The safe variant is
     /// idempotent on the step's key, the unsafe one inserts every time it runs. `after_ms`:
@@ -144,8 +150,8 @@ pub async fn script(ctx: JobContext, input: ScriptInput) -> Result<Value, JobErr
     let attempt = ctx.info().epoch as i32;
     for step in input.steps {
         let out = match step {
-            ScriptStep::Work { work_ms } => {
-                ctx.step("work", Replay::Safe, |_key| async move {
+            ScriptStep::Work { work_ms, deferred } => {
+                let work = |_key| async move {
                     // A timer rounds up to the next millisecond tick: 0 ms only yields.
                     if work_ms == 0 {
                         tokio::task::yield_now().await;
@@ -153,8 +159,12 @@ pub async fn script(ctx: JobContext, input: ScriptInput) -> Result<Value, JobErr
                         tokio::time::sleep(Duration::from_millis(work_ms)).await;
                     }
                     Ok(json!({ "worked_ms": work_ms }))
-                })
-                .await?
+                };
+                if deferred {
+                    ctx.deferred_step("work", work).await?
+                } else {
+                    ctx.step("work", Replay::Safe, work).await?
+                }
             }
             ScriptStep::Tool {
                 tool: ToolName::Ledger,

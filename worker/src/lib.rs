@@ -1,16 +1,16 @@
 //! agentq-worker: consume pointers, claim operations, and run job functions with a journal.
 //!
-//! Invariants kept here (DESIGN §3): no job function is called before its claim (`running`,
+//! Invariants kept here: no job function is called before its claim (`running`,
 //! new epoch, lease) has committed; every write after the claim is fenced by the epoch; no
 //! transaction or pooled connection is held across a job's model or tool calls; a delivery is
 //! acked right after the claim commits, never held for the length of a job.
 
 pub mod agent;
 mod claim;
-mod complete;
 pub mod context;
 mod executor;
 pub mod gate;
+mod group_commit;
 pub mod jobs;
 mod lease;
 pub mod model;
@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_core::broker::{self, Consumer, Names};
+use agentq_core::db;
 use agentq_core::operation::Lane;
 use sqlx::PgPool;
 use tokio::sync::Semaphore;
@@ -34,6 +35,7 @@ pub use registry::Registry;
 pub use tool::{Reconciled, Tool};
 
 use claim::Ended;
+use group_commit::GroupCommit;
 use lease::Leases;
 
 /// First delay before reconnecting to the broker; it doubles up to 10 s while connecting fails.
@@ -47,7 +49,9 @@ pub(crate) struct Shared {
     pub(crate) model: Arc<gate::ModelGate>,
     pub(crate) leases: Leases,
     /// Writes successful attempts, many per statement.
-    pub(crate) completer: complete::Completer,
+    pub(crate) completer: GroupCommit<db::Completion>,
+    /// Writes finished steps (and unsafe starts), many operations per statement.
+    pub(crate) journal: GroupCommit<db::StepBatch>,
 }
 
 /// Worker settings (from [`agentq_core::Config`] in the binary).
@@ -98,7 +102,8 @@ impl Worker {
                 registry,
                 model,
                 leases,
-                completer: complete::Completer::new(),
+                completer: GroupCommit::new(),
+                journal: GroupCommit::new(),
             }),
         }
     }
@@ -122,6 +127,10 @@ impl Worker {
         let completer = {
             let shared = self.shared.clone();
             tokio::spawn(async move { shared.completer.run(shared.pool.clone()).await })
+        };
+        let journal = {
+            let shared = self.shared.clone();
+            tokio::spawn(async move { shared.journal.run(shared.pool.clone()).await })
         };
         tracing::info!(owner = %self.owner(), "worker started");
         let names = Names::new(&self.settings.namespace);
@@ -180,8 +189,9 @@ impl Worker {
             let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
         }
         heartbeat.abort();
-        // Every execution has had its completion answered: nothing is waiting on the writer.
+        // Every execution has had its writes answered: nothing is waiting on the writers.
         completer.abort();
+        journal.abort();
         Ok(())
     }
 

@@ -2,7 +2,7 @@
 //! against OpenAI, vLLM, llama.cpp's server, Ollama and similar, in plain or streaming (SSE) mode.
 //!
 //! Failures are classified by HTTP status and the error body's `type`/`code`, never by message
-//! text (DESIGN §10). Error messages carry status, type and code only: a provider's message may
+//! text. Error messages carry status, type and code only: a provider's message may
 //! quote the prompt, and prompts never reach logs or the operations table.
 
 use std::time::Duration;

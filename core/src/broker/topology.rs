@@ -1,4 +1,4 @@
-//! Names and declaration of the exchanges and queues (DESIGN §6). Declaration is idempotent;
+//! Names and declaration of the exchanges and queues. Declaration is idempotent;
 //! every queue argument is set explicitly so RabbitMQ 3.10 and 4.x behave the same.
 
 use lapin::options::{

@@ -80,3 +80,46 @@ pub async fn other_sessions(pool: &PgPool) -> Result<i64> {
     .await?;
     Ok(n)
 }
+
+/// For every operation created since `since`, the ms between one completed step and the next
+/// (seq ≥ 1): a step's cost as its job sees it, including the wait for the previous step's
+/// commit.
+pub async fn step_intervals(pool: &PgPool, since: DateTime<Utc>) -> Result<Vec<f64>> {
+    let ms: Vec<Option<f64>> = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM s.completed_at - lag(s.completed_at) OVER w) * 1000)::float8
+           FROM operation_steps s JOIN operations o ON o.id = s.op_id
+          WHERE s.status = 'completed' AND o.created_at >= $1
+         WINDOW w AS (PARTITION BY s.op_id ORDER BY s.seq)",
+    )
+    .bind(since)
+    .fetch_all(pool)
+    .await?;
+    Ok(ms.into_iter().flatten().collect())
+}
+
+/// Whether the model step at `seq` of the `agent` operation whose input's `user` is `user` is
+/// committed as completed (the bench's crash-cost check, made as a model request arrives).
+pub async fn agent_step_completed(pool: &PgPool, user: &str, seq: i32) -> Result<bool> {
+    let done = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM operation_steps s JOIN operations o ON o.id = s.op_id
+                         WHERE o.kind = 'agent' AND o.input->>'user' = $1 AND s.seq = $2
+                           AND s.status = 'completed')",
+    )
+    .bind(user)
+    .bind(seq)
+    .fetch_one(pool)
+    .await?;
+    Ok(done)
+}
+
+/// Completed model steps (journaled model calls) of the operations of `kind`.
+pub async fn journaled_model_calls(pool: &PgPool, kind: &str) -> Result<i64> {
+    let n = sqlx::query_scalar(
+        "SELECT count(*) FROM operation_steps s JOIN operations o ON o.id = s.op_id
+          WHERE o.kind = $1 AND s.kind = 'model' AND s.status = 'completed'",
+    )
+    .bind(kind)
+    .fetch_one(pool)
+    .await?;
+    Ok(n)
+}

@@ -11,7 +11,7 @@ use serde_json::Value;
 use sqlx::{FromRow, PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::steps::{bind_journal, bind_steps, journal_cte, journal_upsert};
+use super::steps::{bind_journal, bind_steps, journal_cte, journal_many_cte, owned_rows};
 use super::{Result, StepWrite};
 use crate::operation::{Lane, OperationId, OperationView, Status};
 
@@ -321,11 +321,7 @@ pub async fn complete_operations(pool: &PgPool, batch: &[Completion]) -> Result<
     let ids: Vec<Uuid> = batch.iter().map(|c| c.id).collect();
     let epochs: Vec<i64> = batch.iter().map(|c| c.epoch).collect();
     let results: Vec<&Value> = batch.iter().map(|c| &c.result).collect();
-    let steps: Vec<StepWrite> = batch.iter().flat_map(|c| c.steps.iter().cloned()).collect();
-    let owners: Vec<Uuid> = batch
-        .iter()
-        .flat_map(|c| std::iter::repeat_n(c.id, c.steps.len()))
-        .collect();
+    let (steps, owners) = owned_rows(batch.iter().map(|c| (c.id, c.steps.as_slice())));
     const SQL: &str = concat!(
         "WITH input AS (
             SELECT * FROM unnest($13::uuid[], $14::bigint[], $15::jsonb[]) AS i(id, epoch, result)
@@ -343,22 +339,9 @@ pub async fn complete_operations(pool: &PgPool, batch: &[Completion]) -> Result<
               FROM locked l
              WHERE o.id = l.id AND o.epoch = l.epoch AND o.status = 'running'
          RETURNING o.id, o.epoch
-         ), journal AS (
-            INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
-                                         output, error, epoch, started_at, completed_at, usage,
-                                         wake_at)
-            SELECT done.id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
-                   s.error, done.epoch, s.started_at, s.completed_at, s.usage, s.wake_at
-              FROM unnest($16::uuid[], $1::int[], $2::text[], $3::text[], $4::text[], $5::text[],
-                          $6::text[], $7::jsonb[], $8::text[], $9::timestamptz[],
-                          $10::timestamptz[], $11::jsonb[], $12::timestamptz[])
-                   AS s(op_id, seq, name, kind, replay, key, status, output, error, started_at,
-                        completed_at, usage, wake_at)
-              JOIN done ON done.id = s.op_id
-            ",
-        journal_upsert!(),
+         ), ",
+        journal_many_cte!("done", "$16"),
         "
-         )
          SELECT id FROM done"
     );
     let done: Vec<Uuid> = bind_steps(sqlx::query_scalar(SQL), &steps)

@@ -76,22 +76,75 @@ macro_rules! journal_cte {
     ($src:literal) => {
         concat!(
             "journal AS (
-            INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
-                                         output, error, epoch, started_at, completed_at, usage,
-                                         wake_at)
-            SELECT ", $src, ".id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
+            ",
+            $crate::db::steps::journal_insert!(),
+            "
+            SELECT ",
+            $src,
+            ".id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
                    s.error, $13, s.started_at, s.completed_at, s.usage, s.wake_at
-              FROM ", $src, ", unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::text[],
+              FROM ",
+            $src,
+            ", unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::text[],
                                 $6::text[], $7::jsonb[], $8::text[], $9::timestamptz[],
                                 $10::timestamptz[], $11::jsonb[], $12::timestamptz[])
                    AS s(seq, name, kind, replay, key, status, output, error, started_at,
                         completed_at, usage, wake_at)
-            ", $crate::db::steps::journal_upsert!(), "
+            ",
+            $crate::db::steps::journal_upsert!(),
+            "
          )"
         )
     };
 }
 pub(crate) use journal_cte;
+
+/// Like [`journal_cte!`] for many operations at once: the rows at `$1`–`$12` carry their
+/// operation in the uuid array `$owners`, and each is written only if its operation is in
+/// `$src` (the operations fenced and locked by the statement, with `id` and `epoch`).
+macro_rules! journal_many_cte {
+    ($src:literal, $owners:literal) => {
+        concat!(
+            "journal AS (
+            ",
+            $crate::db::steps::journal_insert!(),
+            "
+            SELECT ",
+            $src,
+            ".id, s.seq, s.name, s.kind, s.replay, s.key, s.status, s.output,
+                   s.error, ",
+            $src,
+            ".epoch, s.started_at, s.completed_at, s.usage, s.wake_at
+              FROM unnest(",
+            $owners,
+            "::uuid[], $1::int[], $2::text[], $3::text[], $4::text[],
+                          $5::text[], $6::text[], $7::jsonb[], $8::text[], $9::timestamptz[],
+                          $10::timestamptz[], $11::jsonb[], $12::timestamptz[])
+                   AS s(op_id, seq, name, kind, replay, key, status, output, error, started_at,
+                        completed_at, usage, wake_at)
+              JOIN ",
+            $src,
+            " ON ",
+            $src,
+            ".id = s.op_id
+            ",
+            $crate::db::steps::journal_upsert!(),
+            "
+         )"
+        )
+    };
+}
+pub(crate) use journal_many_cte;
+
+/// The `INSERT` head of a journal write: shared by [`journal_cte!`] and [`journal_many_cte!`].
+macro_rules! journal_insert {
+    () => {
+        "INSERT INTO operation_steps (op_id, seq, name, kind, replay, idempotency_key, status,
+                                     output, error, epoch, started_at, completed_at, usage,
+                                     wake_at)"
+    };
+}
+pub(crate) use journal_insert;
 
 /// What a journal write does to a row it finds (a replay rewrites a step's outcome): shared by
 /// [`journal_cte!`] and the batched completion.
@@ -164,6 +217,58 @@ pub async fn record_steps(
     .fetch_optional(pool)
     .await?;
     Ok(held.is_some())
+}
+
+/// The rows of many operations, flattened, and the operation of each (for [`journal_many_cte!`]).
+pub(crate) fn owned_rows<'a>(
+    batch: impl Iterator<Item = (Uuid, &'a [StepWrite])>,
+) -> (Vec<StepWrite>, Vec<Uuid>) {
+    let mut steps = Vec::new();
+    let mut owners = Vec::new();
+    for (id, rows) in batch {
+        steps.extend(rows.iter().cloned());
+        owners.extend(std::iter::repeat_n(id, rows.len()));
+    }
+    (steps, owners)
+}
+
+/// One running operation's journal rows, for [`record_steps_many`].
+#[derive(Clone, Debug)]
+pub struct StepBatch {
+    pub id: Uuid,
+    pub epoch: i64,
+    pub steps: Vec<StepWrite>,
+}
+
+/// Writes the journal rows of many running operations in one statement (one commit), each
+/// fenced by its own epoch exactly as [`record_steps`]: an operation no longer `running` at its
+/// epoch gets nothing written. Operations are locked (`FOR SHARE`) in id order, like the claim,
+/// the heartbeat and the completion, so overlapping statements queue instead of deadlocking.
+/// Returns the ids written. Each operation may appear once.
+pub async fn record_steps_many(pool: &PgPool, batch: &[StepBatch]) -> Result<Vec<Uuid>> {
+    let ids: Vec<Uuid> = batch.iter().map(|b| b.id).collect();
+    let epochs: Vec<i64> = batch.iter().map(|b| b.epoch).collect();
+    let (steps, owners) = owned_rows(batch.iter().map(|b| (b.id, b.steps.as_slice())));
+    const SQL: &str = concat!(
+        "WITH input AS (
+            SELECT * FROM unnest($13::uuid[], $14::bigint[]) AS i(id, epoch)
+         ), lease AS (
+            SELECT o.id, o.epoch FROM operations o JOIN input i ON o.id = i.id
+             WHERE o.epoch = i.epoch AND o.status = 'running'
+             ORDER BY o.id
+               FOR SHARE OF o
+         ), ",
+        journal_many_cte!("lease", "$15"),
+        "
+         SELECT id FROM lease"
+    );
+    let held: Vec<Uuid> = bind_steps(sqlx::query_scalar(SQL), &steps)
+        .bind(&ids)
+        .bind(&epochs)
+        .bind(&owners)
+        .fetch_all(pool)
+        .await?;
+    Ok(held)
 }
 
 /// A journal row as replay needs it.
