@@ -99,20 +99,22 @@ async fn committed(pool: &PgPool) -> HashMap<(Uuid, i32), i64> {
 }
 
 /// Runs the workload through `KILLS` SIGKILLed workers at random points, then a last worker
-/// to the end; returns the journal snapshots taken right after each kill.
+/// to the end; returns the journal snapshots taken right after each kill. Each worker is
+/// killed after `first_kill` to `first_kill + 16` further model calls.
 async fn kill_repeatedly(
     app: &mut TestApp,
     fake: &FakeModel,
     ops: &[Uuid],
     rng: &mut Rng,
+    first_kill: u64,
 ) -> Vec<HashMap<(Uuid, i32), i64>> {
     app.spawn(&["scheduler"]);
     let mut snapshots = Vec::new();
     for kill in 0..KILLS {
         let w = app.spawn(&["worker"]);
-        // A random point: after a random number of further model calls, plus a random part
-        // of one call.
-        let target = fake.requests() + rng.between(4, 20) as usize;
+        // A random point: after a random number of further model calls, then a random part of
+        // one call (a delay that picks the point; nothing waits on it).
+        let target = fake.requests() + rng.between(first_kill, first_kill + 16) as usize;
         app.wait_for(
             &format!("model calls before kill {kill}"),
             DEADLINE,
@@ -210,7 +212,9 @@ async fn sigkilled_agents_never_resend_a_finished_turn() {
         Some((op, 2 * turn))
     }));
 
-    let snapshots = kill_repeatedly(&mut app, &fake, &ops, &mut rng).await;
+    // Nine calls or more: the eight operations a worker runs at once send their first turns,
+    // then at least one asks for its second, so every snapshot holds a committed turn.
+    let snapshots = kill_repeatedly(&mut app, &fake, &ops, &mut rng, 9).await;
     let seen = std::mem::take(&mut *seen.lock().unwrap());
     assert!(seen.violations.is_empty(), "{:#?}", seen.violations);
     assert_kept(&snapshots, &committed(&app.pool).await);
@@ -277,7 +281,8 @@ async fn sigkilled_scripts_never_rerun_a_finished_step() {
         Some((*ids.get(i)?, seq))
     }));
 
-    let snapshots = kill_repeatedly(&mut app, &fake, &ops, &mut rng).await;
+    // Every model request (seq 1 and later) follows a committed work step.
+    let snapshots = kill_repeatedly(&mut app, &fake, &ops, &mut rng, 4).await;
     let seen = std::mem::take(&mut *seen.lock().unwrap());
     assert!(seen.violations.is_empty(), "{:#?}", seen.violations);
     let last = committed(&app.pool).await;

@@ -863,37 +863,50 @@ impl JobContext {
 
     /// Writes the pending rows in one fenced statement.
     async fn flush(&self) -> Result<(), JobError> {
-        let rows = {
-            let st = self.state();
+        // Taken, not copied: rows pushed meanwhile (by a clone of this context) stay pending.
+        let (rows, durable) = {
+            let mut st = self.state();
             if st.pending.is_empty() {
                 return Ok(());
             }
-            st.pending.clone()
+            st.pending_since = None;
+            let durable = std::mem::replace(&mut st.pending_durable, false);
+            (std::mem::take(&mut st.pending), durable)
         };
         let info = &self.inner.info;
         let shared = &self.inner.shared;
         let write = db::StepBatch {
             id: info.op_id.0,
             epoch: info.epoch,
-            steps: rows.clone(),
+            steps: rows,
         };
         let asked = Instant::now();
-        let held = shared
-            .journal
-            .write(&shared.pool, write)
-            .await
-            .map_err(|e| JobError::retryable(format!("writing the journal: {e}")))?;
-        metrics::JOURNAL_COMMIT_DURATION.observe(&[], asked.elapsed().as_secs_f64());
-        if !held {
-            self.inner.lost.store(true, Ordering::Release);
-            return Err(JobError::LeaseLost);
+        match shared.journal.write(&shared.pool, write).await {
+            Ok(true) => {
+                metrics::JOURNAL_COMMIT_DURATION.observe(&[], asked.elapsed().as_secs_f64());
+                Ok(())
+            }
+            Ok(false) => {
+                self.inner.lost.store(true, Ordering::Release);
+                Err(JobError::LeaseLost)
+            }
+            Err(unwritten) => {
+                // Not written: the rows go back, before any pushed meanwhile (a newer row for
+                // the same seq wins), so the failure's statement writes them.
+                let mut st = self.state();
+                let newer: Vec<StepWrite> = std::mem::take(&mut st.pending);
+                let mut rows = unwritten.write.steps;
+                rows.retain(|r| !newer.iter().any(|n| n.seq == r.seq));
+                rows.extend(newer);
+                st.pending = rows;
+                st.pending_since.get_or_insert_with(Instant::now);
+                st.pending_durable |= durable;
+                Err(JobError::retryable(format!(
+                    "writing the journal: {}",
+                    unwritten.error
+                )))
+            }
         }
-        let mut st = self.state();
-        st.pending
-            .retain(|r| !rows.iter().any(|w| w.seq == r.seq && w.status == r.status));
-        st.pending_since = None;
-        st.pending_durable = false;
-        Ok(())
     }
 
     /// The rows to write with the final transition, and the step that failed (if any).

@@ -116,7 +116,11 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
                 result: result.clone(),
                 steps,
             };
-            shared.completer.write(&shared.pool, completion).await
+            shared
+                .completer
+                .write(&shared.pool, completion)
+                .await
+                .map_err(|unwritten| unwritten.error)
         }
         Err(JobError::LeaseLost) => return,
         Err(JobError::Suspended) => match ctx.take_suspend() {

@@ -25,8 +25,8 @@ const MAX_BATCH: usize = 256;
 /// Writes waiting for a statement; beyond this, executions wait (backpressure).
 const QUEUE: usize = 4096;
 
-/// A write of one operation that can also be made many per statement.
-pub(crate) trait Grouped: Clone + Send + Sync + 'static {
+/// A write of one operation that is made many per statement.
+pub(crate) trait Grouped: Send + Sync + 'static {
     /// What the metric and the logs call this writer.
     const WHAT: &'static str;
     /// Statements of this writer in flight at once. Fewer statements carry more operations
@@ -38,9 +38,9 @@ pub(crate) trait Grouped: Clone + Send + Sync + 'static {
     fn op_id(&self) -> Uuid;
     /// Writes `batch` (distinct operations) in one statement; returns the ids written (an id
     /// missing from it lost its lease: nothing was written for it).
-    fn write_many<'a>(pool: &'a PgPool, batch: &'a [Self]) -> BoxFuture<'a, db::Result<Vec<Uuid>>>;
-    /// Writes one; false when its lease was lost.
-    fn write_one<'a>(&'a self, pool: &'a PgPool) -> BoxFuture<'a, db::Result<bool>>;
+    fn write_many<'a>(pool: &'a PgPool, batch: &'a [Self]) -> BoxFuture<'a, db::Result<Vec<Uuid>>>
+    where
+        Self: Sized;
 }
 
 impl Grouped for Completion {
@@ -51,15 +51,6 @@ impl Grouped for Completion {
     }
     fn write_many<'a>(pool: &'a PgPool, batch: &'a [Self]) -> BoxFuture<'a, db::Result<Vec<Uuid>>> {
         Box::pin(db::complete_operations(pool, batch))
-    }
-    fn write_one<'a>(&'a self, pool: &'a PgPool) -> BoxFuture<'a, db::Result<bool>> {
-        Box::pin(db::complete_operation(
-            pool,
-            self.id,
-            self.epoch,
-            &self.result,
-            &self.steps,
-        ))
     }
 }
 
@@ -72,14 +63,29 @@ impl Grouped for StepBatch {
     fn write_many<'a>(pool: &'a PgPool, batch: &'a [Self]) -> BoxFuture<'a, db::Result<Vec<Uuid>>> {
         Box::pin(db::record_steps_many(pool, batch))
     }
-    fn write_one<'a>(&'a self, pool: &'a PgPool) -> BoxFuture<'a, db::Result<bool>> {
-        Box::pin(db::record_steps(pool, self.id, self.epoch, &self.steps))
+}
+
+/// Writes one operation alone.
+async fn write_one<T: Grouped>(pool: &PgPool, write: T) -> Written<T> {
+    match T::write_many(pool, std::slice::from_ref(&write)).await {
+        Ok(done) => Ok(done.contains(&write.op_id())),
+        Err(error) => Err(Unwritten { error, write }),
     }
 }
 
+/// A write that failed (a database error), handed back so its caller keeps its rows.
+pub(crate) struct Unwritten<T> {
+    pub(crate) error: db::Error,
+    pub(crate) write: T,
+}
+
+/// What became of a write: true once committed, false when the lease was lost and nothing was
+/// written (or the writer was stopped): write nothing more for that operation.
+pub(crate) type Written<T> = Result<bool, Unwritten<T>>;
+
 struct Request<T> {
     write: T,
-    reply: oneshot::Sender<db::Result<bool>>,
+    reply: oneshot::Sender<Written<T>>,
 }
 
 /// The handle executions write through.
@@ -98,21 +104,17 @@ impl<T: Grouped> GroupCommit<T> {
         }
     }
 
-    /// Writes `write` (grouped with others); true once committed, false when the lease was
-    /// lost and nothing was written.
-    pub(crate) async fn write(&self, pool: &PgPool, write: T) -> db::Result<bool> {
+    /// Writes `write`, grouped with others, and waits for its own commit.
+    pub(crate) async fn write(&self, pool: &PgPool, write: T) -> Written<T> {
         let (reply, answer) = oneshot::channel();
-        let request = Request {
-            write: write.clone(),
-            reply,
-        };
-        if self.tx.send(request).await.is_ok()
-            && let Ok(written) = answer.await
-        {
-            return written;
+        match self.tx.send(Request { write, reply }).await {
+            // The writer was stopped (worker shutdown) with this write taken, so whether it
+            // committed is unknown: act as on a lost lease and write nothing more for the
+            // operation. Its journal decides what the next claim replays.
+            Ok(()) => answer.await.unwrap_or(Ok(false)),
+            // No writer running: write this one alone.
+            Err(unsent) => write_one(pool, unsent.0.write).await,
         }
-        // No writer (not running, or stopped): write this one alone.
-        write.write_one(pool).await
     }
 
     /// Takes batches off the queue and writes them; runs until aborted. Call once.
@@ -159,20 +161,19 @@ impl<T: Grouped> GroupCommit<T> {
 }
 
 async fn write_batch<T: Grouped>(pool: &PgPool, batch: Vec<Request<T>>) {
-    let writes: Vec<T> = batch.iter().map(|r| r.write.clone()).collect();
+    let (writes, replies): (Vec<T>, Vec<_>) = batch.into_iter().map(|r| (r.write, r.reply)).unzip();
     agentq_core::metrics::GROUP_COMMIT_SIZE.observe(&[T::WHAT], writes.len() as f64);
     match T::write_many(pool, &writes).await {
         Ok(done) => {
             let done: HashSet<Uuid> = done.into_iter().collect();
-            for r in batch {
-                let _ = r.reply.send(Ok(done.contains(&r.write.op_id())));
+            for (w, reply) in writes.iter().zip(replies) {
+                let _ = reply.send(Ok(done.contains(&w.op_id())));
             }
         }
         Err(e) => {
-            tracing::warn!(error = %e, writer = T::WHAT, operations = batch.len(), "grouped write failed; writing one by one");
-            for r in batch {
-                let written = r.write.write_one(pool).await;
-                let _ = r.reply.send(written);
+            tracing::warn!(error = %e, writer = T::WHAT, operations = writes.len(), "grouped write failed; writing one by one");
+            for (w, reply) in writes.into_iter().zip(replies) {
+                let _ = reply.send(write_one(pool, w).await);
             }
         }
     }

@@ -271,38 +271,6 @@ pub async fn renew_leases(
     Ok(rows)
 }
 
-/// Finishes a running operation with its result, writing its pending journal rows in the same
-/// statement. Returns false when the lease was lost (nothing was written).
-pub async fn complete_operation(
-    pool: &PgPool,
-    id: Uuid,
-    epoch: i64,
-    result: &Value,
-    steps: &[StepWrite],
-) -> Result<bool> {
-    let done: Option<Uuid> = bind_journal(
-        sqlx::query_scalar(concat!(
-            "WITH done AS (
-                UPDATE operations
-                   SET status = 'succeeded', result = $15, finished_at = now(), updated_at = now(),
-                       lease_owner = NULL, lease_expires_at = NULL,
-                       error_class = NULL, error_message = NULL
-                 WHERE id = $14 AND epoch = $13 AND status = 'running'
-             RETURNING id
-             ), ",
-            journal_cte!("done"),
-            " SELECT id FROM done"
-        )),
-        steps,
-        epoch,
-        id,
-    )
-    .bind(result)
-    .fetch_optional(pool)
-    .await?;
-    Ok(done.is_some())
-}
-
 /// One running operation's success, for [`complete_operations`].
 #[derive(Clone, Debug)]
 pub struct Completion {
@@ -314,8 +282,8 @@ pub struct Completion {
 }
 
 /// Finishes many running operations with their results and pending journal rows in one
-/// statement (one commit), each fenced by its own epoch exactly as [`complete_operation`].
-/// Returns the ids written; an id missing from it lost its lease (nothing was written for it).
+/// statement (one commit), each fenced by its own epoch and status. Returns the ids written;
+/// an id missing from it lost its lease (nothing was written for it).
 /// The journal upsert is [`journal_cte!`]'s, joined on each row's operation instead of one.
 pub async fn complete_operations(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Uuid>> {
     let ids: Vec<Uuid> = batch.iter().map(|c| c.id).collect();
@@ -344,7 +312,7 @@ pub async fn complete_operations(pool: &PgPool, batch: &[Completion]) -> Result<
         "
          SELECT id FROM done"
     );
-    let done: Vec<Uuid> = bind_steps(sqlx::query_scalar(SQL), &steps)
+    let done: Vec<Uuid> = bind_steps(sqlx::query_scalar(SQL), steps)
         .bind(&ids)
         .bind(&epochs)
         .bind(&results)

@@ -49,22 +49,38 @@ pub(crate) struct StepColumns {
     pub wake_at: Vec<Option<DateTime<Utc>>>,
 }
 
-impl From<&[StepWrite]> for StepColumns {
-    fn from(steps: &[StepWrite]) -> Self {
-        StepColumns {
-            seq: steps.iter().map(|s| s.seq).collect(),
-            name: steps.iter().map(|s| s.name.clone()).collect(),
-            kind: steps.iter().map(|s| s.kind.to_string()).collect(),
-            replay: steps.iter().map(|s| s.replay.to_string()).collect(),
-            key: steps.iter().map(|s| s.idempotency_key.clone()).collect(),
-            status: steps.iter().map(|s| s.status.to_string()).collect(),
-            output: steps.iter().map(|s| s.output.clone()).collect(),
-            error: steps.iter().map(|s| s.error.clone()).collect(),
-            started_at: steps.iter().map(|s| s.started_at).collect(),
-            completed_at: steps.iter().map(|s| s.completed_at).collect(),
-            usage: steps.iter().map(|s| s.usage.clone()).collect(),
-            wake_at: steps.iter().map(|s| s.wake_at).collect(),
+impl StepColumns {
+    /// The columns of `steps`, each field copied once into its array.
+    fn of<'a>(steps: impl IntoIterator<Item = &'a StepWrite>) -> Self {
+        let mut c = StepColumns {
+            seq: Vec::new(),
+            name: Vec::new(),
+            kind: Vec::new(),
+            replay: Vec::new(),
+            key: Vec::new(),
+            status: Vec::new(),
+            output: Vec::new(),
+            error: Vec::new(),
+            started_at: Vec::new(),
+            completed_at: Vec::new(),
+            usage: Vec::new(),
+            wake_at: Vec::new(),
+        };
+        for s in steps {
+            c.seq.push(s.seq);
+            c.name.push(s.name.clone());
+            c.kind.push(s.kind.to_string());
+            c.replay.push(s.replay.to_string());
+            c.key.push(s.idempotency_key.clone());
+            c.status.push(s.status.to_string());
+            c.output.push(s.output.clone());
+            c.error.push(s.error.clone());
+            c.started_at.push(s.started_at);
+            c.completed_at.push(s.completed_at);
+            c.usage.push(s.usage.clone());
+            c.wake_at.push(s.wake_at);
         }
+        c
     }
 }
 
@@ -176,8 +192,11 @@ pub(crate) fn bind_journal<'q, O>(
 }
 
 /// Binds the twelve step columns of `steps` as arrays, in [`journal_cte!`]'s order (`$1`–`$12`).
-pub(crate) fn bind_steps<'q, O>(q: Scalar<'q, O>, steps: &[StepWrite]) -> Scalar<'q, O> {
-    let c = StepColumns::from(steps);
+pub(crate) fn bind_steps<'q, 'a, O>(
+    q: Scalar<'q, O>,
+    steps: impl IntoIterator<Item = &'a StepWrite>,
+) -> Scalar<'q, O> {
+    let c = StepColumns::of(steps);
     q.bind(c.seq)
         .bind(c.name)
         .bind(c.kind)
@@ -192,48 +211,21 @@ pub(crate) fn bind_steps<'q, O>(q: Scalar<'q, O>, steps: &[StepWrite]) -> Scalar
         .bind(c.wake_at)
 }
 
-/// Writes journal rows for a running operation, fenced by its epoch. Returns false when the
-/// lease was lost (nothing was written): the caller must stop the operation at once.
-pub async fn record_steps(
-    pool: &PgPool,
-    id: Uuid,
-    epoch: i64,
-    steps: &[StepWrite],
-) -> Result<bool> {
-    let held: Option<Uuid> = bind_journal(
-        sqlx::query_scalar(concat!(
-            "WITH lease AS (
-                SELECT id FROM operations
-                 WHERE id = $14 AND epoch = $13 AND status = 'running'
-                   FOR SHARE
-             ), ",
-            journal_cte!("lease"),
-            " SELECT id FROM lease"
-        )),
-        steps,
-        epoch,
-        id,
-    )
-    .fetch_optional(pool)
-    .await?;
-    Ok(held.is_some())
-}
-
 /// The rows of many operations, flattened, and the operation of each (for [`journal_many_cte!`]).
 pub(crate) fn owned_rows<'a>(
     batch: impl Iterator<Item = (Uuid, &'a [StepWrite])>,
-) -> (Vec<StepWrite>, Vec<Uuid>) {
+) -> (Vec<&'a StepWrite>, Vec<Uuid>) {
     let mut steps = Vec::new();
     let mut owners = Vec::new();
     for (id, rows) in batch {
-        steps.extend(rows.iter().cloned());
+        steps.extend(rows);
         owners.extend(std::iter::repeat_n(id, rows.len()));
     }
     (steps, owners)
 }
 
 /// One running operation's journal rows, for [`record_steps_many`].
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct StepBatch {
     pub id: Uuid,
     pub epoch: i64,
@@ -241,8 +233,8 @@ pub struct StepBatch {
 }
 
 /// Writes the journal rows of many running operations in one statement (one commit), each
-/// fenced by its own epoch exactly as [`record_steps`]: an operation no longer `running` at its
-/// epoch gets nothing written. Operations are locked (`FOR SHARE`) in id order, like the claim,
+/// fenced by its own epoch: an operation no longer `running` at its epoch gets nothing written
+/// (its lease was lost: its worker must stop it at once). Operations are locked (`FOR SHARE`) in id order, like the claim,
 /// the heartbeat and the completion, so overlapping statements queue instead of deadlocking.
 /// Returns the ids written. Each operation may appear once.
 pub async fn record_steps_many(pool: &PgPool, batch: &[StepBatch]) -> Result<Vec<Uuid>> {
@@ -262,7 +254,7 @@ pub async fn record_steps_many(pool: &PgPool, batch: &[StepBatch]) -> Result<Vec
         "
          SELECT id FROM lease"
     );
-    let held: Vec<Uuid> = bind_steps(sqlx::query_scalar(SQL), &steps)
+    let held: Vec<Uuid> = bind_steps(sqlx::query_scalar(SQL), steps)
         .bind(&ids)
         .bind(&epochs)
         .bind(&owners)
