@@ -24,6 +24,14 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
         )
         .into());
     }
+    let max_steps = crate::bench_durable::MAX_STEPS;
+    if args.scenario == Scenario::DurableSteps && !(1..=max_steps).contains(&args.steps) {
+        return Err(Refused(format!(
+            "--steps must be between 1 and {max_steps} (got {}): it is the length of each operation's program",
+            args.steps
+        ))
+        .into());
+    }
     let tag = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
     config.database_url = db::with_database(&config.database_url, &format!("agentq_bench_{tag}"))?;
     config.namespace = format!("agentq-bench-{tag}");

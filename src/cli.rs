@@ -25,7 +25,7 @@ pub enum Command {
         #[arg(long)]
         concurrency: Option<u16>,
     },
-    /// Fire what is due: dispatch sweeps (and, as they land, timers, reaping, retention).
+    /// Fire what is due: timers (sleeps, waits, timeouts), deadlines, expired leases, dispatch sweeps, retention, batch auto-pause.
     Scheduler,
     /// The quickstart: migrate, then run a worker, a scheduler and the HTTP API in this one process.
     Dev,
@@ -116,7 +116,7 @@ pub enum Command {
     /// Batch campaigns: one operation per document, with canary, pause, resume, cancel, report.
     #[command(subcommand)]
     Batch(crate::batch::BatchCommand),
-    /// Benchmarks (e2e, batch, steps, inflight, timers, waiting, http) in a throwaway database and namespace.
+    /// Benchmarks (e2e, batch, steps, durable-steps, inflight, timers, waiting, http) in a throwaway database and namespace.
     Bench(BenchArgs),
 }
 
