@@ -105,7 +105,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             since,
             json,
         } => {
-            let since = since.as_deref().map(crate::dlq::parse_since).transpose()?;
+            let since = since
+                .as_deref()
+                .map(|s| parse_moment(s, "--since", false))
+                .transpose()?;
             let pool = connect(&config).await?;
             let rows = db::usage(&pool, tenant.as_deref(), since)
                 .await
@@ -566,8 +569,17 @@ pub fn parse_moment(
     what: &str,
     ahead: bool,
 ) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+    // Years PostgreSQL, chrono and a person all agree on; a moment outside is a typo.
+    let in_range =
+        |t: chrono::DateTime<chrono::Utc>| (1970..=9999).contains(&chrono::Datelike::year(&t));
+    let far = || {
+        refuse(format!(
+            "{what} {s:?} is outside the years 1970–9999: give a nearer time"
+        ))
+    };
     if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
-        return Ok(t.with_timezone(&chrono::Utc));
+        let t = t.with_timezone(&chrono::Utc);
+        return if in_range(t) { Ok(t) } else { Err(far()) };
     }
     let bad = || {
         refuse(format!(
@@ -575,20 +587,32 @@ pub fn parse_moment(
         ))
     };
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: i64 = num.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86400,
+    let n: i64 = num.parse().map_err(|_| {
+        if !num.is_empty() && num.chars().all(|c| c.is_ascii_digit()) {
+            far()
+        } else {
+            bad()
+        }
+    })?;
+    let unit_secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
         _ => return Err(bad()),
     };
-    let d = chrono::Duration::seconds(secs);
-    Ok(if ahead {
-        chrono::Utc::now() + d
-    } else {
-        chrono::Utc::now() - d
-    })
+    let now = chrono::Utc::now();
+    n.checked_mul(unit_secs)
+        .and_then(chrono::Duration::try_seconds)
+        .and_then(|d| {
+            if ahead {
+                now.checked_add_signed(d)
+            } else {
+                now.checked_sub_signed(d)
+            }
+        })
+        .filter(|t| in_range(*t))
+        .ok_or_else(far)
 }
 
 /// A point in the future: RFC 3339, or a duration from now.

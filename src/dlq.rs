@@ -146,7 +146,7 @@ fn refuse(msg: impl Into<String>) -> anyhow::Error {
 
 /// A point in the past: RFC 3339, or a duration ago (30m, 2h, 7d).
 pub fn parse_since(s: &str) -> anyhow::Result<DateTime<Utc>> {
-    crate::commands::parse_moment(s, "--since", false)
+    crate::commands::parse_moment(s, "since", false)
 }
 
 /// Builds a dead-letter filter from its parts as a user typed them (CLI flags or query
@@ -196,7 +196,11 @@ impl FilterArgs {
             self.batch.as_deref(),
             self.status.as_deref(),
         )
-        .map_err(|(flag, msg)| refuse(format!("--{flag}: {msg}")))
+        // The messages start with the field's name; on the command line it is a flag.
+        .map_err(|(flag, msg)| match msg.strip_prefix(flag) {
+            Some(rest) => refuse(format!("--{flag}{rest}")),
+            None => refuse(format!("--{flag}: {msg}")),
+        })
     }
 
     fn is_empty(&self) -> bool {

@@ -32,6 +32,7 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures_util::FutureExt as _;
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -259,6 +260,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/operations/{id}/events", get(events::stream))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
+        .layer(middleware::from_fn(catch_panic))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }
@@ -273,6 +275,15 @@ async fn wrong_method() -> ApiError {
         "method-not-allowed",
         "this route does not take that method; see /openapi.json",
     )
+}
+
+/// A handler that panics (a bug) answers a problem+json 500 naming the request id; `observe`
+/// (outside this layer) logs and counts it like any server error, and the server keeps serving.
+async fn catch_panic(req: Request, next: Next) -> Response {
+    std::panic::AssertUnwindSafe(next.run(req))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| ApiError::internal("the handler panicked").into_response())
 }
 
 async fn timeout(req: Request, next: Next) -> Response {
@@ -427,4 +438,38 @@ pub async fn serve(
         .await?;
     state.dispatcher.close().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_a_problem_500_and_the_server_keeps_serving() {
+        async fn boom() -> &'static str {
+            panic!("a bug")
+        }
+        let app = Router::new()
+            .route("/boom", get(boom))
+            .route("/ok", get(|| async { "ok" }))
+            .layer(middleware::from_fn(catch_panic));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = reqwest::Client::new();
+        let r = client
+            .get(format!("http://{addr}/boom"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 500);
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        let ok = client
+            .get(format!("http://{addr}/ok"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ok.text().await.unwrap(), "ok");
+        server.abort();
+    }
 }

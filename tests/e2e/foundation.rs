@@ -101,55 +101,55 @@ async fn same_key_returns_the_same_operation_and_different_input_is_refused() {
 #[tokio::test]
 async fn bad_input_is_refused_with_exit_code_2_and_writes_nothing() {
     let app = TestApp::start().await;
-    let cases: [(&[&str], &str); 5] = [
+    // (tenant, kind, input, further flags, what the refusal must say)
+    let cases: [(&str, &str, &str, &[&str], &str); 9] = [
+        ("t1", "echo", "{not json", &[], "not valid JSON"),
+        ("t1", "nope", "{}", &[], "unknown kind"),
         (
-            &["--tenant", "t1", "--kind", "echo", "--input", "{not json"],
-            "not valid JSON",
-        ),
-        (
-            &["--tenant", "t1", "--kind", "nope", "--input", "{}"],
-            "unknown kind",
-        ),
-        (
-            &[
-                "--tenant",
-                "",
-                "--kind",
-                "echo",
-                "--input",
-                r#"{"text":"x"}"#,
-            ],
+            "",
+            "echo",
+            r#"{"text":"x"}"#,
+            &[],
             "tenant must not be empty",
         ),
+        ("t1", "echo", r#"{"txt":"x"}"#, &[], "does not fit kind"),
+        ("t1", "echo", r#"{"text":"x"}"#, &["--lane", "fast"], "lane"),
+        // Durations and times at the edges: refused by name, never a panic (exit 101).
         (
-            &[
-                "--tenant",
-                "t1",
-                "--kind",
-                "echo",
-                "--input",
-                r#"{"txt":"x"}"#,
-            ],
-            "does not fit kind",
+            "t1",
+            "echo",
+            r#"{"text":"x"}"#,
+            &["--deadline", "100000000d"],
+            "--deadline \"100000000d\" is outside the years",
         ),
         (
-            &[
-                "--tenant",
-                "t1",
-                "--kind",
-                "echo",
-                "--input",
-                r#"{"text":"x"}"#,
-                "--lane",
-                "fast",
-            ],
-            "lane",
+            "t1",
+            "script",
+            r#"{"steps":[{"sleep_ms":18446744073709551615}]}"#,
+            &[],
+            "steps[0].sleep_ms",
+        ),
+        (
+            "t1",
+            "script",
+            r#"{"steps":[{"work_ms":0},{"wait_signal":"go","timeout_ms":9999999999999999}]}"#,
+            &[],
+            "steps[1].timeout_ms",
+        ),
+        (
+            "t1",
+            "agent",
+            r#"{"user":"x","approval_timeout_s":18446744073709551615}"#,
+            &[],
+            "approval_timeout_s",
         ),
     ];
-    for (args, expected) in cases {
-        let mut full = vec!["enqueue"];
-        full.extend_from_slice(args);
-        let out = app.agentq(&full);
+    for (tenant, kind, input, extra, expected) in cases {
+        let mut args = vec![
+            "enqueue", "--tenant", tenant, "--kind", kind, "--input", input,
+        ];
+        args.extend_from_slice(extra);
+        let out = app.agentq(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?} should be refused");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -160,6 +160,21 @@ async fn bad_input_is_refused_with_exit_code_2_and_writes_nothing() {
     assert_eq!(app.operation_count().await, 0);
     let out = app.agentq(&["status", "not-an-id"]);
     assert_eq!(out.status.code(), Some(2));
+    for since in [
+        "100000000d",
+        "99999999999999999999999d",
+        "0001-01-01T00:00:00Z",
+    ] {
+        for args in [
+            vec!["dlq", "list", "--since", since],
+            vec!["usage", "--since", since],
+        ] {
+            let out = app.agentq(&args);
+            assert_eq!(out.status.code(), Some(2), "{args:?}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains("--since"), "{args:?}: {stderr}");
+        }
+    }
     app.cleanup().await;
 }
 

@@ -49,6 +49,32 @@ pub const DEFERRED_FLUSH_AFTER: Duration = Duration::from_secs(5);
 /// Deferred steps' rows held at most; past this many they are written at the next boundary.
 pub const DEFERRED_MAX_ROWS: usize = 64;
 
+/// The longest a sleep or a wait may last: 100 years. Longer ones (a duration typed with too
+/// many digits) are refused: their wake time would overflow, or fall past what PostgreSQL
+/// stores.
+pub const MAX_PARK: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
+
+/// Checks a sleep's or wait's length against [`MAX_PARK`]; the error names `field` and the
+/// limit. Kinds call it on their inputs so a producer's too-long duration is refused at
+/// enqueue.
+pub fn check_park(field: &str, d: std::time::Duration) -> Result<(), String> {
+    if d > MAX_PARK {
+        return Err(format!(
+            "{field}: {} s is longer than the longest sleep or wait, 100 years ({} s)",
+            d.as_secs(),
+            MAX_PARK.as_secs()
+        ));
+    }
+    Ok(())
+}
+
+/// The wake time `d` from now, or a non-retryable error past [`MAX_PARK`].
+fn wake_after(what: &str, d: std::time::Duration) -> Result<DateTime<Utc>, JobError> {
+    check_park(what, d).map_err(JobError::NonRetryable)?;
+    // Within MAX_PARK both conversions and the sum are in range.
+    Ok(Utc::now() + chrono::Duration::from_std(d).unwrap_or_default())
+}
+
 /// Whether a step may run again after a crash left its outcome unknown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Replay {
@@ -467,8 +493,7 @@ impl JobContext {
     /// A durable sleep: the operation parks as `sleeping`, the worker lets go of it, and the
     /// scheduler wakes it after `duration` (measured from the first execution, journaled).
     pub async fn sleep(&self, duration: std::time::Duration) -> Result<(), JobError> {
-        let until =
-            Utc::now() + chrono::Duration::from_std(duration).unwrap_or(chrono::Duration::MAX);
+        let until = wake_after("sleep", duration)?;
         self.sleep_until(until).await
     }
 
@@ -512,8 +537,7 @@ impl JobContext {
             }
             Some(e) => e.wake_at.unwrap_or_else(Utc::now),
             None => {
-                let deadline = Utc::now()
-                    + chrono::Duration::from_std(timeout).unwrap_or(chrono::Duration::MAX);
+                let deadline = wake_after(&format!("wait for {name:?}"), timeout)?;
                 // The wait step must exist before it can be resolved.
                 self.push(
                     self.park_row(seq, &step, "signal", key.clone(), deadline),

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::context::{JobContext, JobError, Replay, SignalOutcome};
+use crate::context::{JobContext, JobError, Replay, SignalOutcome, check_park};
 use crate::model::ModelRequest;
 use crate::registry::Registry;
 use crate::tool::{Reconciled, Tool};
@@ -47,9 +47,32 @@ pub async fn echo(ctx: JobContext, input: EchoInput) -> Result<EchoOutput, JobEr
 
 /// Input of `script`: the steps to run, in order.
 #[derive(Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, try_from = "ScriptProgram")]
 pub struct ScriptInput {
     pub steps: Vec<ScriptStep>,
+}
+
+/// `script`'s input as written, before its durations are checked.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptProgram {
+    steps: Vec<ScriptStep>,
+}
+
+impl TryFrom<ScriptProgram> for ScriptInput {
+    type Error = String;
+
+    fn try_from(p: ScriptProgram) -> Result<Self, String> {
+        for (i, step) in p.steps.iter().enumerate() {
+            let (field, ms) = match step {
+                ScriptStep::Sleep { sleep_ms } => ("sleep_ms", *sleep_ms),
+                ScriptStep::WaitSignal { timeout_ms, .. } => ("timeout_ms", *timeout_ms),
+                _ => continue,
+            };
+            check_park(&format!("steps[{i}].{field}"), Duration::from_millis(ms))?;
+        }
+        Ok(Self { steps: p.steps })
+    }
 }
 
 /// One instruction of a `script` program.
@@ -373,8 +396,11 @@ pub struct AgentInput {
     pub approval: Vec<AgentTool>,
     #[serde(default = "default_max_turns")]
     pub max_turns: u32,
-    /// Seconds an approval may take (default 72 h).
-    #[serde(default = "default_approval_timeout")]
+    /// Seconds an approval may take (default 72 h, at most [`crate::context::MAX_PARK`]).
+    #[serde(
+        default = "default_approval_timeout",
+        deserialize_with = "approval_timeout"
+    )]
     pub approval_timeout_s: u64,
 }
 
@@ -398,6 +424,13 @@ fn default_max_turns() -> u32 {
 
 fn default_approval_timeout() -> u64 {
     72 * 3600
+}
+
+fn approval_timeout<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let secs = u64::deserialize(d)?;
+    check_park("approval_timeout_s", Duration::from_secs(secs))
+        .map_err(serde::de::Error::custom)?;
+    Ok(secs)
 }
 
 /// Runs the agent loop with the built-in tools the input names.

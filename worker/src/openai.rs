@@ -344,14 +344,28 @@ pub fn parse_completion(v: &Value) -> Result<ModelResponse, ModelError> {
     })
 }
 
-/// `Retry-After` in seconds or as an HTTP date, or OpenAI's `retry-after-ms`.
+/// The longest a provider's `Retry-After` is honoured: a longer (or absurd) value is read as
+/// this, so a provider cannot park operations for years or overflow the wake time.
+pub const MAX_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Now + `secs`, clamped to `0..=MAX_RETRY_AFTER`; `None` for a value that is not a number.
+fn after_secs(secs: f64) -> Option<DateTime<Utc>> {
+    if secs.is_nan() {
+        return None;
+    }
+    let ms = (secs.clamp(0.0, MAX_RETRY_AFTER.as_secs_f64()) * 1000.0) as i64;
+    Some(Utc::now() + chrono::Duration::milliseconds(ms))
+}
+
+/// `Retry-After` in seconds or as an HTTP date, or OpenAI's `retry-after-ms`; at most
+/// [`MAX_RETRY_AFTER`] from now.
 pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<DateTime<Utc>> {
     if let Some(ms) = headers
         .get("retry-after-ms")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
     {
-        return Some(Utc::now() + chrono::Duration::milliseconds(ms as i64));
+        return after_secs(ms / 1000.0);
     }
     let v = headers
         .get(reqwest::header::RETRY_AFTER)?
@@ -361,14 +375,16 @@ pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<DateTime<Utc>
     parse_retry_after(v)
 }
 
-/// Parses a `Retry-After` value: delay-seconds or an HTTP date (RFC 9110).
+/// Parses a `Retry-After` value: delay-seconds or an HTTP date (RFC 9110), at most
+/// [`MAX_RETRY_AFTER`] from now.
 pub fn parse_retry_after(v: &str) -> Option<DateTime<Utc>> {
     if let Ok(secs) = v.parse::<f64>() {
-        return Some(Utc::now() + chrono::Duration::milliseconds((secs * 1000.0) as i64));
+        return after_secs(secs);
     }
-    DateTime::parse_from_rfc2822(v)
-        .ok()
-        .map(|d| d.with_timezone(&Utc))
+    let at = DateTime::parse_from_rfc2822(v).ok()?.with_timezone(&Utc);
+    let now = Utc::now();
+    let latest = now + chrono::Duration::from_std(MAX_RETRY_AFTER).unwrap_or_default();
+    Some(at.clamp(now, latest))
 }
 
 /// Maps an error response to a failure class by status and the body's `error.type` /
@@ -442,6 +458,7 @@ pub fn classify(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::Timelike;
 
     fn class(status: u16, body: Value) -> &'static str {
         match classify(StatusCode::from_u16(status).unwrap(), &body, None) {
@@ -487,9 +504,32 @@ mod tests {
     fn retry_after_in_seconds_and_as_a_date() {
         let in_2s = parse_retry_after("2").unwrap();
         assert!((in_2s - Utc::now()).num_milliseconds() > 1500);
-        let date = parse_retry_after("Wed, 21 Oct 2026 07:28:00 GMT").unwrap();
-        assert_eq!(date.to_rfc3339(), "2026-10-21T07:28:00+00:00");
+        let in_10m = (Utc::now() + chrono::Duration::minutes(10))
+            .with_nanosecond(0)
+            .unwrap();
+        let date = parse_retry_after(&in_10m.to_rfc2822()).unwrap();
+        assert!(
+            (date - in_10m).num_milliseconds().abs() < 1000,
+            "{date} ≠ {in_10m}"
+        );
+        // A date past is "now"; absurd values are clamped to an hour, never overflow.
+        let past = parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT").unwrap();
+        assert!((past - Utc::now()).num_seconds().abs() <= 1);
+        let hour = chrono::Duration::from_std(MAX_RETRY_AFTER).unwrap();
+        for far in [
+            "1e300",
+            "99999999999999999999",
+            "Fri, 31 Dec 9999 23:59:59 GMT",
+        ] {
+            let at = parse_retry_after(far).unwrap();
+            assert!(
+                (at - Utc::now() - hour).num_seconds().abs() <= 1,
+                "{far}: {at}"
+            );
+        }
+        assert!(parse_retry_after("-5").unwrap() <= Utc::now());
         assert!(parse_retry_after("soon").is_none());
+        assert!(parse_retry_after("NaN").is_none());
     }
 
     #[test]

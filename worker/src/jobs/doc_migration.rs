@@ -198,6 +198,7 @@ impl TryFrom<RawInput> for DocMigrationInput {
         if timeout_ms == 0 {
             return Err("review.timeout_ms must be more than 0".into());
         }
+        crate::context::check_park("review.timeout_ms", Duration::from_millis(timeout_ms))?;
         Ok(Self {
             doc_id: raw.doc_id,
             source,
