@@ -308,6 +308,9 @@ async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {
     if deadline.is_some_and(|d| d <= chrono::Utc::now()) {
         return Err(refuse("--deadline is in the past"));
     }
+    if let Some(k) = &args.key {
+        agentq_core::operation::check_producer_key(k).map_err(|e| refuse(format!("--key: {e}")))?;
+    }
     let pool = connect(&config).await?;
     let (producer, dispatcher) = producer(&config, pool, "enqueue");
     // The enqueue is a span of its own: a child of `TRACEPARENT` when the caller sets one (the

@@ -311,6 +311,22 @@ pub fn input_sha256(input: &serde_json::Value) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// Dedupe-key prefixes agentq derives itself: a webhook delivery's `webhook:{source}:{id}`
+/// and a batch document's `batch:{batch}:{doc}`.
+pub const DERIVED_KEY_PREFIXES: [&str; 2] = ["webhook:", "batch:"];
+
+/// Refuses a dedupe key a producer chose (`--key`, `Idempotency-Key`) that falls in a namespace
+/// agentq derives keys in, so a producer can never take the key of a genuine webhook delivery
+/// or batch document before it arrives.
+pub fn check_producer_key(key: &str) -> Result<(), String> {
+    match DERIVED_KEY_PREFIXES.iter().find(|p| key.starts_with(*p)) {
+        Some(p) => Err(format!(
+            "keys starting with {p:?} are agentq's own (webhook deliveries and batch documents); choose another key"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The idempotency key of a step: hex SHA-256 of `op_id ‖ seq ‖ name`, stable across retries.
 pub fn step_idempotency_key(op_id: OperationId, seq: i32, name: &str) -> String {
     let mut h = Sha256::new();
@@ -322,6 +338,15 @@ pub fn step_idempotency_key(op_id: OperationId, seq: i32, name: &str) -> String 
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn producer_keys_stay_out_of_the_derived_namespaces() {
+        assert!(check_producer_key("webhook:tracker:evt_2").is_err());
+        assert!(check_producer_key("batch:b:doc").is_err());
+        assert!(check_producer_key("order-42").is_ok());
+        assert!(check_producer_key("my-webhook:1").is_ok());
+    }
+
     use super::*;
 
     #[test]

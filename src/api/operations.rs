@@ -50,6 +50,9 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
     if s.is_empty() || s.len() > MAX_IDEMPOTENCY_KEY || !s.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(bad());
     }
+    agentq_core::operation::check_producer_key(s).map_err(|e| {
+        ApiError::unprocessable(format!("Idempotency-Key: {e}")).field("Idempotency-Key")
+    })?;
     Ok(Some(s.to_string()))
 }
 

@@ -1195,6 +1195,22 @@ fn battery(
         cases.push(c);
     }
 
+    // A producer's key in a namespace agentq derives keys in (a webhook delivery's, a batch
+    // document's): 422, so it can never take a genuine delivery's key before it arrives.
+    for key in [
+        "webhook:tracker:evt_2",
+        "batch:00000000-0000-0000-0000-000000000000:doc-1",
+    ] {
+        let mut c = Case::create(format!("squatted key {key}"), producer, valid.to_string())
+            .expect(422)
+            .header(
+                "idempotency-key",
+                HeaderValue::from_str(key).expect("a header value"),
+            );
+        c.mentions = Some("Idempotency-Key".into());
+        cases.push(c);
+    }
+
     // An admin names any tenant, but only a valid one: 422.
     let long_tenant = "t".repeat(129);
     for tenant in [

@@ -102,7 +102,7 @@ async fn same_key_returns_the_same_operation_and_different_input_is_refused() {
 async fn bad_input_is_refused_with_exit_code_2_and_writes_nothing() {
     let app = TestApp::start().await;
     // (tenant, kind, input, further flags, what the refusal must say)
-    let cases: [(&str, &str, &str, &[&str], &str); 9] = [
+    let cases: [(&str, &str, &str, &[&str], &str); 10] = [
         ("t1", "echo", "{not json", &[], "not valid JSON"),
         ("t1", "nope", "{}", &[], "unknown kind"),
         (
@@ -114,6 +114,13 @@ async fn bad_input_is_refused_with_exit_code_2_and_writes_nothing() {
         ),
         ("t1", "echo", r#"{"txt":"x"}"#, &[], "does not fit kind"),
         ("t1", "echo", r#"{"text":"x"}"#, &["--lane", "fast"], "lane"),
+        (
+            "t1",
+            "echo",
+            r#"{"text":"x"}"#,
+            &["--key", "webhook:tracker:evt_2"],
+            "--key: keys starting with \"webhook:\" are agentq's own",
+        ),
         // Durations and times at the edges: refused by name, never a panic (exit 101).
         (
             "t1",
