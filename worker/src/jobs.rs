@@ -535,12 +535,11 @@ impl Tool for HttpGet {
             .await
             .map_err(|_| JobError::retryable(format!("fetching from {host} failed")))?;
         let status = response.status().as_u16();
-        let bytes = response
-            .bytes()
+        let (bytes, truncated) = crate::outbound::read_capped(response, HTTP_GET_CAP)
             .await
             .map_err(|_| JobError::retryable(format!("reading from {host} failed")))?;
-        let body = String::from_utf8_lossy(&bytes[..bytes.len().min(HTTP_GET_CAP)]).into_owned();
-        Ok(json!({ "status": status, "body": body, "truncated": bytes.len() > HTTP_GET_CAP }))
+        let body = String::from_utf8_lossy(&bytes).into_owned();
+        Ok(json!({ "status": status, "body": body, "truncated": truncated }))
     }
 }
 

@@ -15,6 +15,7 @@ pub mod jobs;
 mod lease;
 pub mod model;
 pub mod openai;
+pub mod outbound;
 pub mod registry;
 pub mod tool;
 

@@ -287,10 +287,10 @@ impl Callback {
     }
 }
 
-/// Reads a JSON answer (at most [`ANSWER_CAP`]); anything else is `null`.
+/// Reads a JSON answer (at most [`ANSWER_CAP`], cut while it streams); anything else is `null`.
 async fn answer_body(response: reqwest::Response) -> Value {
-    match response.bytes().await {
-        Ok(b) if b.len() <= ANSWER_CAP => serde_json::from_slice(&b).unwrap_or(Value::Null),
+    match crate::outbound::read_capped(response, ANSWER_CAP).await {
+        Ok((b, false)) => serde_json::from_slice(&b).unwrap_or(Value::Null),
         _ => Value::Null,
     }
 }
