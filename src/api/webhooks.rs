@@ -1,7 +1,7 @@
 //! `POST /v1/webhooks/{source}`: Standard Webhooks ingress. A delivery is verified against the
 //! source's valid secrets (HMAC-SHA256 over `id.timestamp.body`, constant-time, ±5 minutes)
 //! before anything is parsed or written; its `webhook-id` is the dedupe key, so a sender's
-//! retries map to one operation. A source with a config gets the input
+//! retries map to one operation. An unknown source answers the same 401 as a bad signature. A source with a config gets the input
 //! `{"event": body, "source", "webhook_id", "config"}`; one without gets the body.
 
 use std::sync::Arc;
@@ -32,24 +32,26 @@ pub async fn deliver(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    if source.is_empty() || source.len() > 128 {
-        return Err(ApiError::not_found("no such webhook source").field("source"));
-    }
     let bytes = body::bytes(body).await?;
-    let targets = db::access::sources_named(&state.pool, &source).await?;
-    if targets.is_empty() {
-        return Err(ApiError::not_found(format!(
-            "no webhook source {source:?}; create it with `agentq webhooks add`"
-        ))
-        .field("source"));
-    }
+    // An unknown source is refused exactly like a delivery its secret did not sign, so the
+    // answer never tells a caller which sources exist.
+    let targets = if (1..=128).contains(&source.len()) {
+        db::access::sources_named(&state.pool, &source).await?
+    } else {
+        Vec::new()
+    };
     let (id, ts, sig) = (
         header(&headers, "webhook-id"),
         header(&headers, "webhook-timestamp"),
         header(&headers, "webhook-signature"),
     );
     let now = chrono::Utc::now();
-    let mut refusal = None;
+    // No target: the same checks against no secret, so the reason is the one a known source
+    // would give.
+    let mut refusal = targets
+        .is_empty()
+        .then(|| webhook::verify(&[], id, ts, sig, &bytes, now).err())
+        .flatten();
     let mut verified = None;
     for target in &targets {
         let secrets: Vec<Secret> = target

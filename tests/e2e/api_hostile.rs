@@ -157,7 +157,8 @@ async fn api_webhooks_accept_a_signed_delivery_once_and_old_and_new_secrets_afte
         r.text()
     );
     problem_shape(&r).unwrap_or_else(|e| panic!("{e}"));
-    // An unknown source.
+    // An unknown source: the 401 of a delivery its secret did not sign (it has none), so
+    // sources cannot be enumerated.
     deliver(
         &api,
         "nosuch",
@@ -165,7 +166,7 @@ async fn api_webhooks_accept_a_signed_delivery_once_and_old_and_new_secrets_afte
         "an unknown source",
     )
     .await
-    .problem(404, "not-found");
+    .problem(401, "unauthorized");
     assert_eq!(app.operation_count().await, 2);
 
     // Rotation: deliveries signed with the old secret and with the new one both go through.
@@ -391,6 +392,25 @@ async fn api_webhooks_refuse_a_thousand_tampered_deliveries_and_store_nothing() 
     )
     .await
     .expect(202);
+    assert_eq!(app.operation_count().await, before + 1);
+
+    // An unknown source answers exactly as a known one whose secret did not sign: a caller
+    // cannot tell which sources exist.
+    let forged = Delivery::signed(&Secret::generate(), "msg_probe", br#"{"text":"x"}"#, 0);
+    let unsigned = Delivery {
+        signature: None,
+        ..forged.clone()
+    };
+    for d in [&forged, &unsigned] {
+        let known = deliver(&api, "crm", d, "to a known source").await;
+        let unknown = deliver(&api, "no-such-source", d, "to an unknown source").await;
+        let too_long = deliver(&api, &"s".repeat(200), d, "to an overlong source").await;
+        for r in [&unknown, &too_long] {
+            assert_eq!(r.status, known.status, "{}", r.text());
+            let (a, b) = (problem_shape(&known).unwrap(), problem_shape(r).unwrap());
+            assert_eq!((&a["type"], &a["detail"]), (&b["type"], &b["detail"]));
+        }
+    }
     assert_eq!(app.operation_count().await, before + 1);
     assert!(
         !app.wait_exit(server, Duration::from_millis(10)).await,
