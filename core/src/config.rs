@@ -185,6 +185,17 @@ pub struct Config {
     )]
     pub tenant_max_queued: i64,
 
+    /// Let a producer token approve or reject (signals `approval` and `review`) its own tenant's
+    /// operations over the API. Off by default: approving is an operator's act on every
+    /// surface; turn it on for a tenant whose own service is the reviewer.
+    #[arg(
+        long,
+        env = "AGENTQ_PRODUCER_MAY_APPROVE",
+        default_value_t = false,
+        global = true
+    )]
+    pub producer_may_approve: bool,
+
     /// JSON keys whose values the console shows as `[redacted]` even when an operator reveals
     /// an operation's payloads (comma-separated, any depth; e.g. `email,ssn,api_key`).
     #[arg(long, env = "AGENTQ_CONSOLE_REDACT", global = true)]

@@ -78,6 +78,8 @@ pub struct ApiState {
     redact_keys: Vec<String>,
     /// Admission control: most queued operations a tenant may have before 429.
     tenant_max_queued: i64,
+    /// `AGENTQ_PRODUCER_MAY_APPROVE`: a producer token may send approval signals.
+    producer_may_approve: bool,
     queued: Mutex<HashMap<String, Queued>>,
     broker: Mutex<Option<(Instant, bool)>>,
     metrics: meta::Metrics,
@@ -403,6 +405,7 @@ pub fn state(config: &Config, pool: PgPool, shutdown: CancellationToken) -> Arc<
         producer,
         dispatcher,
         tenant_max_queued: config.tenant_max_queued,
+        producer_may_approve: config.producer_may_approve,
         redact_keys: config
             .console_redact
             .as_deref()

@@ -261,6 +261,16 @@ pub async fn signal(
         )
         .field("name"));
     }
+    // Approving or rejecting is an operator's act, as in the console, unless the deployment
+    // lets a tenant's own service approve.
+    if agentq_core::operation::is_approval_signal(&name) && !state.producer_may_approve {
+        caller.require(Role::Operator).map_err(|_| {
+            ApiError::forbidden(format!(
+                "the signal {name:?} approves or rejects, which needs an operator token (or \
+                 AGENTQ_PRODUCER_MAY_APPROVE=true on the server); nothing was sent"
+            ))
+        })?;
+    }
     let payload: Value = body::optional_json(&headers, body).await?;
     let sent = db::timers::send_signal(
         &state.pool,

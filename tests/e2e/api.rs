@@ -830,6 +830,95 @@ async fn api_an_operation_created_over_http_runs_to_success_and_reads_back() {
 }
 
 #[tokio::test]
+async fn approving_needs_an_operator_unless_the_deployment_lets_producers() {
+    let mut app = running_app().await;
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let producer = app.token("acme", "producer");
+    let operator = app.token("acme", "operator");
+    let signal = |op: &str, name: &str| format!("/v1/operations/{op}/signals/{name}");
+    let waiting = api
+        .create(
+            &producer,
+            &json!({ "kind": "script", "input": waits_for("approval") }),
+        )
+        .await;
+    // Waits for `go`, then for an approval: an approval sent now would be kept for later.
+    let later = api
+        .create(
+            &producer,
+            &json!({ "kind": "script", "input": { "steps": [
+                { "wait_signal": "go", "timeout_ms": 600_000 },
+                { "wait_signal": "approval", "timeout_ms": 600_000 }
+            ] } }),
+        )
+        .await;
+    app.wait_status(&later, "waiting", DEADLINE).await;
+    app.wait_status(&waiting, "waiting", DEADLINE).await;
+
+    // A producer approves nothing: not a waiting operation, not one that waits later, not a
+    // review; nothing is sent or kept.
+    for (op, name) in [
+        (&waiting, "approval"),
+        (&later, "approval"),
+        (&waiting, "review"),
+    ] {
+        let r = api
+            .post(
+                &signal(op, name),
+                Some(&producer),
+                &json!({ "approved": true }),
+            )
+            .await;
+        assert!(
+            r.problem(403, "forbidden")["detail"]
+                .as_str()
+                .unwrap()
+                .contains("operator")
+        );
+    }
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM signals")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, 0, "nothing was sent");
+    // Its other signals still go through; an operator approves.
+    api.post(&signal(&later, "go"), Some(&producer), &json!({}))
+        .await
+        .expect(202);
+    api.post(
+        &signal(&waiting, "approval"),
+        Some(&operator),
+        &json!({ "approved": true }),
+    )
+    .await
+    .expect(202);
+    app.wait_status(&waiting, "succeeded", DEADLINE).await;
+
+    // A deployment that lets a tenant's own service approve.
+    app.set_env("AGENTQ_PRODUCER_MAY_APPROVE", "true");
+    let (_, trusting) = app.serve().await;
+    let trusting = Api::new(&trusting);
+    let op = trusting
+        .create(
+            &producer,
+            &json!({ "kind": "script", "input": waits_for("approval") }),
+        )
+        .await;
+    app.wait_status(&op, "waiting", DEADLINE).await;
+    trusting
+        .post(
+            &signal(&op, "approval"),
+            Some(&producer),
+            &json!({ "approved": true }),
+        )
+        .await
+        .expect(202);
+    app.wait_status(&op, "succeeded", DEADLINE).await;
+    app.cleanup().await;
+}
+
+#[tokio::test]
 async fn api_signals_are_delivered_or_kept_and_cancel_stops_operations() {
     let mut app = running_app().await;
     let (_, base) = app.serve().await;
