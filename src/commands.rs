@@ -56,7 +56,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve => {
             let pool = connect(&config).await?;
             let shutdown = shutdown_on_signal();
-            crate::api::serve(&config, pool, &config.listen, shutdown).await
+            let metrics_pool = pool.clone();
+            with_metrics(
+                &config,
+                Some(metrics_pool),
+                crate::api::serve(&config, pool, &config.listen, shutdown),
+            )
+            .await
         }
         Command::Enqueue(args) => enqueue(config, args).await,
         Command::Status { op, json } => status(config, &op, json).await,

@@ -346,12 +346,31 @@ pub async fn refresh_database_gauges(pool: &PgPool) {
     }
 }
 
-/// The `/metrics` body: the database gauges read first when there is a pool.
+/// The `/metrics` body: with a pool, the database gauges are read first when the last read is
+/// older than [`GAUGES_TTL`].
 pub async fn scrape(pool: Option<&PgPool>) -> String {
-    if let Some(pool) = pool {
+    if let Some(pool) = pool
+        && gauges_due()
+    {
         refresh_database_gauges(pool).await;
     }
     global().render()
+}
+
+/// How long the database gauges are reused: however often `/metrics` is scraped (by several
+/// Prometheus replicas, or a caller in a loop), the database sees at most one set of gauge
+/// queries per process in this time.
+pub const GAUGES_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// True when the gauges were last read [`GAUGES_TTL`] ago or never; claims the refresh.
+fn gauges_due() -> bool {
+    static LAST: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().expect("gauges refresh lock");
+    if last.is_some_and(|t| t.elapsed() < GAUGES_TTL) {
+        return false;
+    }
+    *last = Some(std::time::Instant::now());
+    true
 }
 
 /// The content type of [`Registry::render`]'s text.

@@ -17,6 +17,8 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::ApiState;
+use super::auth::{Caller, Role};
+use super::problem::ApiResult;
 
 /// The API's request metrics, recorded in the process's registry.
 #[derive(Default)]
@@ -63,9 +65,12 @@ pub async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
     response
 }
 
-/// `GET /metrics`: Prometheus text, with the database gauges read now.
-pub async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
-    prometheus(Some(&state.pool)).await
+/// `GET /metrics` on the API address: Prometheus text with every tenant's counts, so it needs
+/// an operator token (Prometheus sends it with `authorization`); `AGENTQ_METRICS_ADDR` serves
+/// the same without a token on an address an operator keeps private.
+pub async fn metrics(State(state): State<Arc<ApiState>>, caller: Caller) -> ApiResult<Response> {
+    caller.require(Role::Operator)?;
+    Ok(prometheus(Some(&state.pool)).await)
 }
 
 async fn prometheus(pool: Option<&PgPool>) -> Response {

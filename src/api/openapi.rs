@@ -167,8 +167,8 @@ pub const ROUTES: &[Route] = &[
     r(
         "get",
         "/metrics",
-        "Prometheus metrics",
-        Access::Public,
+        "Prometheus metrics (every tenant's counts; AGENTQ_METRICS_ADDR serves them without a token)",
+        Access::Operator,
         None,
         (200, "Metrics"),
     ),

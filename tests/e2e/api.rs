@@ -1529,7 +1529,9 @@ async fn api_health_metrics_and_an_openapi_document_that_matches_the_routes() {
 
     // Some traffic, then the metrics.
     api.get("/v1/dlq", Some(&admin)).await.expect(200);
-    let metrics = api.get("/metrics", None).await;
+    // Every tenant's counts: an operator's (or admin's) token, never none.
+    api.get("/metrics", None).await.problem(401, "unauthorized");
+    let metrics = api.get("/metrics", Some(&admin)).await;
     assert_eq!(metrics.status, 200, "{}", metrics.text());
     let ct = metrics.header("content-type").unwrap_or_default();
     assert!(ct.starts_with("text/plain"), "metrics content-type {ct:?}");

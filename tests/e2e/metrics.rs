@@ -34,8 +34,19 @@ struct Scrape {
 }
 
 impl Scrape {
+    /// A scrape of a metrics address (no token).
     async fn of(url: &str) -> Self {
-        let resp = reqwest::get(url)
+        Self::fetch(reqwest::Client::new().get(url), url).await
+    }
+
+    /// A scrape of the API's `/metrics`, which needs an operator token.
+    async fn authed(url: &str, token: &str) -> Self {
+        Self::fetch(reqwest::Client::new().get(url).bearer_auth(token), url).await
+    }
+
+    async fn fetch(req: reqwest::RequestBuilder, url: &str) -> Self {
+        let resp = req
+            .send()
             .await
             .unwrap_or_else(|e| panic!("GET {url}: {e}"));
         assert_eq!(resp.status(), 200, "GET {url}");
@@ -100,11 +111,21 @@ async fn metrics_move_as_operations_run_succeed_and_fail() {
     let api_url = format!("{base}/metrics");
     let api = Api::new(&base);
     let token = app.token("t1", "producer");
+    let operator = app.token("t1", "operator");
 
+    // The API's /metrics carries every tenant's counts: no token or a producer's gets nothing.
+    for t in [None, Some(&token)] {
+        let mut req = reqwest::Client::new().get(&api_url);
+        if let Some(t) = t {
+            req = req.bearer_auth(t);
+        }
+        let status = req.send().await.unwrap().status();
+        assert!([401, 403].contains(&status.as_u16()), "{t:?}: {status}");
+    }
     let before = [
         Scrape::of(&worker_url).await,
         Scrape::of(&scheduler_url).await,
-        Scrape::of(&api_url).await,
+        Scrape::authed(&api_url, &operator).await,
     ];
     for s in &before {
         for name in [
@@ -233,8 +254,19 @@ async fn metrics_move_as_operations_run_succeed_and_fail() {
         0.0
     );
 
+    // The database gauges are read at most every GAUGES_TTL (5 s) per process: scrape until
+    // a read after the last operation finished has happened.
+    let caught_up = |s: &Scrape| {
+        s.get("agentq_operations", &[("status", "succeeded")]) == ok_n + 1.0
+            && s.get("agentq_operations", &[("status", "dead")]) == dead_n
+    };
+    let s1 = app
+        .wait_until("the scheduler's database gauges", DEADLINE, || async {
+            let s = Scrape::of(&scheduler_url).await;
+            caught_up(&s).then_some(s)
+        })
+        .await;
     // The scheduler woke the sleeper: one timer lag observed.
-    let s1 = Scrape::of(&scheduler_url).await;
     assert!(
         s1.get("agentq_timer_lag_seconds_count", &[])
             - s0.get("agentq_timer_lag_seconds_count", &[])
@@ -244,7 +276,12 @@ async fn metrics_move_as_operations_run_succeed_and_fail() {
     );
 
     // The API: enqueued by kind, and the database gauges read at scrape time.
-    let a1 = Scrape::of(&api_url).await;
+    let a1 = app
+        .wait_until("the API's database gauges", DEADLINE, || async {
+            let s = Scrape::authed(&api_url, &operator).await;
+            caught_up(&s).then_some(s)
+        })
+        .await;
     let enqueued =
         |s: &Scrape, kind: &str| s.get("agentq_operations_enqueued_total", &[("kind", kind)]);
     assert_eq!(enqueued(&a1, "echo") - enqueued(a0, "echo"), ok_n);
