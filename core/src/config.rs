@@ -185,6 +185,24 @@ pub struct Config {
     )]
     pub tenant_max_queued: i64,
 
+    /// Event streams (`GET …/events`) one token may hold open at once; more answer 429.
+    #[arg(
+        long,
+        env = "AGENTQ_STREAMS_PER_TOKEN",
+        default_value_t = 16,
+        global = true
+    )]
+    pub streams_per_token: usize,
+
+    /// Event streams one `agentq serve` holds open at once, all tokens together; more answer 429.
+    #[arg(
+        long,
+        env = "AGENTQ_STREAMS_MAX",
+        default_value_t = 1000,
+        global = true
+    )]
+    pub streams_max: usize,
+
     /// Let a producer token approve or reject (signals `approval` and `review`) its own tenant's
     /// operations over the API. Off by default: approving is an operator's act on every
     /// surface; turn it on for a tenant whose own service is the reviewer.

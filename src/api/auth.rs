@@ -23,7 +23,7 @@ pub enum Role {
 }
 
 impl Role {
-    fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         match s {
             "producer" => Some(Role::Producer),
             "operator" => Some(Role::Operator),
@@ -48,6 +48,8 @@ pub struct Caller {
     pub role: Role,
     /// The token's public prefix (`agq_` and 8 characters), used as the audit actor.
     pub prefix: String,
+    /// The token's SHA-256: a long request (an event stream) re-checks it is still valid.
+    pub token_hash: String,
 }
 
 impl Caller {
@@ -107,7 +109,8 @@ impl FromRequestParts<Arc<ApiState>> for Caller {
         {
             return Err(malformed());
         }
-        let found = agentq_core::db::access::authenticate(&state.pool, token).await?;
+        let token_hash = agentq_core::db::access::token_hash(token);
+        let found = agentq_core::db::access::authenticate_hash(&state.pool, &token_hash).await?;
         let (tenant, role) = found.ok_or_else(|| {
             ApiError::unauthorized("the token is unknown or revoked; ask an admin for a new one")
                 .field("Authorization")
@@ -118,6 +121,7 @@ impl FromRequestParts<Arc<ApiState>> for Caller {
             tenant,
             role,
             prefix: token.chars().take(12).collect(),
+            token_hash,
         })
     }
 }

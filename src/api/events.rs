@@ -2,10 +2,14 @@
 //! event log. Each event's id is its number in that log, so a client that reconnects with
 //! `Last-Event-ID: n` gets exactly the events after n: nothing missed, nothing twice. The
 //! stream ends after a terminal status (the terminal event carries the result or the error).
+//!
+//! Streams are capped per token and in all ([`Streams`]: 429 with `Retry-After` beyond), and
+//! each re-checks its token every [`RECHECK`]: a revoked token's stream ends within seconds.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use agentq_core::db;
 use agentq_core::operation::{OperationId, Status};
@@ -24,6 +28,72 @@ use super::{ApiState, Params, QueryParams, parse_id};
 const POLL: Duration = Duration::from_millis(200);
 /// Events read per query.
 const PAGE: i64 = 200;
+/// How often an open stream checks that its token is still valid.
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// The event streams open on this server, per token and in all.
+pub struct Streams {
+    per_token: usize,
+    max: usize,
+    open: Mutex<HashMap<String, usize>>,
+}
+
+impl Streams {
+    pub fn new(per_token: usize, max: usize) -> Self {
+        Self {
+            per_token,
+            max,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A slot for one more stream of the token `hash`, or the 429 that says which cap is full.
+    fn take(state: &Arc<ApiState>, hash: &str) -> ApiResult<Slot> {
+        let s = &state.streams;
+        let mut open = s.open.lock().expect("streams lock");
+        let total: usize = open.values().sum();
+        let mine = open.get(hash).copied().unwrap_or(0);
+        let full = if mine >= s.per_token {
+            Some(format!(
+                "this token has {mine} event streams open, the most one token may \
+                 (AGENTQ_STREAMS_PER_TOKEN); close one, or poll GET /v1/operations/{{id}}"
+            ))
+        } else if total >= s.max {
+            Some(format!(
+                "the server has {total} event streams open, its most (AGENTQ_STREAMS_MAX); retry later"
+            ))
+        } else {
+            None
+        };
+        if let Some(detail) = full {
+            return Err(ApiError::busy(detail, 5));
+        }
+        *open.entry(hash.to_string()).or_default() += 1;
+        Ok(Slot {
+            state: state.clone(),
+            hash: hash.to_string(),
+        })
+    }
+}
+
+/// One open stream's place in [`Streams`], given back when the stream is dropped (the client
+/// went away, or the stream ended).
+struct Slot {
+    state: Arc<ApiState>,
+    hash: String,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.state.streams.open.lock().expect("streams lock");
+        if let Some(n) = open.get_mut(&self.hash) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.hash);
+            }
+        }
+    }
+}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -49,6 +119,9 @@ struct Cursor {
     op: OperationId,
     last: i32,
     buffered: std::collections::VecDeque<db::events::Event>,
+    slot: Slot,
+    /// When the token was last found valid.
+    checked: Instant,
 }
 
 fn is_terminal(data: &Value) -> bool {
@@ -63,7 +136,7 @@ impl Cursor {
     /// already terminal before a read that found nothing after the last event sent.
     async fn next(&mut self) -> Option<Event> {
         loop {
-            if self.state.shutdown.is_cancelled() {
+            if self.state.shutdown.is_cancelled() || !self.token_still_valid().await {
                 return None;
             }
             if let Some(e) = self.buffered.pop_front() {
@@ -90,6 +163,27 @@ impl Cursor {
                     tracing::warn!(op_id = %self.op, error = %e, "reading events failed; ending the stream");
                     return None;
                 }
+            }
+        }
+    }
+
+    /// False once the stream's token is revoked (checked every [`RECHECK`]).
+    async fn token_still_valid(&mut self) -> bool {
+        if self.checked.elapsed() < RECHECK {
+            return true;
+        }
+        match db::access::authenticate_hash(&self.state.pool, &self.slot.hash).await {
+            Ok(Some(_)) => {
+                self.checked = Instant::now();
+                true
+            }
+            Ok(None) => {
+                tracing::info!(op_id = %self.op, "the stream's token was revoked; ending it");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(op_id = %self.op, error = %e, "re-checking the stream's token failed; ending it");
+                false
             }
         }
     }
@@ -142,11 +236,14 @@ pub async fn stream(
         Some(s) => parse_last(s)?,
         None => 0,
     };
+    let slot = Streams::take(&state, &caller.token_hash)?;
     let cursor = Cursor {
         state,
         op,
         last,
         buffered: Default::default(),
+        slot,
+        checked: Instant::now(),
     };
     let events =
         futures_util::stream::unfold(

@@ -80,6 +80,8 @@ pub struct ApiState {
     tenant_max_queued: i64,
     /// `AGENTQ_PRODUCER_MAY_APPROVE`: a producer token may send approval signals.
     producer_may_approve: bool,
+    /// Open event streams, per token and in all (`AGENTQ_STREAMS_PER_TOKEN`, `AGENTQ_STREAMS_MAX`).
+    streams: events::Streams,
     queued: Mutex<HashMap<String, Queued>>,
     broker: Mutex<Option<(Instant, bool)>>,
     metrics: meta::Metrics,
@@ -406,6 +408,7 @@ pub fn state(config: &Config, pool: PgPool, shutdown: CancellationToken) -> Arc<
         dispatcher,
         tenant_max_queued: config.tenant_max_queued,
         producer_may_approve: config.producer_may_approve,
+        streams: events::Streams::new(config.streams_per_token, config.streams_max),
         redact_keys: config
             .console_redact
             .as_deref()

@@ -70,7 +70,7 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, "conflict", detail)
     }
 
-    /// 429: the tenant is over its limit; nothing was started.
+    /// 429: the caller is over a limit (queued operations, open streams); nothing was started.
     pub fn busy(detail: impl Into<String>, retry_after: u64) -> Self {
         Self {
             retry_after: Some(retry_after),

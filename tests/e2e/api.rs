@@ -830,6 +830,62 @@ async fn api_an_operation_created_over_http_runs_to_success_and_reads_back() {
 }
 
 #[tokio::test]
+async fn event_streams_are_capped_per_token_and_end_when_their_token_is_revoked() {
+    let mut app = running_app().await;
+    app.set_env("AGENTQ_STREAMS_PER_TOKEN", "3");
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let (token, token_id) = token_with_id(&app, "acme", "producer");
+    let other = app.token("acme", "producer");
+    let op = api
+        .create(
+            &token,
+            &json!({ "kind": "script", "input": waits_for("go") }),
+        )
+        .await;
+    app.wait_status(&op, "waiting", DEADLINE).await;
+
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        open.push(Sse::open(&api, &token, &op, None).await);
+    }
+    // A fourth from the same token: 429 with Retry-After; another token still gets one.
+    let r = send(
+        "a fourth stream of one token",
+        api.req(
+            Method::GET,
+            &format!("/v1/operations/{op}/events"),
+            Some(&token),
+        ),
+    )
+    .await;
+    r.problem(429, "busy");
+    assert!(r.header("retry-after").is_some());
+    let kept = Sse::open(&api, &other, &op, None).await;
+
+    // Revoked while open: its streams end within a few seconds (each re-checks every 2 s);
+    // the other token's stream goes on.
+    app.agentq_ok(&["tokens", "revoke", &token_id]);
+    for s in open {
+        s.read_to_end("a revoked token's stream").await;
+    }
+    api.post(
+        &format!("/v1/operations/{op}/signals/go"),
+        Some(&other),
+        &json!({}),
+    )
+    .await
+    .expect(202);
+    let events = kept.read_to_end("the other token's stream").await;
+    assert_eq!(
+        events.last().map(|e| e.data["status"].clone()),
+        Some(json!("succeeded")),
+        "{events:#?}"
+    );
+    app.cleanup().await;
+}
+
+#[tokio::test]
 async fn approving_needs_an_operator_unless_the_deployment_lets_producers() {
     let mut app = running_app().await;
     let (_, base) = app.serve().await;

@@ -105,10 +105,21 @@ pub async fn revoke_token(pool: &PgPool, id: Uuid, actor: &str) -> Result<bool> 
 
 /// The tenant and role of a valid (unrevoked) token, found by its hash.
 pub async fn authenticate(pool: &PgPool, token: &str) -> Result<Option<(String, String)>> {
+    authenticate_hash(pool, &token_hash(token)).await
+}
+
+/// The SHA-256 (hex) a token is stored and looked up under.
+pub fn token_hash(token: &str) -> String {
+    sha256_hex(token)
+}
+
+/// [`authenticate`] by the token's hash: for re-checking a caller whose request lasts (an
+/// event stream) without keeping the token itself.
+pub async fn authenticate_hash(pool: &PgPool, hash: &str) -> Result<Option<(String, String)>> {
     let row = sqlx::query_as(
         "SELECT tenant_id, role FROM api_tokens WHERE token_sha256 = $1 AND revoked_at IS NULL",
     )
-    .bind(sha256_hex(token))
+    .bind(hash)
     .fetch_optional(pool)
     .await?;
     Ok(row)

@@ -144,21 +144,20 @@ fn set_cookie(res: &mut Response, value: String) {
 
 /// Resolves a token to its caller (`None`: unknown or revoked).
 async fn caller_of(state: &UiState, token: &str) -> UiResult<Option<Caller>> {
+    let token_hash = agentq_core::db::access::token_hash(token);
     let Some((tenant, role)) =
-        agentq_core::db::access::authenticate(&state.api.pool, token).await?
+        agentq_core::db::access::authenticate_hash(&state.api.pool, &token_hash).await?
     else {
         return Ok(None);
     };
-    let role = match role.as_str() {
-        "producer" => Role::Producer,
-        "operator" => Role::Operator,
-        "admin" => Role::Admin,
-        _ => return Ok(None),
+    let Some(role) = Role::parse(&role) else {
+        return Ok(None);
     };
     Ok(Some(Caller {
         tenant,
         role,
         prefix: token.chars().take(12).collect(),
+        token_hash,
     }))
 }
 
