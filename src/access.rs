@@ -219,26 +219,18 @@ pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()
                      optionally \"labels\": [\"bug\", \"question\", …])",
                 ));
             }
-            if let Some(host) = source_config
+            // The same check a worker makes, against this process's AGENTQ_AGENT_HTTP_ALLOW.
+            let callback = source_config
                 .as_ref()
-                .and_then(|c| {
-                    c.get("callback_url")?
-                        .as_str()?
-                        .parse::<axum::http::Uri>()
-                        .ok()
-                })
-                .and_then(|u| u.host().map(str::to_string))
-                .filter(|h| {
-                    !config
-                        .agent_http_allow()
-                        .iter()
-                        .any(|a| a.eq_ignore_ascii_case(h))
-                })
-            {
-                eprintln!(
-                    "note: {host} is not in AGENTQ_AGENT_HTTP_ALLOW here; workers refuse callbacks \
-                     to hosts missing from theirs"
-                );
+                .and_then(|c| c.get("callback_url")?.as_str())
+                .and_then(|u| reqwest::Url::parse(u).ok());
+            if let Some(url) = callback {
+                let allowed = config.agent_http_allow().and_then(|o| o.check(&url));
+                if let Err(why) = allowed {
+                    eprintln!(
+                        "note: {why} (here); workers refuse callbacks to origins missing from theirs"
+                    );
+                }
             }
             let pool = connect(&config).await?;
             let secret = Secret::generate().expose();

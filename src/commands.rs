@@ -200,7 +200,7 @@ pub fn worker(config: &Config, pool: PgPool, concurrency: Option<u16>) -> anyhow
             model_by_kind: config.model_by_kind().map_err(refuse)?,
             ..Default::default()
         },
-        http_allow: config.agent_http_allow(),
+        http_allow: config.agent_http_allow().map_err(refuse)?,
     };
     Ok(Worker::new(
         settings,

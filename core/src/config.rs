@@ -59,7 +59,8 @@ pub struct Config {
     #[arg(long, env = "AGENTQ_MODEL_BY_KIND", global = true)]
     pub model_by_kind: Option<String>,
 
-    /// Hosts the `agent` kind's `http_get` tool may fetch from: `host,host`.
+    /// Origins the built-in tools (`http_get`, `triage`'s callback) may call:
+    /// `https://api.example.com,http://127.0.0.1:8080`; a bare host allows its default ports.
     #[arg(long, env = "AGENTQ_AGENT_HTTP_ALLOW", global = true)]
     pub agent_http_allow: Option<String>,
 
@@ -266,6 +267,7 @@ impl Config {
             return Err("at least one lane needs a concurrency above 0".into());
         }
         self.model_by_kind()?;
+        self.agent_http_allow()?;
         if self.db_pool < 2 {
             return Err("AGENTQ_DB_POOL must be at least 2".into());
         }
@@ -290,15 +292,18 @@ impl Config {
         Ok(map)
     }
 
-    /// `AGENTQ_AGENT_HTTP_ALLOW` as a list of hosts.
-    pub fn agent_http_allow(&self) -> Vec<String> {
-        self.agent_http_allow
+    /// `AGENTQ_AGENT_HTTP_ALLOW` as origins (see [`crate::origins`]); an entry that is not an
+    /// origin or a host name is an error naming it.
+    pub fn agent_http_allow(&self) -> Result<crate::origins::Origins, String> {
+        let entries: Vec<String> = self
+            .agent_http_allow
             .as_deref()
             .unwrap_or("")
             .split(',')
             .map(|h| h.trim().to_string())
             .filter(|h| !h.is_empty())
-            .collect()
+            .collect();
+        crate::origins::Origins::parse(&entries)
     }
 
     /// A description safe to log: passwords in URLs are replaced and the API key is omitted.

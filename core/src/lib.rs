@@ -15,6 +15,7 @@ pub mod db;
 pub mod dispatch;
 pub mod metrics;
 pub mod operation;
+pub mod origins;
 pub mod retry;
 pub mod telemetry;
 pub mod webhook;

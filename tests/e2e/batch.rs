@@ -603,3 +603,59 @@ async fn batch_canary_runs_first_then_resume_runs_the_rest_from_a_table() {
     );
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn workers_dying_do_not_auto_pause_a_batch_failing_documents_do() {
+    let app = TestApp::start().await;
+    let (src, dst, tmp) = (
+        TempDir::new("src"),
+        TempDir::new("dst"),
+        TempDir::new("cfg"),
+    );
+    write_docs(&src.0, 1);
+    let instructions = tmp.0.join("instructions.txt");
+    std::fs::write(&instructions, "Keep the text as it is.").unwrap();
+    let started = app.agentq_json(&[
+        "batch",
+        "start",
+        "--tenant",
+        "t1",
+        "--source",
+        src.0.to_str().unwrap(),
+        "--target",
+        dst.0.to_str().unwrap(),
+        "--instructions",
+        instructions.to_str().unwrap(),
+        "--json",
+    ]);
+    let batch: uuid::Uuid = started["batch_id"].as_str().unwrap().parse().unwrap();
+    let outcomes = |n: i32, class: &'static str| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO batch_outcomes (batch_id, ok, error_class)
+                 SELECT $1, false, $3 FROM generate_series(1, $2)",
+            )
+            .bind(batch)
+            .bind(n)
+            .bind(class)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    // A killed worker's operations come back through lease expiry: 40 of them fill the window
+    // twice over, and the batch keeps running.
+    outcomes(40, "lease_expired").await;
+    let paused = agentq_core::db::batches::auto_pause(&app.pool)
+        .await
+        .unwrap();
+    assert!(paused.is_empty(), "paused by worker deaths");
+    // Documents failing do pause it.
+    outcomes(20, "non_retryable").await;
+    let paused = agentq_core::db::batches::auto_pause(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(paused.iter().map(|p| p.id).collect::<Vec<_>>(), vec![batch]);
+    app.cleanup().await;
+}

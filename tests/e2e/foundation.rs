@@ -312,7 +312,7 @@ async fn the_job_function_runs_only_after_running_is_committed() {
             concurrency_batch: 1,
             shutdown_grace: Duration::from_secs(5),
             gate: Default::default(),
-            http_allow: Vec::new(),
+            http_allow: Default::default(),
         },
         app.pool.clone(),
         registry,

@@ -362,7 +362,8 @@ async fn a_kind_can_use_its_own_model_and_the_agent_fetches_only_allowed_hosts()
     app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
     app.set_env("AGENTQ_MODEL", "base-model");
     app.set_env("AGENTQ_MODEL_BY_KIND", "echo=echo-model");
-    app.set_env("AGENTQ_AGENT_HTTP_ALLOW", "127.0.0.1");
+    // The fake's origin only: not another port of 127.0.0.1.
+    app.set_env("AGENTQ_AGENT_HTTP_ALLOW", &fake.url);
     app.spawn(&["worker"]);
     let op = app.enqueue_echo("which model");
     app.wait_status(&op, "succeeded", DEADLINE).await;
@@ -371,11 +372,15 @@ async fn a_kind_can_use_its_own_model_and_the_agent_fetches_only_allowed_hosts()
         ["echo-model"]
     );
 
-    // The agent fetches a page from the allowed host; another host is refused, and the refusal
-    // is what the model is told.
+    // The agent fetches a page from the allowed origin; another host, another port of the same
+    // host and a URL with credentials are refused, and the refusal is what the model is told.
+    let port = fake.addr.port();
+    let other_port = if port == 1 { 2 } else { port - 1 };
     fake.set(Mode::AgentHttp(vec![
         format!("{}/page", fake.url),
         "http://example.com/".into(),
+        format!("http://127.0.0.1:{other_port}/internal"),
+        format!("http://user:pass@127.0.0.1:{port}/page"),
     ]));
     let input = json!({ "user": "fetch", "tools": ["http_get"] }).to_string();
     let op = app.agentq_json(&[
@@ -387,7 +392,12 @@ async fn a_kind_can_use_its_own_model_and_the_agent_fetches_only_allowed_hosts()
     let done = app.wait_status(&op, "succeeded", DEADLINE).await;
     let answer = done.result.unwrap()["answer"].as_str().unwrap().to_string();
     assert!(answer.contains("hello from the fake web"), "{answer}");
-    assert!(answer.contains("not allowed"), "{answer}");
+    assert_eq!(
+        answer.matches("is not an allowed origin").count(),
+        2,
+        "example.com and the other port: {answer}"
+    );
+    assert!(answer.contains("credentials"), "{answer}");
     assert_eq!(
         fake.counters
             .models

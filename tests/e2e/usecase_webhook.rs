@@ -196,7 +196,9 @@ async fn usecase_webhook_every_delivery_is_one_operation_and_one_callback_across
     let fake = FakeModel::start(Mode::Echo).await;
     let (receiver, callback_url, receiver_task) = start_receiver().await;
     app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
-    app.set_env("AGENTQ_AGENT_HTTP_ALLOW", "127.0.0.1");
+    // The receiver's origin (scheme, host and port) only.
+    let origin = callback_url.trim_end_matches("/hooks/triage").to_string();
+    app.set_env("AGENTQ_AGENT_HTTP_ALLOW", &origin);
     app.set_env("AGENTQ_LEASE_TTL_SECS", "3");
     let (_, base) = app.serve().await;
     app.spawn(&["scheduler"]);

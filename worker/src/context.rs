@@ -329,7 +329,7 @@ impl JobContext {
     }
 
     /// Hosts the built-in `http_get` tool may fetch from.
-    pub(crate) fn http_allow(&self) -> Arc<Vec<String>> {
+    pub(crate) fn http_allow(&self) -> Arc<crate::outbound::Origins> {
         self.inner.shared.http_allow.clone()
     }
 

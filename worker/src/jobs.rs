@@ -482,10 +482,10 @@ pub async fn agent(
 /// Largest body `http_get` hands to the model.
 const HTTP_GET_CAP: usize = 64 * 1024;
 
-/// The `http_get` tool: GET a URL on an allow-listed host (`AGENTQ_AGENT_HTTP_ALLOW`), body
-/// capped at 64 KiB. Replay-safe (a GET).
+/// The `http_get` tool: GET a URL of an allowed origin (`AGENTQ_AGENT_HTTP_ALLOW`), body
+/// capped at 64 KiB while it streams, no redirects. Replay-safe (a GET).
 struct HttpGet {
-    allow: std::sync::Arc<Vec<String>>,
+    allow: std::sync::Arc<crate::outbound::Origins>,
     approval: bool,
 }
 
@@ -519,11 +519,9 @@ impl Tool for HttpGet {
         let parsed = reqwest::Url::parse(url)
             .map_err(|e| JobError::NonRetryable(format!("{url:?} is not a URL: {e}")))?;
         let host = parsed.host_str().unwrap_or_default().to_string();
-        if !matches!(parsed.scheme(), "http" | "https") || !self.allow.contains(&host) {
-            return Err(JobError::NonRetryable(format!(
-                "host {host:?} is not allowed (AGENTQ_AGENT_HTTP_ALLOW lists the hosts http_get may fetch from)"
-            )));
-        }
+        self.allow
+            .check(&parsed)
+            .map_err(|why| JobError::NonRetryable(format!("http_get refused {url:?}: {why}")))?;
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(20))
             .redirect(reqwest::redirect::Policy::none())

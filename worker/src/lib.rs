@@ -45,7 +45,7 @@ const RECONNECT_FIRST: Duration = Duration::from_millis(200);
 /// Everything a running job shares with its worker.
 pub(crate) struct Shared {
     pub(crate) pool: PgPool,
-    pub(crate) http_allow: Arc<Vec<String>>,
+    pub(crate) http_allow: Arc<outbound::Origins>,
     pub(crate) registry: Registry,
     pub(crate) model: Arc<gate::ModelGate>,
     pub(crate) leases: Leases,
@@ -68,8 +68,8 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Model-call limits and circuit breaker.
     pub gate: gate::GateSettings,
-    /// Hosts the built-in `http_get` agent tool may fetch from (exact host names).
-    pub http_allow: Vec<String>,
+    /// Origins the built-in tools (`http_get`, `triage`'s callback) may call.
+    pub http_allow: outbound::Origins,
 }
 
 /// A worker process's engine.

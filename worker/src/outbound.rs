@@ -1,6 +1,12 @@
-//! Outbound HTTP of the built-in tools (`http_get`, `triage`'s callback): answers are read
-//! with a cap applied while they stream, so a huge or endless answer costs at most the cap in
-//! memory: the connection is dropped once the cap is passed.
+//! Outbound HTTP of the built-in tools (`http_get`, `triage`'s callback).
+//!
+//! - Where they may go: [`Origins`], the operator's `AGENTQ_AGENT_HTTP_ALLOW`, names origins
+//!   (scheme, host and port). A bare host allows its default ports only, so allowing a host
+//!   never opens its other ports; a URL with `user:pass@` is refused.
+//! - What they read: answers are capped while they stream ([`read_capped`]), so a huge or
+//!   endless answer costs at most the cap in memory: the connection is dropped past it.
+
+pub use agentq_core::origins::Origins;
 
 /// The body of `response`, at most `cap` bytes, and whether there was more (then the rest was
 /// never read and the connection is dropped).

@@ -259,7 +259,10 @@ pub struct AutoPaused {
 }
 
 /// Pauses every running (or canary) batch where at least `pause_ratio` of its newest
-/// `pause_window` outcomes since the last resume failed; audited as `scheduler`.
+/// `pause_window` outcomes since the last resume failed; audited as `scheduler`. An attempt
+/// requeued because its worker died (`lease_expired`) says nothing about the documents or the
+/// provider and is not an outcome here: one killed worker with many operations in flight must
+/// not pause a healthy campaign.
 pub async fn auto_pause(pool: &PgPool) -> Result<Vec<AutoPaused>> {
     let rows = sqlx::query_as(
         "WITH tripped AS (
@@ -269,6 +272,7 @@ pub async fn auto_pause(pool: &PgPool) -> Result<Vec<AutoPaused>> {
                    SELECT count(*) FILTER (WHERE NOT r.ok) AS failed, count(*) AS n
                      FROM (SELECT ok FROM batch_outcomes x
                             WHERE x.batch_id = b.id AND x.at >= b.count_from
+                              AND x.error_class IS DISTINCT FROM 'lease_expired'
                             ORDER BY x.id DESC LIMIT b.pause_window) r) w
              WHERE b.status IN ('running', 'canary')
                AND w.n >= b.pause_window AND w.failed >= ceil(b.pause_ratio * b.pause_window)

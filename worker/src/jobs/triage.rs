@@ -259,21 +259,19 @@ fn find_word(text: &str, word: &str) -> Option<usize> {
 /// on it), made exactly-once by its `Idempotency-Key` and by asking the receiver on recovery.
 struct Callback {
     url: CallbackUrl,
-    /// `AGENTQ_AGENT_HTTP_ALLOW`: the hosts a worker may call.
-    allow: Arc<Vec<String>>,
+    /// `AGENTQ_AGENT_HTTP_ALLOW`: the origins a worker may call.
+    allow: Arc<crate::outbound::Origins>,
 }
 
 impl Callback {
-    /// The URL if its host is allowed; else a non-retryable error saying how to allow it.
+    /// The URL if its origin is allowed; else a non-retryable error saying how to allow it.
     fn allowed_url(&self) -> Result<Url, JobError> {
         let url = self.url.0.clone();
-        let host = url.host_str().unwrap_or_default();
-        if !self.allow.iter().any(|h| h.eq_ignore_ascii_case(host)) {
-            return Err(JobError::NonRetryable(format!(
-                "callback host {host:?} is not allowed: add it to AGENTQ_AGENT_HTTP_ALLOW on the \
-                 workers, then `agentq dlq retry` this operation"
-            )));
-        }
+        self.allow.check(&url).map_err(|why| {
+            JobError::NonRetryable(format!(
+                "callback refused: {why}, then `agentq dlq retry` this operation"
+            ))
+        })?;
         Ok(url)
     }
 
