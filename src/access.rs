@@ -1,6 +1,7 @@
-//! `agentq tokens …` and `agentq webhooks …`: API tokens (stored hashed, shown once) and
-//! Standard Webhooks sources with secret rotation and an optional per-source config (checked
-//! against the source's kind before anything is written).
+//! `agentq tokens …`, `agentq webhooks …` and `agentq stores …`: API tokens (stored hashed,
+//! shown once), Standard Webhooks sources with secret rotation and an optional per-source
+//! config (checked against the source's kind before anything is written), and the stores
+//! (directories, tables) a tenant's operations may read or write. All audited.
 
 use agentq_core::operation::TenantId;
 use agentq_core::webhook::Secret;
@@ -82,6 +83,54 @@ pub enum WebhooksCommand {
         tenant: Option<String>,
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum StoresCommand {
+    /// Register a directory or a table under a name for a tenant; its operations name it
+    /// (`"source": {"store": NAME}`) and may do with it what --access says.
+    Add {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        name: String,
+        /// An absolute directory (documents are files under it; symlinks leading out of it are
+        /// refused when read or written).
+        #[arg(long, conflicts_with = "table", required_unless_present = "table")]
+        dir: Option<String>,
+        /// A table of agentq's database, `[schema.]name` (never one of agentq's own tables).
+        #[arg(long)]
+        table: Option<String>,
+        /// A source table's key column (compared as text).
+        #[arg(long, requires = "table", default_value = "id")]
+        id_column: String,
+        /// A source table's text column.
+        #[arg(long, requires = "table", default_value = "body")]
+        body_column: String,
+        /// read (a source), write (a target) or read_write.
+        #[arg(long)]
+        access: String,
+        #[arg(long = "as")]
+        actor: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List stores, of one tenant or all.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a store: operations naming it that have not read or written it yet then fail.
+    Remove {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long = "as")]
+        actor: Option<String>,
     },
 }
 
@@ -307,6 +356,104 @@ pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()
                     );
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// The store as `agentq stores list --json` shows it.
+fn store_json(s: &db::stores::Store) -> serde_json::Value {
+    let (kind, location, id, body) = s.location.parts();
+    let columns = id.zip(body).map(|(id, body)| json!({ "id": id, "body": body }));
+    json!({
+        "tenant": s.tenant, "name": s.name, "kind": kind, "location": location,
+        "columns": columns, "access": s.access, "created_by": s.created_by,
+        "created_at": s.created_at,
+    })
+}
+
+pub async fn stores(config: Config, cmd: StoresCommand) -> anyhow::Result<()> {
+    use db::docs::Ident;
+    use db::stores::{self, Access, Location};
+    match cmd {
+        StoresCommand::Add {
+            tenant,
+            name,
+            dir,
+            table,
+            id_column,
+            body_column,
+            access,
+            actor,
+            json,
+        } => {
+            TenantId::parse(&tenant).map_err(refuse)?;
+            stores::check_name(&name).map_err(|e| refuse(format!("--name: {e}")))?;
+            let access = Access::parse(&access).map_err(|e| refuse(format!("--{e}")))?;
+            let location = match (dir, table) {
+                (Some(dir), None) => Location::Dir(
+                    stores::check_dir(&dir).map_err(|e| refuse(format!("--dir: {e}")))?,
+                ),
+                (None, Some(table)) => {
+                    let table =
+                        Ident::table(&table).map_err(|e| refuse(format!("--table: {e}")))?;
+                    stores::check_table(&table).map_err(|e| refuse(format!("--table: {e}")))?;
+                    Location::Table {
+                        table,
+                        id_column: Ident::column(&id_column)
+                            .map_err(|e| refuse(format!("--id-column: {e}")))?,
+                        body_column: Ident::column(&body_column)
+                            .map_err(|e| refuse(format!("--body-column: {e}")))?,
+                    }
+                }
+                _ => return Err(refuse("give exactly one of --dir and --table")),
+            };
+            let pool = connect(&config).await?;
+            let actor = crate::dlq::actor_name(&actor);
+            if !stores::add(&pool, &tenant, &name, &location, access, &actor).await? {
+                return Err(refuse(format!(
+                    "tenant {tenant} already has a store {name:?}; remove it first to change it"
+                )));
+            }
+            if json {
+                let store = stores::get(&pool, &tenant, &name)
+                    .await?
+                    .context("the store just added")?;
+                println!("{}", store_json(&store));
+            } else {
+                println!(
+                    "store {name} (tenant {tenant}): {} for {}",
+                    location.describe(),
+                    access.as_str()
+                );
+            }
+        }
+        StoresCommand::List { tenant, json } => {
+            let pool = connect(&config).await?;
+            for s in stores::list(&pool, tenant.as_deref()).await? {
+                if json {
+                    println!("{}", store_json(&s));
+                } else {
+                    println!(
+                        "{:<20} {:<24} {:<10} {}",
+                        s.tenant,
+                        s.name,
+                        s.access.as_str(),
+                        s.location.describe()
+                    );
+                }
+            }
+        }
+        StoresCommand::Remove {
+            tenant,
+            name,
+            actor,
+        } => {
+            let pool = connect(&config).await?;
+            if !stores::remove(&pool, &tenant, &name, &crate::dlq::actor_name(&actor)).await? {
+                return Err(refuse(format!("tenant {tenant} has no store {name:?}")));
+            }
+            println!("store {name} of tenant {tenant} removed");
         }
     }
     Ok(())

@@ -11,6 +11,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use agentq_core::db::stores::{Access, Location, Need};
 use agentq_core::db::{self, batches};
 use agentq_core::dispatch::Target;
 use agentq_core::operation::{Lane, TenantId};
@@ -84,10 +85,11 @@ pub struct StartArgs {
     pub tenant: String,
     #[arg(long, default_value = "doc_migration")]
     pub kind: String,
-    /// A directory (every file under it is a document) or `table:NAME[:ID_COLUMN:BODY_COLUMN]`.
+    /// The store documents are read from (`agentq stores add … --access read`): every file
+    /// under its directory, or every row of its table, is a document.
     #[arg(long)]
     pub source: String,
-    /// A directory (created if missing) or `table:NAME`.
+    /// The store documents are written to (`--access write`).
     #[arg(long)]
     pub target: String,
     /// A file with the instructions for the model.
@@ -121,89 +123,74 @@ fn refuse(msg: impl Into<String>) -> anyhow::Error {
     Refused(msg.into()).into()
 }
 
-/// Where documents come from or go to, as the `doc_migration` input names it.
-fn location(spec: &str, what: &str, is_source: bool) -> anyhow::Result<Value> {
-    if let Some(rest) = spec.strip_prefix("table:") {
-        let parts: Vec<&str> = rest.split(':').collect();
-        let ident = |s: &str| {
-            !s.is_empty()
-                && s.len() <= 63
-                && s.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
-                && !s.as_bytes()[0].is_ascii_digit()
-        };
-        if parts.iter().any(|p| !ident(p)) {
-            return Err(refuse(format!(
-                "--{what} {spec:?}: table and column names are letters, digits and '_'"
-            )));
-        }
-        return match (is_source, parts.as_slice()) {
-            (true, [t]) => Ok(json!({ "table": t, "id_column": "id", "body_column": "body" })),
-            (true, [t, id, body]) => {
-                Ok(json!({ "table": t, "id_column": id, "body_column": body }))
-            }
-            (false, [t]) => Ok(json!({ "table": t })),
-            _ => Err(refuse(format!(
-                "--{what} {spec:?}: use table:NAME{}",
-                if is_source {
-                    "[:ID_COLUMN:BODY_COLUMN]"
-                } else {
-                    ""
-                }
-            ))),
-        };
+/// A store the batch names (`{"store": NAME}` in every input), checked now: the tenant must
+/// have it, with the access the batch needs.
+async fn store_ref(
+    pool: &PgPool,
+    tenant: &str,
+    name: &str,
+    what: &'static str,
+    access: Access,
+) -> anyhow::Result<Value> {
+    db::stores::check_name(name).map_err(|e| refuse(format!("--{what}: {e}")))?;
+    let need = Need {
+        field: if access == Access::Read {
+            "--source"
+        } else {
+            "--target"
+        },
+        store: name.to_string(),
+        access,
+    };
+    let mut conn = pool.acquire().await?;
+    if let Some(why) = db::stores::refusal(&mut conn, tenant, &[need]).await? {
+        return Err(refuse(why));
     }
-    let path = Path::new(spec);
-    if is_source {
-        let dir = path.canonicalize().map_err(|e| {
-            refuse(format!(
-                "--source {spec:?} is not a readable directory ({e})"
-            ))
-        })?;
-        if !dir.is_dir() {
-            return Err(refuse(format!("--source {spec:?} is not a directory")));
-        }
-        Ok(json!({ "dir": dir }))
-    } else {
-        std::fs::create_dir_all(path)
-            .map_err(|e| refuse(format!("--target {spec:?}: cannot create it ({e})")))?;
-        Ok(json!({ "dir": path.canonicalize()? }))
-    }
+    Ok(json!({ "store": name }))
 }
 
-/// The documents of a source, sorted: relative paths of regular files, or a table's ids.
-async fn list_documents(pool: &PgPool, source: &Value) -> anyhow::Result<Vec<String>> {
-    if let Some(dir) = source["dir"].as_str() {
-        let root = PathBuf::from(dir);
-        let mut out = Vec::new();
-        let mut stack = vec![root.clone()];
-        while let Some(d) = stack.pop() {
-            for entry in
-                std::fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))?
-            {
-                let entry = entry?;
-                let kind = entry.file_type()?;
-                if kind.is_dir() {
-                    stack.push(entry.path());
-                } else if kind.is_file() {
-                    let rel = entry.path();
-                    let rel = rel.strip_prefix(&root).expect("under the root");
-                    match rel.to_str() {
-                        Some(s) if !s.split('/').any(|c| c.starts_with('.')) => {
-                            out.push(s.to_string())
-                        }
-                        Some(_) => {} // hidden files (editors' and our own temp files)
-                        None => eprintln!("skipping {}: its name is not UTF-8", rel.display()),
-                    }
+/// The documents of a source store, sorted: relative paths of regular files under its
+/// directory (hidden ones skipped), or its table's ids.
+async fn list_documents(
+    pool: &PgPool,
+    tenant: &str,
+    source: &Value,
+) -> anyhow::Result<Vec<String>> {
+    let name = source["store"].as_str().unwrap_or_default();
+    let store = db::stores::get(pool, tenant, name)
+        .await?
+        .ok_or_else(|| refuse(format!("tenant {tenant} has no store {name:?} (any more)")))?;
+    let (table, id) = match &store.location {
+        Location::Table {
+            table, id_column, ..
+        } => (table.as_str(), id_column.as_str()),
+        Location::Dir(root) => return list_files(root),
+    };
+    Ok(db::docs::list_ids(pool, table, id).await?)
+}
+
+fn list_files(root: &Path) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                stack.push(entry.path());
+            } else if kind.is_file() {
+                let rel = entry.path();
+                let rel = rel.strip_prefix(root).expect("under the root");
+                match rel.to_str() {
+                    Some(s) if !s.split('/').any(|c| c.starts_with('.')) => out.push(s.to_string()),
+                    Some(_) => {} // hidden files (editors' and our own temp files)
+                    None => eprintln!("skipping {}: its name is not UTF-8", rel.display()),
                 }
             }
         }
-        out.sort();
-        return Ok(out);
     }
-    let table = source["table"].as_str().unwrap_or_default();
-    let id = source["id_column"].as_str().unwrap_or("id");
-    Ok(db::docs::list_ids(pool, table, id).await?)
+    out.sort();
+    Ok(out)
 }
 
 /// The batch id: a hash of everything that identifies the campaign.
@@ -262,7 +249,7 @@ async fn fill(
 ) -> anyhow::Result<Filled> {
     let source: Value = serde_json::from_str(&batch.source)?;
     let target: Value = serde_json::from_str(&batch.target)?;
-    let mut docs = list_documents(pool, &source).await?;
+    let mut docs = list_documents(pool, &batch.tenant, &source).await?;
     if batch.status == "canary" {
         docs.truncate(batch.canary.unwrap_or(0).max(0) as usize);
     }
@@ -481,8 +468,6 @@ async fn start(config: Config, args: StartArgs) -> anyhow::Result<()> {
             "--instructions is empty: say what the model should do",
         ));
     }
-    let source = location(&args.source, "source", true)?;
-    let target = location(&args.target, "target", false)?;
     let mut options = serde_json::Map::new();
     if let Some(c) = args.chunk_chars {
         options.insert("chunk_chars".into(), json!(c));
@@ -491,7 +476,9 @@ async fn start(config: Config, args: StartArgs) -> anyhow::Result<()> {
         options.insert("validate".into(), json!({ "required": args.required }));
     }
     let pool = connect(&config).await?;
-    let docs = list_documents(&pool, &source).await?;
+    let source = store_ref(&pool, &args.tenant, &args.source, "source", Access::Read).await?;
+    let target = store_ref(&pool, &args.tenant, &args.target, "target", Access::Write).await?;
+    let docs = list_documents(&pool, &args.tenant, &source).await?;
     if docs.is_empty() {
         return Err(refuse(format!(
             "--source {:?} has no documents",
@@ -698,7 +685,9 @@ async fn report(
     }
     // Every document of the source appears once, enqueued or not.
     let source: Value = serde_json::from_str(&b.source)?;
-    let mut docs = list_documents(&pool, &source).await.unwrap_or_default();
+    let mut docs = list_documents(&pool, &b.tenant, &source)
+        .await
+        .unwrap_or_default();
     for d in rows.keys() {
         if !docs.contains(d) {
             docs.push(d.clone());
@@ -761,25 +750,11 @@ mod tests {
 
     #[test]
     fn batch_ids_are_stable_and_distinct() {
-        let (s, t) = (json!({ "dir": "/a" }), json!({ "dir": "/b" }));
+        let (s, t) = (json!({ "store": "a" }), json!({ "store": "b" }));
         let a = batch_id("t", "doc_migration", &s, &t, "do it");
         assert_eq!(a, batch_id("t", "doc_migration", &s, &t, "do it"));
         assert_ne!(a, batch_id("t", "doc_migration", &s, &t, "do it better"));
         assert_ne!(a, batch_id("u", "doc_migration", &s, &t, "do it"));
-    }
-
-    #[test]
-    fn table_specs_are_checked() {
-        assert_eq!(
-            location("table:docs", "source", true).unwrap(),
-            json!({ "table": "docs", "id_column": "id", "body_column": "body" })
-        );
-        assert!(location("table:docs;drop", "source", true).is_err());
-        assert!(location("table:a:b", "source", true).is_err());
-        assert_eq!(
-            location("table:out", "target", false).unwrap(),
-            json!({ "table": "out" })
-        );
     }
 
     #[test]

@@ -100,6 +100,9 @@ pub enum Command {
     /// Webhook sources (Standard Webhooks): add, rotate secrets, list.
     #[command(subcommand)]
     Webhooks(crate::access::WebhooksCommand),
+    /// Stores: the directories and tables a tenant's doc_migration operations may read or write.
+    #[command(subcommand)]
+    Stores(crate::access::StoresCommand),
     /// Model tokens used, per tenant and kind.
     Usage {
         #[arg(long)]

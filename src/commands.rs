@@ -138,6 +138,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Tokens(cmd) => crate::access::tokens(config, cmd).await,
         Command::Webhooks(cmd) => crate::access::webhooks(config, cmd).await,
+        Command::Stores(cmd) => crate::access::stores(config, cmd).await,
         Command::Dlq(cmd) => crate::dlq::run(config, cmd).await,
         Command::Batch(cmd) => crate::batch::run(config, cmd).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
@@ -238,9 +239,7 @@ pub fn producer(config: &Config, pool: PgPool, role: &str) -> (Producer, Arc<Dis
     ));
     let kinds = registry.kinds();
     let producer = Producer::new(pool, dispatcher.clone(), kinds, config.max_attempts)
-        .with_input_check(Arc::new(move |kind, input| {
-            registry.check_input(kind, input)
-        }));
+        .with_input_check(Arc::new(move |kind, input| registry.requires(kind, input)));
     (producer, dispatcher)
 }
 

@@ -337,6 +337,27 @@ pub fn check_producer_key(key: &str) -> Result<(), String> {
     }
 }
 
+/// Where an enqueue comes from, as far as a kind cares: some kinds (`triage`) take their
+/// configuration from a webhook source and run only for that source's deliveries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Origin {
+    /// A producer: `agentq enqueue`, `POST /v1/operations`, a batch.
+    #[default]
+    Producer,
+    /// A verified delivery of a webhook source (its input built by agentq from the source).
+    Webhook,
+}
+
+/// What an input requires beyond its shape, decided by its kind and checked by the producer
+/// before anything is written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Requires {
+    /// The stores it names, with the access it needs (the tenant must have them).
+    pub stores: Vec<crate::db::stores::Need>,
+    /// The kind runs only for webhook deliveries ([`Origin::Webhook`]).
+    pub webhook_only: bool,
+}
+
 /// The idempotency key of a step: hex SHA-256 of `op_id ‖ seq ‖ name`, stable across retries.
 pub fn step_idempotency_key(op_id: OperationId, seq: i32, name: &str) -> String {
     let mut h = Sha256::new();

@@ -8,10 +8,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use agentq_core::db::stores::{self, Need};
 use agentq_core::db::{self, Inserted, NewOperation};
 use agentq_core::dispatch::{Dispatcher, Target};
 use agentq_core::metrics;
-use agentq_core::operation::{Lane, OperationId, Status, TenantId, input_sha256};
+use agentq_core::operation::{Lane, OperationId, Origin, Requires, Status, TenantId, input_sha256};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
@@ -46,6 +47,8 @@ pub struct EnqueueRequest {
     /// What "the same request" means for the dedupe key: a hash the caller computes (the HTTP
     /// API hashes the whole request body). Default: the hash of `input`.
     pub fingerprint: Option<String>,
+    /// Who asks: a kind that runs only for webhook deliveries refuses anything else.
+    pub origin: Origin,
 }
 
 /// The answer to an enqueue.
@@ -100,8 +103,9 @@ pub struct Pending {
 }
 
 /// Checks an input against its kind before anything is written (e.g. the worker registry's
-/// typed decoding), returning what is wrong.
-pub type InputCheck = Arc<dyn Fn(&str, &Value) -> Result<(), String> + Send + Sync>;
+/// typed decoding), returning what is wrong, or what the input requires beyond its shape (the
+/// producer checks that too: the tenant's stores, the origin).
+pub type InputCheck = Arc<dyn Fn(&str, &Value) -> Result<Requires, String> + Send + Sync>;
 
 /// The enqueue API. Cheap to clone; share one per process.
 #[derive(Clone)]
@@ -152,7 +156,10 @@ impl Producer {
         conn: &mut PgConnection,
         req: EnqueueRequest,
     ) -> Result<Pending, Error> {
-        let op = self.validate(req)?;
+        let (op, needs) = self.validate(req)?;
+        if let Some(why) = stores::refusal(conn, &op.tenant, &needs).await? {
+            return Err(Error::Invalid(why));
+        }
         match db::insert_operation(conn, &op).await? {
             Inserted::Created { id, epoch } => Ok(Pending {
                 enqueued: Enqueued {
@@ -216,12 +223,38 @@ impl Producer {
     pub async fn enqueue_many(&self, reqs: Vec<EnqueueRequest>) -> Result<Bulk, Error> {
         let mut ops = Vec::with_capacity(reqs.len());
         let mut refused = Vec::new();
+        // The stores the requests name, checked once per distinct (tenant, needs).
+        let mut checked: std::collections::HashMap<(String, Vec<Need>), Option<String>> =
+            Default::default();
+        let mut conn = None;
         for (i, req) in reqs.into_iter().enumerate() {
             match self.validate(req) {
-                Ok(op) => ops.push(op),
+                Ok((op, needs)) if needs.is_empty() => ops.push(op),
+                Ok((op, needs)) => {
+                    let key = (op.tenant.clone(), needs);
+                    let why = match checked.get(&key) {
+                        Some(why) => why.clone(),
+                        None => {
+                            let conn = match &mut conn {
+                                Some(c) => c,
+                                None => {
+                                    conn.insert(self.pool.acquire().await.map_err(db::Error::from)?)
+                                }
+                            };
+                            let why = stores::refusal(conn, &key.0, &key.1).await?;
+                            checked.insert(key, why.clone());
+                            why
+                        }
+                    };
+                    match why {
+                        None => ops.push(op),
+                        Some(why) => refused.push((i, why)),
+                    }
+                }
                 Err(e) => refused.push((i, e.to_string())),
             }
         }
+        drop(conn);
         if ops.is_empty() {
             return Ok(Bulk {
                 created: Vec::new(),
@@ -256,7 +289,9 @@ impl Producer {
         self.kinds.iter().map(String::as_str)
     }
 
-    fn validate(&self, req: EnqueueRequest) -> Result<NewOperation, Error> {
+    /// The operation to insert and the stores its input names (checked by the caller against
+    /// the tenant's, in the database).
+    fn validate(&self, req: EnqueueRequest) -> Result<(NewOperation, Vec<Need>), Error> {
         let tenant = TenantId::parse(&req.tenant).map_err(Error::Invalid)?;
         if !self.kinds.contains(&req.kind) {
             let known: Vec<&str> = self.kinds().collect();
@@ -276,8 +311,16 @@ impl Producer {
                 }
             )));
         }
-        if let Some(check) = &self.check {
-            check(&req.kind, &req.input).map_err(Error::Invalid)?;
+        let requires = match &self.check {
+            Some(check) => check(&req.kind, &req.input).map_err(Error::Invalid)?,
+            None => Requires::default(),
+        };
+        if requires.webhook_only && req.origin != Origin::Webhook {
+            return Err(Error::Invalid(format!(
+                "kind {:?} runs only for the deliveries of a webhook source, which hold its \
+                 configuration; an admin adds one with `agentq webhooks add --kind {} --config …`",
+                req.kind, req.kind
+            )));
         }
         let size = serde_json::to_vec(&req.input)
             .map(|v| v.len())
@@ -312,7 +355,7 @@ impl Producer {
         {
             return Err(Error::Invalid("deadline must be after run_at".into()));
         }
-        Ok(NewOperation {
+        let op = NewOperation {
             id: OperationId::new(),
             tenant: tenant.to_string(),
             input_sha256: req.fingerprint.unwrap_or_else(|| input_sha256(&req.input)),
@@ -328,6 +371,7 @@ impl Producer {
             deadline: req.deadline,
             request_id: req.request_id,
             traceparent: req.traceparent,
-        })
+        };
+        Ok((op, requires.stores))
     }
 }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use agentq_core::db;
+use agentq_core::operation::Origin;
 use agentq_core::webhook::{self, Secret};
 use agentq_producer::EnqueueRequest;
 use axum::body::Body;
@@ -101,6 +102,7 @@ pub async fn deliver(
             kind: target.kind.clone(),
             input,
             dedupe_key: Some(format!("webhook:{source}:{id}")),
+            origin: Origin::Webhook,
             request_id: request_id(),
             traceparent: super::traceparent(),
             ..EnqueueRequest::default()

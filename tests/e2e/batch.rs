@@ -87,15 +87,19 @@ fn start_batch(
     let (src, dst, tmp) = dirs;
     let file = tmp.join("instructions.txt");
     std::fs::write(&file, instructions).unwrap();
+    let (src, dst) = (
+        app.dir_store("t1", src, "read"),
+        app.dir_store("t1", dst, "write"),
+    );
     let mut args = vec![
         "batch",
         "start",
         "--tenant",
         "t1",
         "--source",
-        src.to_str().unwrap(),
+        &src,
         "--target",
-        dst.to_str().unwrap(),
+        &dst,
         "--instructions",
         file.to_str().unwrap(),
         "--json",
@@ -125,8 +129,8 @@ async fn batch_migration_of_2000_documents_survives_an_interrupted_enqueue_and_a
     let instructions = tmp.0.join("instructions.txt");
     std::fs::write(&instructions, "Keep the text as it is.").unwrap();
     let (s, d, i) = (
-        src.0.to_str().unwrap().to_string(),
-        dst.0.to_str().unwrap().to_string(),
+        app.dir_store("t1", &src.0, "read"),
+        app.dir_store("t1", &dst.0, "write"),
         instructions.to_str().unwrap().to_string(),
     );
     let start = [
@@ -528,6 +532,8 @@ async fn batch_canary_runs_first_then_resume_runs_the_rest_from_a_table() {
     let tmp = TempDir::new("cfg");
     let file = tmp.0.join("instructions.txt");
     std::fs::write(&file, "Keep the text as it is.").unwrap();
+    app.add_store("t1", "docs_in", &["--table", "docs_in"], "read");
+    app.add_store("t1", "docs_out", &["--table", "docs_out"], "write");
     app.spawn(&["scheduler"]);
     app.spawn(&["worker"]);
     let started = app.agentq_json(&[
@@ -536,9 +542,9 @@ async fn batch_canary_runs_first_then_resume_runs_the_rest_from_a_table() {
         "--tenant",
         "t1",
         "--source",
-        "table:docs_in",
+        "docs_in",
         "--target",
-        "table:docs_out",
+        "docs_out",
         "--instructions",
         file.to_str().unwrap(),
         "--require",
@@ -615,15 +621,19 @@ async fn workers_dying_do_not_auto_pause_a_batch_failing_documents_do() {
     write_docs(&src.0, 1);
     let instructions = tmp.0.join("instructions.txt");
     std::fs::write(&instructions, "Keep the text as it is.").unwrap();
+    let (src, dst) = (
+        app.dir_store("t1", &src.0, "read"),
+        app.dir_store("t1", &dst.0, "write"),
+    );
     let started = app.agentq_json(&[
         "batch",
         "start",
         "--tenant",
         "t1",
         "--source",
-        src.0.to_str().unwrap(),
+        &src,
         "--target",
-        dst.0.to_str().unwrap(),
+        &dst,
         "--instructions",
         instructions.to_str().unwrap(),
         "--json",

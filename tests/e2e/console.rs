@@ -102,15 +102,19 @@ async fn console_in_a_browser_retries_a_dead_operation_approves_and_pauses_a_bat
     }
     let instructions = tmp.0.join("instructions.txt");
     std::fs::write(&instructions, "Keep the text as it is.").unwrap();
+    let (src, dst) = (
+        app.dir_store("t1", &src.0, "read"),
+        app.dir_store("t1", &dst.0, "write"),
+    );
     let started = app.agentq_json(&[
         "batch",
         "start",
         "--tenant",
         "t1",
         "--source",
-        src.0.to_str().unwrap(),
+        &src,
         "--target",
-        dst.0.to_str().unwrap(),
+        &dst,
         "--instructions",
         instructions.to_str().unwrap(),
         "--json",

@@ -71,6 +71,12 @@ fn files(dir: &Path) -> Vec<String> {
     out
 }
 
+/// Registers `src` (read) and `out` (write) as tenant t1's stores `src` and `out`.
+fn dir_stores(app: &TestApp, src: &Path, out: &Path) {
+    app.add_store("t1", "src", &["--dir", src.to_str().unwrap()], "read");
+    app.add_store("t1", "out", &["--dir", out.to_str().unwrap()], "write");
+}
+
 fn enqueue(app: &TestApp, input: &Value) -> String {
     let input = input.to_string();
     let v = app.agentq_json(&[
@@ -104,6 +110,7 @@ async fn documents_migrate_between_directories_and_tables_and_reruns_rewrite_the
     app.spawn(&["worker"]);
     let scratch = Scratch::new();
     let (src, out) = (scratch.path("src"), scratch.path("out"));
+    dir_stores(&app, &src, &out);
     let long: String = (1..=8)
         .map(|i| format!("Paragraph {i}: {}", "lorem ipsum ".repeat(4)))
         .collect::<Vec<_>>()
@@ -125,8 +132,8 @@ async fn documents_migrate_between_directories_and_tables_and_reruns_rewrite_the
     let input = |id: &str| {
         json!({
             "doc_id": id,
-            "source": { "dir": src },
-            "target": { "dir": out },
+            "source": { "store": "src" },
+            "target": { "store": "out" },
             "instructions": "Keep the text exactly as it is.",
             "chunk_chars": if id == "long.md" { 100 } else { 8000 },
             "validate": { "required": ["Title:"] },
@@ -196,11 +203,13 @@ async fn documents_migrate_between_directories_and_tables_and_reruns_rewrite_the
             .await
             .unwrap();
     }
+    app.add_store("t1", "docs_in", &["--table", "docs_in"], "read");
+    app.add_store("t1", "docs_out", &["--table", "docs_out"], "write");
     let table_input = |id: &str| {
         json!({
             "doc_id": id,
-            "source": { "table": "docs_in", "id_column": "id", "body_column": "body" },
-            "target": { "table": "docs_out" },
+            "source": { "store": "docs_in" },
+            "target": { "store": "docs_out" },
             "instructions": "Keep the text exactly as it is.",
         })
     };
@@ -253,21 +262,34 @@ async fn a_missing_required_string_is_dead_and_a_patched_retry_runs_a_new_round(
     app.spawn(&["worker"]);
     let scratch = Scratch::new();
     let (src, out) = (scratch.path("src"), scratch.path("out"));
+    dir_stores(&app, &src, &out);
     write(&src.join("memo.md"), "Memo without a heading\n");
     let input = json!({
         "doc_id": "memo.md",
-        "source": { "dir": src },
-        "target": { "dir": out },
+        "source": { "store": "src" },
+        "target": { "store": "out" },
         "instructions": "Add a Title: line.",
         "validate": { "required": ["Title:"] },
     });
 
-    // Inputs that cannot work are refused at enqueue, with nothing written.
-    for bad in [
-        json!({ "doc_id": "../memo.md" }),
-        json!({ "doc_id": "/etc/passwd" }),
-        json!({ "source": { "dir": src, "table": "docs_in" } }),
-        json!({ "target": { "dir": "relative/out" } }),
+    // Inputs that cannot work are refused at enqueue, with nothing written: a path or a table
+    // instead of a store, a store the tenant lacks, or has without the access needed.
+    for (bad, says) in [
+        (json!({ "doc_id": "../memo.md" }), "doc_migration"),
+        (json!({ "doc_id": "/etc/passwd" }), "doc_migration"),
+        (json!({ "source": { "dir": src } }), "agentq stores add"),
+        (
+            json!({ "source": { "store": "nope" } }),
+            "has no store \"nope\"",
+        ),
+        (
+            json!({ "target": { "store": "src" } }),
+            "registered for read only",
+        ),
+        (
+            json!({ "target": { "dir": "relative/out" } }),
+            "agentq stores add",
+        ),
     ] {
         let mut v = input.clone();
         for (k, x) in bad.as_object().unwrap() {
@@ -283,7 +305,8 @@ async fn a_missing_required_string_is_dead_and_a_patched_retry_runs_a_new_round(
             &v.to_string(),
         ]);
         assert_eq!(out.status.code(), Some(2), "{bad}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains("doc_migration"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{bad}: {stderr}");
     }
     assert_eq!(app.operation_count().await, 0);
 
@@ -336,7 +359,7 @@ async fn a_missing_required_string_is_dead_and_a_patched_retry_runs_a_new_round(
     assert_eq!(v.error_class.as_deref(), Some("non_retryable"));
     assert_eq!(
         v.error_message.as_deref(),
-        Some("document not found in source.dir")
+        Some("document not found in the source store")
     );
 
     drop(scratch);
@@ -352,13 +375,14 @@ async fn a_low_confidence_document_waits_for_a_review_and_the_decision_is_applie
     app.spawn(&["worker"]);
     let scratch = Scratch::new();
     let (src, out) = (scratch.path("src"), scratch.path("out"));
+    dir_stores(&app, &src, &out);
     write(&src.join("edit.md"), "Title: Draft\n\nunsure text\n");
     write(&src.join("reject.md"), "Title: Other\n\nalso unsure\n");
     let input = |id: &str| {
         json!({
             "doc_id": id,
-            "source": { "dir": src },
-            "target": { "dir": out },
+            "source": { "store": "src" },
+            "target": { "store": "out" },
             "instructions": "Polish the prose.",
             "review": { "timeout_ms": 600000 },
         })
@@ -430,6 +454,7 @@ async fn a_worker_killed_mid_migration_leaves_each_target_written_once() {
     let worker = app.spawn(&["worker"]);
     let scratch = Scratch::new();
     let (src, out) = (scratch.path("src"), scratch.path("out"));
+    dir_stores(&app, &src, &out);
     let docs: Vec<(String, String)> = (0..12)
         .map(|i| {
             let text = (0..3)
@@ -449,8 +474,8 @@ async fn a_worker_killed_mid_migration_leaves_each_target_written_once() {
                 &app,
                 &json!({
                     "doc_id": id,
-                    "source": { "dir": src },
-                    "target": { "dir": out },
+                    "source": { "store": "src" },
+                    "target": { "store": "out" },
                     "instructions": "Keep it.",
                     "chunk_chars": 64,
                 }),

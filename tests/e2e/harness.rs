@@ -110,6 +110,31 @@ impl TestApp {
         out
     }
 
+    /// Registers a store for `tenant` (`agentq stores add`): `place` is `["--dir", PATH]` or
+    /// `["--table", NAME, …]`, `access` read, write or read_write.
+    pub fn add_store(&self, tenant: &str, name: &str, place: &[&str], access: &str) {
+        let mut args = vec![
+            "stores", "add", "--tenant", tenant, "--name", name, "--access", access,
+        ];
+        args.extend_from_slice(place);
+        self.agentq_ok(&args);
+    }
+
+    /// Registers `dir` as a store of `tenant` named after its last component, unless it is
+    /// already; returns the store's name.
+    pub fn dir_store(&self, tenant: &str, dir: &std::path::Path, access: &str) -> String {
+        let name = dir.file_name().unwrap().to_str().unwrap().to_string();
+        let listed = self.agentq_ok(&["stores", "list", "--tenant", tenant, "--json"]);
+        let known = String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|v| v["name"] == name.as_str());
+        if !known {
+            self.add_store(tenant, &name, &["--dir", dir.to_str().unwrap()], access);
+        }
+        name
+    }
+
     /// Runs `agentq ARGS`, expects success and parses stdout as one JSON object.
     pub fn agentq_json(&self, args: &[&str]) -> Value {
         let out = self.agentq_ok(args);

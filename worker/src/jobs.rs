@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use agentq_core::operation::Requires;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -522,16 +523,17 @@ impl Tool for HttpGet {
         self.allow
             .check(&parsed)
             .map_err(|why| JobError::NonRetryable(format!("http_get refused {url:?}: {why}")))?;
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(20))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
+        let client = crate::outbound::Client::new(Duration::from_secs(20), None)
             .map_err(|e| JobError::retryable(format!("http client: {e}")))?;
-        let response = client
-            .get(parsed)
-            .send()
-            .await
-            .map_err(|_| JobError::retryable(format!("fetching from {host} failed")))?;
+        let response = client.send(client.get(parsed)).await.map_err(|e| match e {
+            // Where the name leads is the operator's to change, not a retry's.
+            crate::outbound::Error::Refused(why) | crate::outbound::Error::UnapprovedPeer(why) => {
+                JobError::NonRetryable(format!("http_get refused: {why}"))
+            }
+            crate::outbound::Error::Http(_) => {
+                JobError::retryable(format!("fetching from {host} failed"))
+            }
+        })?;
         let status = response.status().as_u16();
         let (bytes, truncated) = crate::outbound::read_capped(response, HTTP_GET_CAP)
             .await
@@ -606,8 +608,16 @@ pub(crate) fn register_builtin(r: &mut Registry) {
     r.register("echo", echo);
     r.register("script", script);
     r.register("agent", agent);
-    r.register("triage", triage::triage);
-    r.register("doc_migration", doc_migration::doc_migration);
+    // triage's configuration comes from its webhook source: a producer cannot supply one.
+    r.register_requiring("triage", triage::triage, |_| Requires {
+        webhook_only: true,
+        ..Requires::default()
+    });
+    r.register_requiring(
+        "doc_migration",
+        doc_migration::doc_migration,
+        doc_migration::requires,
+    );
 }
 
 #[cfg(test)]

@@ -10,11 +10,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use agentq_core::operation::Requires;
+
 use crate::context::{JobContext, JobError};
 
 type Handler =
     Arc<dyn Fn(JobContext, Value) -> BoxFuture<'static, Result<Value, JobError>> + Send + Sync>;
-type Check = Arc<dyn Fn(&Value) -> Result<(), String> + Send + Sync>;
+type Check = Arc<dyn Fn(&Value) -> Result<Requires, String> + Send + Sync>;
 
 struct Kind {
     run: Handler,
@@ -65,11 +67,40 @@ impl Registry {
         });
         let check: Check = Arc::new(|v: &Value| {
             serde_json::from_value::<I>(v.clone())
-                .map(|_| ())
+                .map(|_| Requires::default())
                 .map_err(|e| e.to_string())
         });
         self.kinds
             .insert(name.to_string(), Arc::new(Kind { run, check }));
+        self
+    }
+
+    /// Registers `name` like [`Registry::register`], for a kind whose input needs more than
+    /// its shape: `requires` says what (the stores it names, whether only webhook deliveries
+    /// may create it), and producers refuse an enqueue that does not have it.
+    pub fn register_requiring<I, O, F, Fut>(
+        &mut self,
+        name: &str,
+        f: F,
+        requires: fn(&I) -> Requires,
+    ) -> &mut Self
+    where
+        I: DeserializeOwned + Send + 'static,
+        O: Serialize + Send + 'static,
+        F: Fn(JobContext, I) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<O, JobError>> + Send + 'static,
+    {
+        self.register(name, f);
+        let check: Check = Arc::new(move |v: &Value| {
+            serde_json::from_value::<I>(v.clone())
+                .map(|i| requires(&i))
+                .map_err(|e| e.to_string())
+        });
+        let kind = self.kinds.get_mut(name).expect("just registered");
+        *kind = Arc::new(Kind {
+            run: kind.run.clone(),
+            check,
+        });
         self
     }
 
@@ -78,8 +109,14 @@ impl Registry {
         self.kinds.keys().cloned().collect()
     }
 
-    /// Checks that `input` fits `kind` without running anything (producers call it).
+    /// Checks that `input` fits `kind` without running anything.
     pub fn check_input(&self, kind: &str, input: &Value) -> Result<(), String> {
+        self.requires(kind, input).map(|_| ())
+    }
+
+    /// Checks that `input` fits `kind` and returns what it requires beyond its shape (stores,
+    /// a webhook origin): producers call it and check those before writing anything.
+    pub fn requires(&self, kind: &str, input: &Value) -> Result<Requires, String> {
         match self.kinds.get(kind) {
             Some(k) => {
                 (k.check)(input).map_err(|e| format!("input does not fit kind {kind:?}: {e}"))

@@ -309,7 +309,8 @@ async fn add_secret(tx: &mut sqlx::PgConnection, source: Uuid, secret: &str) -> 
     Ok(())
 }
 
-async fn audit(
+/// Writes one row of the audit trail (`operator_actions`) in the caller's transaction.
+pub(super) async fn audit(
     tx: &mut sqlx::PgConnection,
     actor: &str,
     action: &str,
@@ -322,4 +323,16 @@ async fn audit(
         .execute(tx)
         .await?;
     Ok(())
+}
+
+/// Which of `hashes` are valid (unrevoked) tokens: one query re-checks the tokens of every
+/// open event stream.
+pub async fn valid_token_hashes(pool: &PgPool, hashes: &[String]) -> Result<Vec<String>> {
+    let rows = sqlx::query_scalar(
+        "SELECT token_sha256 FROM api_tokens WHERE token_sha256 = ANY($1) AND revoked_at IS NULL",
+    )
+    .bind(hashes)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
 }

@@ -17,6 +17,7 @@ pub mod kv;
 pub mod ledger;
 pub mod operations;
 pub mod steps;
+pub mod stores;
 pub mod timers;
 
 use std::str::FromStr;

@@ -19,7 +19,9 @@ use std::io::{ErrorKind, Write};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use agentq_core::db::docs::{self, Ident};
+use agentq_core::db::docs;
+use agentq_core::db::stores::{self, Access, Location, Need, Store};
+use agentq_core::operation::Requires;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -46,15 +48,18 @@ to the part of the document given in the user message. Answer with the transform
 (no commentary, no code fences), then one last line `confidence: <a number from 0 to 1>` saying \
 how sure you are that the result is correct and complete.";
 
-/// Input of `doc_migration`, checked in full at enqueue (a bad one is refused, exit code 2).
+/// Input of `doc_migration`, checked in full at enqueue (a bad one is refused, exit code 2),
+/// the stores it names included: the tenant must have them (see [`requires`]).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(try_from = "RawInput")]
 pub struct DocMigrationInput {
-    /// The document's identity: a path relative to `source.dir`, or the row key of a table
-    /// source. Never absolute, never with a `..` segment.
+    /// The document's identity: a path relative to the source store's directory, or the row
+    /// key of a table store. Never absolute, never with a `..` segment.
     pub doc_id: String,
-    pub source: Source,
-    pub target: Target,
+    /// The store read from (registered by an admin for the tenant, with read access).
+    pub source: String,
+    /// The store written to (registered with write access).
+    pub target: String,
     pub instructions: String,
     /// Largest chunk sent to the model, in characters (Unicode scalar values).
     pub chunk_chars: usize,
@@ -63,26 +68,24 @@ pub struct DocMigrationInput {
     pub review_timeout: Duration,
 }
 
-/// Where documents are read from.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Source {
-    /// A directory (absolute); `doc_id` is a path inside it.
-    Dir(PathBuf),
-    /// A table in agentq's database; `doc_id` is compared with `id_column` as text.
-    Table {
-        table: Ident,
-        id_column: Ident,
-        body_column: Ident,
-    },
-}
-
-/// Where migrated documents are written.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Target {
-    /// A directory (absolute, created if missing); the document goes to `dir/doc_id`.
-    Dir(PathBuf),
-    /// A table in agentq's database with [`docs::TARGET_COLUMNS`], created if missing.
-    Table(Ident),
+/// What an input needs beyond its shape: its source store readable and its target store
+/// writable by its tenant (the producer checks both before writing anything).
+pub fn requires(input: &DocMigrationInput) -> Requires {
+    Requires {
+        stores: vec![
+            Need {
+                field: "source.store",
+                store: input.source.clone(),
+                access: Access::Read,
+            },
+            Need {
+                field: "target.store",
+                store: input.target.clone(),
+                access: Access::Write,
+            },
+        ],
+        webhook_only: false,
+    }
 }
 
 /// Checks of the migrated text.
@@ -101,8 +104,8 @@ pub struct Validate {
 #[serde(deny_unknown_fields)]
 struct RawInput {
     doc_id: String,
-    source: RawSource,
-    target: RawTarget,
+    source: RawStore,
+    target: RawStore,
     instructions: String,
     #[serde(default)]
     chunk_chars: Option<usize>,
@@ -112,20 +115,40 @@ struct RawInput {
     review: RawReview,
 }
 
+/// `{"store": NAME}`. The fields of the inputs before stores (`dir`, `table`, `id_column`,
+/// `body_column`) are recognised only to say what to do instead.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawSource {
-    dir: Option<String>,
-    table: Option<String>,
-    id_column: Option<String>,
-    body_column: Option<String>,
+struct RawStore {
+    store: Option<String>,
+    dir: Option<Value>,
+    table: Option<Value>,
+    id_column: Option<Value>,
+    body_column: Option<Value>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTarget {
-    dir: Option<String>,
-    table: Option<String>,
+impl RawStore {
+    fn name(self, field: &str, access: &str) -> Result<String, String> {
+        let named_a_place = self.dir.is_some()
+            || self.table.is_some()
+            || self.id_column.is_some()
+            || self.body_column.is_some();
+        match self.store {
+            Some(name) if !named_a_place => {
+                stores::check_name(&name).map_err(|e| format!("{field}.store: {e}"))?;
+                Ok(name)
+            }
+            _ if named_a_place => Err(format!(
+                "{field}: an input names a store, never a directory or a table (a doc_migration \
+                 reads and writes only what an admin registered for its tenant); register it \
+                 with `agentq stores add --tenant T --name NAME --dir PATH|--table NAME --access \
+                 {access}` and give {{\"store\": \"NAME\"}}"
+            )),
+            _ => Err(format!(
+                "{field}: give {{\"store\": \"NAME\"}}, a store registered with `agentq stores add`"
+            )),
+        }
+    }
 }
 
 #[derive(Default, Deserialize)]
@@ -139,45 +162,8 @@ impl TryFrom<RawInput> for DocMigrationInput {
 
     fn try_from(raw: RawInput) -> Result<Self, String> {
         check_doc_id(&raw.doc_id)?;
-        let source = match raw.source {
-            RawSource {
-                dir: Some(dir),
-                table: None,
-                id_column: None,
-                body_column: None,
-            } => Source::Dir(absolute_dir("source.dir", &dir)?),
-            RawSource {
-                dir: None,
-                table: Some(table),
-                id_column,
-                body_column,
-            } => Source::Table {
-                table: Ident::table(&table)?,
-                id_column: Ident::column(id_column.as_deref().unwrap_or("id"))?,
-                body_column: Ident::column(body_column.as_deref().unwrap_or("body"))?,
-            },
-            RawSource { dir: Some(_), .. } => {
-                return Err(
-                    "source: give either \"dir\" or \"table\" (with optional \"id_column\", \
-                     \"body_column\"), not both"
-                        .into(),
-                );
-            }
-            RawSource { .. } => {
-                return Err("source: give \"dir\" (a directory) or \"table\"".into());
-            }
-        };
-        let target = match raw.target {
-            RawTarget {
-                dir: Some(dir),
-                table: None,
-            } => Target::Dir(absolute_dir("target.dir", &dir)?),
-            RawTarget {
-                dir: None,
-                table: Some(table),
-            } => Target::Table(Ident::table(&table)?),
-            _ => return Err("target: give exactly one of \"dir\" and \"table\"".into()),
-        };
+        let source = raw.source.name("source", "read")?;
+        let target = raw.target.name("target", "write")?;
         let chunk_chars = raw.chunk_chars.unwrap_or(DEFAULT_CHUNK_CHARS);
         if !CHUNK_CHARS_RANGE.contains(&chunk_chars) {
             return Err(format!(
@@ -234,14 +220,6 @@ fn check_doc_id(doc_id: &str) -> Result<(), String> {
         return Err(format!("doc_id {doc_id:?} names no file"));
     }
     Ok(())
-}
-
-fn absolute_dir(field: &str, dir: &str) -> Result<PathBuf, String> {
-    let path = PathBuf::from(dir);
-    if !path.is_absolute() {
-        return Err(format!("{field} must be an absolute path, not {dir:?}"));
-    }
-    Ok(path)
 }
 
 /// Output of `doc_migration`.
@@ -303,8 +281,11 @@ pub async fn doc_migration(
     input: DocMigrationInput,
 ) -> Result<DocMigrationOutput, JobError> {
     let pool = ctx.pool().clone();
+    let tenant = ctx.info().tenant.clone();
     let doc: Document = ctx
-        .step("read", Replay::Safe, |_key| read_document(&pool, &input))
+        .step("read", Replay::Safe, |_key| {
+            read_document(&pool, &tenant, &input)
+        })
         .await?;
     if doc.doc_id != input.doc_id || doc.source != describe_source(&input.source) {
         return Err(JobError::NonRetryable(
@@ -398,7 +379,7 @@ pub async fn doc_migration(
         let op_id = ctx.info().op_id.0;
         let written: Written = ctx
             .step("write", Replay::Safe, |_key| {
-                write_target(&pool, &input, op_id, output, sha256)
+                write_target(&pool, &tenant, &input, op_id, output, sha256)
             })
             .await?;
         tracing::debug!(
@@ -429,26 +410,55 @@ fn skip_round(ctx: &JobContext) {
     }
 }
 
-fn describe_source(source: &Source) -> String {
-    match source {
-        Source::Dir(dir) => format!("dir:{}", dir.display()),
-        Source::Table { table, .. } => format!("table:{}", table.as_str()),
+fn describe_source(store: &str) -> String {
+    format!("store:{store}")
+}
+
+/// The tenant's store `name`, resolved when the step runs (never from the input), with the
+/// access the step needs. A store removed or narrowed since the enqueue fails the document.
+async fn resolve(
+    pool: &PgPool,
+    tenant: &str,
+    name: &str,
+    access: Access,
+) -> Result<Store, JobError> {
+    let store = stores::get(pool, tenant, name)
+        .await
+        .map_err(|e| JobError::retryable(format!("database: {e}")))?
+        .ok_or_else(|| {
+            JobError::NonRetryable(format!(
+                "store {name:?} is not registered for tenant {tenant} (removed after the \
+                 enqueue?); an admin registers it with `agentq stores add`"
+            ))
+        })?;
+    if !store.access.grants(access) {
+        return Err(JobError::NonRetryable(format!(
+            "store {name:?} is registered for {} only; this step needs {}",
+            store.access.as_str(),
+            access.as_str()
+        )));
     }
+    Ok(store)
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-async fn read_document(pool: &PgPool, input: &DocMigrationInput) -> Result<Document, JobError> {
-    let text = match &input.source {
-        Source::Dir(dir) => {
+async fn read_document(
+    pool: &PgPool,
+    tenant: &str,
+    input: &DocMigrationInput,
+) -> Result<Document, JobError> {
+    let store = resolve(pool, tenant, &input.source, Access::Read).await?;
+    let text = match &store.location {
+        Location::Dir(dir) => {
             let (dir, doc_id) = (dir.clone(), input.doc_id.clone());
             tokio::task::spawn_blocking(move || read_file(&dir, &doc_id))
                 .await
                 .map_err(|e| JobError::retryable(format!("reading the document: {e}")))??
         }
-        Source::Table {
+        Location::Table {
             table,
             id_column,
             body_column,
@@ -510,23 +520,24 @@ fn too_large() -> JobError {
 /// Reads `root/doc_id`, refusing anything that resolves outside `root` (a symlink included).
 fn read_file(root: &Path, doc_id: &str) -> Result<String, JobError> {
     let root = root.canonicalize().map_err(|e| match e.kind() {
-        ErrorKind::NotFound => {
-            JobError::NonRetryable(format!("source.dir {} does not exist", root.display()))
-        }
-        _ => io_failure("opening source.dir", e),
+        ErrorKind::NotFound => JobError::NonRetryable(format!(
+            "the source store's directory {} does not exist",
+            root.display()
+        )),
+        _ => io_failure("opening the source store's directory", e),
     })?;
     let path = root
         .join(doc_id)
         .canonicalize()
         .map_err(|e| match e.kind() {
             ErrorKind::NotFound => {
-                JobError::NonRetryable("document not found in source.dir".into())
+                JobError::NonRetryable("document not found in the source store".into())
             }
             _ => io_failure("opening the document", e),
         })?;
     if !path.starts_with(&root) {
         return Err(JobError::NonRetryable(
-            "document path resolves outside source.dir".into(),
+            "document path resolves outside the source store's directory".into(),
         ));
     }
     let meta = std::fs::metadata(&path).map_err(|e| io_failure("opening the document", e))?;
@@ -573,14 +584,16 @@ fn db_failure(e: docs::Error) -> JobError {
 
 async fn write_target(
     pool: &PgPool,
+    tenant: &str,
     input: &DocMigrationInput,
     op_id: Uuid,
     output: String,
     sha256: String,
 ) -> Result<Written, JobError> {
     let bytes = output.len();
-    let target = match &input.target {
-        Target::Dir(dir) => {
+    let store = resolve(pool, tenant, &input.target, Access::Write).await?;
+    let target = match &store.location {
+        Location::Dir(dir) => {
             let (dir, doc_id) = (dir.clone(), input.doc_id.clone());
             let path = tokio::task::spawn_blocking(move || {
                 write_file(&dir, &doc_id, op_id, output.as_bytes())
@@ -589,7 +602,7 @@ async fn write_target(
             .map_err(|e| JobError::retryable(format!("writing the document: {e}")))??;
             path.display().to_string()
         }
-        Target::Table(table) => {
+        Location::Table { table, .. } => {
             if output.contains('\0') {
                 return Err(JobError::NonRetryable(
                     "the output contains NUL characters, which a text column cannot hold".into(),
@@ -612,10 +625,11 @@ async fn write_target(
 /// over the target, then the directory fsynced. Writing the same bytes again leaves one file
 /// with the same content. Refuses a path that resolves outside `root`.
 fn write_file(root: &Path, doc_id: &str, op_id: Uuid, bytes: &[u8]) -> Result<PathBuf, JobError> {
-    std::fs::create_dir_all(root).map_err(|e| io_failure("creating target.dir", e))?;
+    std::fs::create_dir_all(root)
+        .map_err(|e| io_failure("creating the target store's directory", e))?;
     let root = root
         .canonicalize()
-        .map_err(|e| io_failure("opening target.dir", e))?;
+        .map_err(|e| io_failure("opening the target store's directory", e))?;
     let relative = Path::new(doc_id);
     let name = relative
         .file_name()
@@ -630,7 +644,7 @@ fn write_file(root: &Path, doc_id: &str, op_id: Uuid, bytes: &[u8]) -> Result<Pa
             Ok(dir)
         } else {
             Err(JobError::NonRetryable(
-                "target path resolves outside target.dir".into(),
+                "target path resolves outside the target store's directory".into(),
             ))
         }
     };
@@ -1053,11 +1067,30 @@ mod tests {
     fn inputs_are_checked_at_enqueue() {
         let good = json!({
             "doc_id": "reports/2024/q1.md",
-            "source": { "dir": "/srv/in" },
-            "target": { "dir": "/srv/out" },
+            "source": { "store": "legacy" },
+            "target": { "store": "migrated" },
             "instructions": "Convert to Markdown.",
         });
         input(good.clone()).unwrap();
+        let needs = Registry::builtin()
+            .requires("doc_migration", &good)
+            .unwrap();
+        assert_eq!(
+            needs.stores,
+            vec![
+                Need {
+                    field: "source.store",
+                    store: "legacy".into(),
+                    access: Access::Read
+                },
+                Need {
+                    field: "target.store",
+                    store: "migrated".into(),
+                    access: Access::Write
+                },
+            ]
+        );
+        assert!(!needs.webhook_only);
         let with = |patch: Value| {
             let mut v = good.clone();
             for (k, x) in patch.as_object().unwrap() {
@@ -1066,14 +1099,11 @@ mod tests {
             input(v)
         };
         with(json!({
-            "source": { "table": "docs_in", "id_column": "id", "body_column": "body" },
-            "target": { "table": "migr.docs_out" },
             "chunk_chars": 4000,
             "validate": { "required": ["Title:"], "min_ratio": 0.2 },
             "review": { "timeout_ms": 60000 },
         }))
         .unwrap();
-        with(json!({ "source": { "table": "docs_in" } })).unwrap();
 
         for (patch, says) in [
             (json!({ "doc_id": "" }), "doc_id must not be empty"),
@@ -1081,35 +1111,28 @@ mod tests {
             (json!({ "doc_id": "a/../../b" }), "\"..\""),
             (json!({ "doc_id": "/etc/passwd" }), "relative"),
             (json!({ "doc_id": "." }), "names no file"),
-            (json!({ "source": { "dir": "in" } }), "absolute"),
-            (json!({ "target": { "dir": "./out" } }), "absolute"),
+            // A place instead of a store is refused, saying what to register.
+            (json!({ "source": { "dir": "/" } }), "agentq stores add"),
             (
-                json!({ "source": { "dir": "/in", "table": "t" } }),
-                "not both",
-            ),
-            (json!({ "source": {} }), "source"),
-            (
-                json!({ "target": { "dir": "/o", "table": "t" } }),
-                "exactly one",
-            ),
-            (json!({ "target": {} }), "exactly one"),
-            (
-                json!({ "source": { "table": "docs; drop table x" } }),
-                "not a table name",
+                json!({ "source": { "table": "webhook_secrets" } }),
+                "never a directory or a table",
             ),
             (
-                json!({ "source": { "table": "t", "body_column": "a.b" } }),
-                "not a column name",
+                json!({ "target": { "store": "out", "dir": "/tmp" } }),
+                "never a directory or a table",
             ),
-            (
-                json!({ "source": { "dir": "/in", "id_column": "id" } }),
-                "not both",
-            ),
+            (json!({ "source": {} }), "{\"store\": \"NAME\"}"),
+            (json!({ "target": { "store": "a/b" } }), "target.store"),
+            (json!({ "target": { "store": "" } }), "target.store"),
             (json!({ "chunk_chars": 0 }), "chunk_chars"),
             (json!({ "validate": { "required": [""] } }), "required"),
             (json!({ "validate": { "min_ratio": -1 } }), "min_ratio"),
             (json!({ "review": { "timeout_ms": 0 } }), "timeout_ms"),
             (json!({ "review": { "timeout": 5 } }), "unknown field"),
+            (
+                json!({ "source": { "store": "a", "path": "/" } }),
+                "unknown field",
+            ),
             (json!({ "extra": true }), "unknown field"),
         ] {
             let e = with(patch.clone()).expect_err(&patch.to_string());
@@ -1145,8 +1168,8 @@ mod tests {
             Err(e @ JobError::NonRetryable(_)) => e.to_string(),
             other => panic!("not refused: {other:?}"),
         };
-        assert!(refused(read_file(&src, "link.txt")).contains("outside source.dir"));
-        assert!(refused(read_file(&src, "up/secret.txt")).contains("outside source.dir"));
+        assert!(refused(read_file(&src, "link.txt")).contains("outside the source store"));
+        assert!(refused(read_file(&src, "up/secret.txt")).contains("outside the source store"));
         assert!(refused(read_file(&src, "missing.md")).contains("not found"));
         assert!(refused(read_file(&src, "sub")).contains("not a regular file"));
         assert_eq!(
@@ -1166,7 +1189,9 @@ mod tests {
         std::os::unix::fs::symlink(&base, out.join("up")).unwrap();
         for escape in ["up/x.md", "up/new/x.md"] {
             match write_file(&out, escape, op, b"x") {
-                Err(JobError::NonRetryable(m)) => assert!(m.contains("outside target.dir"), "{m}"),
+                Err(JobError::NonRetryable(m)) => {
+                    assert!(m.contains("outside the target store"), "{m}")
+                }
                 other => panic!("{escape} not refused: {other:?}"),
             }
         }

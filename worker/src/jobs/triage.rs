@@ -275,12 +275,8 @@ impl Callback {
         Ok(url)
     }
 
-    fn client() -> Result<reqwest::Client, JobError> {
-        reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
+    fn client() -> Result<crate::outbound::Client, JobError> {
+        crate::outbound::Client::new(REQUEST_TIMEOUT, Some(CONNECT_TIMEOUT))
             .map_err(|e| JobError::retryable(format!("building the callback client: {e}")))
     }
 }
@@ -329,25 +325,29 @@ impl Tool for Callback {
     async fn call(&self, args: &Value, key: &str) -> Result<Value, JobError> {
         let url = self.allowed_url()?;
         let host = url.host_str().unwrap_or_default().to_string();
-        let response = Self::client()?
-            .post(url)
-            .header("Idempotency-Key", key)
-            .json(args)
-            .send()
-            .await
-            .map_err(|e| {
-                if e.is_connect() {
-                    // No connection, so nothing was sent.
-                    JobError::no_effect(format!("the callback to {host} could not connect"))
+        let client = Self::client()?;
+        let request = client.post(url).header("Idempotency-Key", key).json(args);
+        let response = client.send(request).await.map_err(|e| match e {
+            crate::outbound::Error::Refused(why) | crate::outbound::Error::UnapprovedPeer(why) => {
+                // Refused: nothing was sent. An unapproved peer got the request, but the
+                // receiver drops a repeat of its `Idempotency-Key`.
+                JobError::NonRetryable(format!(
+                    "callback refused: {why}, then `agentq dlq retry` this operation"
+                ))
+            }
+            crate::outbound::Error::Http(e) if e.is_connect() => {
+                // No connection, so nothing was sent.
+                JobError::no_effect(format!("the callback to {host} could not connect"))
+            }
+            crate::outbound::Error::Http(e) => {
+                let why = if e.is_timeout() {
+                    "timed out"
                 } else {
-                    let why = if e.is_timeout() {
-                        "timed out"
-                    } else {
-                        "failed"
-                    };
-                    JobError::retryable(format!("the callback to {host} {why}"))
-                }
-            })?;
+                    "failed"
+                };
+                JobError::retryable(format!("the callback to {host} {why}"))
+            }
+        })?;
         let status = response.status();
         if !status.is_success() {
             return Err(status_error("the callback", &host, status));
@@ -359,8 +359,17 @@ impl Tool for Callback {
         let mut url = self.allowed_url()?;
         let host = url.host_str().unwrap_or_default().to_string();
         url.query_pairs_mut().append_pair("idempotency_key", key);
-        let response = Self::client()?.get(url).send().await.map_err(|_| {
-            JobError::retryable(format!("asking {host} whether the callback arrived failed"))
+        let client = Self::client()?;
+        let response = client.send(client.get(url)).await.map_err(|e| match e {
+            crate::outbound::Error::Refused(why) | crate::outbound::Error::UnapprovedPeer(why) => {
+                JobError::NonRetryable(format!(
+                    "checking whether the callback arrived was refused: {why}, then `agentq dlq \
+                     retry` this operation"
+                ))
+            }
+            crate::outbound::Error::Http(_) => {
+                JobError::retryable(format!("asking {host} whether the callback arrived failed"))
+            }
         })?;
         let status = response.status();
         if status == StatusCode::NOT_FOUND {
