@@ -16,6 +16,7 @@ mod durability;
 mod failures;
 mod fake_model;
 mod foundation;
+mod hostile_producer;
 mod metrics;
 mod models;
 mod timers;
