@@ -80,7 +80,8 @@ pub struct ApiState {
     tenant_max_queued: i64,
     /// `AGENTQ_PRODUCER_MAY_APPROVE`: a producer token may send approval signals.
     producer_may_approve: bool,
-    /// Open event streams, per token and in all (`AGENTQ_STREAMS_PER_TOKEN`, `AGENTQ_STREAMS_MAX`).
+    /// Open event streams, per token and in all (`AGENTQ_STREAMS_PER_TOKEN`, `AGENTQ_STREAMS_MAX`),
+    /// and the one poller they share.
     streams: events::Streams,
     queued: Mutex<HashMap<String, Queued>>,
     broker: Mutex<Option<(Instant, bool)>>,

@@ -2007,3 +2007,72 @@ async fn api_event_stream_resumes_with_last_event_id_and_misses_nothing() {
     assert_eq!(none, Vec::new());
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn event_streams_of_many_operations_share_the_poller_and_each_gets_exactly_its_events() {
+    let mut app = running_app().await;
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let token = app.token("acme", "producer");
+    let mut ops = Vec::new();
+    for _ in 0..3 {
+        ops.push(
+            api.create(
+                &token,
+                &json!({ "kind": "script", "input": waits_for("go") }),
+            )
+            .await,
+        );
+    }
+    for op in &ops {
+        app.wait_status(op, "waiting", DEADLINE).await;
+    }
+    // Two streams per operation, one from the start and one resuming after event 1, all
+    // following the one poller of this server.
+    let mut streams = Vec::new();
+    for op in &ops {
+        streams.push((op.clone(), 0, Sse::open(&api, &token, op, None).await));
+        streams.push((op.clone(), 1, Sse::open(&api, &token, op, Some(1)).await));
+    }
+    // The last operation's row goes away while its streams are open: they end.
+    let (gone, live) = ops.split_last().expect("three operations");
+    sqlx::query("DELETE FROM operations WHERE id = $1::uuid")
+        .bind(gone)
+        .execute(&app.pool)
+        .await
+        .expect("deleting an operation");
+    for op in live {
+        api.post(
+            &format!("/v1/operations/{op}/signals/go"),
+            Some(&token),
+            &json!({}),
+        )
+        .await
+        .expect(202);
+    }
+    let mut whole: std::collections::HashMap<String, Vec<SseEvent>> = Default::default();
+    for (op, after, sse) in streams {
+        let events = sse.read_to_end(&format!("a stream of {op}")).await;
+        if op == *gone {
+            continue;
+        }
+        let ids: Vec<u64> = events.iter().map(|e| e.id).collect();
+        let expected: Vec<u64> = (after + 1..=after + events.len() as u64).collect();
+        assert_eq!(ids, expected, "ids after {after}, each once: {events:#?}");
+        let terminal = events.last().expect("events");
+        assert!(
+            is_terminal(terminal)
+                && terminal.data["status"] == "succeeded"
+                && terminal.data.get("result").is_some(),
+            "ends with the terminal status and its result: {terminal:?}"
+        );
+        match whole.get(&op) {
+            Some(all) => assert_eq!(events, all[1..].to_vec(), "the resumed stream of {op}"),
+            None => {
+                whole.insert(op, events);
+            }
+        }
+    }
+    assert_eq!(whole.len(), live.len());
+    app.cleanup().await;
+}

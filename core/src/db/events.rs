@@ -47,3 +47,104 @@ pub async fn queued_count(pool: &PgPool, tenant: &str, cap: i64) -> Result<i64> 
     .await?;
     Ok(n)
 }
+
+/// An operation's outcome, read in the same statement as a status event that names the status
+/// the operation still has (the terminal event carries it).
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub result: Option<Value>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// What one read of [`events_of_many`] found for one operation.
+#[derive(Clone, Debug)]
+pub struct News {
+    pub op: Uuid,
+    /// Its status at the read; `None` when the operation no longer exists.
+    pub status: Option<String>,
+    /// Its highest event number at the read (0: none yet).
+    pub head: i32,
+    /// The events after the cursor given for it, in order, each status event naming the
+    /// operation's status at the read with that [`Outcome`].
+    pub events: Vec<(Event, Option<Outcome>)>,
+}
+
+#[derive(FromRow)]
+struct NewsRow {
+    id: Uuid,
+    status: Option<String>,
+    head: i32,
+    seq: Option<i32>,
+    at: Option<DateTime<Utc>>,
+    #[sqlx(rename = "type")]
+    kind: Option<String>,
+    data: Option<Value>,
+    current: bool,
+    result: Option<Value>,
+    finished_at: Option<DateTime<Utc>>,
+}
+
+/// For each `(operation, after)`: its status, its highest event number and up to `limit` of
+/// its events after `after` (none for `None`: the caller starts at the head), all in one
+/// statement, so one snapshot. The event streams' shared poller: one query per tick however
+/// many operations have a stream open.
+pub async fn events_of_many(
+    pool: &PgPool,
+    ops: &[(Uuid, Option<i32>)],
+    limit: i64,
+) -> Result<Vec<News>> {
+    let ids: Vec<Uuid> = ops.iter().map(|(op, _)| *op).collect();
+    let afters: Vec<Option<i32>> = ops.iter().map(|(_, after)| *after).collect();
+    let rows: Vec<NewsRow> = sqlx::query_as(
+        "SELECT u.id, o.status, COALESCE(h.head, 0) AS head,
+                e.seq, e.at, e.type, e.data,
+                COALESCE(e.type = 'status' AND e.data->>'status' = o.status, false) AS current,
+                CASE WHEN e.type = 'status' AND e.data->>'status' = o.status
+                     THEN o.result END AS result,
+                CASE WHEN e.type = 'status' AND e.data->>'status' = o.status
+                     THEN o.finished_at END AS finished_at
+           FROM unnest($1::uuid[], $2::int4[]) AS u(id, after)
+           LEFT JOIN operations o ON o.id = u.id
+          CROSS JOIN LATERAL (SELECT max(seq) AS head FROM operation_events
+                               WHERE op_id = u.id) h
+           LEFT JOIN LATERAL (SELECT seq, at, type, data FROM operation_events
+                               WHERE op_id = u.id AND seq > u.after
+                               ORDER BY seq LIMIT $3) e ON true
+          ORDER BY u.id, e.seq",
+    )
+    .bind(&ids)
+    .bind(&afters)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    let mut news: Vec<News> = Vec::new();
+    for r in rows {
+        if news.last().is_none_or(|n| n.op != r.id) {
+            news.push(News {
+                op: r.id,
+                status: r.status,
+                head: r.head,
+                events: Vec::new(),
+            });
+        }
+        let (Some(seq), Some(at), Some(kind), Some(data)) = (r.seq, r.at, r.kind, r.data) else {
+            continue;
+        };
+        let outcome = r.current.then_some(Outcome {
+            result: r.result,
+            finished_at: r.finished_at,
+        });
+        if let Some(n) = news.last_mut() {
+            n.events.push((
+                Event {
+                    seq,
+                    at,
+                    kind,
+                    data,
+                },
+                outcome,
+            ));
+        }
+    }
+    Ok(news)
+}
