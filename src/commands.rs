@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentq_app::operations::Signalled;
 use agentq_core::broker::Names;
 use agentq_core::dispatch::Dispatcher;
 use agentq_core::operation::{OperationId, OperationView, StepView};
@@ -76,8 +77,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let payload: serde_json::Value = serde_json::from_str(&payload)
                 .map_err(|e| refuse(format!("--payload is not valid JSON ({e})")))?;
-            let actor = crate::dlq::actor_name(&actor);
-            signal(&config, &op, &name, payload, &actor, "signal", None, json).await
+            signal(&config, &op, &name, payload, &actor, json).await
         }
         Command::Approve {
             op,
@@ -96,16 +96,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             actor,
             reason,
             json,
-        } => {
-            cancel(
-                &config,
-                &op,
-                &crate::dlq::actor_name(&actor),
-                reason.as_deref(),
-                json,
-            )
-            .await
-        }
+        } => cancel(&config, &op, &actor, reason.as_deref(), json).await,
         Command::Usage {
             tenant,
             since,
@@ -226,6 +217,20 @@ pub fn scheduler(config: &Config, pool: PgPool) -> agentq_scheduler::Scheduler {
         ..Default::default()
     };
     agentq_scheduler::Scheduler::new(settings, pool, dispatcher, &config.namespace)
+}
+
+/// The application layer over `pool`: a producer and a dispatcher named `role`, and the
+/// deployment's settings. Close `app.dispatcher` when done.
+pub fn app(config: &Config, pool: PgPool, role: &str) -> agentq_app::App {
+    let (producer, dispatcher) = producer(config, pool.clone(), role);
+    agentq_app::App::new(
+        pool,
+        producer,
+        dispatcher,
+        agentq_app::Settings {
+            producer_may_approve: config.producer_may_approve,
+        },
+    )
 }
 
 /// A producer accepting the built-in kinds, checking inputs against their types.
@@ -440,7 +445,63 @@ async fn steps(config: Config, op: &str, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The approval convention: signal `approval` with `{"approved", "by", "reason"}`.
+/// An application-layer error on the command line: a refusal exits 2 with its message, a
+/// failure exits 1.
+pub fn cli_error(e: agentq_app::AppError) -> anyhow::Error {
+    if e.is_refusal() {
+        refuse(e.to_string())
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
+/// The application layer for one command, acting as the operator named by `--as` (else the OS
+/// user), with a dispatcher closed by [`done`].
+pub(crate) async fn cli_app(
+    config: &Config,
+    actor: &Option<String>,
+) -> anyhow::Result<(agentq_app::App, agentq_app::Caller)> {
+    let pool = connect(config).await?;
+    let app = app(config, pool, "operator");
+    Ok((
+        app,
+        agentq_app::Caller::command_line(crate::dlq::actor_name(actor)),
+    ))
+}
+
+/// Closes what [`cli_app`] opened, returning `result`.
+pub(crate) async fn done<T>(
+    app: agentq_app::App,
+    result: agentq_app::Result<T>,
+) -> anyhow::Result<T> {
+    app.dispatcher.close().await;
+    result.map_err(cli_error)
+}
+
+fn signalled(op: OperationId, name: &str, sent: &Signalled, json: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "op_id": op, "signal": name, "result": sent.as_str() })
+        );
+        return;
+    }
+    match sent {
+        Signalled::Delivered => println!("signal {name:?} delivered to {op}; it resumes now"),
+        Signalled::Kept {
+            status,
+            waiting_for,
+        } => println!(
+            "signal {name:?} kept for {op}: it is {status}{}; it will be delivered when it waits for {name:?}",
+            waiting_for
+                .as_deref()
+                .map(|w| format!(" (waiting for {w:?})"))
+                .unwrap_or_default()
+        ),
+    }
+}
+
+/// `agentq approve` / `reject`: the approval convention of the application layer.
 async fn approval(
     config: &Config,
     op: &str,
@@ -449,123 +510,55 @@ async fn approval(
     reason: Option<String>,
     json: bool,
 ) -> anyhow::Result<()> {
-    let actor = crate::dlq::actor_name(&actor);
-    let payload = serde_json::json!({ "approved": approved, "by": actor, "reason": reason });
-    let action = if approved { "approve" } else { "reject" };
-    signal(
-        config,
-        op,
-        "approval",
-        payload,
-        &actor,
-        action,
-        reason.as_deref(),
-        json,
-    )
-    .await
+    let op = agentq_app::operations::parse_id(op).map_err(cli_error)?;
+    let (app, caller) = cli_app(config, &actor).await?;
+    let sent = agentq_app::operations::decide(&app, &caller, op, approved, reason.as_deref()).await;
+    let sent = done(app, sent).await?;
+    signalled(op, "approval", &sent, json);
+    Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn signal(
     config: &Config,
     op: &str,
     name: &str,
     payload: serde_json::Value,
-    actor: &str,
-    action: &str,
-    reason: Option<&str>,
+    actor: &Option<String>,
     json: bool,
 ) -> anyhow::Result<()> {
-    let id = OperationId::parse(op).map_err(refuse)?;
-    if name.is_empty() || name.len() > 128 {
-        return Err(refuse("a signal name must be 1-128 characters"));
-    }
-    let pool = connect(config).await?;
-    let sent = db::timers::send_signal(&pool, id.0, None, name, &payload, actor, action, reason)
-        .await
-        .context("sending the signal")?;
-    let (result, message) = match &sent {
-        db::timers::Sent::Woke(target) => {
-            let dispatcher = Dispatcher::new(
-                pool.clone(),
-                &config.amqp_url,
-                Names::new(&config.namespace),
-                "signal",
-            );
-            if let Err(e) = dispatcher.dispatch(&target.clone().into()).await {
-                tracing::warn!(error = %e, "the operation is queued; the scheduler will dispatch it");
-            }
-            dispatcher.close().await;
-            (
-                "delivered",
-                format!("signal {name:?} delivered to {id}; it resumes now"),
-            )
-        }
-        db::timers::Sent::Kept {
-            status,
-            waiting_for,
-        } => (
-            "kept",
-            format!(
-                "signal {name:?} kept for {id}: it is {status}{}; it will be delivered when it waits for {name:?}",
-                waiting_for
-                    .as_deref()
-                    .map(|w| format!(" (waiting for {w:?})"))
-                    .unwrap_or_default()
-            ),
-        ),
-        db::timers::Sent::AlreadyPending => {
-            return Err(refuse(format!(
-                "a signal {name:?} was already sent to {id} and not consumed yet; nothing changed"
-            )));
-        }
-        db::timers::Sent::Finished(status) => {
-            return Err(refuse(format!(
-                "operation {id} is {status}; the signal was not delivered"
-            )));
-        }
-        db::timers::Sent::NotFound => return Err(refuse(format!("no operation {id}"))),
+    let op = agentq_app::operations::parse_id(op).map_err(cli_error)?;
+    agentq_app::operations::check_signal_name(name).map_err(cli_error)?;
+    let (app, caller) = cli_app(config, actor).await?;
+    let audit = agentq_app::operations::Audit {
+        action: "signal",
+        reason: None,
     };
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({ "op_id": id, "signal": name, "result": result })
-        );
-    } else {
-        println!("{message}");
-    }
+    let sent = agentq_app::operations::signal(&app, &caller, op, name, &payload, audit).await;
+    let sent = done(app, sent).await?;
+    signalled(op, name, &sent, json);
     Ok(())
 }
 
 async fn cancel(
     config: &Config,
     op: &str,
-    actor: &str,
+    actor: &Option<String>,
     reason: Option<&str>,
     json: bool,
 ) -> anyhow::Result<()> {
-    let id = OperationId::parse(op).map_err(refuse)?;
-    let pool = connect(config).await?;
-    let outcome = db::timers::cancel_operation(&pool, id.0, None, actor, reason)
-        .await
-        .context("cancelling the operation")?;
-    let (result, message) = match outcome {
-        db::timers::Cancelled::Now => ("cancelled", format!("operation {id} cancelled")),
-        db::timers::Cancelled::Requested => (
-            "requested",
-            format!("operation {id} is running; its worker stops it at the next step boundary"),
-        ),
-        db::timers::Cancelled::Finished(status) => {
-            return Err(refuse(format!(
-                "operation {id} is already {status}; nothing to cancel"
-            )));
-        }
-        db::timers::Cancelled::NotFound => return Err(refuse(format!("no operation {id}"))),
-    };
+    let op = agentq_app::operations::parse_id(op).map_err(cli_error)?;
+    let (app, caller) = cli_app(config, actor).await?;
+    let outcome = agentq_app::operations::cancel(&app, &caller, op, reason).await;
+    let outcome = done(app, outcome).await?;
     if json {
-        println!("{}", serde_json::json!({ "op_id": id, "result": result }));
+        println!(
+            "{}",
+            serde_json::json!({ "op_id": op, "result": outcome.as_str() })
+        );
+    } else if outcome == agentq_app::operations::Cancelled::Now {
+        println!("operation {op} cancelled");
     } else {
-        println!("{message}");
+        println!("operation {op} is running; its worker stops it at the next step boundary");
     }
     Ok(())
 }

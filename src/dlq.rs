@@ -2,25 +2,19 @@
 //! Postgres through `core::db::dead_letters`; every action is audited there.
 
 use std::io::IsTerminal;
-use std::sync::Arc;
 use std::time::Duration;
 
+use agentq_app as app;
 use agentq_core::Config;
-use agentq_core::broker::Names;
-use agentq_core::db::dead_letters::{
-    self, Action, ActionError, Actor, DeadLetterView, Filter, Outcome,
-};
-use agentq_core::db::{self};
-use agentq_core::dispatch::{Dispatcher, Target};
-use agentq_core::operation::{OperationId, input_sha256};
+use agentq_core::db::dead_letters::{self, Filter};
+use agentq_core::operation::OperationId;
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
-use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::commands::{Refused, connect};
+use crate::commands::{Refused, cli_app, cli_error, connect, done};
 
 #[derive(Subcommand)]
 pub enum DlqCommand {
@@ -238,33 +232,13 @@ pub fn actor_name(given: &Option<String>) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-pub fn cursor(d: &DeadLetterView) -> String {
-    format!(
-        "{}/{}",
-        d.created_at
-            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        d.id
-    )
-}
-
+/// A `--after` cursor from `agentq dlq list`.
 pub fn parse_cursor(s: &str) -> anyhow::Result<(DateTime<Utc>, Uuid)> {
-    let bad = || {
+    app::dlq::parse_cursor(s).ok_or_else(|| {
         refuse(format!(
             "--after {s:?} is not a cursor from `agentq dlq list`"
         ))
-    };
-    let (at, id) = s.split_once('/').ok_or_else(bad)?;
-    let at = DateTime::parse_from_rfc3339(at)
-        .map_err(|_| bad())?
-        .with_timezone(&Utc);
-    let id = Uuid::parse_str(id).map_err(|_| bad())?;
-    Ok((at, id))
-}
-
-pub fn listed(d: &DeadLetterView) -> Value {
-    let mut v = serde_json::to_value(d).expect("a dead letter serializes");
-    v["cursor"] = json!(cursor(d));
-    v
+    })
 }
 
 pub async fn run(config: Config, cmd: DlqCommand) -> anyhow::Result<()> {
@@ -284,7 +258,7 @@ pub async fn run(config: Config, cmd: DlqCommand) -> anyhow::Result<()> {
             let page = dead_letters::list_dead_letters(&pool, &filter, limit, after).await?;
             for d in &page {
                 if json {
-                    println!("{}", listed(d));
+                    println!("{}", app::dlq::listed(d));
                 } else {
                     println!(
                         "{}  {}  {:<20} {:<12} {:<10} attempts {:<3} {}",
@@ -303,7 +277,7 @@ pub async fn run(config: Config, cmd: DlqCommand) -> anyhow::Result<()> {
             if !json && page.len() as i64 == limit {
                 eprintln!(
                     "next page: --after {}",
-                    cursor(page.last().expect("a full page"))
+                    app::dlq::cursor(page.last().expect("a full page"))
                 );
             }
             Ok(())
@@ -351,40 +325,29 @@ pub async fn run(config: Config, cmd: DlqCommand) -> anyhow::Result<()> {
             reason,
             json,
         } => {
-            let outcome = match (happened, did_not_happen) {
-                (true, false) => Outcome::Happened(
-                    output
-                        .as_deref()
-                        .map(|o| {
-                            serde_json::from_str(o)
-                                .map_err(|e| refuse(format!("--output is not valid JSON ({e})")))
-                        })
-                        .transpose()?
-                        .unwrap_or(Value::Null),
-                ),
-                (false, true) => Outcome::DidNotHappen,
+            let happened = match (happened, did_not_happen) {
+                (true, false) => true,
+                (false, true) => false,
                 _ => {
                     return Err(refuse(
                         "say what happened: --happened [--output JSON] or --did-not-happen",
                     ));
                 }
             };
+            let output = output
+                .as_deref()
+                .map(|o| {
+                    serde_json::from_str(o)
+                        .map_err(|e| refuse(format!("--output is not valid JSON ({e})")))
+                })
+                .transpose()?;
             let id = parse_ids(std::slice::from_ref(&id))?[0];
-            let pool = connect(&config).await?;
-            let actor = Actor {
-                name: actor_name(&actor),
-                reason,
-            };
-            let dispatcher = dispatcher(&config, &pool);
-            let result = act_one(&pool, &dispatcher, id, &Action::Resolve(outcome), &actor).await;
-            dispatcher.close().await;
-            match result {
-                Ok(requeued) => {
-                    report(json, id, "resolved", requeued, None);
-                    Ok(())
-                }
-                Err(e) => Err(action_error(e)),
-            }
+            let (app, caller) = cli_app(&config, &actor).await?;
+            let request = app::dlq::Request::Resolve { happened, output };
+            let acted = app::dlq::act(&app, &caller, id, request, reason).await;
+            let acted = done(app, acted).await?;
+            report(json, id, acted.done, acted.op_id, None);
+            Ok(())
         }
         DlqCommand::Discard { ids, filter, bulk } => {
             if bulk.reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
@@ -395,52 +358,6 @@ pub async fn run(config: Config, cmd: DlqCommand) -> anyhow::Result<()> {
             bulk_action(&config, &ids, &filter, &bulk, Kind::Discard).await
         }
     }
-}
-
-enum Kind {
-    Retry(Option<Value>),
-    Discard,
-}
-
-fn action_error(e: ActionError) -> anyhow::Error {
-    match e {
-        ActionError::Db(e) => anyhow::Error::new(e).context("acting on the dead letter"),
-        refused => refuse(refused.to_string()),
-    }
-}
-
-fn dispatcher(config: &Config, pool: &PgPool) -> Dispatcher {
-    Dispatcher::new(
-        pool.clone(),
-        &config.amqp_url,
-        Names::new(&config.namespace),
-        "operator",
-    )
-}
-
-/// Acts on one dead letter and dispatches what it re-queued (the sweeper does it if this fails).
-pub async fn act_one(
-    pool: &PgPool,
-    dispatcher: &Dispatcher,
-    id: Uuid,
-    action: &Action,
-    actor: &Actor,
-) -> Result<Option<Uuid>, ActionError> {
-    let requeued = dead_letters::act(pool, id, action, actor).await?;
-    if let Some(r) = &requeued {
-        let target = Target::from(db::Dispatch {
-            id: r.id,
-            tenant_id: r.tenant_id.clone(),
-            kind: r.kind.clone(),
-            lane: r.lane.clone(),
-            epoch: r.epoch,
-            traceparent: None,
-        });
-        if let Err(e) = dispatcher.dispatch(&target).await {
-            tracing::warn!(op_id = %r.id, error = %e, "re-queued; the scheduler will dispatch it");
-        }
-    }
-    Ok(requeued.map(|r| r.id))
 }
 
 fn report(json: bool, id: Uuid, done: &str, op: Option<Uuid>, error: Option<String>) {
@@ -492,7 +409,10 @@ async fn bulk_action(
         for id in &targets {
             match dead_letters::find_dead_letter(&pool, *id, None).await? {
                 Some(d) if bulk.json => {
-                    println!("{}", json!({ "would": verb, "dead_letter": listed(&d) }))
+                    println!(
+                        "{}",
+                        json!({ "would": verb, "dead_letter": app::dlq::listed(&d) })
+                    )
                 }
                 Some(d) => println!(
                     "would {verb} {} ({}, {}, {})",
@@ -511,11 +431,7 @@ async fn bulk_action(
         return Ok(());
     }
 
-    let actor = Actor {
-        name: actor_name(&bulk.actor),
-        reason: bulk.reason.clone(),
-    };
-    let dispatcher = Arc::new(dispatcher(config, &pool));
+    let (app, caller) = cli_app(config, &bulk.actor).await?;
     let bar = ProgressBar::with_draw_target(
         Some(targets.len() as u64),
         if std::io::stderr().is_terminal() {
@@ -535,33 +451,30 @@ async fn bulk_action(
     let (mut ok, mut failed) = (0usize, 0usize);
     for id in &targets {
         ticks.tick().await;
-        let action = match &kind {
-            Kind::Discard => Action::Discard,
-            Kind::Retry(None) => Action::Retry { input: None },
-            Kind::Retry(Some(patch)) => match patched_input(&pool, *id, patch).await {
-                Ok(v) => Action::Retry { input: Some(v) },
-                Err(e) => {
-                    failed += 1;
-                    bar.suspend(|| report(bulk.json, *id, done, None, Some(e.to_string())));
-                    bar.inc(1);
-                    continue;
-                }
+        let request = match &kind {
+            Kind::Discard => app::dlq::Request::Discard,
+            Kind::Retry(patch) => app::dlq::Request::Retry {
+                patch: patch.clone(),
             },
         };
-        match act_one(&pool, &dispatcher, *id, &action, &actor).await {
-            Ok(op) => {
+        match app::dlq::act(&app, &caller, *id, request, bulk.reason.clone()).await {
+            Ok(acted) => {
                 ok += 1;
-                bar.suspend(|| report(bulk.json, *id, done, op, None));
+                bar.suspend(|| report(bulk.json, *id, done, acted.op_id, None));
             }
-            Err(e) => {
+            Err(e) if e.is_refusal() => {
                 failed += 1;
                 bar.suspend(|| report(bulk.json, *id, done, None, Some(e.to_string())));
+            }
+            Err(e) => {
+                bar.finish_and_clear();
+                return self::done(app, Err(e)).await;
             }
         }
         bar.inc(1);
     }
     bar.finish_and_clear();
-    dispatcher.close().await;
+    app.dispatcher.close().await;
     eprintln!("{done} {ok}, failed {failed}");
     if failed > 0 {
         if targets.len() == 1 {
@@ -575,92 +488,25 @@ async fn bulk_action(
     Ok(())
 }
 
-/// The operation's input with an RFC 7386 merge patch applied, and its new hash.
-pub async fn patched_input(
-    pool: &PgPool,
-    id: Uuid,
-    patch: &Value,
-) -> anyhow::Result<(Value, String)> {
-    let d = dead_letters::find_dead_letter(pool, id, None)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("no dead letter {id}"))?;
-    let op = d
-        .op_id
-        .ok_or_else(|| anyhow::anyhow!("dead letter {id} has no operation to patch"))?;
-    let mut input = db::operation_input(pool, op)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("operation {op} is gone"))?;
-    merge_patch(&mut input, patch);
-    let sha = input_sha256(&input);
-    Ok((input, sha))
-}
-
-/// RFC 7386 JSON merge patch.
-pub fn merge_patch(target: &mut Value, patch: &Value) {
-    let Value::Object(p) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = json!({});
-    }
-    let t = target.as_object_mut().expect("made an object above");
-    for (k, v) in p {
-        if v.is_null() {
-            t.remove(k);
-        } else {
-            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
-        }
-    }
-}
-
-/// Everything about one dead letter: what `dlq show` and `GET /v1/dlq/{id}` present.
-#[derive(serde::Serialize)]
-pub struct Details {
-    pub dead_letter: Value,
-    pub operation: Option<agentq_core::operation::OperationView>,
-    pub steps: Vec<agentq_core::operation::StepView>,
-    pub history: Vec<dead_letters::ActionView>,
-    pub raw_message_preview: Option<String>,
-}
-
-/// The details of the dead letter `d`.
-pub async fn details(pool: &PgPool, d: &DeadLetterView) -> agentq_core::db::Result<Details> {
-    let (operation, steps) = match d.op_id {
-        Some(o) => (
-            db::find_operation(pool, OperationId(o), None).await?,
-            db::list_steps(pool, o, None).await?,
-        ),
-        None => (None, Vec::new()),
-    };
-    let history = dead_letters::history(pool, d.id, d.op_id).await?;
-    let raw = if d.op_id.is_none() {
-        dead_letters::raw_message(pool, d.id).await?
-    } else {
-        None
-    };
-    Ok(Details {
-        dead_letter: listed(d),
-        operation,
-        steps,
-        history,
-        raw_message_preview: raw
-            .map(|r| String::from_utf8_lossy(&r[..r.len().min(512)]).into_owned()),
-    })
+/// What the bulk forms do to each dead letter.
+enum Kind {
+    Retry(Option<Value>),
+    Discard,
 }
 
 async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
     let id = parse_ids(&[id.to_string()])?[0];
-    let pool = connect(config).await?;
-    let d = dead_letters::find_dead_letter(&pool, id, None)
-        .await?
-        .ok_or_else(|| refuse(format!("no dead letter or operation {id}")))?;
-    let details = details(&pool, &d).await?;
+    let (app, caller) = cli_app(config, &None).await?;
+    let found = app::dlq::find(&app, &caller, id).await;
+    let d = done(app.clone(), found).await?;
+    let details = app::dlq::details(&app, &caller, id)
+        .await
+        .map_err(cli_error)?;
     if json {
         println!("{}", serde_json::to_string(&details)?);
         return Ok(());
     }
-    let Details {
+    let app::dlq::Details {
         operation: op,
         steps,
         history,
@@ -741,36 +587,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn merge_patch_follows_rfc_7386() {
-        let mut t = json!({ "a": "b", "c": { "d": "e", "f": "g" }, "keep": [1] });
-        merge_patch(&mut t, &json!({ "a": "z", "c": { "f": null }, "new": 1 }));
-        assert_eq!(
-            t,
-            json!({ "a": "z", "c": { "d": "e" }, "keep": [1], "new": 1 })
-        );
-        let mut arr = json!({ "steps": [1, 2] });
-        merge_patch(&mut arr, &json!({ "steps": [3] }));
-        assert_eq!(arr, json!({ "steps": [3] }));
-    }
-
-    #[test]
     fn since_accepts_durations_and_timestamps() {
         assert!(parse_since("2h").unwrap() < Utc::now());
         assert!(parse_since("2026-01-01T00:00:00Z").is_ok());
         assert!(parse_since("2 weeks").is_err());
-    }
-
-    #[test]
-    fn cursors_round_trip() {
-        let at = Utc::now();
-        let id = Uuid::new_v4();
-        let s = format!(
-            "{}/{}",
-            at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-            id
-        );
-        let (a, i) = parse_cursor(&s).unwrap();
-        assert_eq!(i, id);
-        assert_eq!(a.timestamp_micros(), at.timestamp_micros());
     }
 }

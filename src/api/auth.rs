@@ -14,32 +14,7 @@ use axum::http::request::Parts;
 use super::ApiState;
 use super::problem::ApiError;
 
-/// A role, in increasing power.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Role {
-    Producer,
-    Operator,
-    Admin,
-}
-
-impl Role {
-    pub(crate) fn parse(s: &str) -> Option<Self> {
-        match s {
-            "producer" => Some(Role::Producer),
-            "operator" => Some(Role::Operator),
-            "admin" => Some(Role::Admin),
-            _ => None,
-        }
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Role::Producer => "producer",
-            Role::Operator => "operator",
-            Role::Admin => "admin",
-        }
-    }
-}
+pub use agentq_app::Role;
 
 /// The authenticated caller of a request.
 #[derive(Clone, Debug)]
@@ -53,17 +28,10 @@ pub struct Caller {
 }
 
 impl Caller {
-    /// Refuses callers below `min` (403, saying which role the route needs).
+    /// Refuses callers below `min` (403, saying which role the route needs): the
+    /// application layer's rule ([`agentq_app::Caller::require`]).
     pub fn require(&self, min: Role) -> Result<(), ApiError> {
-        if self.role >= min {
-            Ok(())
-        } else {
-            Err(ApiError::forbidden(format!(
-                "this route needs a {} token (or stronger); this token is a {} token",
-                min.as_str(),
-                self.role.as_str()
-            )))
-        }
+        Ok(self.app().require(min)?)
     }
 
     /// The tenant every query is filtered by: the caller's, or none for an admin.
@@ -74,6 +42,15 @@ impl Caller {
     /// The name operator actions are audited under.
     pub fn actor(&self) -> String {
         format!("token:{}", self.prefix)
+    }
+
+    /// The caller as the application layer sees it.
+    pub fn app(&self) -> agentq_app::Caller {
+        agentq_app::Caller {
+            tenant: self.tenant.clone(),
+            role: self.role,
+            actor: self.actor(),
+        }
     }
 }
 

@@ -1,17 +1,17 @@
 //! The DLQ operator routes: the same listing, grouping, details and actions as `agentq dlq`
-//! (one implementation, in `crate::dlq` and `db::dead_letters`), scoped to the caller's tenant
+//! (one implementation, in `agentq_app::dlq` and `db::dead_letters`), scoped to the caller's tenant
 //! and audited under the token's prefix.
 
 use std::sync::Arc;
 
-use agentq_core::db::dead_letters::{self, Action, ActionError, Actor, DeadLetterView, Outcome};
+use agentq_app as app;
+use agentq_core::db::dead_letters;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use super::auth::{Caller, Role};
 use super::problem::{ApiError, ApiResult};
@@ -84,9 +84,9 @@ pub async fn list(
         .transpose()?;
     let page = dead_letters::list_dead_letters(&state.pool, &filter, limit, after).await?;
     let next = (page.len() as i64 == limit)
-        .then(|| page.last().map(ops::cursor))
+        .then(|| page.last().map(app::dlq::cursor))
         .flatten();
-    let items: Vec<Value> = page.iter().map(ops::listed).collect();
+    let items: Vec<Value> = page.iter().map(app::dlq::listed).collect();
     Ok(Json(json!({ "items": items, "next_cursor": next })))
 }
 
@@ -106,47 +106,28 @@ pub async fn stats(
     Ok(Json(json!({ "groups": groups })))
 }
 
-/// The dead letter `id` (or the open one of operation `id`) in the caller's tenant.
-async fn visible(state: &ApiState, caller: &Caller, id: &str) -> ApiResult<DeadLetterView> {
-    let id = parse_id(id, "id")?;
-    dead_letters::find_dead_letter(&state.pool, id, caller.scope())
-        .await?
-        .ok_or_else(|| not_found(id))
-}
-
-fn not_found(id: Uuid) -> ApiError {
-    ApiError::not_found(format!("no dead letter or operation {id}")).field("id")
-}
-
 /// `GET /v1/dlq/{id}`.
 pub async fn show(
     State(state): State<Arc<ApiState>>,
     caller: Caller,
     Params(id): Params<String>,
-) -> ApiResult<Json<ops::Details>> {
-    caller.require(Role::Operator)?;
-    let d = visible(&state, &caller, &id).await?;
-    Ok(Json(ops::details(&state.pool, &d).await?))
+) -> ApiResult<Json<app::dlq::Details>> {
+    let id = parse_id(&id, "id")?;
+    Ok(Json(
+        app::dlq::details(&state.app, &caller.app(), id).await?,
+    ))
 }
 
 async fn act(
     state: &ApiState,
     caller: &Caller,
-    d: &DeadLetterView,
-    action: Action,
+    id: &str,
+    request: app::dlq::Request,
     reason: Option<String>,
-    done: &str,
 ) -> ApiResult<Json<Value>> {
-    let actor = Actor {
-        name: caller.actor(),
-        reason,
-    };
-    match ops::act_one(&state.pool, &state.dispatcher, d.id, &action, &actor).await {
-        Ok(op) => Ok(Json(json!({ "id": d.id, "result": done, "op_id": op }))),
-        Err(ActionError::NotFound(id)) => Err(not_found(id)),
-        Err(ActionError::Db(e)) => Err(ApiError::db(e)),
-        Err(refused) => Err(ApiError::conflict(refused.to_string())),
-    }
+    let id = parse_id(id, "id")?;
+    let acted = app::dlq::act(&state.app, &caller.app(), id, request, reason).await?;
+    Ok(Json(acted.to_json()))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -166,24 +147,10 @@ pub async fn retry(
 ) -> ApiResult<Json<Value>> {
     caller.require(Role::Operator)?;
     let req: RetryBody = body::optional_json(&headers, body).await?;
-    let d = visible(&state, &caller, &id).await?;
-    let input = match &req.patch_input {
-        Some(patch) => Some(
-            ops::patched_input(&state.pool, d.id, patch)
-                .await
-                .map_err(|e| ApiError::conflict(e.to_string()).field("/patch_input"))?,
-        ),
-        None => None,
+    let request = app::dlq::Request::Retry {
+        patch: req.patch_input,
     };
-    act(
-        &state,
-        &caller,
-        &d,
-        Action::Retry { input },
-        req.reason,
-        "retried",
-    )
-    .await
+    act(&state, &caller, &id, request, req.reason).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -204,27 +171,11 @@ pub async fn resolve(
 ) -> ApiResult<Json<Value>> {
     caller.require(Role::Operator)?;
     let req: ResolveBody = body::json(&headers, body).await?;
-    if !req.happened && req.output.is_some() {
-        return Err(ApiError::unprocessable(
-            "output is the result of a step that happened; drop it or set happened: true",
-        )
-        .field("/output"));
-    }
-    let d = visible(&state, &caller, &id).await?;
-    let outcome = if req.happened {
-        Outcome::Happened(req.output.unwrap_or(Value::Null))
-    } else {
-        Outcome::DidNotHappen
+    let request = app::dlq::Request::Resolve {
+        happened: req.happened,
+        output: req.output,
     };
-    act(
-        &state,
-        &caller,
-        &d,
-        Action::Resolve(outcome),
-        req.reason,
-        "resolved",
-    )
-    .await
+    act(&state, &caller, &id, request, req.reason).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -243,20 +194,12 @@ pub async fn discard(
 ) -> ApiResult<Json<Value>> {
     caller.require(Role::Operator)?;
     let req: DiscardBody = body::json(&headers, body).await?;
-    if req.reason.trim().is_empty() {
-        return Err(ApiError::unprocessable(
-            "discarding needs a reason: it is kept in the audit trail",
-        )
-        .field("/reason"));
-    }
-    let d = visible(&state, &caller, &id).await?;
     act(
         &state,
         &caller,
-        &d,
-        Action::Discard,
+        &id,
+        app::dlq::Request::Discard,
         Some(req.reason),
-        "discarded",
     )
     .await
 }

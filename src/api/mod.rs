@@ -71,6 +71,9 @@ struct Queued {
 
 /// What every handler shares.
 pub struct ApiState {
+    /// The application layer every handler calls (its pool, producer and dispatcher are the
+    /// ones below).
+    app: agentq_app::App,
     pool: PgPool,
     producer: Producer,
     dispatcher: Arc<Dispatcher>,
@@ -78,8 +81,6 @@ pub struct ApiState {
     redact_keys: Vec<String>,
     /// Admission control: most queued operations a tenant may have before 429.
     tenant_max_queued: i64,
-    /// `AGENTQ_PRODUCER_MAY_APPROVE`: a producer token may send approval signals.
-    producer_may_approve: bool,
     /// Open event streams, per token and in all (`AGENTQ_STREAMS_PER_TOKEN`, `AGENTQ_STREAMS_MAX`),
     /// and the one poller they share.
     streams: events::Streams,
@@ -402,13 +403,13 @@ async fn observe(State(state): State<Arc<ApiState>>, req: Request, next: Next) -
 
 /// Builds the API's state: its own producer and dispatcher over `pool`.
 pub fn state(config: &Config, pool: PgPool, shutdown: CancellationToken) -> Arc<ApiState> {
-    let (producer, dispatcher) = crate::commands::producer(config, pool.clone(), "api");
+    let app = crate::commands::app(config, pool.clone(), "api");
     Arc::new(ApiState {
         pool,
-        producer,
-        dispatcher,
+        producer: app.producer.clone(),
+        dispatcher: app.dispatcher.clone(),
+        app,
         tenant_max_queued: config.tenant_max_queued,
-        producer_may_approve: config.producer_may_approve,
         streams: events::Streams::new(config.streams_per_token, config.streams_max),
         redact_keys: config
             .console_redact

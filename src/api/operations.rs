@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use agentq_app as app;
 use agentq_core::db;
 use agentq_core::operation::{Lane, OperationId, input_sha256};
 use agentq_producer::{EnqueueRequest, Error as EnqueueError};
@@ -248,64 +249,18 @@ pub async fn signal(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    caller.require(Role::Producer)?;
     let op = OperationId(parse_id(&id, "id")?);
-    if name.is_empty()
-        || name.len() > 128
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
-    {
-        return Err(ApiError::bad_request(
-            "a signal name is 1-128 characters of letters, digits, '_', '-', '.' or ':'",
-        )
-        .field("name"));
-    }
-    // Approving or rejecting is an operator's act, as in the console, unless the deployment
-    // lets a tenant's own service approve.
-    if agentq_core::operation::is_approval_signal(&name) && !state.producer_may_approve {
-        caller.require(Role::Operator).map_err(|_| {
-            ApiError::forbidden(format!(
-                "the signal {name:?} approves or rejects, which needs an operator token (or \
-                 AGENTQ_PRODUCER_MAY_APPROVE=true on the server); nothing was sent"
-            ))
-        })?;
-    }
+    app::operations::check_signal_name(&name)?;
     let payload: Value = body::optional_json(&headers, body).await?;
-    let sent = db::timers::send_signal(
-        &state.pool,
-        op.0,
-        caller.scope(),
-        &name,
-        &payload,
-        &caller.actor(),
-        "signal",
-        None,
-    )
-    .await?;
-    let result = match sent {
-        db::timers::Sent::Woke(target) => {
-            if let Err(e) = state.dispatcher.dispatch(&target.into()).await {
-                tracing::warn!(op_id = %op, error = %e, "signalled; the scheduler will dispatch it");
-            }
-            "delivered"
-        }
-        db::timers::Sent::Kept { .. } => "kept",
-        db::timers::Sent::AlreadyPending => {
-            return Err(ApiError::conflict(format!(
-                "a signal {name:?} was already sent to {op} and not consumed yet; nothing changed"
-            )));
-        }
-        db::timers::Sent::Finished(status) => {
-            return Err(ApiError::conflict(format!(
-                "operation {op} is {status}; the signal was not delivered"
-            )));
-        }
-        db::timers::Sent::NotFound => return Err(not_found(op)),
+    let audit = app::operations::Audit {
+        action: "signal",
+        reason: None,
     };
+    let sent =
+        app::operations::signal(&state.app, &caller.app(), op, &name, &payload, audit).await?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "op_id": op, "signal": name, "result": result })),
+        Json(json!({ "op_id": op, "signal": name, "result": sent.as_str() })),
     )
         .into_response())
 }
@@ -324,30 +279,13 @@ pub async fn cancel(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    caller.require(Role::Producer)?;
     let op = OperationId(parse_id(&id, "id")?);
     let req: CancelBody = body::optional_json(&headers, body).await?;
-    let outcome = db::timers::cancel_operation(
-        &state.pool,
-        op.0,
-        caller.scope(),
-        &caller.actor(),
-        req.reason.as_deref(),
-    )
-    .await?;
-    let result = match outcome {
-        db::timers::Cancelled::Now => "cancelled",
-        db::timers::Cancelled::Requested => "requested",
-        db::timers::Cancelled::Finished(status) => {
-            return Err(ApiError::conflict(format!(
-                "operation {op} is already {status}; nothing to cancel"
-            )));
-        }
-        db::timers::Cancelled::NotFound => return Err(not_found(op)),
-    };
+    let done =
+        app::operations::cancel(&state.app, &caller.app(), op, req.reason.as_deref()).await?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "op_id": op, "result": result })),
+        Json(json!({ "op_id": op, "result": done.as_str() })),
     )
         .into_response())
 }

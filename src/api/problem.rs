@@ -121,6 +121,21 @@ impl ApiError {
     }
 }
 
+/// The application layer's errors, each as one status: the mapping every route shares.
+impl From<agentq_app::AppError> for ApiError {
+    fn from(e: agentq_app::AppError) -> Self {
+        use agentq_app::AppError as E;
+        match e {
+            E::Invalid { field, message } => ApiError::unprocessable(message).field(field),
+            E::Malformed { field, message } => ApiError::bad_request(message).field(field),
+            E::NotFound(m) => ApiError::not_found(m).field("id"),
+            E::Conflict(m) => ApiError::conflict(m),
+            E::Forbidden(m) => ApiError::forbidden(m),
+            E::Db(e) => ApiError::db(e),
+        }
+    }
+}
+
 impl From<agentq_core::db::Error> for ApiError {
     fn from(e: agentq_core::db::Error) -> Self {
         Self::db(e)

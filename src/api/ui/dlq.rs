@@ -1,11 +1,12 @@
 //! The dead-letter inbox: open dead letters grouped by class, kind and error fingerprint
 //! (`db::dead_letters::stats`), each with retry, patch-and-retry, resolve and discard: the
-//! same `crate::dlq::act_one` as `agentq dlq` and `POST /v1/dlq/{id}/…`, so the same audit rows.
+//! same `agentq_app::dlq::act` as `agentq dlq` and `POST /v1/dlq/{id}/…`, so the same audit rows.
 
 use std::sync::Arc;
 
+use agentq_app as app;
 use agentq_core::db::console;
-use agentq_core::db::dead_letters::{self, Action, ActionError, Actor, Outcome};
+use agentq_core::db::dead_letters;
 use axum::Form;
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, Query, State};
@@ -144,53 +145,30 @@ fn item_row(session: &Session, d: &dead_letters::DeadLetterView) -> String {
     )
 }
 
-/// The dead letter `id` as the session may see it (another tenant's is "not found").
-async fn visible(
-    state: &UiState,
-    session: &Session,
-    id: &str,
-) -> UiResult<dead_letters::DeadLetterView> {
-    let id = Uuid::parse_str(id).map_err(|_| UiError::not_found(format!("no dead letter {id}")))?;
-    dead_letters::find_dead_letter(&state.api.pool, id, session.caller.scope())
-        .await?
-        .ok_or_else(|| UiError::not_found(format!("no dead letter {id}")))
-}
-
 fn reason_of(fields: &Fields) -> Option<String> {
     filled(fields, "reason").map(str::to_string)
 }
 
-/// Runs `action` through the CLI's implementation and leaves its outcome for the next page.
+/// Runs `request` through the application layer (as the CLI and the API do) and leaves its
+/// outcome for the next page.
 async fn act(
     state: &UiState,
     session: &Session,
-    d: &dead_letters::DeadLetterView,
-    action: Action,
+    id: &str,
+    request: app::dlq::Request,
     reason: Option<String>,
-    done: &str,
 ) -> UiResult<Response> {
-    let actor = Actor {
-        name: session.actor(),
-        reason,
-    };
-    let message = match crate::dlq::act_one(
-        &state.api.pool,
-        &state.api.dispatcher,
-        d.id,
-        &action,
-        &actor,
-    )
-    .await
-    {
-        Ok(Some(op)) => format!(
-            "{done} dead letter {}: operation {op} is queued again",
-            d.id
-        ),
-        Ok(None) => format!("{done} dead letter {}", d.id),
-        Err(ActionError::Db(e)) => return Err(e.into()),
-        Err(refused) => format!("refused: {refused}"),
-    };
-    state.sessions.flash(&session.id, message);
+    let id = Uuid::parse_str(id).map_err(|_| UiError::not_found(format!("no dead letter {id}")))?;
+    let outcome = app::dlq::act(&state.api.app, &session.caller.app(), id, request, reason)
+        .await
+        .map(|a| match a.op_id {
+            Some(op) => format!(
+                "{} dead letter {}: operation {op} is queued again",
+                a.done, a.id
+            ),
+            None => format!("{} dead letter {}", a.done, a.id),
+        });
+    super::flash(state, session, outcome)?;
     Ok(Redirect::to("/ui/dlq").into_response())
 }
 
@@ -209,32 +187,13 @@ pub async fn retry(
     form: Result<Form<Fields>, FormRejection>,
 ) -> UiResult {
     let fields = session.check(form)?;
-    let d = visible(&state, &session, &id).await?;
-    let patch = filled(&fields, "patch_input");
-    let input = match patch {
+    let patch = match filled(&fields, "patch_input").map(serde_json::from_str::<Value>) {
         None => None,
-        Some(text) => {
-            let patch: Value = match serde_json::from_str(text) {
-                Ok(v) => v,
-                Err(e) => {
-                    return refuse(&state, &session, format!("the patch is not JSON: {e}"));
-                }
-            };
-            match crate::dlq::patched_input(&state.api.pool, d.id, &patch).await {
-                Ok(v) => Some(v),
-                Err(e) => return refuse(&state, &session, e.to_string()),
-            }
-        }
+        Some(Ok(v)) => Some(v),
+        Some(Err(e)) => return refuse(&state, &session, format!("the patch is not JSON: {e}")),
     };
-    act(
-        &state,
-        &session,
-        &d,
-        Action::Retry { input },
-        reason_of(&fields),
-        "retried",
-    )
-    .await
+    let request = app::dlq::Request::Retry { patch };
+    act(&state, &session, &id, request, reason_of(&fields)).await
 }
 
 /// `POST /ui/dlq/{id}/resolve`: `happened` (`true`/`false`) and, if it happened, the output.
@@ -245,35 +204,18 @@ pub async fn resolve(
     form: Result<Form<Fields>, FormRejection>,
 ) -> UiResult {
     let fields = session.check(form)?;
-    let d = visible(&state, &session, &id).await?;
-    let output = filled(&fields, "output");
-    let outcome = match fields.get("happened").map(String::as_str) {
-        Some("true") => match output.map(serde_json::from_str::<Value>).transpose() {
-            Ok(v) => Outcome::Happened(v.unwrap_or(Value::Null)),
-            Err(e) => return refuse(&state, &session, format!("the output is not JSON: {e}")),
-        },
-        Some("false") if output.is_none() => Outcome::DidNotHappen,
-        Some("false") => {
-            return refuse(
-                &state,
-                &session,
-                "an output is the result of a step that happened; clear it or choose \"it happened\""
-                    .into(),
-            );
-        }
-        _ => {
-            return refuse(&state, &session, "say whether the step happened".into());
-        }
+    let output = match filled(&fields, "output").map(serde_json::from_str::<Value>) {
+        None => None,
+        Some(Ok(v)) => Some(v),
+        Some(Err(e)) => return refuse(&state, &session, format!("the output is not JSON: {e}")),
     };
-    act(
-        &state,
-        &session,
-        &d,
-        Action::Resolve(outcome),
-        reason_of(&fields),
-        "resolved",
-    )
-    .await
+    let happened = match fields.get("happened").map(String::as_str) {
+        Some("true") => true,
+        Some("false") => false,
+        _ => return refuse(&state, &session, "say whether the step happened".into()),
+    };
+    let request = app::dlq::Request::Resolve { happened, output };
+    act(&state, &session, &id, request, reason_of(&fields)).await
 }
 
 /// `POST /ui/dlq/{id}/discard`: the reason is required and kept in the audit trail.
@@ -284,21 +226,6 @@ pub async fn discard(
     form: Result<Form<Fields>, FormRejection>,
 ) -> UiResult {
     let fields = session.check(form)?;
-    let d = visible(&state, &session, &id).await?;
-    let Some(reason) = reason_of(&fields) else {
-        return refuse(
-            &state,
-            &session,
-            "discarding needs a reason: it is kept in the audit trail".into(),
-        );
-    };
-    act(
-        &state,
-        &session,
-        &d,
-        Action::Discard,
-        Some(reason),
-        "discarded",
-    )
-    .await
+    let request = app::dlq::Request::Discard;
+    act(&state, &session, &id, request, reason_of(&fields)).await
 }

@@ -1,6 +1,6 @@
-//! The operator console at `/ui`: server-rendered HTML pages over the same library functions
-//! as the CLI and the JSON API (`crate::dlq::act_one`, `db::timers::send_signal`,
-//! `db::batches::transition`), so the three never disagree.
+//! The operator console at `/ui`: server-rendered HTML pages over the same application layer
+//! as the CLI and the JSON API (`agentq_app::operations::decide`, `agentq_app::dlq::act`,
+//! `agentq_app::batches::pause` / `resume`), so the three never disagree.
 //!
 //! Invariants kept here:
 //! - A session is a random id in an HttpOnly, SameSite=Strict cookie, mapped in memory to the
@@ -151,6 +151,25 @@ impl UiError {
     fn bad_request(what: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, what)
     }
+}
+
+/// Leaves a flow's outcome for the session's next page: its message, or `refused: …` when the
+/// application layer refused it. Something missing is a 404 page and a failure a 500: the same
+/// mapping for every console action.
+fn flash(
+    state: &UiState,
+    session: &session::Session,
+    outcome: agentq_app::Result<String>,
+) -> UiResult<()> {
+    use agentq_app::AppError as E;
+    let message = match outcome {
+        Ok(m) => m,
+        Err(E::NotFound(m)) => return Err(UiError::not_found(m)),
+        Err(E::Db(e)) => return Err(e.into()),
+        Err(refused) => format!("refused: {refused}"),
+    };
+    state.sessions.flash(&session.id, message);
+    Ok(())
 }
 
 impl From<agentq_core::db::Error> for UiError {

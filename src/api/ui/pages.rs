@@ -4,15 +4,15 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use agentq_app as app;
 use agentq_core::OperationId;
-use agentq_core::db::{self, batches, console};
+use agentq_core::db::{self, console};
 use axum::Form;
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Deserialize;
-use serde_json::json;
 use uuid::Uuid;
 
 use super::html::{self, badge, csrf, esc, secs, time, url};
@@ -556,8 +556,7 @@ pub async fn reject(
     decide(state, session, id, form, false).await
 }
 
-/// The approval convention of `agentq approve` / `reject`: signal `approval` with
-/// `{"approved", "by", "reason"}`, audited as `approve` / `reject`.
+/// The approval convention of `agentq approve` / `reject`, through the application layer.
 async fn decide(
     State(state): State<Arc<UiState>>,
     session: Session,
@@ -566,41 +565,19 @@ async fn decide(
     approved: bool,
 ) -> UiResult {
     let fields = session.check(form)?;
-    let op = parse_uuid(&id, "operation")?;
-    let actor = session.actor();
+    let op = OperationId(parse_uuid(&id, "operation")?);
     let reason = filled(&fields, "reason");
-    let payload = json!({ "approved": approved, "by": actor, "reason": reason });
-    let action = if approved { "approve" } else { "reject" };
-    let sent = db::timers::send_signal(
-        &state.api.pool,
-        op,
-        session.caller.scope(),
-        "approval",
-        &payload,
-        &actor,
-        action,
-        reason,
-    )
-    .await?;
-    let message = match sent {
-        db::timers::Sent::Woke(target) => {
-            if let Err(e) = state.api.dispatcher.dispatch(&target.into()).await {
-                tracing::warn!(op_id = %op, error = %e, "approved; the scheduler will dispatch it");
-            }
-            format!("{action}d {op}: it resumes now")
-        }
-        db::timers::Sent::Kept { status, .. } => {
-            format!("{action}d {op}: it is {status}; the decision is kept for its wait")
-        }
-        db::timers::Sent::AlreadyPending => {
-            format!("refused: a decision for {op} was already sent and not consumed yet")
-        }
-        db::timers::Sent::Finished(status) => {
-            format!("refused: operation {op} is {status}; nothing was sent")
-        }
-        db::timers::Sent::NotFound => return Err(UiError::not_found(format!("no operation {op}"))),
-    };
-    state.sessions.flash(&session.id, message);
+    let verb = if approved { "approved" } else { "rejected" };
+    let outcome =
+        app::operations::decide(&state.api.app, &session.caller.app(), op, approved, reason)
+            .await
+            .map(|sent| match sent {
+                app::operations::Signalled::Delivered => format!("{verb} {op}: it resumes now"),
+                app::operations::Signalled::Kept { status, .. } => {
+                    format!("{verb} {op}: it is {status}; the decision is kept for its wait")
+                }
+            });
+    super::flash(&state, &session, outcome)?;
     Ok(back(&fields, "/ui/approvals"))
 }
 
@@ -624,18 +601,22 @@ pub async fn batches(State(state): State<Arc<UiState>>, session: Session) -> UiR
         for b in &rows {
             let total = i64::from(b.documents).max(b.enqueued).max(1);
             let done = b.succeeded + b.failed;
+            let pause = format!(
+                "<form method=\"post\" action=\"/ui/batches/{}/pause\" class=\"inline\">{c}\
+                 <input name=\"reason\" placeholder=\"reason (optional)\">\
+                 <button type=\"submit\" class=\"danger\" data-action=\"pause\">Pause</button></form>",
+                b.id
+            );
+            let resume = format!(
+                "<form method=\"post\" action=\"/ui/batches/{}/resume\" class=\"inline\">{c}\
+                 <button type=\"submit\" data-action=\"resume\">Resume</button></form>",
+                b.id
+            );
+            // The controls `agentq batch pause` / `resume` allow in each state.
             let control = match b.status.as_str() {
-                "running" | "canary" => format!(
-                    "<form method=\"post\" action=\"/ui/batches/{}/pause\" class=\"inline\">{c}\
-                     <input name=\"reason\" placeholder=\"reason (optional)\">\
-                     <button type=\"submit\" class=\"danger\" data-action=\"pause\">Pause</button></form>",
-                    b.id
-                ),
-                "paused" => format!(
-                    "<form method=\"post\" action=\"/ui/batches/{}/resume\" class=\"inline\">{c}\
-                     <button type=\"submit\" data-action=\"resume\">Resume</button></form>",
-                    b.id
-                ),
+                "running" => pause,
+                "canary" => format!("{pause}{resume}"),
+                "paused" => resume,
                 _ => String::new(),
             };
             body.push_str(&format!(
@@ -664,14 +645,7 @@ pub async fn batches(State(state): State<Arc<UiState>>, session: Session) -> UiR
     Ok(html::page(&session, "Batches", "/ui/batches", &body))
 }
 
-async fn visible_batch(state: &UiState, session: &Session, id: &str) -> UiResult<batches::Batch> {
-    let id = parse_uuid(id, "batch")?;
-    batches::find_batch(&state.api.pool, id, session.caller.scope())
-        .await?
-        .ok_or_else(|| UiError::not_found(format!("no batch {id}")))
-}
-
-/// `POST /ui/batches/{id}/pause`: the same transition as `agentq batch pause` (audited).
+/// `POST /ui/batches/{id}/pause`: `agentq batch pause`, through the application layer.
 pub async fn pause(
     State(state): State<Arc<UiState>>,
     session: Session,
@@ -679,31 +653,21 @@ pub async fn pause(
     form: Result<Form<Fields>, FormRejection>,
 ) -> UiResult {
     let fields = session.check(form)?;
-    let b = visible_batch(&state, &session, &id).await?;
+    let id = parse_uuid(&id, "batch")?;
     let reason = filled(&fields, "reason");
-    let done = batches::transition(
-        &state.api.pool,
-        b.id,
-        &["running", "canary"],
-        "paused",
-        &session.actor(),
-        reason,
-    )
-    .await?;
-    let message = match done {
-        Some(_) => format!(
-            "paused batch {}: nothing new starts; running operations finish their current run",
-            b.id
-        ),
-        None => format!("refused: batch {} is {}, not running", b.id, b.status),
-    };
-    state.sessions.flash(&session.id, message);
+    let outcome = app::batches::pause(&state.api.app, &session.caller.app(), id, reason)
+        .await
+        .map(|()| {
+            format!(
+                "paused batch {id}: nothing new starts; running operations finish their current run"
+            )
+        });
+    super::flash(&state, &session, outcome)?;
     Ok(back(&fields, "/ui/batches"))
 }
 
-/// `POST /ui/batches/{id}/resume`: the transition of `agentq batch resume` and the same
-/// re-dispatch of its queue. A batch with documents not enqueued yet (a canary) is resumed
-/// with the CLI, which reads its source.
+/// `POST /ui/batches/{id}/resume`: `agentq batch resume` (a paused batch, or the rest of a
+/// canary), through the application layer.
 pub async fn resume(
     State(state): State<Arc<UiState>>,
     session: Session,
@@ -711,32 +675,20 @@ pub async fn resume(
     form: Result<Form<Fields>, FormRejection>,
 ) -> UiResult {
     let fields = session.check(form)?;
-    let b = visible_batch(&state, &session, &id).await?;
-    let pool = &state.api.pool;
-    let enqueued: i64 = batches::counts(pool, b.id).await?.iter().map(|c| c.1).sum();
-    if enqueued < i64::from(b.documents) {
-        state.sessions.flash(
-            &session.id,
-            format!(
-                "refused: batch {} has documents not enqueued yet; resume it with `agentq batch \
-                 resume {}`, which reads its source",
-                b.id, b.id
-            ),
-        );
-        return Ok(back(&fields, "/ui/batches"));
-    }
-    let done =
-        batches::transition(pool, b.id, &["paused"], "running", &session.actor(), None).await?;
-    let message = match done {
-        Some(_) => {
-            let sent = crate::batch::redispatch_with(pool, &state.api.dispatcher, b.id).await?;
-            format!(
-                "resumed batch {}: {sent} queued operations re-dispatched",
-                b.id
-            )
-        }
-        None => format!("refused: batch {} is {}, not paused", b.id, b.status),
-    };
-    state.sessions.flash(&session.id, message);
+    let id = parse_uuid(&id, "batch")?;
+    let outcome = app::batches::resume(
+        &state.api.app,
+        &session.caller.app(),
+        id,
+        &app::batches::Quiet,
+    )
+    .await
+    .map(|r| {
+        format!(
+            "resumed batch {id} (was {}): {} enqueued, {} queued operations re-dispatched",
+            r.was, r.enqueued, r.redispatched
+        )
+    });
+    super::flash(&state, &session, outcome)?;
     Ok(back(&fields, "/ui/batches"))
 }

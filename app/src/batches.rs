@@ -1,0 +1,512 @@
+//! Batches: campaigns of one operation per document of a source store. Starting one (or
+//! starting it again: its id is derived from what identifies it, so only missing documents are
+//! enqueued), its controls — pause, resume (also the rest of a canary), cancel — and its
+//! progress. Every control is audited and needs an operator of the batch's tenant.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::time::Duration;
+
+use agentq_core::db::batches::{self, Batch};
+use agentq_core::db::stores::{self, Access, Location, Need};
+use agentq_core::db::{self};
+use agentq_core::dispatch::Target;
+use agentq_core::operation::{Lane, TenantId};
+use agentq_producer::EnqueueRequest;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::{App, AppError, Caller, Result, Role};
+
+/// Operations inserted per statement.
+pub const CHUNK: usize = 1000;
+
+/// Where long work reports how far it got (the CLI draws a progress bar; others ignore it).
+pub trait Progress: Sync {
+    /// The work has `len` items.
+    fn start(&self, _len: u64) {}
+    /// `n` more items are done.
+    fn inc(&self, _n: u64) {}
+    /// One item was refused, and why (shown to the person at once).
+    fn refused(&self, _item: &str, _why: &str) {}
+    /// The work is over.
+    fn finish(&self) {}
+}
+
+/// A [`Progress`] that shows nothing.
+pub struct Quiet;
+
+impl Progress for Quiet {}
+
+/// Parses a batch id as a user typed it.
+pub fn parse_id(s: &str) -> Result<Uuid> {
+    Uuid::parse_str(s.trim()).map_err(|_| {
+        AppError::malformed(
+            "id",
+            format!("{s:?} is not a batch id (a UUID from `agentq batch start`)"),
+        )
+    })
+}
+
+/// The batch `id` as the caller may see it.
+pub async fn find(app: &App, caller: &Caller, id: Uuid) -> Result<Batch> {
+    caller.require(Role::Operator)?;
+    batches::find_batch(&app.pool, id, caller.scope())
+        .await?
+        .ok_or_else(|| AppError::NotFound(format!("no batch {id}")))
+}
+
+/// A store a batch names (`{"store": NAME}` in every input), checked now: the tenant must have
+/// it, with the access the batch needs.
+async fn store_ref(app: &App, tenant: &str, name: &str, access: Access) -> Result<Value> {
+    let field = if access == Access::Read {
+        "--source"
+    } else {
+        "--target"
+    };
+    stores::check_name(name).map_err(|e| AppError::invalid(field, format!("{field}: {e}")))?;
+    let need = Need {
+        field,
+        store: name.to_string(),
+        access,
+    };
+    let mut conn = app.pool.acquire().await?;
+    if let Some(why) = stores::refusal(&mut conn, tenant, &[need]).await? {
+        return Err(AppError::invalid(field, why));
+    }
+    Ok(json!({ "store": name }))
+}
+
+/// The documents of a source store, sorted: relative paths of regular files under its
+/// directory (hidden ones skipped), or its table's ids.
+pub async fn list_documents(app: &App, tenant: &str, source: &Value) -> Result<Vec<String>> {
+    let name = source["store"].as_str().unwrap_or_default();
+    let store = stores::get(&app.pool, tenant, name).await?.ok_or_else(|| {
+        AppError::Conflict(format!("tenant {tenant} has no store {name:?} (any more)"))
+    })?;
+    match &store.location {
+        Location::Table {
+            table, id_column, ..
+        } => db::docs::list_ids(&app.pool, table.as_str(), id_column.as_str())
+            .await
+            .map_err(|e| match e {
+                db::docs::Error::Schema(m) => AppError::Conflict(m),
+                db::docs::Error::Db(e) => AppError::Db(e),
+            }),
+        Location::Dir(root) => list_files(root),
+    }
+}
+
+fn list_files(root: &Path) -> Result<Vec<String>> {
+    let unreadable =
+        |d: &Path, e: std::io::Error| AppError::Conflict(format!("listing {}: {e}", d.display()));
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).map_err(|e| unreadable(&d, e))? {
+            let entry = entry.map_err(|e| unreadable(&d, e))?;
+            let kind = entry.file_type().map_err(|e| unreadable(&d, e))?;
+            if kind.is_dir() {
+                stack.push(entry.path());
+            } else if kind.is_file() {
+                let rel = entry.path();
+                let rel = rel.strip_prefix(root).expect("under the root");
+                match rel.to_str() {
+                    // Hidden files (editors' and our own temp files) are not documents.
+                    Some(s) if !s.split('/').any(|c| c.starts_with('.')) => out.push(s.to_string()),
+                    Some(_) => {}
+                    None => tracing::warn!("skipping a file whose name is not UTF-8"),
+                }
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The batch id: a hash of everything that identifies the campaign.
+pub fn batch_id(
+    tenant: &str,
+    kind: &str,
+    source: &Value,
+    target: &Value,
+    instructions: &str,
+) -> Uuid {
+    let mut h = Sha256::new();
+    for part in [
+        tenant,
+        kind,
+        &source.to_string(),
+        &target.to_string(),
+        instructions,
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    let digest = h.finalize();
+    uuid::Builder::from_custom_bytes(digest[..16].try_into().expect("16 bytes")).into_uuid()
+}
+
+/// The dedupe key of a batch document's operation.
+pub fn doc_key(batch: Uuid, doc: &str) -> String {
+    format!("batch:{batch}:{doc}")
+}
+
+/// What [`fill`] did.
+#[derive(Debug, Default)]
+pub struct Filled {
+    pub enqueued: usize,
+    pub existing: usize,
+    /// Documents refused, and why.
+    pub refused: Vec<(String, String)>,
+}
+
+/// Enqueues the documents of `batch` it does not have yet (only the canary's while it is a
+/// canary), in chunks of `chunk`: one INSERT per chunk, its pointers published concurrently.
+pub async fn fill(
+    app: &App,
+    batch: &Batch,
+    chunk: usize,
+    progress: &dyn Progress,
+) -> Result<Filled> {
+    let source: Value = serde_json::from_str(&batch.source).unwrap_or(Value::Null);
+    let target: Value = serde_json::from_str(&batch.target).unwrap_or(Value::Null);
+    let mut docs = list_documents(app, &batch.tenant, &source).await?;
+    if batch.status == "canary" {
+        docs.truncate(batch.canary.unwrap_or(0).max(0) as usize);
+    }
+    let have: HashSet<String> = batches::enqueued_keys(&app.pool, batch.id)
+        .await?
+        .into_iter()
+        .collect();
+    let missing: Vec<String> = docs
+        .iter()
+        .filter(|d| !have.contains(&doc_key(batch.id, d)))
+        .cloned()
+        .collect();
+    let mut filled = Filled {
+        existing: docs.len() - missing.len(),
+        ..Filled::default()
+    };
+    if missing.is_empty() {
+        return Ok(filled);
+    }
+    progress.start(missing.len() as u64);
+    for chunk in missing.chunks(chunk.max(1)) {
+        let reqs: Vec<EnqueueRequest> = chunk
+            .iter()
+            .map(|doc| {
+                let mut input = json!({
+                    "doc_id": doc,
+                    "source": source,
+                    "target": target,
+                    "instructions": batch.instructions,
+                });
+                if let Some(opts) = batch.options.as_object() {
+                    for (k, v) in opts {
+                        input[k] = v.clone();
+                    }
+                }
+                EnqueueRequest {
+                    tenant: batch.tenant.clone(),
+                    kind: batch.kind.clone(),
+                    input,
+                    dedupe_key: Some(doc_key(batch.id, doc)),
+                    lane: Lane::Batch,
+                    batch_id: Some(batch.id),
+                    ..EnqueueRequest::default()
+                }
+            })
+            .collect();
+        let bulk = app.producer.enqueue_many(reqs).await.map_err(|e| match e {
+            agentq_producer::Error::Db(e) => AppError::Db(e),
+            other => AppError::invalid("/input", other.to_string()),
+        })?;
+        filled.enqueued += bulk.created.len();
+        filled.existing += bulk.existing;
+        for (i, why) in bulk.refused {
+            progress.refused(&chunk[i], &why);
+            filled.refused.push((chunk[i].clone(), why));
+        }
+        progress.inc(chunk.len() as u64);
+    }
+    progress.finish();
+    Ok(filled)
+}
+
+/// What a new batch is: everything `agentq batch start` takes.
+#[derive(Clone, Debug)]
+pub struct NewBatch {
+    pub tenant: String,
+    pub kind: String,
+    /// Store names.
+    pub source: String,
+    pub target: String,
+    pub instructions: String,
+    /// Options merged into every input (`chunk_chars`, `validate`).
+    pub options: serde_json::Map<String, Value>,
+    pub canary: Option<u32>,
+    pub pause_window: i32,
+    pub pause_ratio: f32,
+}
+
+/// What [`start`] did.
+#[derive(Debug)]
+pub struct Started {
+    pub batch: Batch,
+    /// False when the same batch existed (a re-run).
+    pub created: bool,
+    pub documents: usize,
+    pub filled: Filled,
+}
+
+/// Creates a batch (or finds it again) and enqueues one operation per document it is missing.
+pub async fn start(
+    app: &App,
+    caller: &Caller,
+    new: NewBatch,
+    chunk: usize,
+    progress: &dyn Progress,
+) -> Result<Started> {
+    caller.require(Role::Operator)?;
+    TenantId::parse(&new.tenant).map_err(|e| AppError::invalid("tenant", e))?;
+    if caller.scope().is_some_and(|t| t != new.tenant) {
+        return Err(AppError::Forbidden(format!(
+            "this token is confined to tenant {}",
+            caller.tenant
+        )));
+    }
+    if !(1..=10_000).contains(&new.pause_window) {
+        return Err(AppError::invalid(
+            "pause_window",
+            "--pause-window must be between 1 and 10000",
+        ));
+    }
+    if !(new.pause_ratio > 0.0 && new.pause_ratio <= 1.0) {
+        return Err(AppError::invalid(
+            "pause_ratio",
+            "--pause-ratio must be above 0 and at most 1",
+        ));
+    }
+    if new.canary == Some(0) {
+        return Err(AppError::invalid("canary", "--canary must be at least 1"));
+    }
+    if new.instructions.trim().is_empty() {
+        return Err(AppError::invalid(
+            "instructions",
+            "--instructions is empty: say what the model should do",
+        ));
+    }
+    let source = store_ref(app, &new.tenant, &new.source, Access::Read).await?;
+    let target = store_ref(app, &new.tenant, &new.target, Access::Write).await?;
+    let docs = list_documents(app, &new.tenant, &source).await?;
+    if docs.is_empty() {
+        return Err(AppError::invalid(
+            "--source",
+            format!("--source {:?} has no documents", new.source),
+        ));
+    }
+    let id = batch_id(&new.tenant, &new.kind, &source, &target, &new.instructions);
+    let wanted = Batch {
+        id,
+        tenant: new.tenant.clone(),
+        kind: new.kind.clone(),
+        source: source.to_string(),
+        target: target.to_string(),
+        instructions: new.instructions,
+        options: Value::Object(new.options),
+        status: if new.canary.is_some() {
+            "canary"
+        } else {
+            "running"
+        }
+        .into(),
+        canary: new.canary.map(|c| c as i32),
+        documents: docs.len() as i32,
+        pause_window: new.pause_window,
+        pause_ratio: new.pause_ratio,
+        paused_reason: None,
+        created_at: chrono::Utc::now(),
+        updated_at: chrono::Utc::now(),
+    };
+    let (batch, created) = batches::create_batch(&app.pool, &wanted, &caller.actor).await?;
+    if batch.status == "cancelled" {
+        return Err(AppError::Conflict(format!(
+            "batch {id} was cancelled; nothing was enqueued"
+        )));
+    }
+    let filled = fill(app, &batch, chunk, progress).await?;
+    Ok(Started {
+        batch,
+        created,
+        documents: docs.len(),
+        filled,
+    })
+}
+
+/// Stops starting the batch's operations (running ones finish their current run).
+pub async fn pause(app: &App, caller: &Caller, id: Uuid, reason: Option<&str>) -> Result<()> {
+    let b = find(app, caller, id).await?;
+    batches::transition(
+        &app.pool,
+        id,
+        &["running", "canary"],
+        "paused",
+        &caller.actor,
+        reason,
+    )
+    .await?
+    .map(|_| ())
+    .ok_or_else(|| {
+        AppError::Conflict(format!(
+            "batch {id} is {}, not running; nothing changed",
+            b.status
+        ))
+    })
+}
+
+/// What [`resume`] did.
+#[derive(Debug)]
+pub struct Resumed {
+    /// The status it had: `paused` or `canary`.
+    pub was: String,
+    /// Documents enqueued now (the rest of a canary, or what an interrupted start missed).
+    pub enqueued: usize,
+    /// Queued operations whose pointers were published again.
+    pub redispatched: usize,
+}
+
+/// Resumes a paused batch, or runs the rest of a canary: enqueues the documents it is missing
+/// (reading its source store) and re-publishes its queued operations.
+pub async fn resume(
+    app: &App,
+    caller: &Caller,
+    id: Uuid,
+    progress: &dyn Progress,
+) -> Result<Resumed> {
+    let b = find(app, caller, id).await?;
+    let was = batches::transition(
+        &app.pool,
+        id,
+        &["paused", "canary"],
+        "running",
+        &caller.actor,
+        None,
+    )
+    .await?
+    .ok_or_else(|| {
+        AppError::Conflict(format!(
+            "batch {id} is {}: only a paused or canary batch resumes",
+            b.status
+        ))
+    })?;
+    let b = find(app, caller, id).await?;
+    let filled = fill(app, &b, CHUNK, progress).await?;
+    let redispatched = redispatch(app, id).await?;
+    Ok(Resumed {
+        was,
+        enqueued: filled.enqueued,
+        redispatched,
+    })
+}
+
+/// What [`cancel`] did.
+#[derive(Debug)]
+pub struct CancelledBatch {
+    /// Operations cancelled at once.
+    pub now: u64,
+    /// Running operations asked to stop at their next step.
+    pub requested: u64,
+}
+
+/// Cancels every unfinished operation of the batch.
+pub async fn cancel(
+    app: &App,
+    caller: &Caller,
+    id: Uuid,
+    reason: Option<&str>,
+) -> Result<CancelledBatch> {
+    find(app, caller, id).await?;
+    batches::transition(
+        &app.pool,
+        id,
+        &["running", "canary", "paused"],
+        "cancelled",
+        &caller.actor,
+        reason,
+    )
+    .await?
+    .ok_or_else(|| AppError::Conflict(format!("batch {id} is already cancelled")))?;
+    let (now, requested) = batches::cancel_operations(&app.pool, id, &caller.actor).await?;
+    Ok(CancelledBatch { now, requested })
+}
+
+/// Re-publishes the queued operations of a resumed batch (their pointers were dropped while
+/// it was paused). Returns how many were published.
+async fn redispatch(app: &App, batch: Uuid) -> Result<usize> {
+    let cutoff = chrono::Utc::now();
+    let mut total = 0;
+    loop {
+        let taken = batches::take_queued(&app.pool, batch, cutoff, CHUNK as i64).await?;
+        if taken.is_empty() {
+            break;
+        }
+        let targets: Vec<Target> = taken.into_iter().map(Target::from).collect();
+        let sent =
+            futures_util::future::join_all(targets.iter().map(|t| app.dispatcher.publish(t))).await;
+        let failed: Vec<(Uuid, i64)> = targets
+            .iter()
+            .zip(sent)
+            .filter(|(_, r)| r.is_err())
+            .map(|(t, _)| (t.op_id.0, t.epoch))
+            .collect();
+        total += targets.len() - failed.len();
+        if !failed.is_empty() {
+            // The sweeper publishes these once the broker is back.
+            db::clear_dispatched(&app.pool, &failed).await?;
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// The batch's progress as one JSON object: totals by status, rate, ETA, token usage and the
+/// top failure reasons.
+pub async fn status(app: &App, caller: &Caller, id: Uuid) -> Result<Value> {
+    let b = find(app, caller, id).await?;
+    let pool = &app.pool;
+    let counts: BTreeMap<String, i64> = batches::counts(pool, id).await?.into_iter().collect();
+    let get = |s: &str| counts.get(s).copied().unwrap_or(0);
+    let unfinished = get("queued") + get("running") + get("sleeping") + get("waiting");
+    let enqueued: i64 = counts.values().sum();
+    let window = Duration::from_secs(60);
+    let recent = batches::succeeded_since(pool, id, chrono::Utc::now() - window).await?;
+    let rate = recent as f64 / window.as_secs_f64();
+    let remaining = unfinished + (i64::from(b.documents) - enqueued).max(0);
+    let eta = (rate > 0.0).then(|| (remaining as f64 / rate).round() as i64);
+    let (calls, prompt, completion) = batches::usage(pool, id).await?;
+    let failures = batches::top_failures(pool, id, 5).await?;
+    Ok(json!({
+        "batch_id": id, "tenant": b.tenant, "kind": b.kind, "status": b.status,
+        "paused_reason": b.paused_reason, "canary": b.canary, "documents": b.documents,
+        "enqueued": enqueued, "by_status": counts, "unfinished": unfinished,
+        "succeeded_per_s": (rate * 100.0).round() / 100.0, "eta_secs": eta,
+        "usage": { "model_calls": calls, "prompt_tokens": prompt, "completion_tokens": completion },
+        "top_failures": failures,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_ids_are_stable_and_distinct() {
+        let (s, t) = (json!({ "store": "a" }), json!({ "store": "b" }));
+        let a = batch_id("t", "doc_migration", &s, &t, "do it");
+        assert_eq!(a, batch_id("t", "doc_migration", &s, &t, "do it"));
+        assert_ne!(a, batch_id("t", "doc_migration", &s, &t, "do it better"));
+        assert_ne!(a, batch_id("u", "doc_migration", &s, &t, "do it"));
+    }
+}

@@ -1,0 +1,74 @@
+//! Who acts: a role and a tenant scope, and the name an action is audited under. Every flow
+//! of the application layer takes one and decides authorization itself, once, for every
+//! front end.
+
+use crate::error::AppError;
+
+/// A role, in increasing power. Roles nest: `producer` runs and reads operations of its
+/// tenant, `operator` also signals approvals, works the DLQ and controls batches, `admin` does
+/// everything in every tenant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    Producer,
+    Operator,
+    Admin,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "producer" => Some(Role::Producer),
+            "operator" => Some(Role::Operator),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Producer => "producer",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// The caller of a flow.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    /// The tenant a non-admin is confined to.
+    pub tenant: String,
+    pub role: Role,
+    /// The name its actions are audited under (`token:agq_1234abcd`, or the CLI's `--as`).
+    pub actor: String,
+}
+
+impl Caller {
+    /// The command line: whoever holds `DATABASE_URL` is an operator of the deployment, so
+    /// an admin of every tenant, audited under `actor`.
+    pub fn command_line(actor: impl Into<String>) -> Self {
+        Self {
+            tenant: String::new(),
+            role: Role::Admin,
+            actor: actor.into(),
+        }
+    }
+
+    /// Refuses callers below `min`, saying which role the act needs.
+    pub fn require(&self, min: Role) -> Result<(), AppError> {
+        if self.role >= min {
+            Ok(())
+        } else {
+            Err(AppError::Forbidden(format!(
+                "this needs a {} token (or stronger); this token is a {} token",
+                min.as_str(),
+                self.role.as_str()
+            )))
+        }
+    }
+
+    /// The tenant every query is filtered by: the caller's, or none for an admin.
+    pub fn scope(&self) -> Option<&str> {
+        (self.role != Role::Admin).then_some(self.tenant.as_str())
+    }
+}

@@ -1,0 +1,268 @@
+//! The DLQ actions on one dead letter — retry (optionally with a merge patch of the input),
+//! resolve an unknown side effect, discard — and the details a person reads before acting.
+//! The CLI's bulk forms call [`act`] once per selected dead letter.
+
+use agentq_core::db::dead_letters::{self, Action, ActionError, Actor, DeadLetterView, Outcome};
+use agentq_core::db::{self};
+use agentq_core::dispatch::Target;
+use agentq_core::operation::{OperationId, input_sha256};
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::{App, AppError, Caller, Result, Role};
+
+/// What an operator asks of a dead letter, as every front end reads it.
+#[derive(Clone, Debug)]
+pub enum Request {
+    /// Re-queue from the failed step; `patch` is an RFC 7386 merge patch of the input.
+    Retry { patch: Option<Value> },
+    /// The unknown step happened (with what it returned) or did not.
+    Resolve {
+        happened: bool,
+        output: Option<Value>,
+    },
+    /// Drop it for good (a reason is required).
+    Discard,
+}
+
+impl Request {
+    /// The past tense the front ends report: `retried`, `resolved`, `discarded`.
+    pub fn done(&self) -> &'static str {
+        match self {
+            Request::Retry { .. } => "retried",
+            Request::Resolve { .. } => "resolved",
+            Request::Discard => "discarded",
+        }
+    }
+}
+
+/// The outcome of [`act`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Acted {
+    pub id: Uuid,
+    /// `retried`, `resolved` or `discarded`.
+    pub done: &'static str,
+    /// The operation queued again, if the action re-queued one.
+    pub op_id: Option<Uuid>,
+}
+
+impl Acted {
+    /// The answer of the API and of the CLI's `--json`.
+    pub fn to_json(&self) -> Value {
+        json!({ "id": self.id, "result": self.done, "op_id": self.op_id })
+    }
+}
+
+/// The dead letter `id` (or the open one of operation `id`) in the caller's scope.
+pub async fn find(app: &App, caller: &Caller, id: Uuid) -> Result<DeadLetterView> {
+    caller.require(Role::Operator)?;
+    dead_letters::find_dead_letter(&app.pool, id, caller.scope())
+        .await?
+        .ok_or_else(|| not_found(id))
+}
+
+fn not_found(id: Uuid) -> AppError {
+    AppError::NotFound(format!("no dead letter or operation {id}"))
+}
+
+/// Acts on the dead letter `id` (audited with the caller and `reason`) and dispatches what it
+/// re-queued.
+pub async fn act(
+    app: &App,
+    caller: &Caller,
+    id: Uuid,
+    request: Request,
+    reason: Option<String>,
+) -> Result<Acted> {
+    let reason = reason.filter(|r| !r.trim().is_empty());
+    match &request {
+        Request::Discard if reason.is_none() => {
+            return Err(AppError::invalid(
+                "/reason",
+                "discarding needs a reason: it is kept in the audit trail",
+            ));
+        }
+        Request::Resolve {
+            happened: false,
+            output: Some(_),
+        } => {
+            return Err(AppError::invalid(
+                "/output",
+                "output is the result of a step that happened; drop it or set happened: true",
+            ));
+        }
+        _ => {}
+    }
+    let d = find(app, caller, id).await?;
+    let action = match request.clone() {
+        Request::Discard => Action::Discard,
+        Request::Resolve {
+            happened: true,
+            output,
+        } => Action::Resolve(Outcome::Happened(output.unwrap_or(Value::Null))),
+        Request::Resolve { .. } => Action::Resolve(Outcome::DidNotHappen),
+        Request::Retry { patch: None } => Action::Retry { input: None },
+        Request::Retry { patch: Some(patch) } => Action::Retry {
+            input: Some(patched_input(app, &d, &patch).await?),
+        },
+    };
+    let actor = Actor {
+        name: caller.actor.clone(),
+        reason,
+    };
+    let requeued = dead_letters::act(&app.pool, d.id, &action, &actor)
+        .await
+        .map_err(|e| match e {
+            ActionError::NotFound(id) => not_found(id),
+            ActionError::Db(e) => AppError::Db(e),
+            refused => AppError::Conflict(refused.to_string()),
+        })?;
+    if let Some(r) = &requeued {
+        let target = Target::from(db::Dispatch {
+            id: r.id,
+            tenant_id: r.tenant_id.clone(),
+            kind: r.kind.clone(),
+            lane: r.lane.clone(),
+            epoch: r.epoch,
+            traceparent: None,
+        });
+        crate::operations::dispatch(app, &target).await;
+    }
+    Ok(Acted {
+        id: d.id,
+        done: request.done(),
+        op_id: requeued.map(|r| r.id),
+    })
+}
+
+/// The dead letter's operation input with an RFC 7386 merge patch applied, and its new hash.
+async fn patched_input(app: &App, d: &DeadLetterView, patch: &Value) -> Result<(Value, String)> {
+    let refuse = |m: String| AppError::Conflict(m);
+    let op = d
+        .op_id
+        .ok_or_else(|| refuse(format!("dead letter {} has no operation to patch", d.id)))?;
+    let mut input = db::operation_input(&app.pool, op)
+        .await?
+        .ok_or_else(|| refuse(format!("operation {op} is gone")))?;
+    merge_patch(&mut input, patch);
+    let sha = input_sha256(&input);
+    Ok((input, sha))
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().expect("made an object above");
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+/// Everything about one dead letter: what `dlq show`, `GET /v1/dlq/{id}` and the console
+/// present.
+#[derive(serde::Serialize)]
+pub struct Details {
+    pub dead_letter: Value,
+    pub operation: Option<agentq_core::operation::OperationView>,
+    pub steps: Vec<agentq_core::operation::StepView>,
+    pub history: Vec<dead_letters::ActionView>,
+    pub raw_message_preview: Option<String>,
+}
+
+/// The details of the dead letter `id` in the caller's scope.
+pub async fn details(app: &App, caller: &Caller, id: Uuid) -> Result<Details> {
+    let d = find(app, caller, id).await?;
+    let pool = &app.pool;
+    let (operation, steps) = match d.op_id {
+        Some(o) => (
+            db::find_operation(pool, OperationId(o), None).await?,
+            db::list_steps(pool, o, None).await?,
+        ),
+        None => (None, Vec::new()),
+    };
+    let history = dead_letters::history(pool, d.id, d.op_id).await?;
+    let raw = if d.op_id.is_none() {
+        dead_letters::raw_message(pool, d.id).await?
+    } else {
+        None
+    };
+    Ok(Details {
+        dead_letter: listed(&d),
+        operation,
+        steps,
+        history,
+        raw_message_preview: raw
+            .map(|r| String::from_utf8_lossy(&r[..r.len().min(512)]).into_owned()),
+    })
+}
+
+/// A dead letter with its keyset cursor, as lists show it.
+pub fn listed(d: &DeadLetterView) -> Value {
+    let mut v = serde_json::to_value(d).expect("a dead letter serializes");
+    v["cursor"] = json!(cursor(d));
+    v
+}
+
+/// The keyset cursor of a dead letter: `created_at/id`.
+pub fn cursor(d: &DeadLetterView) -> String {
+    cursor_of(d.created_at, d.id)
+}
+
+fn cursor_of(at: DateTime<Utc>, id: Uuid) -> String {
+    format!(
+        "{}/{}",
+        at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        id
+    )
+}
+
+/// Reads a cursor [`cursor`] made; `None` when `s` is not one.
+pub fn parse_cursor(s: &str) -> Option<(DateTime<Utc>, Uuid)> {
+    let (at, id) = s.split_once('/')?;
+    let at = DateTime::parse_from_rfc3339(at).ok()?.with_timezone(&Utc);
+    Some((at, Uuid::parse_str(id).ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_patch_follows_rfc_7386() {
+        let mut t = json!({ "a": "b", "c": { "d": "e", "f": "g" }, "keep": [1] });
+        merge_patch(&mut t, &json!({ "a": "z", "c": { "f": null }, "new": 1 }));
+        assert_eq!(
+            t,
+            json!({ "a": "z", "c": { "d": "e" }, "keep": [1], "new": 1 })
+        );
+        let mut arr = json!({ "steps": [1, 2] });
+        merge_patch(&mut arr, &json!({ "steps": [3] }));
+        assert_eq!(arr, json!({ "steps": [3] }));
+        merge_patch(&mut arr, &json!("x"));
+        assert_eq!(arr, json!("x"));
+    }
+
+    #[test]
+    fn cursors_round_trip() {
+        // The cursor as lists print it, read back: the same instant (to the microsecond) and id.
+        let at = Utc::now();
+        let id = Uuid::new_v4();
+        let (a, i) = parse_cursor(&cursor_of(at, id)).expect("a cursor it made");
+        assert_eq!(i, id);
+        assert_eq!(a.timestamp_micros(), at.timestamp_micros());
+        for bad in ["", "x/y", "2026-01-01T00:00:00Z", &id.to_string()] {
+            assert!(parse_cursor(bad).is_none(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! agentq-app: the application layer. Every flow a person or a service starts — enqueue,
+//! signal, approve or reject, cancel, the DLQ actions, batch controls — is one function here
+//! that takes the [`Caller`], decides what it may do, does it through `agentq-core` and
+//! returns a typed outcome or an [`AppError`]. The CLI, the HTTP API and the console only
+//! parse, call and render, so they cannot disagree.
+//!
+//! - [`operations`]: signal, approve / reject, cancel;
+//! - [`dlq`]: retry, resolve, discard one dead letter;
+//! - [`batches`]: pause, resume, cancel a batch.
+
+pub mod batches;
+pub mod caller;
+pub mod dlq;
+pub mod error;
+pub mod operations;
+
+use std::sync::Arc;
+
+use agentq_core::dispatch::Dispatcher;
+use agentq_producer::Producer;
+use sqlx::PgPool;
+
+pub use caller::{Caller, Role};
+pub use error::{AppError, Result};
+
+/// What the flows need: the database, the producer (enqueue, input checks) and a dispatcher
+/// for what a flow re-queues. Cheap to clone.
+#[derive(Clone)]
+pub struct App {
+    pub pool: PgPool,
+    pub producer: Producer,
+    pub dispatcher: Arc<Dispatcher>,
+    pub settings: Settings,
+}
+
+/// The deployment's choices the flows apply.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    /// A producer token may send the approval signals (`AGENTQ_PRODUCER_MAY_APPROVE`).
+    pub producer_may_approve: bool,
+}
+
+impl App {
+    pub fn new(
+        pool: PgPool,
+        producer: Producer,
+        dispatcher: Arc<Dispatcher>,
+        settings: Settings,
+    ) -> Self {
+        Self {
+            pool,
+            producer,
+            dispatcher,
+            settings,
+        }
+    }
+}

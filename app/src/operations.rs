@@ -1,0 +1,196 @@
+//! Acting on one operation: signal it, approve or reject it (the approval convention), cancel
+//! it.
+
+use agentq_core::db::{self, timers};
+use agentq_core::dispatch::Target;
+use agentq_core::operation::{OperationId, is_approval_signal};
+use serde_json::{Value, json};
+
+use crate::{App, AppError, Caller, Result, Role};
+
+/// Parses an operation id as a user typed it.
+pub fn parse_id(s: &str) -> Result<OperationId> {
+    OperationId::parse(s).map_err(|e| AppError::malformed("id", e))
+}
+
+/// A signal name: 1-128 characters of letters, digits, `_`, `-`, `.` or `:`.
+pub fn check_signal_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > 128
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
+    {
+        return Err(AppError::malformed(
+            "name",
+            "a signal name is 1-128 characters of letters, digits, '_', '-', '.' or ':'",
+        ));
+    }
+    Ok(())
+}
+
+/// What a sent signal did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Signalled {
+    /// The operation was waiting for it: it is queued again and its pointer published.
+    Delivered,
+    /// Kept until the operation waits for it.
+    Kept {
+        status: String,
+        waiting_for: Option<String>,
+    },
+}
+
+impl Signalled {
+    /// `delivered` or `kept`, as the CLI's `--json` and the API answer it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Signalled::Delivered => "delivered",
+            Signalled::Kept { .. } => "kept",
+        }
+    }
+}
+
+/// How a signal is audited: the action (`signal`, `approve`, `reject`) and an optional reason.
+#[derive(Clone, Debug)]
+pub struct Audit<'a> {
+    pub action: &'static str,
+    pub reason: Option<&'a str>,
+}
+
+/// Sends the signal `name` with `payload` to `op` (in the caller's scope): delivered to its
+/// wait, or kept for a later one. Approving or rejecting (the signals of
+/// [`agentq_core::operation::APPROVAL_SIGNALS`]) needs an operator, unless the deployment lets
+/// producers ([`crate::Settings::producer_may_approve`]).
+pub async fn signal(
+    app: &App,
+    caller: &Caller,
+    op: OperationId,
+    name: &str,
+    payload: &Value,
+    audit: Audit<'_>,
+) -> Result<Signalled> {
+    caller.require(Role::Producer)?;
+    check_signal_name(name)?;
+    if is_approval_signal(name) && !app.settings.producer_may_approve {
+        caller.require(Role::Operator).map_err(|_| {
+            AppError::Forbidden(format!(
+                "the signal {name:?} approves or rejects, which needs an operator token (or \
+                 AGENTQ_PRODUCER_MAY_APPROVE=true on the server); nothing was sent"
+            ))
+        })?;
+    }
+    let sent = timers::send_signal(
+        &app.pool,
+        op.0,
+        caller.scope(),
+        name,
+        payload,
+        &caller.actor,
+        audit.action,
+        audit.reason,
+    )
+    .await?;
+    match sent {
+        timers::Sent::Woke(target) => {
+            dispatch(app, &target.into()).await;
+            Ok(Signalled::Delivered)
+        }
+        timers::Sent::Kept {
+            status,
+            waiting_for,
+        } => Ok(Signalled::Kept {
+            status,
+            waiting_for,
+        }),
+        timers::Sent::AlreadyPending => Err(AppError::Conflict(format!(
+            "a signal {name:?} was already sent to {op} and not consumed yet; nothing changed"
+        ))),
+        timers::Sent::Finished(status) => Err(AppError::Conflict(format!(
+            "operation {op} is {status}; the signal was not delivered"
+        ))),
+        timers::Sent::NotFound => Err(not_found(op)),
+    }
+}
+
+/// The approval convention (`agentq approve` / `reject`, the console's buttons): the signal
+/// `approval` with `{"approved", "by", "reason"}`, audited as `approve` / `reject`.
+pub async fn decide(
+    app: &App,
+    caller: &Caller,
+    op: OperationId,
+    approved: bool,
+    reason: Option<&str>,
+) -> Result<Signalled> {
+    let payload = json!({ "approved": approved, "by": caller.actor, "reason": reason });
+    let action = if approved { "approve" } else { "reject" };
+    signal(
+        app,
+        caller,
+        op,
+        "approval",
+        &payload,
+        Audit { action, reason },
+    )
+    .await
+}
+
+/// What a cancel did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cancelled {
+    /// It was queued, sleeping or waiting: `cancelled` now.
+    Now,
+    /// It is running: its worker stops it at the next step boundary.
+    Requested,
+}
+
+impl Cancelled {
+    /// `cancelled` or `requested`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cancelled::Now => "cancelled",
+            Cancelled::Requested => "requested",
+        }
+    }
+}
+
+/// Cancels `op` (in the caller's scope), audited with `reason`.
+pub async fn cancel(
+    app: &App,
+    caller: &Caller,
+    op: OperationId,
+    reason: Option<&str>,
+) -> Result<Cancelled> {
+    caller.require(Role::Producer)?;
+    match timers::cancel_operation(&app.pool, op.0, caller.scope(), &caller.actor, reason).await? {
+        timers::Cancelled::Now => Ok(Cancelled::Now),
+        timers::Cancelled::Requested => Ok(Cancelled::Requested),
+        timers::Cancelled::Finished(status) => Err(AppError::Conflict(format!(
+            "operation {op} is already {status}; nothing to cancel"
+        ))),
+        timers::Cancelled::NotFound => Err(not_found(op)),
+    }
+}
+
+/// The operation `op` as the caller may see it.
+pub async fn find(
+    app: &App,
+    caller: &Caller,
+    op: OperationId,
+) -> Result<agentq_core::operation::OperationView> {
+    caller.require(Role::Producer)?;
+    db::find_operation(&app.pool, op, caller.scope())
+        .await?
+        .ok_or_else(|| not_found(op))
+}
+
+pub(crate) fn not_found(op: OperationId) -> AppError {
+    AppError::NotFound(format!("no operation {op}"))
+}
+
+/// Publishes a re-queued operation's pointer; if that fails, the scheduler's sweeper does.
+pub(crate) async fn dispatch(app: &App, target: &Target) {
+    if let Err(e) = app.dispatcher.dispatch(target).await {
+        tracing::warn!(op_id = %target.op_id, error = %e, "queued; the scheduler will dispatch it");
+    }
+}
