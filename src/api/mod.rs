@@ -7,6 +7,7 @@
 //! that cannot be stored is answered 429/503 "not started", never accepted and dropped.
 
 mod auth;
+mod batches;
 mod body;
 mod dlq;
 mod events;
@@ -248,6 +249,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
             post(operations::signal),
         )
         .route("/v1/operations/{id}/cancel", post(operations::cancel))
+        .route("/v1/operations/{id}/approve", post(operations::approve))
+        .route("/v1/operations/{id}/reject", post(operations::reject))
         .route("/v1/webhooks/{source}", post(webhooks::deliver))
         .route("/v1/dlq", get(dlq::list))
         .route("/v1/dlq/stats", get(dlq::stats))
@@ -255,6 +258,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/dlq/{id}/retry", post(dlq::retry))
         .route("/v1/dlq/{id}/resolve", post(dlq::resolve))
         .route("/v1/dlq/{id}/discard", post(dlq::discard))
+        .route("/v1/batches/{id}", get(batches::show))
+        .route("/v1/batches/{id}/pause", post(batches::pause))
+        .route("/v1/batches/{id}/resume", post(batches::resume))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel))
         .route("/healthz", get(meta::healthz))
         .route("/readyz", get(meta::readyz))
         .route("/metrics", get(meta::metrics))

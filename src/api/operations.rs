@@ -265,6 +265,54 @@ pub async fn signal(
         .into_response())
 }
 
+/// `POST /v1/operations/{id}/approve` and `/reject`: the approval convention (`agentq
+/// approve` / `reject`, the console's buttons), audited as `approve` / `reject`.
+pub async fn approve(
+    state: State<Arc<ApiState>>,
+    caller: Caller,
+    id: Params<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    decide(state, caller, id, headers, body, true).await
+}
+
+/// `POST /v1/operations/{id}/reject`.
+pub async fn reject(
+    state: State<Arc<ApiState>>,
+    caller: Caller,
+    id: Params<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    decide(state, caller, id, headers, body, false).await
+}
+
+async fn decide(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Params(id): Params<String>,
+    headers: HeaderMap,
+    body: Body,
+    approved: bool,
+) -> ApiResult<Response> {
+    let op = OperationId(parse_id(&id, "id")?);
+    let req: CancelBody = body::optional_json(&headers, body).await?;
+    let sent = app::operations::decide(
+        &state.app,
+        &caller.app(),
+        op,
+        approved,
+        req.reason.as_deref(),
+    )
+    .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "op_id": op, "signal": "approval", "result": sent.as_str() })),
+    )
+        .into_response())
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CancelBody {

@@ -233,7 +233,7 @@ async fn console_in_a_browser_retries_a_dead_operation_approves_and_pauses_a_bat
 }
 
 /// A console HTTP client: no redirects followed, the session cookie carried by hand.
-struct Browser {
+pub(crate) struct Browser {
     client: reqwest::Client,
     base: String,
     cookie: String,
@@ -261,13 +261,13 @@ fn form_body(fields: &[(&str, &str)]) -> String {
 }
 
 /// The value of `name="csrf"` in a page.
-fn csrf_of(page: &str) -> String {
+pub(crate) fn csrf_of(page: &str) -> String {
     let at = page.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
     page[at..at + page[at..].find('"').unwrap()].to_string()
 }
 
 impl Browser {
-    fn new(base: &str) -> Self {
+    pub(crate) fn new(base: &str) -> Self {
         Self {
             client: reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
@@ -278,7 +278,7 @@ impl Browser {
         }
     }
 
-    async fn get(&self, path: &str) -> (u16, String) {
+    pub(crate) async fn get(&self, path: &str) -> (u16, String) {
         let r = self
             .client
             .get(format!("{}{path}", self.base))
@@ -289,7 +289,7 @@ impl Browser {
         (r.status().as_u16(), r.text().await.unwrap())
     }
 
-    async fn post(&self, path: &str, fields: &[(&str, &str)]) -> reqwest::Response {
+    pub(crate) async fn post(&self, path: &str, fields: &[(&str, &str)]) -> reqwest::Response {
         self.client
             .post(format!("{}{path}", self.base))
             .header("cookie", &self.cookie)
@@ -301,7 +301,7 @@ impl Browser {
     }
 
     /// Signs in with `token`; returns the status of the sign-in answer and its body.
-    async fn login(&mut self, token: &str) -> (u16, String) {
+    pub(crate) async fn login(&mut self, token: &str) -> (u16, String) {
         let r = self
             .client
             .get(format!("{}/ui/login", self.base))

@@ -276,7 +276,12 @@ async fn an_unknown_side_effect_is_resolved_both_ways() {
 
     // A retry would hit the same unknown step: refused, with the way out.
     let out = app.agentq(&["dlq", "retry", &happened]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("dlq resolve"));
 
     app.agentq_ok(&[

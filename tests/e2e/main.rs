@@ -15,6 +15,7 @@ mod doc_migration;
 mod durability;
 mod failures;
 mod fake_model;
+mod flows;
 mod foundation;
 mod hostile_producer;
 mod metrics;

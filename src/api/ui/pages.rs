@@ -368,6 +368,9 @@ async fn operation_page(state: &UiState, session: &Session, id: &str, revealed: 
     if op.waiting_for.as_deref() == Some("approval") && op.status.as_str() == "waiting" {
         body.push_str(&approval_forms(session, op_id, &path));
     }
+    if !op.status.is_terminal() {
+        body.push_str(&control_forms(session, op_id, &path));
+    }
     if op.status.as_str() == "dead" {
         body.push_str(
             "<p><a href=\"/ui/dlq\">This operation is dead: act on it in the dead-letter inbox</a></p>",
@@ -504,6 +507,84 @@ fn approval_forms(session: &Session, op: Uuid, next: &str) -> String {
     )
 }
 
+/// The signal and cancel forms of an unfinished operation (`agentq signal` / `cancel`).
+fn control_forms(session: &Session, op: Uuid, next: &str) -> String {
+    let c = csrf(session);
+    let next = esc(next);
+    format!(
+        "<div class=\"actions\">\
+         <form method=\"post\" action=\"/ui/operations/{op}/signal\" class=\"inline\">{c}\
+         <input type=\"hidden\" name=\"next\" value=\"{next}\">\
+         <input name=\"name\" placeholder=\"signal name\" required>\
+         <input name=\"payload\" placeholder=\"payload (JSON, optional)\">\
+         <button type=\"submit\" data-action=\"signal\">Send signal</button></form>\
+         <form method=\"post\" action=\"/ui/operations/{op}/cancel\" class=\"inline\">{c}\
+         <input type=\"hidden\" name=\"next\" value=\"{next}\">\
+         <input name=\"reason\" placeholder=\"reason (optional)\">\
+         <button type=\"submit\" class=\"danger\" data-action=\"cancel\">Cancel</button></form>\
+         </div>"
+    )
+}
+
+/// `POST /ui/operations/{id}/signal`: `agentq signal`, through the application layer.
+pub async fn signal(
+    State(state): State<Arc<UiState>>,
+    session: Session,
+    Path(id): Path<String>,
+    form: Result<Form<Fields>, FormRejection>,
+) -> UiResult {
+    let fields = session.check(form)?;
+    let op = OperationId(parse_uuid(&id, "operation")?);
+    let name = filled(&fields, "name").unwrap_or_default();
+    let outcome = match filled(&fields, "payload").map(serde_json::from_str::<serde_json::Value>) {
+        Some(Err(e)) => Err(app::AppError::invalid(
+            "payload",
+            format!("the payload is not JSON: {e}"),
+        )),
+        payload => {
+            let payload = payload.and_then(Result::ok).unwrap_or_default();
+            let audit = app::operations::Audit {
+                action: "signal",
+                reason: None,
+            };
+            app::operations::signal(
+                &state.api.app,
+                &session.caller.app(),
+                op,
+                name,
+                &payload,
+                audit,
+            )
+            .await
+            .map(|sent| format!("signal {name:?} {} for {op}", sent.as_str()))
+        }
+    };
+    super::flash(&state, &session, outcome)?;
+    Ok(back(&fields, "/ui/operations"))
+}
+
+/// `POST /ui/operations/{id}/cancel`: `agentq cancel`, through the application layer.
+pub async fn cancel(
+    State(state): State<Arc<UiState>>,
+    session: Session,
+    Path(id): Path<String>,
+    form: Result<Form<Fields>, FormRejection>,
+) -> UiResult {
+    let fields = session.check(form)?;
+    let op = OperationId(parse_uuid(&id, "operation")?);
+    let reason = filled(&fields, "reason");
+    let outcome = app::operations::cancel(&state.api.app, &session.caller.app(), op, reason)
+        .await
+        .map(|done| match done {
+            app::operations::Cancelled::Now => format!("cancelled {op}"),
+            app::operations::Cancelled::Requested => {
+                format!("cancel requested for {op}: its worker stops it at the next step")
+            }
+        });
+    super::flash(&state, &session, outcome)?;
+    Ok(back(&fields, "/ui/operations"))
+}
+
 /// `GET /ui/approvals`: operations waiting for an `approval` signal.
 pub async fn approvals(State(state): State<Arc<UiState>>, session: Session) -> UiResult {
     let filter = console::OperationFilter {
@@ -612,11 +693,17 @@ pub async fn batches(State(state): State<Arc<UiState>>, session: Session) -> UiR
                  <button type=\"submit\" data-action=\"resume\">Resume</button></form>",
                 b.id
             );
-            // The controls `agentq batch pause` / `resume` allow in each state.
+            let cancel = format!(
+                "<form method=\"post\" action=\"/ui/batches/{}/cancel\" class=\"inline\">{c}\
+                 <input name=\"reason\" placeholder=\"reason (optional)\">\
+                 <button type=\"submit\" class=\"danger\" data-action=\"cancel\">Cancel</button></form>",
+                b.id
+            );
+            // The controls `agentq batch pause` / `resume` / `cancel` allow in each state.
             let control = match b.status.as_str() {
-                "running" => pause,
-                "canary" => format!("{pause}{resume}"),
-                "paused" => resume,
+                "running" => format!("{pause}{cancel}"),
+                "canary" => format!("{pause}{resume}{cancel}"),
+                "paused" => format!("{resume}{cancel}"),
                 _ => String::new(),
             };
             body.push_str(&format!(
@@ -689,6 +776,28 @@ pub async fn resume(
             r.was, r.enqueued, r.redispatched
         )
     });
+    super::flash(&state, &session, outcome)?;
+    Ok(back(&fields, "/ui/batches"))
+}
+
+/// `POST /ui/batches/{id}/cancel`: `agentq batch cancel`, through the application layer.
+pub async fn cancel_batch(
+    State(state): State<Arc<UiState>>,
+    session: Session,
+    Path(id): Path<String>,
+    form: Result<Form<Fields>, FormRejection>,
+) -> UiResult {
+    let fields = session.check(form)?;
+    let id = parse_uuid(&id, "batch")?;
+    let reason = filled(&fields, "reason");
+    let outcome = app::batches::cancel(&state.api.app, &session.caller.app(), id, reason)
+        .await
+        .map(|c| {
+            format!(
+                "cancelled batch {id}: {} operations cancelled, {} running ones stop at their next step",
+                c.now, c.requested
+            )
+        });
     super::flash(&state, &session, outcome)?;
     Ok(back(&fields, "/ui/batches"))
 }
