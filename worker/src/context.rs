@@ -36,8 +36,9 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
-use crate::model::{ModelError, ModelRequest, ModelResponse};
-use crate::tool::{Reconciled, Tool};
+use crate::error::JobError;
+use crate::model::{ModelRequest, ModelResponse};
+use crate::tool::{Reconciled, Replay, Tool};
 
 /// Asks a tool whether a call with this idempotency key already happened.
 type Reconcile<'a> =
@@ -75,24 +76,6 @@ fn wake_after(what: &str, d: std::time::Duration) -> Result<DateTime<Utc>, JobEr
     Ok(Utc::now() + chrono::Duration::from_std(d).unwrap_or_default())
 }
 
-/// Whether a step may run again after a crash left its outcome unknown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Replay {
-    /// Idempotent, or called with its idempotency key: run again on recovery.
-    Safe,
-    /// A side effect that must not repeat: reconcile or fail closed on recovery.
-    Unsafe,
-}
-
-impl Replay {
-    fn as_str(self) -> &'static str {
-        match self {
-            Replay::Safe => "safe",
-            Replay::Unsafe => "unsafe",
-        }
-    }
-}
-
 /// What a step is, for the journal and its span.
 #[derive(Clone, Copy)]
 struct StepSpec<'a> {
@@ -112,105 +95,6 @@ impl<'a> StepSpec<'a> {
             replay,
             deferred: false,
         }
-    }
-}
-
-/// How a job (or one of its steps) failed. The class decides what happens next.
-#[derive(Debug, thiserror::Error)]
-pub enum JobError {
-    /// Transient: retry the operation later (job-level retries are data, not loops).
-    #[error("{message}")]
-    Retryable {
-        message: String,
-        not_before: Option<DateTime<Utc>>,
-    },
-    /// A provider is overloaded: back off harder.
-    #[error("{message}")]
-    Overloaded {
-        message: String,
-        not_before: Option<DateTime<Utc>>,
-    },
-    /// Transient, and the call certainly had no effect: it was never sent, or the outside
-    /// system refused it before acting (429, 503, a database error for the statement).
-    /// Retried like `Retryable`; an unsafe step runs again on the next attempt. A plain
-    /// `Retryable` from an unsafe step leaves its outcome unknown instead (see [`Tool::call`]).
-    #[error("{0}")]
-    NoEffect(String),
-    /// Can never succeed as is: straight to the DLQ.
-    #[error("{0}")]
-    NonRetryable(String),
-    /// Stopped on request.
-    #[error("cancelled")]
-    Cancelled,
-    /// This worker no longer holds the operation: write nothing more for it.
-    #[error("lease lost")]
-    LeaseLost,
-    /// The function asked for different steps than the journal recorded.
-    #[error("{0}")]
-    Nondeterminism(String),
-    /// An unsafe step was left `started` by a crash and cannot be reconciled.
-    #[error("step {seq} ({name}) may or may not have happened; idempotency key {key}")]
-    UnknownSideEffect { seq: i32, name: String, key: String },
-    /// The job function panicked (treated as a retryable failure of this attempt).
-    #[error("job panicked: {0}")]
-    Panicked(String),
-    /// The operation's deadline passed before it finished.
-    #[error("deadline {0} passed before the operation finished")]
-    DeadlineExceeded(DateTime<Utc>),
-    /// The operation parked itself (a durable sleep, or a wait for a signal): the worker lets go
-    /// of it and the scheduler wakes it. Job code just propagates it with `?`.
-    #[error("suspended until a wake-up")]
-    Suspended,
-}
-
-impl JobError {
-    /// A retryable error with a message.
-    pub fn retryable(message: impl Into<String>) -> Self {
-        JobError::Retryable {
-            message: message.into(),
-            not_before: None,
-        }
-    }
-
-    /// A transient error that certainly had no effect (see [`JobError::NoEffect`]).
-    pub fn no_effect(message: impl Into<String>) -> Self {
-        JobError::NoEffect(message.into())
-    }
-
-    /// Whether a step that failed with this error may have had its effect anyway: a
-    /// transient failure not known to be [`JobError::NoEffect`] (a dropped connection or a
-    /// timeout after the request was sent). An unsafe step ending so is journaled `unknown`.
-    fn outcome_unknown(&self) -> bool {
-        matches!(
-            self,
-            JobError::Retryable { .. } | JobError::Overloaded { .. }
-        )
-    }
-
-    /// The stable snake_case class stored as `error_class`.
-    pub fn class(&self) -> &'static str {
-        match self {
-            JobError::Retryable { .. } | JobError::NoEffect(_) | JobError::Panicked(_) => {
-                "retryable"
-            }
-            JobError::Overloaded { .. } => "overloaded",
-            JobError::NonRetryable(_) => "non_retryable",
-            JobError::Cancelled => "cancelled",
-            JobError::LeaseLost => "lease_lost",
-            JobError::Nondeterminism(_) => "nondeterminism",
-            JobError::UnknownSideEffect { .. } => "unknown_side_effect",
-            JobError::DeadlineExceeded(_) => "deadline_exceeded",
-            JobError::Suspended => "suspended",
-        }
-    }
-}
-
-/// The stable class of a model error, for the model call's span.
-fn model_error_class(e: &ModelError) -> &'static str {
-    match e {
-        ModelError::Retryable { .. } => "retryable",
-        ModelError::Overloaded { .. } => "overloaded",
-        ModelError::NonRetryable { .. } => "non_retryable",
     }
 }
 
@@ -423,7 +307,7 @@ impl JobContext {
             match &called {
                 Ok(_) => span.record("outcome", "ok"),
                 Err(e) => span
-                    .record("outcome", model_error_class(e))
+                    .record("outcome", e.class())
                     .record("otel.status_code", "error"),
             };
             let resp = called?;

@@ -15,7 +15,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
-use crate::context::{JobContext, JobError, OperationInfo};
+use crate::context::{JobContext, OperationInfo};
+use crate::error::JobError;
 
 /// Runs `op` to its next resting state. The lease is released when this returns.
 pub(crate) async fn execute(

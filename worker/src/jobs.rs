@@ -18,10 +18,11 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::context::{JobContext, JobError, Replay, SignalOutcome, check_park};
+use crate::context::{JobContext, SignalOutcome, check_park};
+use crate::error::JobError;
 use crate::model::ModelRequest;
 use crate::registry::Registry;
-use crate::tool::{Reconciled, Tool};
+use crate::tool::{Reconciled, Replay, Tool};
 mod doc_migration;
 mod triage;
 

@@ -8,6 +8,7 @@
 pub mod agent;
 mod claim;
 pub mod context;
+pub mod error;
 mod executor;
 pub mod gate;
 mod group_commit;
@@ -30,10 +31,11 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use context::{JobContext, JobError, OperationInfo, Replay, SignalOutcome};
+pub use context::{JobContext, OperationInfo, SignalOutcome};
+pub use error::JobError;
 pub use model::{LocalModel, ModelClient, ModelRequest, ModelResponse};
 pub use registry::Registry;
-pub use tool::{Reconciled, Tool};
+pub use tool::{Reconciled, Replay, Tool};
 
 use claim::Ended;
 use group_commit::GroupCommit;

@@ -12,7 +12,8 @@ use serde_json::Value;
 
 use agentq_core::operation::Requires;
 
-use crate::context::{JobContext, JobError};
+use crate::context::JobContext;
+use crate::error::JobError;
 
 type Handler =
     Arc<dyn Fn(JobContext, Value) -> BoxFuture<'static, Result<Value, JobError>> + Send + Sync>;

@@ -28,8 +28,10 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::context::{JobContext, JobError, Replay, SignalOutcome};
+use crate::context::{JobContext, SignalOutcome};
+use crate::error::JobError;
 use crate::model::{Message, ModelRequest, Role};
+use crate::tool::Replay;
 
 /// Largest source document accepted: the text, each chunk's answer and the result are all
 /// journaled, and a journal row is a JSON value in PostgreSQL.
