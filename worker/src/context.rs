@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use agentq_core::db::{self, JournalEntry, StepWrite};
 use agentq_core::metrics;
 use agentq_core::operation::{OperationId, step_idempotency_key};
+use agentq_core::origins::Origins;
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use serde::Serialize;
@@ -129,10 +130,17 @@ impl SignalOutcome {
 /// Facts about the claimed operation that a job may read.
 #[derive(Clone, Debug)]
 pub struct OperationInfo {
+    /// The operation's id, the same on every run: a key for a kind's own idempotent writes.
     pub op_id: OperationId,
+    /// The tenant the operation belongs to: a kind reads and writes only this tenant's data.
     pub tenant: String,
+    /// The kind it was enqueued as.
     pub kind: String,
+    /// The attempt counted against its retries (1 on the first); a sleep's or wait's wake-up,
+    /// an overload back-off, a crash restart and a shutdown give the attempt back.
     pub attempt: i32,
+    /// The claim's fencing number, one more on every claim (so it also counts runs): every
+    /// write the context makes for this run carries it.
     pub epoch: i64,
     /// Stop (dead, `deadline_exceeded`) at the first step boundary after this.
     pub deadline: Option<DateTime<Utc>>,
@@ -207,13 +215,36 @@ impl JobContext {
         &self.inner.info
     }
 
-    /// agentq's own database, for built-in tools only (the `ledger` demo tool).
-    pub(crate) fn pool(&self) -> &PgPool {
+    /// The worker's pool on agentq's PostgreSQL database, for a kind's own data: tables the
+    /// kind keeps (the built-in `ledger` and `kv` tools' tables) and the stores an admin
+    /// registered for the operation's tenant (`agentq_core::db::stores`, as `doc_migration`
+    /// resolves them), through functions of `agentq_core::db`, which take a pool.
+    ///
+    /// The context journals and fences its own writes; what a kind does through this pool is
+    /// the kind's to keep safe:
+    /// - Nothing written here is fenced by the claim's epoch or journaled: a run whose lease
+    ///   was lost may still be finishing a step. Read and write only inside a step
+    ///   ([`JobContext::step`] or a [`Tool`]), so a replay returns the recorded output instead of
+    ///   doing it again, and make each write idempotent (keyed by the step's idempotency key or
+    ///   the operation id) for the run that repeats it after a crash.
+    /// - It reaches every tenant's data and all of agentq's tables: scope every statement to
+    ///   [`OperationInfo::tenant`], take a table or a path only from what an operator
+    ///   registered (never from the input), and never write the tables operations run on
+    ///   (`operations`, `operation_steps`, `signals`, `dead_letters`, …): only the worker's
+    ///   runtime writes those, fenced by the epoch.
+    /// - The pool is shared with the worker's claims, journal writes and heartbeats: use a
+    ///   connection for a statement or a short transaction, never across a model call, a tool
+    ///   call or a sleep.
+    pub fn pool(&self) -> &PgPool {
         &self.inner.shared.pool
     }
 
-    /// Hosts the built-in `http_get` tool may fetch from.
-    pub(crate) fn http_allow(&self) -> Arc<crate::outbound::Origins> {
+    /// The origins the operator allows outbound calls to (`AGENTQ_AGENT_HTTP_ALLOW`). The
+    /// worker makes no HTTP call for a kind, so it cannot enforce the list: a kind that calls
+    /// out checks every URL with [`Origins::check`] before connecting (the built-in `http_get`
+    /// tool and `triage`'s callback do, through `agentq_kinds::outbound`, which also connects
+    /// only to the addresses it checked).
+    pub fn http_allow(&self) -> Arc<Origins> {
         self.inner.shared.http_allow.clone()
     }
 
@@ -224,20 +255,42 @@ impl JobContext {
         self.state().current_key.clone()
     }
 
-    /// The name and status of the journal's next step if an earlier run recorded it (and it did
-    /// not fail), without taking it. Lets a job tell a replayed decision from a fresh one.
-    pub(crate) fn peek_recorded(&self) -> Option<(String, String)> {
+    /// The name and status (`completed`, `started`, `unknown`) of the journal's next step if an
+    /// earlier run of this operation recorded it and it did not fail; `None` where the journal
+    /// ends or the step failed (it will run fresh). Takes no step and writes nothing.
+    ///
+    /// For a kind that must tell a replayed decision from a fresh one (`doc_migration`: a
+    /// failed review recorded by an earlier run means this run is an operator's retry, so it
+    /// reviews anew), or that passes over a stale part of its journal with
+    /// [`JobContext::skip_recorded`]. It reads the journal as loaded when this run claimed the
+    /// operation, at the cursor every clone of this context shares.
+    pub fn peek_recorded(&self) -> Option<(String, String)> {
         let seq = self.state().next_seq;
         self.recorded(seq)
             .filter(|e| e.status != "failed")
             .map(|e| (e.name, e.status))
     }
 
-    /// Passes over the journal's next step without replaying or running it: for a job walking
-    /// past a part of its journal that its (operator-patched) input no longer matches. Call it
-    /// only after [`JobContext::peek_recorded`] found a step there.
-    pub(crate) fn skip_recorded(&self) {
-        self.state().next_seq += 1;
+    /// Passes over the journal's next step without replaying or running it, if
+    /// [`JobContext::peek_recorded`] finds one there; returns whether it did. Where none is
+    /// recorded it does nothing, so the steps that follow never leave a gap in the journal.
+    ///
+    /// For a kind whose input an operator patched (`agentq dlq retry --patch-input`) so that a
+    /// part of its journal no longer applies: it passes over that part and runs it anew under
+    /// the next step numbers; the rows passed over stay in the journal as they are. Decide what
+    /// to skip only from recorded outputs and the input, so every later replay skips the same
+    /// steps (a step asked for where the journal recorded another is `nondeterminism`).
+    pub fn skip_recorded(&self) -> bool {
+        let mut st = self.state();
+        let seq = st.next_seq;
+        let recorded = st
+            .journal
+            .iter()
+            .any(|e| e.seq == seq && e.status != "failed");
+        if recorded {
+            st.next_seq += 1;
+        }
+        recorded
     }
 
     /// Runs a journaled step. On replay a completed step returns its recorded output. Its row

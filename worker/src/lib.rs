@@ -4,6 +4,14 @@
 //! new epoch, lease) has committed; every write after the claim is fenced by the epoch; no
 //! transaction or pooled connection is held across a job's model or tool calls; a delivery is
 //! acked right after the claim commits, never held for the length of a job.
+//!
+//! Two parts. The runtime (`claim`, `executor`, `lease`, `group_commit`, [`gate`]) runs
+//! operations. The SDK is what a kind is written with: [`Registry`] (kinds by name, their input
+//! checks), [`JobContext`] (durable steps, model and tool calls, sleeps, signals, the agent
+//! loop; for a kind's own data [`JobContext::pool`] and [`JobContext::http_allow`]; journal
+//! inspection with [`JobContext::peek_recorded`] and [`JobContext::skip_recorded`]), [`Tool`],
+//! [`JobError`], and the model types ([`model`], [`openai`]). A kind needs nothing else:
+//! agentq's built-in kinds (the `agentq-kinds` crate) use only this public API.
 
 pub mod agent;
 mod claim;
