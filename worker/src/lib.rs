@@ -20,11 +20,9 @@ pub mod error;
 mod executor;
 pub mod gate;
 mod group_commit;
-pub mod jobs;
 mod lease;
 pub mod model;
 pub mod openai;
-pub mod outbound;
 pub mod registry;
 pub mod tool;
 
@@ -34,6 +32,7 @@ use std::time::Duration;
 use agentq_core::broker::{self, Consumer, Names};
 use agentq_core::db;
 use agentq_core::operation::Lane;
+use agentq_core::origins::Origins;
 use sqlx::PgPool;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -55,7 +54,7 @@ const RECONNECT_FIRST: Duration = Duration::from_millis(200);
 /// Everything a running job shares with its worker.
 pub(crate) struct Shared {
     pub(crate) pool: PgPool,
-    pub(crate) http_allow: Arc<outbound::Origins>,
+    pub(crate) http_allow: Arc<Origins>,
     pub(crate) registry: Registry,
     pub(crate) model: Arc<gate::ModelGate>,
     pub(crate) leases: Leases,
@@ -78,8 +77,9 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Model-call limits and circuit breaker.
     pub gate: gate::GateSettings,
-    /// Origins the built-in tools (`http_get`, `triage`'s callback) may call.
-    pub http_allow: outbound::Origins,
+    /// Origins kinds may call (`AGENTQ_AGENT_HTTP_ALLOW`), handed to them by
+    /// [`JobContext::http_allow`].
+    pub http_allow: Origins,
 }
 
 /// A worker process's engine.

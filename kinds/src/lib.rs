@@ -1,4 +1,5 @@
-//! Built-in job kinds.
+//! agentq-kinds: agentq's built-in job kinds, written with the worker's public SDK only
+//! (`agentq_worker`: [`JobContext`], [`Tool`], [`Registry`]), as a kind of a user's own would be.
 //!
 //! - `echo`: input `{"text": …}`; one model step through the configured model client (the
 //!   built-in local model echoes the text); output `{"text": …}`.
@@ -6,7 +7,9 @@
 //!   format is in the README and on [`ScriptStep`]).
 //! - `agent`: the agent loop from JSON ([`AgentInput`]), with built-in tools `kv_put`, `kv_get`
 //!   (a key-value table per tenant) and `ledger` (an unsafe side effect with reconcile).
-//! - `doc_migration` (in `jobs/doc_migration.rs`): one document of a migration, chunked through
+//! - `triage` (in `triage.rs`): the webhook-triggered kind, summarize and classify an event,
+//!   then post the result to the source's callback once.
+//! - `doc_migration` (in `doc_migration.rs`): one document of a migration, chunked through
 //!   the model, validated, reviewed on low confidence, written idempotently.
 
 use std::time::Duration;
@@ -18,12 +21,11 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::context::{JobContext, SignalOutcome, check_park};
-use crate::error::JobError;
-use crate::model::ModelRequest;
-use crate::registry::Registry;
-use crate::tool::{Reconciled, Replay, Tool};
+use agentq_worker::context::check_park;
+use agentq_worker::model::ModelRequest;
+use agentq_worker::{JobContext, JobError, Reconciled, Registry, Replay, SignalOutcome, Tool};
 mod doc_migration;
+pub mod outbound;
 mod triage;
 
 /// Input of `echo`.
@@ -398,7 +400,7 @@ pub struct AgentInput {
     pub approval: Vec<AgentTool>,
     #[serde(default = "default_max_turns")]
     pub max_turns: u32,
-    /// Seconds an approval may take (default 72 h, at most [`crate::context::MAX_PARK`]).
+    /// Seconds an approval may take (default 72 h, at most [`agentq_worker::context::MAX_PARK`]).
     #[serde(
         default = "default_approval_timeout",
         deserialize_with = "approval_timeout"
@@ -439,7 +441,7 @@ fn approval_timeout<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Er
 pub async fn agent(
     ctx: JobContext,
     input: AgentInput,
-) -> Result<crate::agent::AgentOutcome, JobError> {
+) -> Result<agentq_worker::agent::AgentOutcome, JobError> {
     let mut tools: Vec<std::sync::Arc<dyn Tool>> = Vec::new();
     for name in &input.tools {
         let approval = input.approval.contains(name);
@@ -467,10 +469,10 @@ pub async fn agent(
         };
         tools.push(tool);
     }
-    ctx.agent(crate::agent::AgentSpec {
+    ctx.agent(agentq_worker::agent::AgentSpec {
         system: input.system,
-        messages: vec![crate::model::Message::text(
-            crate::model::Role::User,
+        messages: vec![agentq_worker::model::Message::text(
+            agentq_worker::model::Role::User,
             input.user,
         )],
         tools,
@@ -605,7 +607,9 @@ impl Tool for Kv {
     }
 }
 
-pub(crate) fn register_builtin(r: &mut Registry) {
+/// Registers the built-in kinds (`echo`, `script`, `agent`, `triage`, `doc_migration`) in `r`,
+/// next to a deployment's own kinds.
+pub fn register_builtin(r: &mut Registry) {
     r.register("echo", echo);
     r.register("script", script);
     r.register("agent", agent);
@@ -619,6 +623,14 @@ pub(crate) fn register_builtin(r: &mut Registry) {
         doc_migration::doc_migration,
         doc_migration::requires,
     );
+}
+
+/// A registry holding the built-in kinds only: what `agentq worker` runs and what producers
+/// check inputs against.
+pub fn registry() -> Registry {
+    let mut r = Registry::new();
+    register_builtin(&mut r);
+    r
 }
 
 #[cfg(test)]
@@ -643,7 +655,7 @@ mod tests {
 
     #[test]
     fn script_inputs_are_checked_before_anything_runs() {
-        let r = Registry::builtin();
+        let r = registry();
         assert!(
             r.check_input("script", &json!({ "steps": [{ "work_ms": 5 }] }))
                 .is_ok()
