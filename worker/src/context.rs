@@ -36,8 +36,9 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::Shared;
 use crate::error::JobError;
+use crate::gate::ModelGate;
+use crate::group_commit::GroupCommit;
 use crate::model::{ModelRequest, ModelResponse};
 use crate::tool::{Reconciled, Replay, Tool};
 
@@ -164,10 +165,22 @@ struct State {
     suspend: Option<(DateTime<Utc>, Option<String>)>,
 }
 
+/// What every job's context shares with its worker: only what steps use (the context never
+/// sees the registry, the leases or the completion writer).
+pub(crate) struct Services {
+    /// agentq's database: the journal's waits, and [`JobContext::pool`].
+    pub(crate) pool: PgPool,
+    /// Handed to kinds by [`JobContext::http_allow`].
+    pub(crate) http_allow: Arc<Origins>,
+    /// Model calls, within the worker's limits and circuit breaker.
+    pub(crate) model: Arc<ModelGate>,
+    /// Writes finished steps (and unsafe starts), many operations per statement.
+    pub(crate) journal: GroupCommit<db::StepBatch>,
+}
+
 struct Inner {
     info: OperationInfo,
-    /// The worker's pool, model gate, journal writer and `http_get` allow-list.
-    shared: Arc<Shared>,
+    services: Arc<Services>,
     state: Mutex<State>,
     lost: AtomicBool,
     stop: CancellationToken,
@@ -184,7 +197,7 @@ pub struct JobContext {
 impl JobContext {
     pub(crate) fn new(
         info: OperationInfo,
-        shared: Arc<Shared>,
+        services: Arc<Services>,
         journal: Vec<JournalEntry>,
         stop: CancellationToken,
         cancel: Arc<AtomicBool>,
@@ -192,7 +205,7 @@ impl JobContext {
         Self {
             inner: Arc::new(Inner {
                 info,
-                shared,
+                services,
                 state: Mutex::new(State {
                     journal,
                     next_seq: 0,
@@ -236,7 +249,7 @@ impl JobContext {
     ///   connection for a statement or a short transaction, never across a model call, a tool
     ///   call or a sleep.
     pub fn pool(&self) -> &PgPool {
-        &self.inner.shared.pool
+        &self.inner.services.pool
     }
 
     /// The origins the operator allows outbound calls to (`AGENTQ_AGENT_HTTP_ALLOW`). The
@@ -245,7 +258,7 @@ impl JobContext {
     /// tool and `triage`'s callback do, through `agentq_kinds::outbound`, which also connects
     /// only to the addresses it checked).
     pub fn http_allow(&self) -> Arc<Origins> {
-        self.inner.shared.http_allow.clone()
+        self.inner.services.http_allow.clone()
     }
 
     /// The idempotency key of the step running now (`None` outside a step): stable across
@@ -342,7 +355,7 @@ impl JobContext {
         name: &str,
         request: ModelRequest,
     ) -> Result<ModelResponse, JobError> {
-        let model = self.inner.shared.model.clone();
+        let model = self.inner.services.model.clone();
         let (tenant, kind) = (self.inner.info.tenant.clone(), self.inner.info.kind.clone());
         let spec = StepSpec::new(name, "model", Replay::Safe);
         self.run_step_with(spec, None, |_key| async move {
@@ -486,7 +499,7 @@ impl JobContext {
         };
         let info = &self.inner.info;
         match db::timers::resolve_wait(
-            &self.inner.shared.pool,
+            &self.inner.services.pool,
             info.op_id.0,
             info.epoch,
             seq,
@@ -835,14 +848,14 @@ impl JobContext {
             (std::mem::take(&mut st.pending), durable)
         };
         let info = &self.inner.info;
-        let shared = &self.inner.shared;
+        let services = &self.inner.services;
         let write = db::StepBatch {
             id: info.op_id.0,
             epoch: info.epoch,
             steps: rows,
         };
         let asked = Instant::now();
-        match shared.journal.write(&shared.pool, write).await {
+        match services.journal.write(&services.pool, write).await {
             Ok(true) => {
                 metrics::JOURNAL_COMMIT_DURATION.observe(&[], asked.elapsed().as_secs_f64());
                 Ok(())

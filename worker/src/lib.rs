@@ -30,7 +30,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_core::broker::{self, Consumer, Names};
-use agentq_core::db;
 use agentq_core::operation::Lane;
 use agentq_core::origins::Origins;
 use sqlx::PgPool;
@@ -45,24 +44,13 @@ pub use registry::Registry;
 pub use tool::{Reconciled, Replay, Tool};
 
 use claim::Ended;
+use context::Services;
+use executor::Shared;
 use group_commit::GroupCommit;
 use lease::Leases;
 
 /// First delay before reconnecting to the broker; it doubles up to 10 s while connecting fails.
 const RECONNECT_FIRST: Duration = Duration::from_millis(200);
-
-/// Everything a running job shares with its worker.
-pub(crate) struct Shared {
-    pub(crate) pool: PgPool,
-    pub(crate) http_allow: Arc<Origins>,
-    pub(crate) registry: Registry,
-    pub(crate) model: Arc<gate::ModelGate>,
-    pub(crate) leases: Leases,
-    /// Writes successful attempts, many per statement.
-    pub(crate) completer: GroupCommit<db::Completion>,
-    /// Writes finished steps (and unsafe starts), many operations per statement.
-    pub(crate) journal: GroupCommit<db::StepBatch>,
-}
 
 /// Worker settings (from [`agentq_core::Config`] in the binary).
 #[derive(Clone, Debug)]
@@ -108,13 +96,15 @@ impl Worker {
         Self {
             settings,
             shared: Arc::new(Shared {
-                http_allow,
-                pool,
+                services: Arc::new(Services {
+                    pool,
+                    http_allow,
+                    model,
+                    journal: GroupCommit::new(),
+                }),
                 registry,
-                model,
                 leases,
                 completer: GroupCommit::new(),
-                journal: GroupCommit::new(),
             }),
         }
     }
@@ -132,16 +122,16 @@ impl Worker {
         let heartbeat = {
             let shared = self.shared.clone();
             let stop = shutdown.child_token();
-            let pool = shared.pool.clone();
+            let pool = shared.pool().clone();
             tokio::spawn(async move { shared.leases.run_heartbeat(pool, stop).await })
         };
         let completer = {
             let shared = self.shared.clone();
-            tokio::spawn(async move { shared.completer.run(shared.pool.clone()).await })
+            tokio::spawn(async move { shared.completer.run(shared.pool().clone()).await })
         };
         let journal = {
             let shared = self.shared.clone();
-            tokio::spawn(async move { shared.journal.run(shared.pool.clone()).await })
+            tokio::spawn(async move { shared.services.journal.run(shared.pool().clone()).await })
         };
         tracing::info!(owner = %self.owner(), "worker started");
         let names = Names::new(&self.settings.namespace);
@@ -195,7 +185,7 @@ impl Worker {
                 "grace period over; stopping and releasing the rest"
             );
             heartbeat.abort();
-            self.shared.leases.release_all(&self.shared.pool).await;
+            self.shared.leases.release_all(self.shared.pool()).await;
             // Let the stopped jobs observe their tokens before the runtime goes away.
             let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
         }
