@@ -251,7 +251,7 @@ pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()
         } => {
             TenantId::parse(&tenant).map_err(refuse)?;
             name_ok("--source", &source)?;
-            let registry = agentq_worker::Registry::builtin();
+            let registry = agentq_kinds::registry();
             let known = registry.kinds();
             if !known.contains(&kind) {
                 return Err(refuse(format!(

@@ -10,7 +10,7 @@ use agentq_core::dispatch::Dispatcher;
 use agentq_core::operation::{OperationId, OperationView, StepView};
 use agentq_core::{Config, db, telemetry};
 use agentq_producer::{EnqueueRequest, Producer};
-use agentq_worker::{LocalModel, ModelClient, Registry, Worker};
+use agentq_worker::{LocalModel, ModelClient, Worker};
 use anyhow::Context;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -197,7 +197,7 @@ pub fn worker(config: &Config, pool: PgPool, concurrency: Option<u16>) -> anyhow
     Ok(Worker::new(
         settings,
         pool,
-        Registry::builtin(),
+        agentq_kinds::registry(),
         model_client(config)?,
     ))
 }
@@ -235,7 +235,7 @@ pub fn app(config: &Config, pool: PgPool, role: &str) -> agentq_app::App {
 
 /// A producer accepting the built-in kinds, checking inputs against their types.
 pub fn producer(config: &Config, pool: PgPool, role: &str) -> (Producer, Arc<Dispatcher>) {
-    let registry = Registry::builtin();
+    let registry = agentq_kinds::registry();
     let dispatcher = Arc::new(Dispatcher::new(
         pool.clone(),
         &config.amqp_url,

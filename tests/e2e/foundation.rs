@@ -9,7 +9,7 @@ use agentq_core::broker::{self, Publisher};
 use agentq_core::db;
 use agentq_core::operation::{Lane, OperationId, Pointer};
 use agentq_producer::EnqueueRequest;
-use agentq_worker::{JobContext, JobError, LocalModel, Registry, Worker};
+use agentq_worker::{JobContext, JobError, LocalModel, Worker};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -281,7 +281,7 @@ struct Observed {
 async fn the_job_function_runs_only_after_running_is_committed() {
     let app = TestApp::start().await;
     let observer = app.pool.clone();
-    let mut registry = Registry::builtin();
+    let mut registry = agentq_kinds::registry();
     registry.register("observe", move |ctx: JobContext, _input: Value| {
         let observer = observer.clone();
         async move {

@@ -15,7 +15,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::context::{JobContext, JobError, SignalOutcome};
+use crate::context::{JobContext, SignalOutcome};
+use crate::error::JobError;
 use crate::model::{Message, ModelRequest, Role, ToolSpec};
 use crate::tool::Tool;
 

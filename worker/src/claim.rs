@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::Shared;
+use crate::executor::Shared;
 
 /// Most deliveries claimed by one statement.
 const MAX_BATCH: usize = 128;
@@ -94,7 +94,7 @@ async fn claim_batch(
     let mut delay = Duration::from_millis(100);
     let mut claimed = loop {
         match db::claim_operations(
-            &shared.pool,
+            shared.pool(),
             &ids,
             shared.leases.owner(),
             shared.leases.ttl(),
@@ -119,7 +119,7 @@ async fn claim_batch(
             .filter(|id| !claimed.iter().any(|c| c.id == **id))
             .copied()
             .collect();
-        db::unknown_operations(&shared.pool, &unclaimed)
+        db::unknown_operations(shared.pool(), &unclaimed)
             .await
             .unwrap_or_default()
     } else {

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use agentq_core::db::{self, JournalEntry, StepWrite};
 use agentq_core::metrics;
 use agentq_core::operation::{OperationId, step_idempotency_key};
+use agentq_core::origins::Origins;
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use serde::Serialize;
@@ -35,9 +36,11 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::Shared;
-use crate::model::{ModelError, ModelRequest, ModelResponse};
-use crate::tool::{Reconciled, Tool};
+use crate::error::JobError;
+use crate::gate::ModelGate;
+use crate::group_commit::GroupCommit;
+use crate::model::{ModelRequest, ModelResponse};
+use crate::tool::{Reconciled, Replay, Tool};
 
 /// Asks a tool whether a call with this idempotency key already happened.
 type Reconcile<'a> =
@@ -75,24 +78,6 @@ fn wake_after(what: &str, d: std::time::Duration) -> Result<DateTime<Utc>, JobEr
     Ok(Utc::now() + chrono::Duration::from_std(d).unwrap_or_default())
 }
 
-/// Whether a step may run again after a crash left its outcome unknown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Replay {
-    /// Idempotent, or called with its idempotency key: run again on recovery.
-    Safe,
-    /// A side effect that must not repeat: reconcile or fail closed on recovery.
-    Unsafe,
-}
-
-impl Replay {
-    fn as_str(self) -> &'static str {
-        match self {
-            Replay::Safe => "safe",
-            Replay::Unsafe => "unsafe",
-        }
-    }
-}
-
 /// What a step is, for the journal and its span.
 #[derive(Clone, Copy)]
 struct StepSpec<'a> {
@@ -112,105 +97,6 @@ impl<'a> StepSpec<'a> {
             replay,
             deferred: false,
         }
-    }
-}
-
-/// How a job (or one of its steps) failed. The class decides what happens next.
-#[derive(Debug, thiserror::Error)]
-pub enum JobError {
-    /// Transient: retry the operation later (job-level retries are data, not loops).
-    #[error("{message}")]
-    Retryable {
-        message: String,
-        not_before: Option<DateTime<Utc>>,
-    },
-    /// A provider is overloaded: back off harder.
-    #[error("{message}")]
-    Overloaded {
-        message: String,
-        not_before: Option<DateTime<Utc>>,
-    },
-    /// Transient, and the call certainly had no effect: it was never sent, or the outside
-    /// system refused it before acting (429, 503, a database error for the statement).
-    /// Retried like `Retryable`; an unsafe step runs again on the next attempt. A plain
-    /// `Retryable` from an unsafe step leaves its outcome unknown instead (see [`Tool::call`]).
-    #[error("{0}")]
-    NoEffect(String),
-    /// Can never succeed as is: straight to the DLQ.
-    #[error("{0}")]
-    NonRetryable(String),
-    /// Stopped on request.
-    #[error("cancelled")]
-    Cancelled,
-    /// This worker no longer holds the operation: write nothing more for it.
-    #[error("lease lost")]
-    LeaseLost,
-    /// The function asked for different steps than the journal recorded.
-    #[error("{0}")]
-    Nondeterminism(String),
-    /// An unsafe step was left `started` by a crash and cannot be reconciled.
-    #[error("step {seq} ({name}) may or may not have happened; idempotency key {key}")]
-    UnknownSideEffect { seq: i32, name: String, key: String },
-    /// The job function panicked (treated as a retryable failure of this attempt).
-    #[error("job panicked: {0}")]
-    Panicked(String),
-    /// The operation's deadline passed before it finished.
-    #[error("deadline {0} passed before the operation finished")]
-    DeadlineExceeded(DateTime<Utc>),
-    /// The operation parked itself (a durable sleep, or a wait for a signal): the worker lets go
-    /// of it and the scheduler wakes it. Job code just propagates it with `?`.
-    #[error("suspended until a wake-up")]
-    Suspended,
-}
-
-impl JobError {
-    /// A retryable error with a message.
-    pub fn retryable(message: impl Into<String>) -> Self {
-        JobError::Retryable {
-            message: message.into(),
-            not_before: None,
-        }
-    }
-
-    /// A transient error that certainly had no effect (see [`JobError::NoEffect`]).
-    pub fn no_effect(message: impl Into<String>) -> Self {
-        JobError::NoEffect(message.into())
-    }
-
-    /// Whether a step that failed with this error may have had its effect anyway: a
-    /// transient failure not known to be [`JobError::NoEffect`] (a dropped connection or a
-    /// timeout after the request was sent). An unsafe step ending so is journaled `unknown`.
-    fn outcome_unknown(&self) -> bool {
-        matches!(
-            self,
-            JobError::Retryable { .. } | JobError::Overloaded { .. }
-        )
-    }
-
-    /// The stable snake_case class stored as `error_class`.
-    pub fn class(&self) -> &'static str {
-        match self {
-            JobError::Retryable { .. } | JobError::NoEffect(_) | JobError::Panicked(_) => {
-                "retryable"
-            }
-            JobError::Overloaded { .. } => "overloaded",
-            JobError::NonRetryable(_) => "non_retryable",
-            JobError::Cancelled => "cancelled",
-            JobError::LeaseLost => "lease_lost",
-            JobError::Nondeterminism(_) => "nondeterminism",
-            JobError::UnknownSideEffect { .. } => "unknown_side_effect",
-            JobError::DeadlineExceeded(_) => "deadline_exceeded",
-            JobError::Suspended => "suspended",
-        }
-    }
-}
-
-/// The stable class of a model error, for the model call's span.
-fn model_error_class(e: &ModelError) -> &'static str {
-    match e {
-        ModelError::Retryable { .. } => "retryable",
-        ModelError::Overloaded { .. } => "overloaded",
-        ModelError::NonRetryable { .. } => "non_retryable",
     }
 }
 
@@ -245,10 +131,17 @@ impl SignalOutcome {
 /// Facts about the claimed operation that a job may read.
 #[derive(Clone, Debug)]
 pub struct OperationInfo {
+    /// The operation's id, the same on every run: a key for a kind's own idempotent writes.
     pub op_id: OperationId,
+    /// The tenant the operation belongs to: a kind reads and writes only this tenant's data.
     pub tenant: String,
+    /// The kind it was enqueued as.
     pub kind: String,
+    /// The attempt counted against its retries (1 on the first); a sleep's or wait's wake-up,
+    /// an overload back-off, a crash restart and a shutdown give the attempt back.
     pub attempt: i32,
+    /// The claim's fencing number, one more on every claim (so it also counts runs): every
+    /// write the context makes for this run carries it.
     pub epoch: i64,
     /// Stop (dead, `deadline_exceeded`) at the first step boundary after this.
     pub deadline: Option<DateTime<Utc>>,
@@ -272,10 +165,22 @@ struct State {
     suspend: Option<(DateTime<Utc>, Option<String>)>,
 }
 
+/// What every job's context shares with its worker: only what steps use (the context never
+/// sees the registry, the leases or the completion writer).
+pub(crate) struct Services {
+    /// agentq's database: the journal's waits, and [`JobContext::pool`].
+    pub(crate) pool: PgPool,
+    /// Handed to kinds by [`JobContext::http_allow`].
+    pub(crate) http_allow: Arc<Origins>,
+    /// Model calls, within the worker's limits and circuit breaker.
+    pub(crate) model: Arc<ModelGate>,
+    /// Writes finished steps (and unsafe starts), many operations per statement.
+    pub(crate) journal: GroupCommit<db::StepBatch>,
+}
+
 struct Inner {
     info: OperationInfo,
-    /// The worker's pool, model gate, journal writer and `http_get` allow-list.
-    shared: Arc<Shared>,
+    services: Arc<Services>,
     state: Mutex<State>,
     lost: AtomicBool,
     stop: CancellationToken,
@@ -292,7 +197,7 @@ pub struct JobContext {
 impl JobContext {
     pub(crate) fn new(
         info: OperationInfo,
-        shared: Arc<Shared>,
+        services: Arc<Services>,
         journal: Vec<JournalEntry>,
         stop: CancellationToken,
         cancel: Arc<AtomicBool>,
@@ -300,7 +205,7 @@ impl JobContext {
         Self {
             inner: Arc::new(Inner {
                 info,
-                shared,
+                services,
                 state: Mutex::new(State {
                     journal,
                     next_seq: 0,
@@ -323,14 +228,37 @@ impl JobContext {
         &self.inner.info
     }
 
-    /// agentq's own database, for built-in tools only (the `ledger` demo tool).
-    pub(crate) fn pool(&self) -> &PgPool {
-        &self.inner.shared.pool
+    /// The worker's pool on agentq's PostgreSQL database, for a kind's own data: tables the
+    /// kind keeps (the built-in `ledger` and `kv` tools' tables) and the stores an admin
+    /// registered for the operation's tenant (`agentq_core::db::stores`, as `doc_migration`
+    /// resolves them), through functions of `agentq_core::db`, which take a pool.
+    ///
+    /// The context journals and fences its own writes; what a kind does through this pool is
+    /// the kind's to keep safe:
+    /// - Nothing written here is fenced by the claim's epoch or journaled: a run whose lease
+    ///   was lost may still be finishing a step. Read and write only inside a step
+    ///   ([`JobContext::step`] or a [`Tool`]), so a replay returns the recorded output instead of
+    ///   doing it again, and make each write idempotent (keyed by the step's idempotency key or
+    ///   the operation id) for the run that repeats it after a crash.
+    /// - It reaches every tenant's data and all of agentq's tables: scope every statement to
+    ///   [`OperationInfo::tenant`], take a table or a path only from what an operator
+    ///   registered (never from the input), and never write the tables operations run on
+    ///   (`operations`, `operation_steps`, `signals`, `dead_letters`, …): only the worker's
+    ///   runtime writes those, fenced by the epoch.
+    /// - The pool is shared with the worker's claims, journal writes and heartbeats: use a
+    ///   connection for a statement or a short transaction, never across a model call, a tool
+    ///   call or a sleep.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.services.pool
     }
 
-    /// Hosts the built-in `http_get` tool may fetch from.
-    pub(crate) fn http_allow(&self) -> Arc<crate::outbound::Origins> {
-        self.inner.shared.http_allow.clone()
+    /// The origins the operator allows outbound calls to (`AGENTQ_AGENT_HTTP_ALLOW`). The
+    /// worker makes no HTTP call for a kind, so it cannot enforce the list: a kind that calls
+    /// out checks every URL with [`Origins::check`] before connecting (the built-in `http_get`
+    /// tool and `triage`'s callback do, through `agentq_kinds::outbound`, which also connects
+    /// only to the addresses it checked).
+    pub fn http_allow(&self) -> Arc<Origins> {
+        self.inner.services.http_allow.clone()
     }
 
     /// The idempotency key of the step running now (`None` outside a step): stable across
@@ -340,20 +268,42 @@ impl JobContext {
         self.state().current_key.clone()
     }
 
-    /// The name and status of the journal's next step if an earlier run recorded it (and it did
-    /// not fail), without taking it. Lets a job tell a replayed decision from a fresh one.
-    pub(crate) fn peek_recorded(&self) -> Option<(String, String)> {
+    /// The name and status (`completed`, `started`, `unknown`) of the journal's next step if an
+    /// earlier run of this operation recorded it and it did not fail; `None` where the journal
+    /// ends or the step failed (it will run fresh). Takes no step and writes nothing.
+    ///
+    /// For a kind that must tell a replayed decision from a fresh one (`doc_migration`: a
+    /// failed review recorded by an earlier run means this run is an operator's retry, so it
+    /// reviews anew), or that passes over a stale part of its journal with
+    /// [`JobContext::skip_recorded`]. It reads the journal as loaded when this run claimed the
+    /// operation, at the cursor every clone of this context shares.
+    pub fn peek_recorded(&self) -> Option<(String, String)> {
         let seq = self.state().next_seq;
         self.recorded(seq)
             .filter(|e| e.status != "failed")
             .map(|e| (e.name, e.status))
     }
 
-    /// Passes over the journal's next step without replaying or running it: for a job walking
-    /// past a part of its journal that its (operator-patched) input no longer matches. Call it
-    /// only after [`JobContext::peek_recorded`] found a step there.
-    pub(crate) fn skip_recorded(&self) {
-        self.state().next_seq += 1;
+    /// Passes over the journal's next step without replaying or running it, if
+    /// [`JobContext::peek_recorded`] finds one there; returns whether it did. Where none is
+    /// recorded it does nothing, so the steps that follow never leave a gap in the journal.
+    ///
+    /// For a kind whose input an operator patched (`agentq dlq retry --patch-input`) so that a
+    /// part of its journal no longer applies: it passes over that part and runs it anew under
+    /// the next step numbers; the rows passed over stay in the journal as they are. Decide what
+    /// to skip only from recorded outputs and the input, so every later replay skips the same
+    /// steps (a step asked for where the journal recorded another is `nondeterminism`).
+    pub fn skip_recorded(&self) -> bool {
+        let mut st = self.state();
+        let seq = st.next_seq;
+        let recorded = st
+            .journal
+            .iter()
+            .any(|e| e.seq == seq && e.status != "failed");
+        if recorded {
+            st.next_seq += 1;
+        }
+        recorded
     }
 
     /// Runs a journaled step. On replay a completed step returns its recorded output. Its row
@@ -405,7 +355,7 @@ impl JobContext {
         name: &str,
         request: ModelRequest,
     ) -> Result<ModelResponse, JobError> {
-        let model = self.inner.shared.model.clone();
+        let model = self.inner.services.model.clone();
         let (tenant, kind) = (self.inner.info.tenant.clone(), self.inner.info.kind.clone());
         let spec = StepSpec::new(name, "model", Replay::Safe);
         self.run_step_with(spec, None, |_key| async move {
@@ -423,7 +373,7 @@ impl JobContext {
             match &called {
                 Ok(_) => span.record("outcome", "ok"),
                 Err(e) => span
-                    .record("outcome", model_error_class(e))
+                    .record("outcome", e.class())
                     .record("otel.status_code", "error"),
             };
             let resp = called?;
@@ -549,7 +499,7 @@ impl JobContext {
         };
         let info = &self.inner.info;
         match db::timers::resolve_wait(
-            &self.inner.shared.pool,
+            &self.inner.services.pool,
             info.op_id.0,
             info.epoch,
             seq,
@@ -898,14 +848,14 @@ impl JobContext {
             (std::mem::take(&mut st.pending), durable)
         };
         let info = &self.inner.info;
-        let shared = &self.inner.shared;
+        let services = &self.inner.services;
         let write = db::StepBatch {
             id: info.op_id.0,
             epoch: info.epoch,
             steps: rows,
         };
         let asked = Instant::now();
-        match shared.journal.write(&shared.pool, write).await {
+        match services.journal.write(&services.pool, write).await {
             Ok(true) => {
                 metrics::JOURNAL_COMMIT_DURATION.observe(&[], asked.elapsed().as_secs_f64());
                 Ok(())

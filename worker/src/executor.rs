@@ -1,6 +1,6 @@
 //! Running one claimed operation: replay its journal, call the job function, and settle the
 //! outcome with one fenced statement ([`settle`] is the one place that maps an outcome to a
-//! transition).
+//! transition). [`Shared`] is what the operations a worker runs share with it.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -12,10 +12,31 @@ use agentq_core::operation::OperationId;
 use agentq_core::retry;
 use futures_util::FutureExt;
 use serde_json::Value;
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::Shared;
-use crate::context::{JobContext, JobError, OperationInfo};
+use crate::context::{JobContext, OperationInfo, Services};
+use crate::error::JobError;
+use crate::group_commit::GroupCommit;
+use crate::lease::Leases;
+use crate::registry::Registry;
+
+/// Everything a running operation shares with its worker.
+pub(crate) struct Shared {
+    /// What its job's context uses: the pool, the model gate, the journal writer.
+    pub(crate) services: Arc<Services>,
+    pub(crate) registry: Registry,
+    pub(crate) leases: Leases,
+    /// Writes successful attempts, many per statement.
+    pub(crate) completer: GroupCommit<db::Completion>,
+}
+
+impl Shared {
+    /// agentq's database.
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.services.pool
+    }
+}
 
 /// Runs `op` to its next resting state. The lease is released when this returns.
 pub(crate) async fn execute(
@@ -47,7 +68,7 @@ pub(crate) async fn execute(
 
 async fn run(shared: &Arc<Shared>, op: Claimed, stop: CancellationToken, cancel: Arc<AtomicBool>) {
     let journal = if op.has_journal {
-        match db::load_journal(&shared.pool, op.id).await {
+        match db::load_journal(shared.pool(), op.id).await {
             Ok(j) => j,
             Err(e) => {
                 // Without the journal nothing may run; the lease lapses and the reaper retries.
@@ -66,7 +87,7 @@ async fn run(shared: &Arc<Shared>, op: Claimed, stop: CancellationToken, cancel:
         epoch: op.epoch,
         deadline: op.deadline,
     };
-    let ctx = JobContext::new(info, shared.clone(), journal, stop.clone(), cancel);
+    let ctx = JobContext::new(info, shared.services.clone(), journal, stop.clone(), cancel);
     let outcome = match shared.registry.handler(&op.kind) {
         _ if op.deadline.is_some_and(|d| d <= chrono::Utc::now()) => Err(
             JobError::DeadlineExceeded(op.deadline.expect("checked just above")),
@@ -118,7 +139,7 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
             };
             shared
                 .completer
-                .write(&shared.pool, completion)
+                .write(shared.pool(), completion)
                 .await
                 .map_err(|unwritten| unwritten.error)
         }
@@ -126,7 +147,7 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
         Err(JobError::Suspended) => match ctx.take_suspend() {
             Some((run_at, waiting_for)) => {
                 db::timers::suspend_operation(
-                    &shared.pool,
+                    shared.pool(),
                     op.id,
                     op.epoch,
                     run_at,
@@ -139,7 +160,7 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
                 // A job returned Suspended without parking through ctx: a bug in the job.
                 finished = Some(("dead", "non_retryable"));
                 db::fail_operation(
-                    &shared.pool,
+                    shared.pool(),
                     op.id,
                     op.epoch,
                     "non_retryable",
@@ -210,7 +231,7 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
             ));
             tracing::info!(op_id = %op.id, class, attempt = op.attempt, "operation attempt failed");
             db::fail_operation(
-                &shared.pool,
+                shared.pool(),
                 op.id,
                 op.epoch,
                 class,

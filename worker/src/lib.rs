@@ -4,18 +4,25 @@
 //! new epoch, lease) has committed; every write after the claim is fenced by the epoch; no
 //! transaction or pooled connection is held across a job's model or tool calls; a delivery is
 //! acked right after the claim commits, never held for the length of a job.
+//!
+//! Two parts. The runtime (`claim`, `executor`, `lease`, `group_commit`, [`gate`]) runs
+//! operations. The SDK is what a kind is written with: [`Registry`] (kinds by name, their input
+//! checks), [`JobContext`] (durable steps, model and tool calls, sleeps, signals, the agent
+//! loop; for a kind's own data [`JobContext::pool`] and [`JobContext::http_allow`]; journal
+//! inspection with [`JobContext::peek_recorded`] and [`JobContext::skip_recorded`]), [`Tool`],
+//! [`JobError`], and the model types ([`model`], [`openai`]). A kind needs nothing else:
+//! agentq's built-in kinds (the `agentq-kinds` crate) use only this public API.
 
 pub mod agent;
 mod claim;
 pub mod context;
+pub mod error;
 mod executor;
 pub mod gate;
 mod group_commit;
-pub mod jobs;
 mod lease;
 pub mod model;
 pub mod openai;
-pub mod outbound;
 pub mod registry;
 pub mod tool;
 
@@ -23,37 +30,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_core::broker::{self, Consumer, Names};
-use agentq_core::db;
 use agentq_core::operation::Lane;
+use agentq_core::origins::Origins;
 use sqlx::PgPool;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use context::{JobContext, JobError, OperationInfo, Replay, SignalOutcome};
+pub use context::{JobContext, OperationInfo, SignalOutcome};
+pub use error::JobError;
 pub use model::{LocalModel, ModelClient, ModelRequest, ModelResponse};
 pub use registry::Registry;
-pub use tool::{Reconciled, Tool};
+pub use tool::{Reconciled, Replay, Tool};
 
 use claim::Ended;
+use context::Services;
+use executor::Shared;
 use group_commit::GroupCommit;
 use lease::Leases;
 
 /// First delay before reconnecting to the broker; it doubles up to 10 s while connecting fails.
 const RECONNECT_FIRST: Duration = Duration::from_millis(200);
-
-/// Everything a running job shares with its worker.
-pub(crate) struct Shared {
-    pub(crate) pool: PgPool,
-    pub(crate) http_allow: Arc<outbound::Origins>,
-    pub(crate) registry: Registry,
-    pub(crate) model: Arc<gate::ModelGate>,
-    pub(crate) leases: Leases,
-    /// Writes successful attempts, many per statement.
-    pub(crate) completer: GroupCommit<db::Completion>,
-    /// Writes finished steps (and unsafe starts), many operations per statement.
-    pub(crate) journal: GroupCommit<db::StepBatch>,
-}
 
 /// Worker settings (from [`agentq_core::Config`] in the binary).
 #[derive(Clone, Debug)]
@@ -68,8 +65,9 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Model-call limits and circuit breaker.
     pub gate: gate::GateSettings,
-    /// Origins the built-in tools (`http_get`, `triage`'s callback) may call.
-    pub http_allow: outbound::Origins,
+    /// Origins kinds may call (`AGENTQ_AGENT_HTTP_ALLOW`), handed to them by
+    /// [`JobContext::http_allow`].
+    pub http_allow: Origins,
 }
 
 /// A worker process's engine.
@@ -98,13 +96,15 @@ impl Worker {
         Self {
             settings,
             shared: Arc::new(Shared {
-                http_allow,
-                pool,
+                services: Arc::new(Services {
+                    pool,
+                    http_allow,
+                    model,
+                    journal: GroupCommit::new(),
+                }),
                 registry,
-                model,
                 leases,
                 completer: GroupCommit::new(),
-                journal: GroupCommit::new(),
             }),
         }
     }
@@ -122,16 +122,16 @@ impl Worker {
         let heartbeat = {
             let shared = self.shared.clone();
             let stop = shutdown.child_token();
-            let pool = shared.pool.clone();
+            let pool = shared.pool().clone();
             tokio::spawn(async move { shared.leases.run_heartbeat(pool, stop).await })
         };
         let completer = {
             let shared = self.shared.clone();
-            tokio::spawn(async move { shared.completer.run(shared.pool.clone()).await })
+            tokio::spawn(async move { shared.completer.run(shared.pool().clone()).await })
         };
         let journal = {
             let shared = self.shared.clone();
-            tokio::spawn(async move { shared.journal.run(shared.pool.clone()).await })
+            tokio::spawn(async move { shared.services.journal.run(shared.pool().clone()).await })
         };
         tracing::info!(owner = %self.owner(), "worker started");
         let names = Names::new(&self.settings.namespace);
@@ -185,7 +185,7 @@ impl Worker {
                 "grace period over; stopping and releasing the rest"
             );
             heartbeat.abort();
-            self.shared.leases.release_all(&self.shared.pool).await;
+            self.shared.leases.release_all(self.shared.pool()).await;
             // Let the stopped jobs observe their tokens before the runtime goes away.
             let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
         }

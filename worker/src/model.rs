@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::context::JobError;
+use crate::error::JobError;
 
 /// Who said a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -156,6 +156,17 @@ impl From<ModelError> for JobError {
                 not_before: retry_after,
             },
             ModelError::NonRetryable { message } => JobError::NonRetryable(message),
+        }
+    }
+}
+
+impl ModelError {
+    /// The stable snake_case class, for the model call's span.
+    pub(crate) fn class(&self) -> &'static str {
+        match self {
+            ModelError::Retryable { .. } => "retryable",
+            ModelError::Overloaded { .. } => "overloaded",
+            ModelError::NonRetryable { .. } => "non_retryable",
         }
     }
 }

@@ -12,7 +12,8 @@ use serde_json::Value;
 
 use agentq_core::operation::Requires;
 
-use crate::context::{JobContext, JobError};
+use crate::context::JobContext;
+use crate::error::JobError;
 
 type Handler =
     Arc<dyn Fn(JobContext, Value) -> BoxFuture<'static, Result<Value, JobError>> + Send + Sync>;
@@ -23,7 +24,9 @@ struct Kind {
     check: Check,
 }
 
-/// The job kinds a worker can run (and a producer may accept).
+/// The job kinds a worker can run (and a producer may accept). agentq's built-in kinds are
+/// registered by the `agentq-kinds` crate (`agentq_kinds::registry()`), a deployment's own
+/// kinds next to them with [`Registry::register`].
 #[derive(Clone, Default)]
 pub struct Registry {
     kinds: BTreeMap<String, Arc<Kind>>,
@@ -33,13 +36,6 @@ impl Registry {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// The registry with agentq's built-in kinds (`echo`).
-    pub fn builtin() -> Self {
-        let mut r = Self::new();
-        crate::jobs::register_builtin(&mut r);
-        r
     }
 
     /// Registers `name`. The input is decoded into `I` (a mismatch fails the operation as

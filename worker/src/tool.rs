@@ -5,7 +5,26 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::context::{JobError, Replay};
+use crate::error::JobError;
+
+/// Whether a step may run again after a crash left its outcome unknown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replay {
+    /// Idempotent, or called with its idempotency key: run again on recovery.
+    Safe,
+    /// A side effect that must not repeat: reconcile or fail closed on recovery.
+    Unsafe,
+}
+
+impl Replay {
+    /// How the journal's `replay` column spells it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Replay::Safe => "safe",
+            Replay::Unsafe => "unsafe",
+        }
+    }
+}
 
 /// What the outside system says about an effect whose outcome was lost in a crash.
 #[derive(Clone, Debug, PartialEq)]

@@ -28,8 +28,8 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::context::{JobContext, JobError, Replay, SignalOutcome};
-use crate::model::{Message, ModelRequest, Role};
+use agentq_worker::model::{Message, ModelRequest, Role};
+use agentq_worker::{JobContext, JobError, Replay, SignalOutcome};
 
 /// Largest source document accepted: the text, each chunk's answer and the result are all
 /// journaled, and a journal row is a JSON value in PostgreSQL.
@@ -184,7 +184,7 @@ impl TryFrom<RawInput> for DocMigrationInput {
         if timeout_ms == 0 {
             return Err("review.timeout_ms must be more than 0".into());
         }
-        crate::context::check_park("review.timeout_ms", Duration::from_millis(timeout_ms))?;
+        agentq_worker::context::check_park("review.timeout_ms", Duration::from_millis(timeout_ms))?;
         Ok(Self {
             doc_id: raw.doc_id,
             source,
@@ -898,7 +898,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::registry::Registry;
+    use crate::registry;
 
     fn joined(chunks: &[Chunk<'_>]) -> String {
         chunks
@@ -1060,7 +1060,7 @@ mod tests {
     }
 
     fn input(v: Value) -> Result<(), String> {
-        Registry::builtin().check_input("doc_migration", &v)
+        registry().check_input("doc_migration", &v)
     }
 
     #[test]
@@ -1072,9 +1072,7 @@ mod tests {
             "instructions": "Convert to Markdown.",
         });
         input(good.clone()).unwrap();
-        let needs = Registry::builtin()
-            .requires("doc_migration", &good)
-            .unwrap();
+        let needs = registry().requires("doc_migration", &good).unwrap();
         assert_eq!(
             needs.stores,
             vec![

@@ -17,9 +17,8 @@ use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::context::{JobContext, JobError, Replay};
-use crate::model::{Message, ModelRequest, Role};
-use crate::tool::{Reconciled, Tool};
+use agentq_worker::model::{Message, ModelRequest, Role};
+use agentq_worker::{JobContext, JobError, Reconciled, Replay, Tool};
 
 /// Labels a source without `labels` in its config classifies into.
 const DEFAULT_LABELS: [&str; 4] = ["bug", "feature", "question", "other"];

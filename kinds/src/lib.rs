@@ -1,0 +1,101 @@
+//! agentq-kinds: agentq's built-in job kinds and their tools, written with the worker's public
+//! SDK only ([`JobContext`](agentq_worker::JobContext), [`Tool`](agentq_worker::Tool),
+//! [`Registry`]), as a user's own kind would be.
+//!
+//! - [`echo`]: input `{"text": …}`; one model step; output `{"text": …}`.
+//! - [`script`]: a small JSON program for demos, smoke tests, benchmarks and crash tests.
+//! - [`agent`]: the agent loop from JSON, with the built-in tools `kv_put`, `kv_get` (a
+//!   key-value table per tenant), `ledger` (an unsafe side effect with reconcile) and
+//!   `http_get` (`tools`).
+//! - `triage` (`triage.rs`): the webhook-triggered kind: summarize and classify an event, then
+//!   post the result to the source's callback once.
+//! - `doc_migration` (`doc_migration.rs`): one document of a migration, chunked through the
+//!   model, validated, reviewed on low confidence, written idempotently.
+//! - [`outbound`]: the one HTTP client of `http_get` and `triage`'s callback.
+//!
+//! Invariant kept here: a kind takes host resources (tables, directories, URLs) only from what
+//! an operator registered or allowed, never from its input.
+
+use agentq_core::operation::Requires;
+use agentq_worker::Registry;
+
+pub mod agent;
+mod doc_migration;
+pub mod echo;
+pub mod outbound;
+pub mod script;
+mod tools;
+mod triage;
+
+/// Registers the built-in kinds (`echo`, `script`, `agent`, `triage`, `doc_migration`) in `r`,
+/// next to a deployment's own kinds.
+pub fn register_builtin(r: &mut Registry) {
+    r.register("echo", echo::echo);
+    r.register("script", script::script);
+    r.register("agent", agent::agent);
+    // triage's configuration comes from its webhook source: a producer cannot supply one.
+    r.register_requiring("triage", triage::triage, |_| Requires {
+        webhook_only: true,
+        ..Requires::default()
+    });
+    r.register_requiring(
+        "doc_migration",
+        doc_migration::doc_migration,
+        doc_migration::requires,
+    );
+}
+
+/// A registry holding the built-in kinds only: what `agentq worker` runs and what producers
+/// check inputs against.
+pub fn registry() -> Registry {
+    let mut r = Registry::new();
+    register_builtin(&mut r);
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn script_inputs_are_checked_before_anything_runs() {
+        let r = registry();
+        assert!(
+            r.check_input("script", &json!({ "steps": [{ "work_ms": 5 }] }))
+                .is_ok()
+        );
+        assert!(
+            r.check_input(
+                "script",
+                &json!({ "steps": [{ "work_ms": 5, "bogus": 1 }] })
+            )
+            .is_err()
+        );
+        assert!(
+            r.check_input(
+                "script",
+                &json!({ "steps": [{ "tool": "ledger", "replay": "maybe", "label": "x" }] })
+            )
+            .is_err()
+        );
+        assert!(
+            r.check_input("script", &json!({ "steps": [{ "sleep": 5 }] }))
+                .is_err()
+        );
+        assert!(
+            r.check_input("agent", &json!({ "user": "hi", "tools": ["kv_put"] }))
+                .is_ok()
+        );
+        assert!(
+            r.check_input("agent", &json!({ "tools": ["kv_put"] }))
+                .is_err(),
+            "user is required"
+        );
+        assert!(
+            r.check_input("agent", &json!({ "user": "hi", "tools": ["rm_rf"] }))
+                .is_err()
+        );
+    }
+}

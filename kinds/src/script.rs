@@ -1,0 +1,260 @@
+//! The `script` kind: a small JSON program for demos, smoke tests, benchmarks and crash tests
+//! (its format is in the README and on [`ScriptStep`]): work, `ledger` tool calls, model calls,
+//! sleeps, waits for signals, and scripted failures and panics.
+
+use std::time::Duration;
+
+use agentq_worker::context::check_park;
+use agentq_worker::model::ModelRequest;
+use agentq_worker::{JobContext, JobError, Replay, SignalOutcome};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::tools::Ledger;
+
+/// Input of `script`: the steps to run, in order.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, try_from = "ScriptProgram")]
+pub struct ScriptInput {
+    pub steps: Vec<ScriptStep>,
+}
+
+/// `script`'s input as written, before its durations are checked.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptProgram {
+    steps: Vec<ScriptStep>,
+}
+
+impl TryFrom<ScriptProgram> for ScriptInput {
+    type Error = String;
+
+    fn try_from(p: ScriptProgram) -> Result<Self, String> {
+        for (i, step) in p.steps.iter().enumerate() {
+            let (field, ms) = match step {
+                ScriptStep::Sleep { sleep_ms } => ("sleep_ms", *sleep_ms),
+                ScriptStep::WaitSignal { timeout_ms, .. } => ("timeout_ms", *timeout_ms),
+                _ => continue,
+            };
+            check_park(&format!("steps[{i}].{field}"), Duration::from_millis(ms))?;
+        }
+        Ok(Self { steps: p.steps })
+    }
+}
+
+/// One instruction of a `script` program.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(untagged, deny_unknown_fields)]
+pub enum ScriptStep {
+    /// `{"work_ms": N, "deferred": bool}`: a replay-safe step taking N ms of wall time,
+    /// durable before the next step starts; `deferred: true` makes it a
+    /// [`JobContext::deferred_step`] (re-run after a crash until a durable write carries it).
+    Work {
+        work_ms: u64,
+        #[serde(default)]
+        deferred: bool,
+    },
+    /// `{"tool": "ledger", "replay": "safe"|"unsafe", "label": "…", "after_ms": N,
+    /// "reconcile": bool}`: a side effect (a row in `ledger_effects`). The safe variant is
+    /// idempotent on the step's key, the unsafe one inserts every time it runs. `after_ms`:
+    /// the call takes N ms more after its effect happened. `reconcile`: recovery may ask the
+    /// ledger whether the effect happened.
+    Tool {
+        tool: ToolName,
+        replay: ReplayName,
+        label: String,
+        #[serde(default)]
+        after_ms: u64,
+        #[serde(default)]
+        reconcile: bool,
+    },
+    /// `{"model": "prompt"}`: a model step.
+    Model { model: String },
+    /// `{"sleep_ms": N}`: a durable sleep (the operation parks as `sleeping`).
+    Sleep { sleep_ms: u64 },
+    /// `{"wait_signal": "name", "timeout_ms": N, "on_timeout": "fail"|"continue"}`: waits for a
+    /// signal (the operation parks as `waiting`). A payload with `"approved": false` fails the
+    /// operation as non-retryable with the reviewer's reason; a timeout fails it too unless
+    /// `on_timeout` is `continue`.
+    WaitSignal {
+        wait_signal: String,
+        timeout_ms: u64,
+        #[serde(default)]
+        on_timeout: OnTimeout,
+    },
+    /// `{"fail": "retryable"|"non_retryable"|"overloaded", "times": N, "not_before_ms": M}`:
+    /// fails the first N runs of the operation; a retryable failure may say "not before M ms
+    /// from now".
+    Fail {
+        fail: FailClass,
+        times: i32,
+        #[serde(default)]
+        not_before_ms: Option<u64>,
+    },
+    /// `{"panic": true, "times": N}`: panics on the first N runs (every run without `times`).
+    Panic {
+        panic: bool,
+        #[serde(default)]
+        times: Option<i32>,
+    },
+}
+
+/// Tools a script may call.
+#[derive(Debug, Deserialize, Serialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolName {
+    Ledger,
+}
+
+/// `safe` or `unsafe`.
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayName {
+    Safe,
+    Unsafe,
+}
+
+/// What a script's wait does when its timeout passes first.
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, Default, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    #[default]
+    Fail,
+    Continue,
+}
+
+/// Failure classes a script can simulate.
+#[derive(Debug, Deserialize, Serialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+pub enum FailClass {
+    Retryable,
+    NonRetryable,
+    Overloaded,
+}
+
+/// Runs a script; the output lists each step's output.
+pub async fn script(ctx: JobContext, input: ScriptInput) -> Result<Value, JobError> {
+    let mut outputs = Vec::with_capacity(input.steps.len());
+    // "The first N runs": every claim of the operation is a run (its epoch), whether it was
+    // an attempt that counted or an overload park that gave the attempt back.
+    let attempt = ctx.info().epoch as i32;
+    for step in input.steps {
+        let out = match step {
+            ScriptStep::Work { work_ms, deferred } => {
+                let work = |_key| async move {
+                    // A timer rounds up to the next millisecond tick: 0 ms only yields.
+                    if work_ms == 0 {
+                        tokio::task::yield_now().await;
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(work_ms)).await;
+                    }
+                    Ok(json!({ "worked_ms": work_ms }))
+                };
+                if deferred {
+                    ctx.deferred_step("work", work).await?
+                } else {
+                    ctx.step("work", Replay::Safe, work).await?
+                }
+            }
+            ScriptStep::Tool {
+                tool: ToolName::Ledger,
+                replay,
+                label,
+                after_ms,
+                reconcile,
+            } => {
+                let ledger = Ledger {
+                    pool: ctx.pool().clone(),
+                    op_id: ctx.info().op_id.0,
+                    name: format!("ledger:{label}"),
+                    label,
+                    replay: if replay == ReplayName::Safe {
+                        Replay::Safe
+                    } else {
+                        Replay::Unsafe
+                    },
+                    after_ms,
+                    reconcile,
+                    approval: false,
+                };
+                ctx.tool(&ledger, json!({})).await?
+            }
+            ScriptStep::Model { model } => {
+                let answer = ctx.model("model", ModelRequest::user(model)).await?;
+                json!({ "text": answer.content })
+            }
+            ScriptStep::Sleep { sleep_ms } => {
+                ctx.sleep(Duration::from_millis(sleep_ms)).await?;
+                json!({ "slept_ms": sleep_ms })
+            }
+            ScriptStep::WaitSignal {
+                wait_signal,
+                timeout_ms,
+                on_timeout,
+            } => match ctx
+                .wait_for_signal(&wait_signal, Duration::from_millis(timeout_ms))
+                .await?
+            {
+                SignalOutcome::Received { payload, sent_by } => {
+                    if payload.get("approved").and_then(Value::as_bool) == Some(false) {
+                        let by = payload
+                            .get("by")
+                            .and_then(Value::as_str)
+                            .or(sent_by.as_deref())
+                            .unwrap_or("a reviewer");
+                        let reason = payload
+                            .get("reason")
+                            .and_then(Value::as_str)
+                            .unwrap_or("no reason given");
+                        return Err(JobError::NonRetryable(format!(
+                            "rejected by {by}: {reason}"
+                        )));
+                    }
+                    json!({ "signal": wait_signal, "payload": payload })
+                }
+                SignalOutcome::TimedOut if on_timeout == OnTimeout::Continue => {
+                    json!({ "signal": wait_signal, "timed_out": true })
+                }
+                SignalOutcome::TimedOut => {
+                    return Err(JobError::NonRetryable(format!(
+                        "no {wait_signal:?} signal arrived within {timeout_ms} ms"
+                    )));
+                }
+            },
+            ScriptStep::Fail {
+                fail,
+                times,
+                not_before_ms,
+            } => {
+                ctx.step("fail", Replay::Safe, |_key| async move {
+                    if attempt > times {
+                        return Ok(json!({ "failed_attempts": times }));
+                    }
+                    let message = format!("scripted failure on run {attempt} of the first {times}");
+                    let not_before = not_before_ms
+                        .map(|ms| chrono::Utc::now() + chrono::Duration::milliseconds(ms as i64));
+                    Err(match fail {
+                        FailClass::Retryable => JobError::Retryable {
+                            message,
+                            not_before,
+                        },
+                        FailClass::Overloaded => JobError::Overloaded {
+                            message,
+                            not_before,
+                        },
+                        FailClass::NonRetryable => JobError::NonRetryable(message),
+                    })
+                })
+                .await?
+            }
+            ScriptStep::Panic { panic, times } => {
+                if panic && times.is_none_or(|t| attempt <= t) {
+                    panic!("scripted panic on run {attempt}");
+                }
+                json!({ "panicked": false })
+            }
+        };
+        outputs.push(out);
+    }
+    Ok(json!({ "steps": outputs.len(), "outputs": outputs }))
+}

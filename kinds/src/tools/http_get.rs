@@ -1,0 +1,71 @@
+//! The `http_get` tool: a GET of an allowed origin through [`crate::outbound`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentq_worker::{JobError, Replay, Tool};
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use crate::outbound;
+
+/// Largest body `http_get` hands to the model.
+const HTTP_GET_CAP: usize = 64 * 1024;
+
+/// The `http_get` tool: GET a URL of an allowed origin (`AGENTQ_AGENT_HTTP_ALLOW`), body
+/// capped at 64 KiB while it streams, no redirects. Replay-safe (a GET).
+pub(crate) struct HttpGet {
+    pub(crate) allow: Arc<outbound::Origins>,
+    pub(crate) approval: bool,
+}
+
+#[async_trait]
+impl Tool for HttpGet {
+    fn name(&self) -> &str {
+        "http_get"
+    }
+
+    fn replay(&self) -> Replay {
+        Replay::Safe
+    }
+
+    fn description(&self) -> &str {
+        "Fetch a URL (GET) from an allow-listed host; returns the status and the start of the body."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({ "type": "object", "properties": { "url": { "type": "string" } }, "required": ["url"] })
+    }
+
+    fn requires_approval(&self) -> bool {
+        self.approval
+    }
+
+    async fn call(&self, args: &Value, _key: &str) -> Result<Value, JobError> {
+        let url = args
+            .get("url")
+            .and_then(Value::as_str)
+            .ok_or_else(|| JobError::NonRetryable("`url` (a string) is required".into()))?;
+        let parsed = reqwest::Url::parse(url)
+            .map_err(|e| JobError::NonRetryable(format!("{url:?} is not a URL: {e}")))?;
+        let host = parsed.host_str().unwrap_or_default().to_string();
+        self.allow
+            .check(&parsed)
+            .map_err(|why| JobError::NonRetryable(format!("http_get refused {url:?}: {why}")))?;
+        let client = outbound::Client::new(Duration::from_secs(20), None)
+            .map_err(|e| JobError::retryable(format!("http client: {e}")))?;
+        let response = client.send(client.get(parsed)).await.map_err(|e| match e {
+            // Where the name leads is the operator's to change, not a retry's.
+            outbound::Error::Refused(why) | outbound::Error::UnapprovedPeer(why) => {
+                JobError::NonRetryable(format!("http_get refused: {why}"))
+            }
+            outbound::Error::Http(_) => JobError::retryable(format!("fetching from {host} failed")),
+        })?;
+        let status = response.status().as_u16();
+        let (bytes, truncated) = outbound::read_capped(response, HTTP_GET_CAP)
+            .await
+            .map_err(|_| JobError::retryable(format!("reading from {host} failed")))?;
+        let body = String::from_utf8_lossy(&bytes).into_owned();
+        Ok(json!({ "status": status, "body": body, "truncated": truncated }))
+    }
+}

@@ -1,0 +1,99 @@
+//! How a job, or one of its steps, fails: [`JobError`] and its stable classes.
+//!
+//! The class of an error decides what happens next (retry later, back off harder, dead letter,
+//! park), in one place: `executor::settle`. This module imports nothing from the rest of the
+//! crate, so the context, the model clients and gate, and tools can all return a `JobError`
+//! without depending on each other.
+
+use chrono::{DateTime, Utc};
+
+/// How a job (or one of its steps) failed. The class decides what happens next.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// Transient: retry the operation later (job-level retries are data, not loops).
+    #[error("{message}")]
+    Retryable {
+        message: String,
+        not_before: Option<DateTime<Utc>>,
+    },
+    /// A provider is overloaded: back off harder.
+    #[error("{message}")]
+    Overloaded {
+        message: String,
+        not_before: Option<DateTime<Utc>>,
+    },
+    /// Transient, and the call certainly had no effect: it was never sent, or the outside
+    /// system refused it before acting (429, 503, a database error for the statement).
+    /// Retried like `Retryable`; an unsafe step runs again on the next attempt. A plain
+    /// `Retryable` from an unsafe step leaves its outcome unknown instead (see
+    /// [`Tool::call`](crate::Tool::call)).
+    #[error("{0}")]
+    NoEffect(String),
+    /// Can never succeed as is: straight to the DLQ.
+    #[error("{0}")]
+    NonRetryable(String),
+    /// Stopped on request.
+    #[error("cancelled")]
+    Cancelled,
+    /// This worker no longer holds the operation: write nothing more for it.
+    #[error("lease lost")]
+    LeaseLost,
+    /// The function asked for different steps than the journal recorded.
+    #[error("{0}")]
+    Nondeterminism(String),
+    /// An unsafe step was left `started` by a crash and cannot be reconciled.
+    #[error("step {seq} ({name}) may or may not have happened; idempotency key {key}")]
+    UnknownSideEffect { seq: i32, name: String, key: String },
+    /// The job function panicked (treated as a retryable failure of this attempt).
+    #[error("job panicked: {0}")]
+    Panicked(String),
+    /// The operation's deadline passed before it finished.
+    #[error("deadline {0} passed before the operation finished")]
+    DeadlineExceeded(DateTime<Utc>),
+    /// The operation parked itself (a durable sleep, or a wait for a signal): the worker lets go
+    /// of it and the scheduler wakes it. Job code just propagates it with `?`.
+    #[error("suspended until a wake-up")]
+    Suspended,
+}
+
+impl JobError {
+    /// A retryable error with a message.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        JobError::Retryable {
+            message: message.into(),
+            not_before: None,
+        }
+    }
+
+    /// A transient error that certainly had no effect (see [`JobError::NoEffect`]).
+    pub fn no_effect(message: impl Into<String>) -> Self {
+        JobError::NoEffect(message.into())
+    }
+
+    /// Whether a step that failed with this error may have had its effect anyway: a
+    /// transient failure not known to be [`JobError::NoEffect`] (a dropped connection or a
+    /// timeout after the request was sent). An unsafe step ending so is journaled `unknown`.
+    pub(crate) fn outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            JobError::Retryable { .. } | JobError::Overloaded { .. }
+        )
+    }
+
+    /// The stable snake_case class stored as `error_class`.
+    pub fn class(&self) -> &'static str {
+        match self {
+            JobError::Retryable { .. } | JobError::NoEffect(_) | JobError::Panicked(_) => {
+                "retryable"
+            }
+            JobError::Overloaded { .. } => "overloaded",
+            JobError::NonRetryable(_) => "non_retryable",
+            JobError::Cancelled => "cancelled",
+            JobError::LeaseLost => "lease_lost",
+            JobError::Nondeterminism(_) => "nondeterminism",
+            JobError::UnknownSideEffect { .. } => "unknown_side_effect",
+            JobError::DeadlineExceeded(_) => "deadline_exceeded",
+            JobError::Suspended => "suspended",
+        }
+    }
+}
