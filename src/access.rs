@@ -364,7 +364,9 @@ pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()
 /// The store as `agentq stores list --json` shows it.
 fn store_json(s: &db::stores::Store) -> serde_json::Value {
     let (kind, location, id, body) = s.location.parts();
-    let columns = id.zip(body).map(|(id, body)| json!({ "id": id, "body": body }));
+    let columns = id
+        .zip(body)
+        .map(|(id, body)| json!({ "id": id, "body": body }));
     json!({
         "tenant": s.tenant, "name": s.name, "kind": kind, "location": location,
         "columns": columns, "access": s.access, "created_by": s.created_by,
