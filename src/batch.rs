@@ -15,6 +15,7 @@ use agentq_core::db::stores::{Access, Location, Need};
 use agentq_core::db::{self, batches};
 use agentq_core::dispatch::Target;
 use agentq_core::operation::{Lane, TenantId};
+use agentq_core::state::BatchStatus;
 use agentq_core::{Config, db::batches::Batch};
 use agentq_producer::EnqueueRequest;
 use anyhow::Context;
@@ -250,7 +251,7 @@ async fn fill(
     let source: Value = serde_json::from_str(&batch.source)?;
     let target: Value = serde_json::from_str(&batch.target)?;
     let mut docs = list_documents(pool, &batch.tenant, &source).await?;
-    if batch.status == "canary" {
+    if batch.status == BatchStatus::Canary {
         docs.truncate(batch.canary.unwrap_or(0).max(0) as usize);
     }
     let have: HashSet<String> = batches::enqueued_keys(pool, batch.id)
@@ -368,8 +369,8 @@ pub async fn run(config: Config, cmd: BatchCommand) -> anyhow::Result<()> {
             match batches::transition(
                 &pool,
                 id,
-                &["running", "canary"],
-                "paused",
+                &[BatchStatus::Running, BatchStatus::Canary],
+                BatchStatus::Paused,
                 &actor,
                 reason.as_deref(),
             )
@@ -391,15 +392,21 @@ pub async fn run(config: Config, cmd: BatchCommand) -> anyhow::Result<()> {
             let pool = connect(&config).await?;
             let b = find(&pool, id).await?;
             let actor = crate::dlq::actor_name(&actor);
-            let before =
-                batches::transition(&pool, id, &["paused", "canary"], "running", &actor, None)
-                    .await?
-                    .ok_or_else(|| {
-                        refuse(format!(
-                            "batch {id} is {}: only a paused or canary batch resumes",
-                            b.status
-                        ))
-                    })?;
+            let before = batches::transition(
+                &pool,
+                id,
+                &[BatchStatus::Paused, BatchStatus::Canary],
+                BatchStatus::Running,
+                &actor,
+                None,
+            )
+            .await?
+            .ok_or_else(|| {
+                refuse(format!(
+                    "batch {id} is {}: only a paused or canary batch resumes",
+                    b.status
+                ))
+            })?;
             let b = find(&pool, id).await?;
             let filled = fill(&config, &pool, &b, CHUNK).await?;
             let redispatched = redispatch(&config, &pool, id).await?;
@@ -425,8 +432,12 @@ pub async fn run(config: Config, cmd: BatchCommand) -> anyhow::Result<()> {
             batches::transition(
                 &pool,
                 id,
-                &["running", "canary", "paused"],
-                "cancelled",
+                &[
+                    BatchStatus::Running,
+                    BatchStatus::Canary,
+                    BatchStatus::Paused,
+                ],
+                BatchStatus::Cancelled,
                 &actor,
                 reason.as_deref(),
             )
@@ -495,11 +506,10 @@ async fn start(config: Config, args: StartArgs) -> anyhow::Result<()> {
         instructions,
         options: Value::Object(options),
         status: if args.canary.is_some() {
-            "canary"
+            BatchStatus::Canary
         } else {
-            "running"
-        }
-        .into(),
+            BatchStatus::Running
+        },
         canary: args.canary.map(|c| c as i32),
         documents: docs.len() as i32,
         pause_window: args.pause_window,
@@ -510,7 +520,7 @@ async fn start(config: Config, args: StartArgs) -> anyhow::Result<()> {
     };
     let actor = crate::dlq::actor_name(&args.actor);
     let (batch, created) = batches::create_batch(&pool, &wanted, &actor).await?;
-    if batch.status == "cancelled" {
+    if batch.status == BatchStatus::Cancelled {
         return Err(refuse(format!(
             "batch {id} was cancelled; nothing was enqueued"
         )));
@@ -535,7 +545,7 @@ async fn start(config: Config, args: StartArgs) -> anyhow::Result<()> {
                 format!(", {} refused (see above)", filled.refused.len())
             }
         );
-        if batch.status == "canary" {
+        if batch.status == BatchStatus::Canary {
             println!(
                 "canary: the first {} run; check them, then: agentq batch resume {id}",
                 batch.canary.unwrap_or(0)

@@ -13,6 +13,7 @@ use agentq_core::db::dead_letters::{
 use agentq_core::db::{self};
 use agentq_core::dispatch::{Dispatcher, Target};
 use agentq_core::operation::{OperationId, input_sha256};
+use agentq_core::state::DeadLetterStatus;
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -165,14 +166,16 @@ pub fn build_filter(
                 .map_err(|_| ("batch", format!("batch {b:?} is not a batch id (a UUID)")))
         })
         .transpose()?;
-    if let Some(s) = status
-        && !["open", "retried", "resolved", "discarded"].contains(&s)
-    {
-        return Err((
-            "status",
-            format!("status {s:?}: use open, retried, resolved or discarded"),
-        ));
-    }
+    let status = status
+        .map(|s| {
+            s.parse::<DeadLetterStatus>().map_err(|_| {
+                (
+                    "status",
+                    format!("status {s:?}: use open, retried, resolved or discarded"),
+                )
+            })
+        })
+        .transpose()?;
     let since = since
         .map(|s| parse_since(s).map_err(|e| ("since", e.to_string())))
         .transpose()?;
@@ -182,7 +185,7 @@ pub fn build_filter(
         class: class.map(String::from),
         since,
         batch,
-        status: status.map(String::from),
+        status,
     })
 }
 

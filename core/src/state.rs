@@ -8,7 +8,8 @@
 //! decoding error where it is read, never a guess.
 //!
 //! Invariant kept here: the terminal set ([`Status::is_terminal`]) and the legal operation
-//! transitions ([`can_transition`]) are written once.
+//! transitions ([`can_transition`]) are written once; SQL that needs the terminal set takes it
+//! from [`terminal_sql!`], which a test compares with [`Status::is_terminal`].
 //!
 //! Where each decision lives:
 //! - what a failed attempt leads to: [`failure::after_failure`], pure; called by
@@ -169,7 +170,7 @@ text_enum! {
 
 impl Status {
     /// True when nothing will move the operation again without a human. The one list of
-    /// terminal statuses.
+    /// terminal statuses ([`terminal_sql!`] is its SQL form).
     pub const fn is_terminal(self) -> bool {
         matches!(
             self,
@@ -177,6 +178,16 @@ impl Status {
         )
     }
 }
+
+/// The terminal statuses as an SQL list, `('succeeded', 'dead', 'cancelled', 'discarded')`,
+/// for `concat!` into statements (`status IN …`, `status NOT IN …`). A test checks it names
+/// exactly the statuses of [`Status::is_terminal`].
+macro_rules! terminal_sql {
+    () => {
+        "('succeeded', 'dead', 'cancelled', 'discarded')"
+    };
+}
+pub(crate) use terminal_sql;
 
 /// Whether an operation may move from `from` to `to`: the state diagram of ARCHITECTURE.md as
 /// a table. Every transition agentq writes is one of these (each is one SQL statement guarded
@@ -436,6 +447,16 @@ mod tests {
             sorted(checked_names(batches, "status")),
             names(BatchStatus::NAMES)
         );
+    }
+
+    #[test]
+    fn the_sql_terminal_list_is_the_terminal_set() {
+        let rust: Vec<String> = Status::ALL
+            .iter()
+            .filter(|s| s.is_terminal())
+            .map(|s| format!("'{s}'"))
+            .collect();
+        assert_eq!(terminal_sql!(), format!("({})", rust.join(", ")));
     }
 
     #[test]

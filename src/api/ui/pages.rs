@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use agentq_core::OperationId;
 use agentq_core::db::{self, batches, console};
+use agentq_core::state::{BatchStatus, Status};
 use axum::Form;
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, Query, State};
@@ -18,18 +19,6 @@ use uuid::Uuid;
 use super::html::{self, badge, csrf, esc, secs, time, url};
 use super::session::{Fields, Session, filled};
 use super::{UiError, UiResult, UiState};
-
-const STATUSES: [&str; 9] = [
-    "queued",
-    "running",
-    "sleeping",
-    "waiting",
-    "succeeded",
-    "dead",
-    "cancelled",
-    "discarded",
-    "",
-];
 
 /// Operations per page of the list.
 const PAGE: i64 = 50;
@@ -61,7 +50,7 @@ pub async fn overview(State(state): State<Arc<UiState>>, session: Session) -> Ui
 
     let mut body = String::from("<h1>Overview</h1><div class=\"cards\">");
     let by: BTreeMap<&str, i64> = counts.iter().map(|(s, n)| (s.as_str(), *n)).collect();
-    for s in STATUSES.iter().filter(|s| !s.is_empty()) {
+    for s in Status::NAMES {
         body.push_str(&format!(
             "<a class=\"card\" href=\"/ui/operations?status={s}\"><div class=\"n\">{}</div>{}</a>",
             by.get(s).copied().unwrap_or(0),
@@ -184,7 +173,8 @@ pub async fn operations(
 
     let mut body = String::from("<h1>Operations</h1><form method=\"get\" class=\"filters\">");
     body.push_str("<label>status<select name=\"status\">");
-    for s in STATUSES.iter().rev() {
+    // "any" first, then the statuses from the last.
+    for s in std::iter::once(&"").chain(Status::NAMES.iter().rev()) {
         let sel = if filter.status.as_deref().unwrap_or("") == *s {
             " selected"
         } else {
@@ -365,10 +355,10 @@ async fn operation_page(state: &UiState, session: &Session, id: &str, revealed: 
     body.push_str("</dl>");
 
     let path = format!("/ui/operations/{op_id}");
-    if op.waiting_for.as_deref() == Some("approval") && op.status.as_str() == "waiting" {
+    if op.waiting_for.as_deref() == Some("approval") && op.status == Status::Waiting {
         body.push_str(&approval_forms(session, op_id, &path));
     }
-    if op.status.as_str() == "dead" {
+    if op.status == Status::Dead {
         body.push_str(
             "<p><a href=\"/ui/dlq\">This operation is dead: act on it in the dead-letter inbox</a></p>",
         );
@@ -409,12 +399,12 @@ async fn operation_page(state: &UiState, session: &Session, id: &str, revealed: 
             body.push_str(&format!(
                 "<li class=\"{}\"><strong>#{} {}</strong> <span class=\"muted\">{} · {}</span> {}\
                  <div class=\"meta\">started {} · took {} · epoch {}{}</div>",
-                esc(&s.status),
+                esc(s.status.as_str()),
                 s.seq,
                 esc(&s.name),
-                esc(&s.kind),
-                esc(&s.replay),
-                badge(&s.status),
+                esc(s.kind.as_str()),
+                esc(s.replay.as_str()),
+                badge(s.status.as_str()),
                 time(s.started_at),
                 esc(&took),
                 s.epoch,
@@ -624,19 +614,19 @@ pub async fn batches(State(state): State<Arc<UiState>>, session: Session) -> UiR
         for b in &rows {
             let total = i64::from(b.documents).max(b.enqueued).max(1);
             let done = b.succeeded + b.failed;
-            let control = match b.status.as_str() {
-                "running" | "canary" => format!(
+            let control = match b.status {
+                BatchStatus::Running | BatchStatus::Canary => format!(
                     "<form method=\"post\" action=\"/ui/batches/{}/pause\" class=\"inline\">{c}\
                      <input name=\"reason\" placeholder=\"reason (optional)\">\
                      <button type=\"submit\" class=\"danger\" data-action=\"pause\">Pause</button></form>",
                     b.id
                 ),
-                "paused" => format!(
+                BatchStatus::Paused => format!(
                     "<form method=\"post\" action=\"/ui/batches/{}/resume\" class=\"inline\">{c}\
                      <button type=\"submit\" data-action=\"resume\">Resume</button></form>",
                     b.id
                 ),
-                _ => String::new(),
+                BatchStatus::Cancelled => String::new(),
             };
             body.push_str(&format!(
                 "<tr data-batch=\"{id}\"><td><a class=\"mono\" href=\"/ui/operations?batch={id}\">{}</a></td>\
@@ -647,7 +637,7 @@ pub async fn batches(State(state): State<Arc<UiState>>, session: Session) -> UiR
                 &b.id.to_string()[..8],
                 esc(&b.tenant_id),
                 esc(&b.kind),
-                badge(&b.status),
+                badge(b.status.as_str()),
                 b.paused_reason
                     .as_deref()
                     .map(|r| format!("<div class=\"muted\">{}</div>", esc(r)))
@@ -684,8 +674,8 @@ pub async fn pause(
     let done = batches::transition(
         &state.api.pool,
         b.id,
-        &["running", "canary"],
-        "paused",
+        &[BatchStatus::Running, BatchStatus::Canary],
+        BatchStatus::Paused,
         &session.actor(),
         reason,
     )
@@ -725,8 +715,15 @@ pub async fn resume(
         );
         return Ok(back(&fields, "/ui/batches"));
     }
-    let done =
-        batches::transition(pool, b.id, &["paused"], "running", &session.actor(), None).await?;
+    let done = batches::transition(
+        pool,
+        b.id,
+        &[BatchStatus::Paused],
+        BatchStatus::Running,
+        &session.actor(),
+        None,
+    )
+    .await?;
     let message = match done {
         Some(_) => {
             let sent = crate::batch::redispatch_with(pool, &state.api.dispatcher, b.id).await?;
