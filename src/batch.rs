@@ -282,7 +282,7 @@ async fn start(config: Config, args: StartArgs) -> anyhow::Result<()> {
                 format!(", {} refused (see above)", filled.refused.len())
             }
         );
-        if batch.status == "canary" {
+        if batch.status == agentq_core::state::BatchStatus::Canary {
             println!(
                 "canary: the first {} run; check them, then: agentq batch resume {id}",
                 batch.canary.unwrap_or(0)

@@ -8,6 +8,7 @@ use agentq_app as app;
 use agentq_core::Config;
 use agentq_core::db::dead_letters::{self, Filter};
 use agentq_core::operation::OperationId;
+use agentq_core::state::DeadLetterStatus;
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -159,14 +160,16 @@ pub fn build_filter(
                 .map_err(|_| ("batch", format!("batch {b:?} is not a batch id (a UUID)")))
         })
         .transpose()?;
-    if let Some(s) = status
-        && !["open", "retried", "resolved", "discarded"].contains(&s)
-    {
-        return Err((
-            "status",
-            format!("status {s:?}: use open, retried, resolved or discarded"),
-        ));
-    }
+    let status = status
+        .map(|s| {
+            s.parse::<DeadLetterStatus>().map_err(|_| {
+                (
+                    "status",
+                    format!("status {s:?}: use open, retried, resolved or discarded"),
+                )
+            })
+        })
+        .transpose()?;
     let since = since
         .map(|s| parse_since(s).map_err(|e| ("since", e.to_string())))
         .transpose()?;
@@ -176,7 +179,7 @@ pub fn build_filter(
         class: class.map(String::from),
         since,
         batch,
-        status: status.map(String::from),
+        status,
     })
 }
 

@@ -12,6 +12,7 @@ use agentq_core::db::stores::{self, Access, Location, Need};
 use agentq_core::db::{self};
 use agentq_core::dispatch::Target;
 use agentq_core::operation::{Lane, TenantId};
+use agentq_core::state::BatchStatus;
 use agentq_producer::EnqueueRequest;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -173,7 +174,7 @@ pub async fn fill(
     let source: Value = serde_json::from_str(&batch.source).unwrap_or(Value::Null);
     let target: Value = serde_json::from_str(&batch.target).unwrap_or(Value::Null);
     let mut docs = list_documents(app, &batch.tenant, &source).await?;
-    if batch.status == "canary" {
+    if batch.status == BatchStatus::Canary {
         docs.truncate(batch.canary.unwrap_or(0).max(0) as usize);
     }
     let have: HashSet<String> = batches::enqueued_keys(&app.pool, batch.id)
@@ -317,11 +318,10 @@ pub async fn start(
         instructions: new.instructions,
         options: Value::Object(new.options),
         status: if new.canary.is_some() {
-            "canary"
+            BatchStatus::Canary
         } else {
-            "running"
-        }
-        .into(),
+            BatchStatus::Running
+        },
         canary: new.canary.map(|c| c as i32),
         documents: docs.len() as i32,
         pause_window: new.pause_window,
@@ -331,7 +331,7 @@ pub async fn start(
         updated_at: chrono::Utc::now(),
     };
     let (batch, created) = batches::create_batch(&app.pool, &wanted, &caller.actor).await?;
-    if batch.status == "cancelled" {
+    if batch.status == BatchStatus::Cancelled {
         return Err(AppError::Conflict(format!(
             "batch {id} was cancelled; nothing was enqueued"
         )));
@@ -351,8 +351,8 @@ pub async fn pause(app: &App, caller: &Caller, id: Uuid, reason: Option<&str>) -
     batches::transition(
         &app.pool,
         id,
-        &["running", "canary"],
-        "paused",
+        &[BatchStatus::Running, BatchStatus::Canary],
+        BatchStatus::Paused,
         &caller.actor,
         reason,
     )
@@ -370,7 +370,7 @@ pub async fn pause(app: &App, caller: &Caller, id: Uuid, reason: Option<&str>) -
 #[derive(Debug)]
 pub struct Resumed {
     /// The status it had: `paused` or `canary`.
-    pub was: String,
+    pub was: BatchStatus,
     /// Documents enqueued now (the rest of a canary, or what an interrupted start missed).
     pub enqueued: usize,
     /// Queued operations whose pointers were published again.
@@ -389,8 +389,8 @@ pub async fn resume(
     let was = batches::transition(
         &app.pool,
         id,
-        &["paused", "canary"],
-        "running",
+        &[BatchStatus::Paused, BatchStatus::Canary],
+        BatchStatus::Running,
         &caller.actor,
         None,
     )
@@ -431,8 +431,12 @@ pub async fn cancel(
     batches::transition(
         &app.pool,
         id,
-        &["running", "canary", "paused"],
-        "cancelled",
+        &[
+            BatchStatus::Running,
+            BatchStatus::Canary,
+            BatchStatus::Paused,
+        ],
+        BatchStatus::Cancelled,
         &caller.actor,
         reason,
     )

@@ -36,7 +36,7 @@ pub enum Signalled {
     Delivered,
     /// Kept until the operation waits for it.
     Kept {
-        status: String,
+        status: agentq_core::operation::Status,
         waiting_for: Option<String>,
     },
 }

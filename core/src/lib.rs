@@ -1,6 +1,8 @@
 //! agentq-core: the pieces every agentq process shares.
 //!
-//! - [`operation`]: domain types (ids, lanes, states, the operation view, the broker pointer);
+//! - [`operation`]: domain types (ids, lanes, the operation view, the broker pointer);
+//! - [`state`]: every stored state as an enum, the legal transitions, and the pure decisions
+//!   of what a failure and a replayed journal entry lead to;
 //! - [`config`]: environment variables and flags, with working local defaults;
 //! - [`db`]: the only module that contains SQL;
 //! - [`broker`]: the only module that imports `lapin`;
@@ -17,6 +19,7 @@ pub mod metrics;
 pub mod operation;
 pub mod origins;
 pub mod retry;
+pub mod state;
 pub mod telemetry;
 pub mod webhook;
 

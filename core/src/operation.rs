@@ -1,5 +1,6 @@
-//! Domain types of an operation: ids, lanes, states, the public operation and step views, and the
-//! pointer message that travels through RabbitMQ.
+//! Domain types of an operation: ids, lanes, the public operation and step views, and the
+//! pointer message that travels through RabbitMQ. Its states are [`crate::state`]'s
+//! ([`Status`] is re-exported here).
 //!
 //! Invariant kept here: a [`Pointer`] carries only `{v, op_id, tenant, kind}`, never the input.
 
@@ -8,6 +9,9 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+
+pub use crate::state::Status;
+use crate::state::{Replay, StepKind, StepStatus};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -123,75 +127,6 @@ impl fmt::Display for Lane {
     }
 }
 
-/// The operation state machine (ARCHITECTURE.md draws it). Stored as snake_case text.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    /// Waiting for a worker (possibly not before `run_at`).
-    Queued,
-    /// Claimed by a worker holding a lease.
-    Running,
-    /// In a durable sleep; the scheduler wakes it.
-    Sleeping,
-    /// Waiting for a signal (human approval) or its timeout.
-    Waiting,
-    /// Finished with a result.
-    Succeeded,
-    /// Failed for good; has an open dead letter for a human.
-    Dead,
-    /// Stopped on request.
-    Cancelled,
-    /// Dropped from the DLQ by an operator.
-    Discarded,
-}
-
-impl Status {
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Queued => "queued",
-            Status::Running => "running",
-            Status::Sleeping => "sleeping",
-            Status::Waiting => "waiting",
-            Status::Succeeded => "succeeded",
-            Status::Dead => "dead",
-            Status::Cancelled => "cancelled",
-            Status::Discarded => "discarded",
-        }
-    }
-
-    /// True when nothing will move the operation again without a human.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Status::Succeeded | Status::Dead | Status::Cancelled | Status::Discarded
-        )
-    }
-}
-
-impl FromStr for Status {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "queued" => Status::Queued,
-            "running" => Status::Running,
-            "sleeping" => Status::Sleeping,
-            "waiting" => Status::Waiting,
-            "succeeded" => Status::Succeeded,
-            "dead" => Status::Dead,
-            "cancelled" => Status::Cancelled,
-            "discarded" => Status::Discarded,
-            other => return Err(format!("unknown status {other:?}")),
-        })
-    }
-}
-
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// The one operation object: the same in `agentq status --json` and the HTTP API.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct OperationView {
@@ -224,9 +159,9 @@ pub struct OperationView {
 pub struct StepView {
     pub seq: i32,
     pub name: String,
-    pub kind: String,
-    pub replay: String,
-    pub status: String,
+    pub kind: StepKind,
+    pub replay: Replay,
+    pub status: StepStatus,
     pub idempotency_key: String,
     pub epoch: i64,
     pub started_at: DateTime<Utc>,

@@ -22,6 +22,7 @@ use std::time::Duration;
 use agentq_core::db::docs;
 use agentq_core::db::stores::{self, Access, Location, Need, Store};
 use agentq_core::operation::Requires;
+use agentq_core::state::StepStatus;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -347,9 +348,9 @@ pub async fn doc_migration(
         if verdict.low_confidence {
             // A decision an earlier run already took: if it failed the document, this run is an
             // operator's retry (or a crash right after the decision), so review anew.
-            let replayed = ctx
-                .peek_recorded()
-                .is_some_and(|(name, status)| name == "signal:review" && status == "completed");
+            let replayed = ctx.peek_recorded().is_some_and(|(name, status)| {
+                name == "signal:review" && status == StepStatus::Completed
+            });
             let failure = match ctx.wait_for_signal("review", input.review_timeout).await? {
                 SignalOutcome::Received { payload, .. } => match review_decision(&payload) {
                     Ok(Decision::Approve) => None,

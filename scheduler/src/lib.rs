@@ -34,6 +34,7 @@ use agentq_core::db;
 use agentq_core::dispatch::{Dispatcher, Target};
 use agentq_core::metrics;
 use agentq_core::operation::Lane;
+use agentq_core::state::{ErrorClass, Status};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -209,7 +210,7 @@ impl Scheduler {
         let expired = db::timers::expire_deadlines(&self.pool, self.settings.batch).await?;
         for (id, kind) in &expired {
             tracing::info!(op_id = %id, "operation is dead: deadline_exceeded");
-            count_death(kind, "deadline_exceeded");
+            count_death(kind, ErrorClass::DeadlineExceeded);
         }
         Ok(expired.len())
     }
@@ -254,9 +255,9 @@ impl Scheduler {
         let mut requeued = Vec::new();
         for r in reaped {
             metrics::LEASES_EXPIRED.inc(&[&r.kind]);
-            if r.status == "dead" {
+            if r.status == Status::Dead {
                 metrics::CRASH_LOOPS.inc(&[&r.kind]);
-                count_death(&r.kind, "crash_loop");
+                count_death(&r.kind, ErrorClass::CrashLoop);
                 tracing::warn!(op_id = %r.id, restarts = r.restarts, "operation is dead: crash_loop");
             } else {
                 tracing::info!(op_id = %r.id, restarts = r.restarts, in_flight = ?r.in_flight, "recovered an expired lease");
@@ -324,9 +325,9 @@ impl Scheduler {
 
 /// Counts an operation the scheduler ended as dead with `class`, as a worker counts the
 /// deaths it writes.
-fn count_death(kind: &str, class: &str) {
-    metrics::OPERATIONS_FINISHED.inc(&[kind, "dead"]);
-    metrics::OPERATION_FAILURES.inc(&[kind, class]);
+fn count_death(kind: &str, class: ErrorClass) {
+    metrics::OPERATIONS_FINISHED.inc(&[kind, Status::Dead.as_str()]);
+    metrics::OPERATION_FAILURES.inc(&[kind, class.as_str()]);
 }
 
 /// Publishes rows a scheduler took for dispatch (their `dispatched_at` is already set, so nobody

@@ -529,10 +529,10 @@ async fn a_batched_completion_writes_only_the_operations_whose_lease_it_holds() 
     let step = |id: uuid::Uuid| db::StepWrite {
         seq: 0,
         name: "model".into(),
-        kind: "model",
-        replay: "safe",
+        kind: agentq_core::state::StepKind::Model,
+        replay: agentq_core::state::Replay::Safe,
         idempotency_key: format!("key-{id}"),
-        status: "completed",
+        status: agentq_core::state::StepStatus::Completed,
         output: Some(json!({ "text": "done" })),
         error: None,
         started_at: chrono::Utc::now(),

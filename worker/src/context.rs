@@ -27,7 +27,11 @@ use std::time::{Duration, Instant};
 use agentq_core::db::{self, JournalEntry, StepWrite};
 use agentq_core::metrics;
 use agentq_core::operation::{OperationId, step_idempotency_key};
+
 use agentq_core::origins::Origins;
+use agentq_core::state::replay::{Recorded, Resume, resume};
+use agentq_core::state::{StepKind, StepStatus};
+
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use serde::Serialize;
@@ -82,15 +86,14 @@ fn wake_after(what: &str, d: std::time::Duration) -> Result<DateTime<Utc>, JobEr
 #[derive(Clone, Copy)]
 struct StepSpec<'a> {
     name: &'a str,
-    /// `model`, `tool`, `now` or `custom`.
-    kind: &'static str,
+    kind: StepKind,
     replay: Replay,
     /// Written with the next durable write instead of before the next step starts.
     deferred: bool,
 }
 
 impl<'a> StepSpec<'a> {
-    fn new(name: &'a str, kind: &'static str, replay: Replay) -> Self {
+    fn new(name: &'a str, kind: StepKind, replay: Replay) -> Self {
         Self {
             name,
             kind,
@@ -98,6 +101,41 @@ impl<'a> StepSpec<'a> {
             deferred: false,
         }
     }
+
+    /// The journal row of this step at `seq` with `status`, nothing recorded yet.
+    fn row(&self, seq: i32, key: &str, status: StepStatus, started_at: DateTime<Utc>) -> StepWrite {
+        StepWrite {
+            seq,
+            name: self.name.to_string(),
+            kind: self.kind,
+            replay: self.replay,
+            idempotency_key: key.to_string(),
+            status,
+            output: None,
+            error: None,
+            started_at,
+            completed_at: None,
+            usage: None,
+            wake_at: None,
+        }
+    }
+}
+
+/// A journal entry as the replay decision sees it, for the step `name` of `kind` asked now.
+fn recorded_as(entry: &JournalEntry, name: &str, kind: StepKind) -> Recorded {
+    Recorded {
+        status: entry.status,
+        replay: entry.replay,
+        same_step: entry.name == name && entry.kind == kind,
+    }
+}
+
+/// The error of a job asking for another step than its journal recorded at `seq`.
+fn diverged(seq: i32, entry: Option<&JournalEntry>, name: &str, kind: StepKind) -> JobError {
+    let (was, was_kind) = entry.map_or(("?", "?"), |e| (e.name.as_str(), e.kind.as_str()));
+    JobError::Nondeterminism(format!(
+        "step {seq} was recorded as {was:?} ({was_kind}) but the job now asks for {name:?} ({kind})"
+    ))
 }
 
 /// How a wait for a signal ended.
@@ -277,10 +315,10 @@ impl JobContext {
     /// reviews anew), or that passes over a stale part of its journal with
     /// [`JobContext::skip_recorded`]. It reads the journal as loaded when this run claimed the
     /// operation, at the cursor every clone of this context shares.
-    pub fn peek_recorded(&self) -> Option<(String, String)> {
+    pub fn peek_recorded(&self) -> Option<(String, StepStatus)> {
         let seq = self.state().next_seq;
         self.recorded(seq)
-            .filter(|e| e.status != "failed")
+            .filter(|e| e.status != StepStatus::Failed)
             .map(|e| (e.name, e.status))
     }
 
@@ -299,7 +337,7 @@ impl JobContext {
         let recorded = st
             .journal
             .iter()
-            .any(|e| e.seq == seq && e.status != "failed");
+            .any(|e| e.seq == seq && e.status != StepStatus::Failed);
         if recorded {
             st.next_seq += 1;
         }
@@ -314,7 +352,7 @@ impl JobContext {
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<T, JobError>>,
     {
-        let spec = StepSpec::new(name, "custom", replay);
+        let spec = StepSpec::new(name, StepKind::Custom, replay);
         self.run_step_with(
             spec,
             None,
@@ -339,7 +377,7 @@ impl JobContext {
     {
         let spec = StepSpec {
             deferred: true,
-            ..StepSpec::new(name, "custom", Replay::Safe)
+            ..StepSpec::new(name, StepKind::Custom, Replay::Safe)
         };
         self.run_step_with(
             spec,
@@ -357,7 +395,7 @@ impl JobContext {
     ) -> Result<ModelResponse, JobError> {
         let model = self.inner.services.model.clone();
         let (tenant, kind) = (self.inner.info.tenant.clone(), self.inner.info.kind.clone());
-        let spec = StepSpec::new(name, "model", Replay::Safe);
+        let spec = StepSpec::new(name, StepKind::Model, Replay::Safe);
         self.run_step_with(spec, None, |_key| async move {
             // The call's span names the model and how it ended; never the prompt or the answer.
             let span = tracing::info_span!(
@@ -408,7 +446,7 @@ impl JobContext {
     ) -> Result<Value, JobError> {
         let recover_args = args.clone();
         self.run_step_with(
-            StepSpec::new(tool.name(), "tool", tool.replay()),
+            StepSpec::new(tool.name(), StepKind::Tool, tool.replay()),
             Some(Box::new(move |key: String| {
                 Box::pin(async move { tool.reconcile(&recover_args, &key).await })
             })),
@@ -450,15 +488,15 @@ impl JobContext {
     /// A durable sleep until `until` (journaled at first execution; replay after the wake-up
     /// returns at once).
     pub async fn sleep_until(&self, until: DateTime<Utc>) -> Result<(), JobError> {
-        let (seq, key) = self.begin_park("sleep", "sleep")?;
+        let (seq, key) = self.begin_park("sleep", StepKind::Sleep)?;
         let wake_at = match self.recorded(seq) {
-            Some(e) if e.status == "completed" => return Ok(()),
+            Some(e) if e.status == StepStatus::Completed => return Ok(()),
             Some(e) => e.wake_at.unwrap_or(until),
             None => until,
         };
-        let mut row = self.park_row(seq, "sleep", "sleep", key, wake_at);
+        let mut row = self.park_row(seq, "sleep", StepKind::Sleep, key, wake_at);
         if Utc::now() >= wake_at {
-            row.status = "completed";
+            row.status = StepStatus::Completed;
             row.completed_at = Some(Utc::now());
             self.push(row, true);
             return Ok(());
@@ -478,9 +516,9 @@ impl JobContext {
         timeout: std::time::Duration,
     ) -> Result<SignalOutcome, JobError> {
         let step = format!("signal:{name}");
-        let (seq, key) = self.begin_park(&step, "signal")?;
+        let (seq, key) = self.begin_park(&step, StepKind::Signal)?;
         let deadline = match self.recorded(seq) {
-            Some(e) if e.status == "completed" => {
+            Some(e) if e.status == StepStatus::Completed => {
                 return Ok(SignalOutcome::from_journal(
                     &e.output.unwrap_or(Value::Null),
                 ));
@@ -490,7 +528,7 @@ impl JobContext {
                 let deadline = wake_after(&format!("wait for {name:?}"), timeout)?;
                 // The wait step must exist before it can be resolved.
                 self.push(
-                    self.park_row(seq, &step, "signal", key.clone(), deadline),
+                    self.park_row(seq, &step, StepKind::Signal, key.clone(), deadline),
                     true,
                 );
                 self.flush().await?;
@@ -522,7 +560,7 @@ impl JobContext {
     }
 
     /// Takes the next seq for a sleep or wait, checking the journal agrees on what it is.
-    fn begin_park(&self, name: &str, kind: &'static str) -> Result<(i32, String), JobError> {
+    fn begin_park(&self, name: &str, kind: StepKind) -> Result<(i32, String), JobError> {
         self.check_running()?;
         let seq = {
             let mut st = self.state();
@@ -530,13 +568,11 @@ impl JobContext {
             st.next_seq += 1;
             seq
         };
-        if let Some(e) = self.recorded(seq).filter(|e| e.status != "failed")
-            && (e.name != name || e.kind != kind)
-        {
-            return Err(JobError::Nondeterminism(format!(
-                "step {seq} was recorded as {:?} ({}) but the job now asks for {name:?} ({kind})",
-                e.name, e.kind
-            )));
+        let entry = self.recorded(seq);
+        // A park has no tool to reconcile with; only divergence matters here, the rest is the
+        // park's own (a recorded wake time, a resolved wait).
+        if resume(entry.as_ref().map(|e| recorded_as(e, name, kind)), false) == Resume::Diverged {
+            return Err(diverged(seq, entry.as_ref(), name, kind));
         }
         Ok((seq, step_idempotency_key(self.inner.info.op_id, seq, name)))
     }
@@ -545,24 +581,14 @@ impl JobContext {
         &self,
         seq: i32,
         name: &str,
-        kind: &'static str,
+        kind: StepKind,
         key: String,
         wake_at: DateTime<Utc>,
     ) -> StepWrite {
-        StepWrite {
-            seq,
-            name: name.to_string(),
-            kind,
-            replay: "safe",
-            idempotency_key: key,
-            status: "started",
-            output: None,
-            error: None,
-            started_at: Utc::now(),
-            completed_at: None,
-            usage: None,
-            wake_at: Some(wake_at),
-        }
+        let mut row =
+            StepSpec::new(name, kind, Replay::Safe).row(seq, &key, StepStatus::Started, Utc::now());
+        row.wake_at = Some(wake_at);
+        row
     }
 
     /// The wake time and awaited signal if the job parked itself.
@@ -572,14 +598,14 @@ impl JobContext {
 
     /// The current time, journaled so a replay sees the same value.
     pub async fn now(&self) -> Result<DateTime<Utc>, JobError> {
-        let spec = StepSpec::new("now", "now", Replay::Safe);
+        let spec = StepSpec::new("now", StepKind::Now, Replay::Safe);
         self.run_step_with(spec, None, |_| async { Ok((Utc::now(), None)) })
             .await
     }
 
     /// A random UUID, journaled so a replay sees the same value.
     pub async fn uuid(&self) -> Result<uuid::Uuid, JobError> {
-        let spec = StepSpec::new("uuid", "now", Replay::Safe);
+        let spec = StepSpec::new("uuid", StepKind::Now, Replay::Safe);
         self.run_step_with(spec, None, |_| async { Ok((uuid::Uuid::new_v4(), None)) })
             .await
     }
@@ -613,7 +639,7 @@ impl JobContext {
             otel.name = %format_args!("step {}", spec.name),
             step = spec.name,
             seq,
-            kind = spec.kind,
+            kind = spec.kind.as_str(),
             replay = spec.replay.as_str(),
             replayed = false,
             otel.status_code = tracing::field::Empty,
@@ -642,113 +668,71 @@ impl JobContext {
             replay,
             deferred,
         } = spec;
-        // A step that failed on an earlier attempt has no outcome to keep: whatever the code
-        // asks for at that position now (an operator may have patched the input) runs fresh.
-        if let Some(entry) = self.recorded(seq).filter(|e| e.status != "failed") {
-            if entry.name != name || entry.kind != kind {
-                return Err(JobError::Nondeterminism(format!(
-                    "step {seq} was recorded as {:?} ({}) but the job now asks for {name:?} ({kind})",
-                    entry.name, entry.kind
-                )));
+        // What the journal recorded at this position decides whether the step runs at all
+        // (`state::replay::resume`); a reconcile's answer decides it for an unsafe step whose
+        // outcome was lost.
+        let entry = self.recorded(seq);
+        let decision = resume(
+            entry.as_ref().map(|e| recorded_as(e, name, kind)),
+            reconcile.is_some(),
+        );
+        let answer = match (decision, reconcile) {
+            (Resume::Run, _) => None,
+            (Resume::Diverged, _) => return Err(diverged(seq, entry.as_ref(), name, kind)),
+            (Resume::UseRecorded, _) => {
+                tracing::Span::current().record("replayed", true);
+                let out = entry
+                    .and_then(|e| e.output)
+                    .unwrap_or(serde_json::Value::Null);
+                return serde_json::from_value(out).map_err(|e| {
+                    JobError::Nondeterminism(format!(
+                        "step {seq} ({name}) recorded an output of another shape: {e}"
+                    ))
+                });
             }
-            match entry.status.as_str() {
-                "completed" => {
-                    tracing::Span::current().record("replayed", true);
-                    let out = entry.output.unwrap_or(serde_json::Value::Null);
-                    return serde_json::from_value(out).map_err(|e| {
-                        JobError::Nondeterminism(format!(
-                            "step {seq} ({name}) recorded an output of another shape: {e}"
-                        ))
-                    });
-                }
-                "started" | "unknown" if entry.replay == "unsafe" => {
-                    let answer = match reconcile {
-                        Some(ask) => ask(key.clone()).await?,
-                        None => Reconciled::Unsupported,
-                    };
-                    match answer {
-                        Reconciled::Happened(output) => {
-                            tracing::info!(op_id = %self.inner.info.op_id, seq, "reconciled: the effect happened");
-                            let value: T = serde_json::from_value(output.clone()).map_err(|e| {
-                                JobError::NonRetryable(format!(
-                                    "reconcile of step {seq} ({name}) returned an output of another shape: {e}"
-                                ))
-                            })?;
-                            self.push(
-                                StepWrite {
-                                    seq,
-                                    name: name.to_string(),
-                                    kind,
-                                    replay: replay.as_str(),
-                                    idempotency_key: key,
-                                    status: "completed",
-                                    output: Some(output),
-                                    error: None,
-                                    started_at: Utc::now(),
-                                    completed_at: Some(Utc::now()),
-                                    usage: None,
-                                    wake_at: None,
-                                },
-                                true,
-                            );
-                            return Ok(value);
-                        }
-                        Reconciled::NotHappened => {
-                            tracing::info!(op_id = %self.inner.info.op_id, seq, "reconciled: the effect did not happen; running it");
-                        }
-                        Reconciled::Unsupported => {
-                            // Fail closed: mark the step unknown, keep its key for a human.
-                            self.push(
-                                StepWrite {
-                                    seq,
-                                    name: name.to_string(),
-                                    kind,
-                                    replay: replay.as_str(),
-                                    idempotency_key: key.clone(),
-                                    status: "unknown",
-                                    output: None,
-                                    error: Some("outcome lost in a crash; not re-run".into()),
-                                    started_at: Utc::now(),
-                                    completed_at: None,
-                                    usage: None,
-                                    wake_at: None,
-                                },
-                                true,
-                            );
-                            self.state().failed_step = Some(seq);
-                            return Err(JobError::UnknownSideEffect {
-                                seq,
-                                name: name.to_string(),
-                                key,
-                            });
-                        }
-                    }
-                }
-                // A safe step left started, or a step that failed on an earlier attempt: run it again.
-                _ => {}
+            (Resume::Reconcile, Some(ask)) => Some(ask(key.clone()).await?),
+            // Nobody to ask: fail closed.
+            (Resume::FailClosed | Resume::Reconcile, _) => Some(Reconciled::Unsupported),
+        };
+        match answer {
+            None => {}
+            Some(Reconciled::Happened(output)) => {
+                tracing::info!(op_id = %self.inner.info.op_id, seq, "reconciled: the effect happened");
+                let value: T = serde_json::from_value(output.clone()).map_err(|e| {
+                    JobError::NonRetryable(format!(
+                        "reconcile of step {seq} ({name}) returned an output of another shape: {e}"
+                    ))
+                })?;
+                let mut done = spec.row(seq, &key, StepStatus::Completed, Utc::now());
+                done.output = Some(output);
+                done.completed_at = Some(Utc::now());
+                self.push(done, true);
+                return Ok(value);
+            }
+            Some(Reconciled::NotHappened) => {
+                tracing::info!(op_id = %self.inner.info.op_id, seq, "reconciled: the effect did not happen; running it");
+            }
+            Some(Reconciled::Unsupported) => {
+                // Fail closed: mark the step unknown, keep its key for a human.
+                let mut unknown = spec.row(seq, &key, StepStatus::Unknown, Utc::now());
+                unknown.error = Some("outcome lost in a crash; not re-run".into());
+                self.push(unknown, true);
+                self.state().failed_step = Some(seq);
+                return Err(JobError::UnknownSideEffect {
+                    seq,
+                    name: name.to_string(),
+                    key,
+                });
             }
         }
 
         let started_at = Utc::now();
-        let row = |status: &'static str| StepWrite {
-            seq,
-            name: name.to_string(),
-            kind,
-            replay: replay.as_str(),
-            idempotency_key: key.clone(),
-            status,
-            output: None,
-            error: None,
-            started_at,
-            completed_at: None,
-            usage: None,
-            wake_at: None,
-        };
+        let row = |status| spec.row(seq, &key, status, started_at);
 
         // Every step finished before this one is durable before it starts; an unsafe step's
         // `started` row too, in the same write.
         if replay == Replay::Unsafe {
-            self.push(row("started"), true);
+            self.push(row(StepStatus::Started), true);
             self.flush().await?;
         } else if self.flush_due() {
             self.flush().await?;
@@ -757,14 +741,14 @@ impl JobContext {
         self.state().current_key = Some(key.clone());
         let ran = Instant::now();
         let outcome = f(key.clone()).await;
-        metrics::STEP_DURATION.observe(&[kind], ran.elapsed().as_secs_f64());
+        metrics::STEP_DURATION.observe(&[kind.as_str()], ran.elapsed().as_secs_f64());
         self.state().current_key = None;
         match outcome {
             Ok((value, usage)) => {
                 let output = serde_json::to_value(&value).map_err(|e| {
                     JobError::NonRetryable(format!("step {name:?} output is not serializable: {e}"))
                 })?;
-                let mut done = row("completed");
+                let mut done = row(StepStatus::Completed);
                 done.output = Some(output);
                 done.usage = usage;
                 done.completed_at = Some(Utc::now());
@@ -778,12 +762,12 @@ impl JobContext {
                 if replay == Replay::Unsafe && e.outcome_unknown() {
                     // The effect may have happened: never run it blindly again. The next
                     // attempt reconciles, or fails closed (the `started` branch above).
-                    let mut unknown = row("unknown");
+                    let mut unknown = row(StepStatus::Unknown);
                     unknown.error = Some(format!("outcome unknown: {e}"));
                     self.push(unknown, true);
                     self.state().failed_step = Some(seq);
                 } else if !matches!(e, JobError::LeaseLost) {
-                    let mut failed = row("failed");
+                    let mut failed = row(StepStatus::Failed);
                     failed.error = Some(e.to_string());
                     failed.completed_at = Some(Utc::now());
                     self.push(failed, !deferred);

@@ -5,6 +5,7 @@
 //! crate, so the context, the model clients and gate, and tools can all return a `JobError`
 //! without depending on each other.
 
+use agentq_core::state::failure::Failure;
 use chrono::{DateTime, Utc};
 
 /// How a job (or one of its steps) failed. The class decides what happens next.
@@ -80,20 +81,36 @@ impl JobError {
         )
     }
 
-    /// The stable snake_case class stored as `error_class`.
+    /// What the failure decision ([`agentq_core::state::failure::after_failure`]) needs to know
+    /// of this error; `None` when the attempt did not fail: the lease was lost (nothing may be
+    /// written) or the job parked itself.
+    pub fn failure(&self) -> Option<Failure> {
+        Some(match self {
+            JobError::Retryable { not_before, .. } => Failure::Retryable {
+                not_before: *not_before,
+            },
+            JobError::NoEffect(_) => Failure::NoEffect,
+            JobError::Panicked(_) => Failure::Panicked,
+            JobError::Overloaded { not_before, .. } => Failure::Overloaded {
+                not_before: *not_before,
+            },
+            JobError::NonRetryable(_) => Failure::NonRetryable,
+            JobError::Nondeterminism(_) => Failure::Nondeterminism,
+            JobError::UnknownSideEffect { .. } => Failure::UnknownSideEffect,
+            JobError::DeadlineExceeded(_) => Failure::DeadlineExceeded,
+            JobError::Cancelled => Failure::Cancelled,
+            JobError::LeaseLost | JobError::Suspended => return None,
+        })
+    }
+
+    /// The stable snake_case class of the error itself, as spans report it: its failure's
+    /// class, or `lease_lost` / `suspended`. (What is stored as `error_class` is decided by
+    /// the failure decision, which may say `retries_exhausted` instead.)
     pub fn class(&self) -> &'static str {
-        match self {
-            JobError::Retryable { .. } | JobError::NoEffect(_) | JobError::Panicked(_) => {
-                "retryable"
-            }
-            JobError::Overloaded { .. } => "overloaded",
-            JobError::NonRetryable(_) => "non_retryable",
-            JobError::Cancelled => "cancelled",
-            JobError::LeaseLost => "lease_lost",
-            JobError::Nondeterminism(_) => "nondeterminism",
-            JobError::UnknownSideEffect { .. } => "unknown_side_effect",
-            JobError::DeadlineExceeded(_) => "deadline_exceeded",
-            JobError::Suspended => "suspended",
+        match (self.failure(), self) {
+            (Some(f), _) => f.class().as_str(),
+            (None, JobError::LeaseLost) => "lease_lost",
+            (None, _) => "suspended",
         }
     }
 }

@@ -1,15 +1,19 @@
 //! Running one claimed operation: replay its journal, call the job function, and settle the
 //! outcome with one fenced statement ([`settle`] is the one place that maps an outcome to a
-//! transition). [`Shared`] is what the operations a worker runs share with it.
+
+//! transition; what a failure leads to is `agentq_core::state::failure::after_failure`).
+//! [`Shared`] is what the operations a worker runs share with it.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use agentq_core::db::{self, Claimed, FailTo};
+use agentq_core::db::{self, Claimed, FailTo, StepWrite};
 use agentq_core::metrics;
 use agentq_core::operation::OperationId;
 use agentq_core::retry;
+use agentq_core::state::failure::{Failure, To, after_failure};
+use agentq_core::state::{ErrorClass, Status, StepStatus};
 use futures_util::FutureExt;
 use serde_json::Value;
 use sqlx::PgPool;
@@ -121,16 +125,17 @@ fn record_outcome(outcome: &Result<Value, JobError>) {
     };
 }
 
-/// Maps a job's outcome to its database transition: the one place that decides what a
-/// failure class means.
+/// Writes a job's outcome as its database transition: the one place mapping an outcome to a
+/// transition. What a failure leads to is decided by
+/// [`agentq_core::state::failure::after_failure`]; this gathers its facts and writes its answer.
 async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result<Value, JobError>) {
     let (steps, failed_step) = ctx.take_pending();
     shared.leases.settling(op.id, op.epoch);
-    // (outcome, failure class) for the metrics, counted once the transition is written.
-    let mut finished: Option<(&'static str, &'static str)> = None;
+    // What the metrics count once the transition is written.
+    let mut finished: Option<Labels> = None;
     let written = match &outcome {
         Ok(result) => {
-            finished = Some(("succeeded", ""));
+            finished = Some((Status::Succeeded.as_str(), None));
             let completion = db::Completion {
                 id: op.id,
                 epoch: op.epoch,
@@ -143,7 +148,6 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
                 .await
                 .map_err(|unwritten| unwritten.error)
         }
-        Err(JobError::LeaseLost) => return,
         Err(JobError::Suspended) => match ctx.take_suspend() {
             Some((run_at, waiting_for)) => {
                 db::timers::suspend_operation(
@@ -158,95 +162,30 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
             }
             None => {
                 // A job returned Suspended without parking through ctx: a bug in the job.
-                finished = Some(("dead", "non_retryable"));
-                db::fail_operation(
-                    shared.pool(),
-                    op.id,
-                    op.epoch,
-                    "non_retryable",
-                    "the job returned Suspended without a ctx.sleep or ctx.wait_for_signal",
-                    FailTo::Dead,
-                    failed_step,
-                    &steps,
-                )
-                .await
+
+                let bug = JobError::NonRetryable(
+                    "the job returned Suspended without a ctx.sleep or ctx.wait_for_signal".into(),
+                );
+                let (written, labels) =
+                    fail(shared, op, &bug, Failure::NonRetryable, failed_step, &steps).await;
+                finished = Some(labels);
+                written
             }
         },
-        Err(e) => {
-            let attempts_left = op.attempt < op.max_attempts;
-            // No attempt is left to reconcile an unsafe step whose outcome this one lost:
-            // the operator gets the step and its key, not just "retries exhausted". (An
-            // overloaded provider parks the operation without using an attempt instead.)
-            let exhausted = !attempts_left && matches!(e, JobError::Retryable { .. });
-            let unknown = steps
-                .iter()
-                .find(|s| s.status == "unknown")
-                .filter(|_| exhausted)
-                .map(|s| JobError::UnknownSideEffect {
-                    seq: s.seq,
-                    name: s.name.clone(),
-                    key: s.idempotency_key.clone(),
-                });
-            let e = unknown.as_ref().unwrap_or(e);
-            let (class, to) = match e {
-                JobError::Retryable { not_before, .. } if attempts_left => (
-                    "retryable",
-                    FailTo::Retry {
-                        run_at: retry::next_run_at(op.attempt, *not_before),
-                        count_attempt: true,
-                    },
-                ),
-                JobError::NoEffect(_) | JobError::Panicked(_) if attempts_left => (
-                    "retryable",
-                    FailTo::Retry {
-                        run_at: retry::next_run_at(op.attempt, None),
-                        count_attempt: true,
-                    },
-                ),
-                JobError::Retryable { .. } | JobError::NoEffect(_) | JobError::Panicked(_) => {
-                    ("retries_exhausted", FailTo::Dead)
-                }
-                // Not the operation's fault: park it, harder, without using up an attempt.
-                JobError::Overloaded { not_before, .. } => (
-                    "overloaded",
-                    FailTo::Retry {
-                        run_at: retry::overloaded_run_at(op.attempt, *not_before),
-                        count_attempt: false,
-                    },
-                ),
-                JobError::Cancelled => ("cancelled", FailTo::Cancelled),
-                other => (other.class(), FailTo::Dead),
-            };
-            finished = Some((
-                match to {
-                    FailTo::Retry {
-                        count_attempt: true,
-                        ..
-                    } => "retry",
-                    FailTo::Retry { .. } => "parked",
-                    FailTo::Dead => "dead",
-                    FailTo::Cancelled => "cancelled",
-                },
-                class,
-            ));
-            tracing::info!(op_id = %op.id, class, attempt = op.attempt, "operation attempt failed");
-            db::fail_operation(
-                shared.pool(),
-                op.id,
-                op.epoch,
-                class,
-                &e.to_string(),
-                to,
-                failed_step,
-                &steps,
-            )
-            .await
-        }
+        Err(e) => match e.failure() {
+            // The lease was lost: this worker writes nothing more for the operation.
+            None => return,
+            Some(failure) => {
+                let (written, labels) = fail(shared, op, e, failure, failed_step, &steps).await;
+                finished = Some(labels);
+                written
+            }
+        },
     };
-    if let (Ok(true), Some((outcome, class))) = (&written, finished) {
+    if let (Ok(true), Some((outcome, failure))) = (&written, finished) {
         metrics::OPERATIONS_FINISHED.inc(&[&op.kind, outcome]);
-        if !matches!(outcome, "succeeded" | "cancelled") {
-            metrics::OPERATION_FAILURES.inc(&[&op.kind, class]);
+        if let Some(class) = failure {
+            metrics::OPERATION_FAILURES.inc(&[&op.kind, class.as_str()]);
         }
     }
     match written {
@@ -259,6 +198,73 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
             "writing the outcome failed; the lease will lapse and the operation rerun"
         ),
     }
+}
+
+/// An outcome as the metrics count it: the `outcome` label of `agentq_operations_finished_total`,
+/// and the class counted by `agentq_operation_failures_total` (none for a success or a cancel).
+type Labels = (&'static str, Option<ErrorClass>);
+
+/// Ends an attempt that failed with `e` (of kind `failure`): gathers the facts (the attempt,
+/// an `unknown` step among the rows to write), asks the failure decision, and writes its answer
+/// with the rows. Returns what was written and its metric labels.
+async fn fail(
+    shared: &Shared,
+    op: &Claimed,
+    e: &JobError,
+    failure: Failure,
+    failed_step: Option<i32>,
+    steps: &[StepWrite],
+) -> (db::Result<bool>, Labels) {
+    let unknown = steps.iter().find(|s| s.status == StepStatus::Unknown);
+    let next = after_failure(failure, op.attempt, op.max_attempts, unknown.is_some());
+    let (to, outcome, message) = match next.to {
+        To::Retry { not_before } => (
+            FailTo::Retry {
+                run_at: retry::next_run_at(op.attempt, not_before),
+                count_attempt: true,
+            },
+            "retry",
+            e.to_string(),
+        ),
+        To::Park { not_before } => (
+            FailTo::Retry {
+                run_at: retry::overloaded_run_at(op.attempt, not_before),
+                count_attempt: false,
+            },
+            "parked",
+            e.to_string(),
+        ),
+        To::Dead { unknown_step } => {
+            // No attempt is left to reconcile the unsafe step whose outcome this one lost:
+            // the operator gets the step and its key, not just "retries exhausted".
+            let message = match unknown.filter(|_| unknown_step) {
+                Some(s) => JobError::UnknownSideEffect {
+                    seq: s.seq,
+                    name: s.name.clone(),
+                    key: s.idempotency_key.clone(),
+                }
+                .to_string(),
+                None => e.to_string(),
+            };
+            (FailTo::Dead, Status::Dead.as_str(), message)
+        }
+        To::Cancelled => (FailTo::Cancelled, Status::Cancelled.as_str(), e.to_string()),
+    };
+    let class = next.class;
+    tracing::info!(op_id = %op.id, class = class.as_str(), attempt = op.attempt, "operation attempt failed");
+    let written = db::fail_operation(
+        shared.pool(),
+        op.id,
+        op.epoch,
+        class,
+        &message,
+        to,
+        failed_step,
+        steps,
+    )
+    .await;
+    let failed = (next.to != To::Cancelled).then_some(class);
+    (written, (outcome, failed))
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {

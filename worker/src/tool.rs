@@ -7,24 +7,9 @@ use serde_json::Value;
 
 use crate::error::JobError;
 
-/// Whether a step may run again after a crash left its outcome unknown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Replay {
-    /// Idempotent, or called with its idempotency key: run again on recovery.
-    Safe,
-    /// A side effect that must not repeat: reconcile or fail closed on recovery.
-    Unsafe,
-}
-
-impl Replay {
-    /// How the journal's `replay` column spells it.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Replay::Safe => "safe",
-            Replay::Unsafe => "unsafe",
-        }
-    }
-}
+/// Whether a step may run again after a crash left its outcome unknown (a typed state of
+/// `agentq_core::state`, re-exported for kinds).
+pub use agentq_core::state::Replay;
 
 /// What the outside system says about an effect whose outcome was lost in a crash.
 #[derive(Clone, Debug, PartialEq)]

@@ -8,6 +8,7 @@ use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
 use super::{Dispatch, NewOperation, Result};
+use crate::state::BatchStatus;
 
 /// A batch as stored.
 #[derive(Clone, Debug, Serialize, FromRow)]
@@ -21,7 +22,7 @@ pub struct Batch {
     #[serde(skip)]
     pub instructions: String,
     pub options: Value,
-    pub status: String,
+    pub status: BatchStatus,
     pub canary: Option<i32>,
     pub documents: i32,
     pub pause_window: i32,
@@ -51,7 +52,7 @@ pub async fn create_batch(pool: &PgPool, b: &Batch, actor: &str) -> Result<(Batc
     .bind(&b.target)
     .bind(&b.instructions)
     .bind(&b.options)
-    .bind(&b.status)
+    .bind(b.status)
     .bind(b.canary)
     .bind(b.documents)
     .bind(b.pause_window)
@@ -65,7 +66,7 @@ pub async fn create_batch(pool: &PgPool, b: &Batch, actor: &str) -> Result<(Batc
             "batch_start",
             b.id,
             None,
-            Some(&created.status),
+            Some(created.status.as_str()),
             None,
         )
         .await?;
@@ -152,18 +153,18 @@ pub async fn insert_operations(pool: &PgPool, ops: &[NewOperation]) -> Result<Ve
 pub async fn transition(
     pool: &PgPool,
     id: Uuid,
-    from: &[&str],
-    to: &str,
+    from: &[BatchStatus],
+    to: BatchStatus,
     actor: &str,
     reason: Option<&str>,
-) -> Result<Option<String>> {
+) -> Result<Option<BatchStatus>> {
     let mut tx = pool.begin().await?;
-    let before: Option<String> =
+    let before: Option<BatchStatus> =
         sqlx::query_scalar("SELECT status FROM batches WHERE id = $1 FOR UPDATE")
             .bind(id)
             .fetch_optional(&mut *tx)
             .await?;
-    let Some(before) = before.filter(|s| from.contains(&s.as_str())) else {
+    let Some(before) = before.filter(|s| from.contains(s)) else {
         return Ok(None);
     };
     sqlx::query(
@@ -190,8 +191,8 @@ pub async fn transition(
         actor,
         &format!("batch_{to}"),
         id,
-        Some(&before),
-        Some(to),
+        Some(before.as_str()),
+        Some(to.as_str()),
         reason,
     )
     .await?;

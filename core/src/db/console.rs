@@ -243,7 +243,7 @@ pub struct BatchRow {
     pub id: Uuid,
     pub tenant_id: String,
     pub kind: String,
-    pub status: String,
+    pub status: crate::state::BatchStatus,
     pub documents: i32,
     pub paused_reason: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -302,8 +302,7 @@ pub async fn inbox(
     );
     q.push(super::dead_letters::FINGERPRINT)
         .push(" AS fingerprint FROM dead_letters d LEFT JOIN operations o ON o.id = d.op_id");
-    q.push(" WHERE d.status = ")
-        .push_bind(filter.status.clone().unwrap_or_else(|| "open".into()));
+    q.push(" WHERE d.status = ").push_bind(filter.status());
     if let Some(t) = &filter.tenant {
         q.push(" AND d.tenant_id = ").push_bind(t.clone());
     }

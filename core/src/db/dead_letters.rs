@@ -11,6 +11,7 @@ use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
 use uuid::Uuid;
 
 use super::Result;
+use crate::state::{DeadLetterStatus, DlqAction, ErrorClass, Status, StepStatus};
 
 /// Largest raw message body kept for a poison message.
 pub const RAW_MESSAGE_CAP: usize = 64 * 1024;
@@ -27,7 +28,7 @@ pub struct DeadLetterView {
     pub attempts: i32,
     pub failed_step: Option<i32>,
     pub created_at: DateTime<Utc>,
-    pub status: String,
+    pub status: DeadLetterStatus,
     pub resolved_by: Option<String>,
     pub resolved_at: Option<DateTime<Utc>>,
     pub note: Option<String>,
@@ -45,13 +46,18 @@ pub struct Filter {
     pub since: Option<DateTime<Utc>>,
     pub batch: Option<Uuid>,
     /// `open` unless asked otherwise.
-    pub status: Option<String>,
+    pub status: Option<DeadLetterStatus>,
 }
 
 impl Filter {
+    /// The status the filter covers: `open` unless asked otherwise.
+    pub fn status(&self) -> DeadLetterStatus {
+        self.status.unwrap_or(DeadLetterStatus::Open)
+    }
+
     fn push_where(&self, q: &mut QueryBuilder<Postgres>) {
         q.push(" WHERE d.status = ");
-        q.push_bind(self.status.clone().unwrap_or_else(|| "open".into()));
+        q.push_bind(self.status());
         if let Some(t) = &self.tenant {
             q.push(" AND d.tenant_id = ").push_bind(t.clone());
         }
@@ -113,7 +119,7 @@ pub async fn explain_list(pool: &PgPool, filter: &Filter, limit: i64) -> Result<
     // The same SQL as a page, with the same values bound in the same order.
     let sql = format!("EXPLAIN {}", list_query(filter, limit, None).sql().as_str());
     let mut query = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
-    query = query.bind(filter.status.clone().unwrap_or_else(|| "open".into()));
+    query = query.bind(filter.status());
     for v in [&filter.tenant, &filter.kind, &filter.class]
         .into_iter()
         .flatten()
@@ -277,7 +283,7 @@ pub enum ActionError {
     #[error("dead letter {id} is already {status}{}", by.as_ref().map(|b| format!(" (by {b})")).unwrap_or_default())]
     NotOpen {
         id: Uuid,
-        status: String,
+        status: DeadLetterStatus,
         by: Option<String>,
     },
     #[error("{0}")]
@@ -321,11 +327,12 @@ pub enum Action {
 }
 
 impl Action {
-    fn name(&self) -> &'static str {
+    /// Which action it is, for the decisions of [`DlqAction`] and the audit trail.
+    pub fn kind(&self) -> DlqAction {
         match self {
-            Action::Retry { .. } => "retry",
-            Action::Resolve(_) => "resolve",
-            Action::Discard => "discard",
+            Action::Retry { .. } => DlqAction::Retry,
+            Action::Resolve(_) => DlqAction::Resolve,
+            Action::Discard => DlqAction::Discard,
         }
     }
 }
@@ -344,14 +351,15 @@ pub struct Requeued {
 struct Locked {
     id: Uuid,
     op_id: Option<Uuid>,
-    class: String,
-    status: String,
+    class: ErrorClass,
+    status: DeadLetterStatus,
     failed_step: Option<i32>,
     resolved_by: Option<String>,
 }
 
 /// Performs `action` on the dead letter `id` (or the open one of operation `id`). Returns the
-/// re-queued operation, if any.
+/// re-queued operation, if any. What the action does to the dead letter and its operation, and
+/// which classes it fits, is [`DlqAction`]'s.
 pub async fn act(
     pool: &PgPool,
     id: Uuid,
@@ -370,34 +378,27 @@ pub async fn act(
     .fetch_optional(&mut *tx)
     .await?;
     let dl = dl.ok_or(ActionError::NotFound(id))?;
-    if dl.status != "open" {
+    if dl.status != DeadLetterStatus::Open {
         return Err(ActionError::NotOpen {
             id: dl.id,
             status: dl.status,
             by: dl.resolved_by,
         });
     }
-    let new_status = match action {
-        Action::Retry { .. } => "retried",
-        Action::Resolve(_) => "resolved",
-        Action::Discard => "discarded",
-    };
-    if let Action::Retry { .. } = action
-        && dl.class == "unknown_side_effect"
-    {
-        return Err(ActionError::Refused(format!(
-            "dead letter {} is an unknown_side_effect: a retry would stop at the same unknown step; \
-             say what happened with `agentq dlq resolve {} --happened|--did-not-happen`",
-            dl.id, dl.id
-        )));
-    }
-    if let Action::Resolve(_) = action
-        && dl.class != "unknown_side_effect"
-    {
-        return Err(ActionError::Refused(format!(
-            "dead letter {} is {}, not unknown_side_effect: resolve is for unknown steps; use retry or discard",
-            dl.id, dl.class
-        )));
+    let kind = action.kind();
+    let new_status = kind.dead_letter_after();
+    if !kind.fits(dl.class) {
+        return Err(ActionError::Refused(match kind {
+            DlqAction::Retry => format!(
+                "dead letter {} is an unknown_side_effect: a retry would stop at the same unknown step; \
+                 say what happened with `agentq dlq resolve {} --happened|--did-not-happen`",
+                dl.id, dl.id
+            ),
+            _ => format!(
+                "dead letter {} is {}, not unknown_side_effect: resolve is for unknown steps; use retry or discard",
+                dl.id, dl.class
+            ),
+        }));
     }
     if dl.op_id.is_none() && !matches!(action, Action::Discard) {
         return Err(ActionError::Refused(format!(
@@ -409,15 +410,15 @@ pub async fn act(
     let mut requeued = None;
     let mut details = serde_json::json!({});
     if let Some(op_id) = dl.op_id {
-        let status: Option<String> =
+        let status: Option<Status> =
             sqlx::query_scalar("SELECT status FROM operations WHERE id = $1 FOR UPDATE")
                 .bind(op_id)
                 .fetch_optional(&mut *tx)
                 .await?;
-        if status.as_deref() != Some("dead") {
+        if status != Some(Status::Dead) {
             return Err(ActionError::Refused(format!(
                 "operation {op_id} is {}, not dead",
-                status.unwrap_or_else(|| "gone".into())
+                status.map_or("gone", Status::as_str)
             )));
         }
         if let Action::Resolve(outcome) = action {
@@ -425,9 +426,9 @@ pub async fn act(
                 ActionError::Refused(format!("dead letter {} names no failed step", dl.id))
             })?;
             let (step_status, output, error) = match outcome {
-                Outcome::Happened(v) => ("completed", Some(v.clone()), None),
+                Outcome::Happened(v) => (StepStatus::Completed, Some(v.clone()), None),
                 Outcome::DidNotHappen => (
-                    "failed",
+                    StepStatus::Failed,
                     None,
                     Some(format!("operator {}: did not happen", actor.name)),
                 ),
@@ -498,10 +499,10 @@ pub async fn act(
     .bind(&actor.reason)
     .execute(&mut *tx)
     .await?;
-    let status_after = match (action, dl.op_id) {
-        (_, None) => new_status,
-        (Action::Discard, Some(_)) => "discarded",
-        (_, Some(_)) => "queued",
+    // The audit names the operation's statuses, or the dead letter's when it has no operation.
+    let (status_before, status_after) = match dl.op_id {
+        Some(_) => (Status::Dead.as_str(), kind.operation_after().as_str()),
+        None => (DeadLetterStatus::Open.as_str(), new_status.as_str()),
     };
     sqlx::query(
         "INSERT INTO operator_actions (actor, action, op_id, dead_letter_id, reason,
@@ -509,11 +510,11 @@ pub async fn act(
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(&actor.name)
-    .bind(action.name())
+    .bind(kind.as_str())
     .bind(dl.op_id)
     .bind(dl.id)
     .bind(&actor.reason)
-    .bind(if dl.op_id.is_some() { "dead" } else { "open" })
+    .bind(status_before)
     .bind(status_after)
     .bind(&details)
     .execute(&mut *tx)

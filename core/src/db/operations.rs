@@ -13,7 +13,8 @@ use uuid::Uuid;
 
 use super::steps::{bind_journal, bind_steps, journal_cte, journal_many_cte, owned_rows};
 use super::{Result, StepWrite};
-use crate::operation::{Lane, OperationId, OperationView, Status};
+use crate::operation::{Lane, OperationId, OperationView};
+use crate::state::{ErrorClass, Status, terminal_sql};
 
 /// What an enqueue asks to store.
 #[derive(Clone, Debug)]
@@ -82,7 +83,8 @@ pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Res
             epoch,
         });
     }
-    let (id, status, input_sha256): (Uuid, String, String) = sqlx::query_as(
+    // A status this build does not know is a decoding error, never a guess.
+    let (id, status, input_sha256): (Uuid, Status, String) = sqlx::query_as(
         "SELECT id, status, input_sha256 FROM operations WHERE tenant_id = $1 AND dedupe_key = $2",
     )
     .bind(&op.tenant)
@@ -91,7 +93,7 @@ pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Res
     .await?;
     Ok(Inserted::Existing {
         id: OperationId(id),
-        status: status.parse().unwrap_or(Status::Queued),
+        status,
         input_sha256,
     })
 }
@@ -102,7 +104,7 @@ struct OperationRow {
     tenant_id: String,
     kind: String,
     lane: String,
-    status: String,
+    status: Status,
     attempt: i32,
     max_attempts: i32,
     restarts: i32,
@@ -127,7 +129,7 @@ impl From<OperationRow> for OperationView {
             tenant: r.tenant_id,
             kind: r.kind,
             lane: r.lane.parse().unwrap_or_default(),
-            status: r.status.parse().unwrap_or(Status::Queued),
+            status: r.status,
             attempt: r.attempt,
             max_attempts: r.max_attempts,
             restarts: r.restarts,
@@ -198,7 +200,7 @@ pub async fn claim_operations(
     owner: &str,
     lease_ttl: Duration,
 ) -> Result<Vec<Claimed>> {
-    let rows = sqlx::query_as(
+    let rows = sqlx::query_as(concat!(
         "WITH locked AS (
             -- Lock in id order: batches of overlapping ids (duplicate pointers on two workers,
             -- dispatch marks) then queue behind each other instead of deadlocking.
@@ -221,14 +223,16 @@ pub async fn claim_operations(
             AND (o.ordering_key IS NULL OR NOT EXISTS (
                     SELECT 1 FROM operations p
                      WHERE p.tenant_id = o.tenant_id AND p.ordering_key = o.ordering_key
-                       AND p.status NOT IN ('succeeded', 'dead', 'cancelled', 'discarded')
+                       AND p.status NOT IN ",
+        terminal_sql!(),
+        "
                        AND (p.created_at, p.id) < (o.created_at, o.id)))
             -- A paused or cancelled batch starts nothing; resuming re-dispatches its queue.
             AND NOT in_stopped_batch(o.batch_id)
       RETURNING o.id, o.tenant_id, o.kind, o.input, o.epoch, o.attempt, o.max_attempts,
                 o.restarts, o.deadline, o.request_id, o.traceparent,
-                EXISTS (SELECT 1 FROM operation_steps s WHERE s.op_id = o.id) AS has_journal",
-    )
+                EXISTS (SELECT 1 FROM operation_steps s WHERE s.op_id = o.id) AS has_journal"
+    ))
     .bind(ids)
     .bind(owner)
     .bind(lease_ttl.as_secs_f64())
@@ -344,7 +348,7 @@ pub async fn fail_operation(
     pool: &PgPool,
     id: Uuid,
     epoch: i64,
-    class: &str,
+    class: ErrorClass,
     message: &str,
     to: FailTo,
     failed_step: Option<i32>,
@@ -354,9 +358,9 @@ pub async fn fail_operation(
         FailTo::Retry {
             run_at,
             count_attempt,
-        } => ("queued", Some(run_at), !count_attempt),
-        FailTo::Dead => ("dead", None, false),
-        FailTo::Cancelled => ("cancelled", None, false),
+        } => (Status::Queued, Some(run_at), !count_attempt),
+        FailTo::Dead => (Status::Dead, None, false),
+        FailTo::Cancelled => (Status::Cancelled, None, false),
     };
     let done: Option<Uuid> = bind_journal(
         sqlx::query_scalar(concat!(
@@ -531,8 +535,9 @@ pub struct Reaped {
     pub kind: String,
     pub lane: String,
     pub epoch: i64,
-    /// `queued` (will run again) or `dead` (`crash_loop`).
-    pub status: String,
+    /// `queued` (will run again) or `dead` (`crash_loop`): see
+    /// [`crate::state::failure::after_lease_expiry`].
+    pub status: Status,
     pub restarts: i32,
     /// The unsafe step that was in flight (`started` in the journal), if any.
     pub in_flight: Option<i32>,
@@ -541,13 +546,23 @@ pub struct Reaped {
 /// Recovers up to `limit` running operations whose lease expired (their worker died or hung):
 /// `restarts + 1` and the attempt given back, back to `queued`, or `dead` with class `crash_loop` (and an open dead letter)
 /// when restarts exceed `restart_limit`. The message names the step in flight.
+/// The decision is [`crate::state::failure::after_lease_expiry`], written here as SQL so one
+/// statement decides many rows; a test checks the two agree.
 pub async fn reap_expired_leases(
     pool: &PgPool,
     restart_limit: i32,
     limit: i64,
 ) -> Result<Vec<Reaped>> {
-    let rows = sqlx::query_as(
-        "WITH expired AS (
+    let rows = sqlx::query_as(REAP_EXPIRED_LEASES)
+        .bind(restart_limit)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows)
+}
+
+/// The reaper's statement: `$1` the restart limit, `$2` how many rows at most.
+const REAP_EXPIRED_LEASES: &str = "WITH expired AS (
             SELECT o.id,
                    (SELECT s.seq FROM operation_steps s
                      WHERE s.op_id = o.id AND s.status = 'started'
@@ -586,14 +601,7 @@ pub async fn reap_expired_leases(
               FROM reaped WHERE status = 'dead'
             ON CONFLICT (op_id) WHERE status = 'open' DO NOTHING
          )
-         SELECT id, tenant_id, kind, lane, epoch, status, restarts, in_flight FROM reaped",
-    )
-    .bind(restart_limit)
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows)
-}
+         SELECT id, tenant_id, kind, lane, epoch, status, restarts, in_flight FROM reaped";
 
 /// Hands operations back on a graceful shutdown: each still running at `epoch` under `owner`
 /// returns to `queued` without counting a restart or using up its attempt, for the dispatch
@@ -654,4 +662,33 @@ pub async fn clear_dispatched(pool: &PgPool, taken: &[(Uuid, i64)]) -> Result<u6
     .await?
     .rows_affected();
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::failure::after_lease_expiry;
+
+    /// The reaper's SQL is [`after_lease_expiry`] for many rows: the same boundary
+    /// (`restarts + 1 > limit`), the same statuses and classes on each side of it.
+    #[test]
+    fn the_reaper_sql_mirrors_the_lease_expiry_decision() {
+        let limit = 3;
+        let (dead, crash_loop) = after_lease_expiry(limit, limit);
+        let (queued, lease_expired) = after_lease_expiry(limit - 1, limit);
+        let sql = REAP_EXPIRED_LEASES;
+        for expected in [
+            format!("status = CASE WHEN o.restarts + 1 > $1 THEN '{dead}' ELSE '{queued}' END"),
+            format!(
+                "error_class = CASE WHEN o.restarts + 1 > $1 THEN '{crash_loop}' ELSE '{lease_expired}' END"
+            ),
+            format!("SELECT gen_random_uuid(), id, tenant_id, kind, '{crash_loop}', error_message"),
+            format!("FROM reaped WHERE status = '{dead}'"),
+        ] {
+            assert!(
+                sql.contains(&expected),
+                "the reaper's SQL lacks {expected:?}"
+            );
+        }
+    }
 }

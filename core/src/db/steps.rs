@@ -11,19 +11,17 @@ use uuid::Uuid;
 
 use super::Result;
 use crate::operation::StepView;
+use crate::state::{Replay, StepKind, StepStatus};
 
 /// One journal row to write (a step started, or a step finished).
 #[derive(Clone, Debug)]
 pub struct StepWrite {
     pub seq: i32,
     pub name: String,
-    /// `model`, `tool`, `sleep`, `signal`, `now` or `custom`.
-    pub kind: &'static str,
-    /// `safe` or `unsafe`.
-    pub replay: &'static str,
+    pub kind: StepKind,
+    pub replay: Replay,
     pub idempotency_key: String,
-    /// `started`, `completed`, `failed` or `unknown`.
-    pub status: &'static str,
+    pub status: StepStatus,
     pub output: Option<Value>,
     pub error: Option<String>,
     pub started_at: DateTime<Utc>,
@@ -37,10 +35,10 @@ pub struct StepWrite {
 pub(crate) struct StepColumns {
     pub seq: Vec<i32>,
     pub name: Vec<String>,
-    pub kind: Vec<String>,
-    pub replay: Vec<String>,
+    pub kind: Vec<StepKind>,
+    pub replay: Vec<Replay>,
     pub key: Vec<String>,
-    pub status: Vec<String>,
+    pub status: Vec<StepStatus>,
     pub output: Vec<Option<Value>>,
     pub error: Vec<Option<String>>,
     pub started_at: Vec<DateTime<Utc>>,
@@ -69,10 +67,10 @@ impl StepColumns {
         for s in steps {
             c.seq.push(s.seq);
             c.name.push(s.name.clone());
-            c.kind.push(s.kind.to_string());
-            c.replay.push(s.replay.to_string());
+            c.kind.push(s.kind);
+            c.replay.push(s.replay);
             c.key.push(s.idempotency_key.clone());
-            c.status.push(s.status.to_string());
+            c.status.push(s.status);
             c.output.push(s.output.clone());
             c.error.push(s.error.clone());
             c.started_at.push(s.started_at);
@@ -268,15 +266,16 @@ pub async fn record_steps_many(pool: &PgPool, batch: &[StepBatch]) -> Result<Vec
 pub struct JournalEntry {
     pub seq: i32,
     pub name: String,
-    pub kind: String,
-    pub replay: String,
-    pub status: String,
+    pub kind: StepKind,
+    pub replay: Replay,
+    pub status: StepStatus,
     pub output: Option<Value>,
     pub error: Option<String>,
     pub wake_at: Option<DateTime<Utc>>,
 }
 
-/// Loads the journal of an operation in sequence order (replay reads it once per claim).
+/// Loads the journal of an operation in sequence order (replay reads it once per claim). A row
+/// with a kind, policy or status this build does not know is an error: nothing may replay it.
 pub async fn load_journal(pool: &PgPool, id: Uuid) -> Result<Vec<JournalEntry>> {
     let rows = sqlx::query_as(
         "SELECT seq, name, kind, replay, status, output, error, wake_at
@@ -292,9 +291,9 @@ pub async fn load_journal(pool: &PgPool, id: Uuid) -> Result<Vec<JournalEntry>> 
 struct StepRow {
     seq: i32,
     name: String,
-    kind: String,
-    replay: String,
-    status: String,
+    kind: StepKind,
+    replay: Replay,
+    status: StepStatus,
     idempotency_key: String,
     epoch: i64,
     started_at: DateTime<Utc>,

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::steps::{bind_journal, journal_cte};
 use super::{Dispatch, Result, StepWrite};
+use crate::state::{Status, can_transition, terminal_sql};
 
 /// Parks a running operation: `sleeping` until `run_at`, or `waiting` for the signal
 /// `waiting_for` until `run_at` (its timeout). Pending journal rows are written in the same
@@ -208,8 +209,16 @@ pub async fn explain_wake_due(pool: &PgPool) -> Result<String> {
 /// (`deadline_exceeded`, with a dead letter). Running ones are stopped by their worker at the
 /// next step boundary. Returns their ids and kinds.
 pub async fn expire_deadlines(pool: &PgPool, limit: i64) -> Result<Vec<(Uuid, String)>> {
-    let rows = sqlx::query_as(
-        "WITH expired AS (
+    let rows = sqlx::query_as(EXPIRE_DEADLINES)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows)
+}
+
+/// The deadline sweep: `$1` how many rows at most. Its outcome is what
+/// [`crate::state::failure::after_failure`] decides for `DeadlineExceeded` (a test checks).
+const EXPIRE_DEADLINES: &str = "WITH expired AS (
             SELECT id FROM operations
              WHERE deadline < now() AND status IN ('queued', 'sleeping', 'waiting')
              ORDER BY deadline
@@ -229,28 +238,24 @@ pub async fn expire_deadlines(pool: &PgPool, limit: i64) -> Result<Vec<(Uuid, St
               FROM dead
             ON CONFLICT (op_id) WHERE status = 'open' DO NOTHING
          )
-         SELECT id, kind FROM dead",
-    )
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows)
-}
+         SELECT id, kind FROM dead";
 
 /// Deletes up to `limit` finished operations (with their journals and signals) that finished
 /// more than `days` ago; a dead one still waiting for a human (open dead letter) is kept. Their
 /// dedupe keys become reusable.
 pub async fn delete_expired(pool: &PgPool, days: u32, limit: i64) -> Result<u64> {
-    let n = sqlx::query(
+    let n = sqlx::query(concat!(
         "DELETE FROM operations WHERE id IN (
             SELECT o.id FROM operations o
-             WHERE o.status IN ('succeeded', 'cancelled', 'discarded', 'dead')
+             WHERE o.status IN ",
+        terminal_sql!(),
+        "
                AND o.finished_at < now() - make_interval(days => $1)
                AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.op_id = o.id AND d.status = 'open')
              ORDER BY o.finished_at
              LIMIT $2
-               FOR UPDATE SKIP LOCKED)",
-    )
+               FOR UPDATE SKIP LOCKED)"
+    ))
     .bind(days as i32)
     .bind(limit)
     .execute(pool)
@@ -266,13 +271,13 @@ pub enum Sent {
     Woke(Dispatch),
     /// Kept for a later wait of that name (the operation is not waiting for it now).
     Kept {
-        status: String,
+        status: Status,
         waiting_for: Option<String>,
     },
     /// A signal of that name is already pending (not consumed yet); nothing changed.
     AlreadyPending,
     /// The operation is finished; nothing was kept.
-    Finished(String),
+    Finished(Status),
     /// No such operation (in this tenant).
     NotFound,
 }
@@ -292,7 +297,7 @@ pub async fn send_signal(
     reason: Option<&str>,
 ) -> Result<Sent> {
     let mut tx = pool.begin().await?;
-    let row: Option<(String, Option<String>)> = sqlx::query_as(
+    let row: Option<(Status, Option<String>)> = sqlx::query_as(
         "SELECT status, waiting_for FROM operations
           WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2) FOR UPDATE",
     )
@@ -303,7 +308,7 @@ pub async fn send_signal(
     let Some((status, waiting_for)) = row else {
         return Ok(Sent::NotFound);
     };
-    if ["succeeded", "dead", "cancelled", "discarded"].contains(&status.as_str()) {
+    if status.is_terminal() {
         return Ok(Sent::Finished(status));
     }
     let stored = sqlx::query(
@@ -335,9 +340,9 @@ pub async fn send_signal(
     .fetch_optional(&mut *tx)
     .await?;
     let after = if woke.is_some() {
-        "queued"
+        Status::Queued
     } else {
-        status.as_str()
+        status
     };
     sqlx::query(
         "INSERT INTO operator_actions (actor, action, op_id, reason, status_before, status_after, details)
@@ -347,7 +352,7 @@ pub async fn send_signal(
     .bind(action)
     .bind(op)
     .bind(reason)
-    .bind(&status)
+    .bind(status)
     .bind(after)
     .bind(serde_json::json!({ "signal": name }))
     .execute(&mut *tx)
@@ -370,7 +375,7 @@ pub enum Cancelled {
     /// It is running: its worker stops it at the next step boundary.
     Requested,
     /// It had already finished (its status); nothing changed.
-    Finished(String),
+    Finished(Status),
     /// No such operation (in this tenant).
     NotFound,
 }
@@ -385,7 +390,7 @@ pub async fn cancel_operation(
     reason: Option<&str>,
 ) -> Result<Cancelled> {
     let mut tx = pool.begin().await?;
-    let status: Option<String> = sqlx::query_scalar(
+    let status: Option<Status> = sqlx::query_scalar(
         "SELECT status FROM operations WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2) FOR UPDATE",
     )
     .bind(op)
@@ -395,8 +400,16 @@ pub async fn cancel_operation(
     let Some(status) = status else {
         return Ok(Cancelled::NotFound);
     };
-    let outcome = match status.as_str() {
-        "queued" | "sleeping" | "waiting" => {
+    let outcome = match status {
+        // A running operation is stopped by its worker, which writes the transition.
+        Status::Running => {
+            sqlx::query("UPDATE operations SET cancel_requested = true WHERE id = $1")
+                .bind(op)
+                .execute(&mut *tx)
+                .await?;
+            Cancelled::Requested
+        }
+        s if can_transition(s, Status::Cancelled) => {
             sqlx::query(
                 "UPDATE operations
                     SET status = 'cancelled', error_class = 'cancelled', error_message = $2,
@@ -412,14 +425,7 @@ pub async fn cancel_operation(
             .await?;
             Cancelled::Now
         }
-        "running" => {
-            sqlx::query("UPDATE operations SET cancel_requested = true WHERE id = $1")
-                .bind(op)
-                .execute(&mut *tx)
-                .await?;
-            Cancelled::Requested
-        }
-        other => return Ok(Cancelled::Finished(other.to_string())),
+        other => return Ok(Cancelled::Finished(other)),
     };
     sqlx::query(
         "INSERT INTO operator_actions (actor, action, op_id, reason, status_before, status_after)
@@ -428,14 +434,40 @@ pub async fn cancel_operation(
     .bind(actor)
     .bind(op)
     .bind(reason)
-    .bind(&status)
+    .bind(status)
     .bind(if outcome == Cancelled::Now {
-        "cancelled"
+        Status::Cancelled
     } else {
-        "running"
+        Status::Running
     })
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
     Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::failure::{Failure, after_failure};
+
+    /// The deadline sweep ends an operation as the failure decision ends a running one whose
+    /// deadline passed.
+    #[test]
+    fn the_deadline_sql_mirrors_the_failure_decision() {
+        let next = after_failure(Failure::DeadlineExceeded, 1, 5, false);
+        let (status, class) = (next.to.status(), next.class);
+        for expected in [
+            format!("SET status = '{status}', error_class = '{class}',"),
+            format!("SELECT gen_random_uuid(), id, tenant_id, kind, '{class}', error_message"),
+        ] {
+            assert!(
+                EXPIRE_DEADLINES.contains(&expected),
+                "the deadline sweep lacks {expected:?}"
+            );
+        }
+        for from in [Status::Queued, Status::Sleeping, Status::Waiting] {
+            assert!(can_transition(from, status));
+        }
+    }
 }

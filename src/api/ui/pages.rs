@@ -412,12 +412,12 @@ async fn operation_page(state: &UiState, session: &Session, id: &str, revealed: 
             body.push_str(&format!(
                 "<li class=\"{}\"><strong>#{} {}</strong> <span class=\"muted\">{} · {}</span> {}\
                  <div class=\"meta\">started {} · took {} · epoch {}{}</div>",
-                esc(&s.status),
+                esc(s.status.as_str()),
                 s.seq,
                 esc(&s.name),
-                esc(&s.kind),
-                esc(&s.replay),
-                badge(&s.status),
+                esc(s.kind.as_str()),
+                esc(s.replay.as_str()),
+                badge(s.status.as_str()),
                 time(s.started_at),
                 esc(&took),
                 s.epoch,
@@ -715,7 +715,7 @@ pub async fn batches(State(state): State<Arc<UiState>>, session: Session) -> UiR
                 &b.id.to_string()[..8],
                 esc(&b.tenant_id),
                 esc(&b.kind),
-                badge(&b.status),
+                badge(b.status.as_str()),
                 b.paused_reason
                     .as_deref()
                     .map(|r| format!("<div class=\"muted\">{}</div>", esc(r)))
