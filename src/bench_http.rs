@@ -193,7 +193,11 @@ pub async fn http(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
         .await
         .context("listening on 127.0.0.1")?;
     let url: Arc<str> = format!("http://{}/v1/operations", listener.local_addr()?).into();
-    let app = crate::api::router(crate::api::state(&config, pool.clone(), shutdown.clone()));
+    let app = agentq_http::router(agentq_http::state(
+        &config,
+        crate::commands::app(&config, pool.clone(), "api"),
+        shutdown.clone(),
+    ));
     let server = tokio::spawn(
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.clone().cancelled_owned())

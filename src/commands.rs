@@ -61,7 +61,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             with_metrics(
                 &config,
                 Some(metrics_pool),
-                crate::api::serve(&config, pool, &config.listen, shutdown),
+                agentq_http::serve(&config, app(&config, pool, "api"), &config.listen, shutdown),
             )
             .await
         }
@@ -265,9 +265,13 @@ async fn dev(config: Config) -> anyhow::Result<()> {
             worker.run(shutdown.clone()),
             scheduler.run(shutdown.clone()),
             async {
-                let served =
-                    crate::api::serve(&config, pool.clone(), &config.listen, shutdown.clone())
-                        .await;
+                let served = agentq_http::serve(
+                    &config,
+                    app(&config, pool.clone(), "api"),
+                    &config.listen,
+                    shutdown.clone(),
+                )
+                .await;
                 if served.is_err() {
                     shutdown.cancel();
                 }
@@ -291,7 +295,7 @@ async fn with_metrics(
     let Some(addr) = config.metrics_addr.as_deref() else {
         return run.await;
     };
-    let endpoint = crate::api::meta::MetricsEndpoint::bind(addr, pool).await?;
+    let endpoint = agentq_http::meta::MetricsEndpoint::bind(addr, pool).await?;
     let stop = CancellationToken::new();
     let (ran, served) = tokio::join!(
         async {
@@ -563,57 +567,14 @@ async fn cancel(
     Ok(())
 }
 
-/// Parses a point in time given as RFC 3339, or as a duration (`90s`, `30m`, `2h`, `3d`) from
-/// now into the future (`ahead`) or the past. `what` names the flag in the error.
+/// Parses a point in time as `agentq_app::time::parse_moment` does; a bad one is refused
+/// (exit 2) naming `what`.
 pub fn parse_moment(
     s: &str,
     what: &str,
     ahead: bool,
 ) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
-    // Years PostgreSQL, chrono and a person all agree on; a moment outside is a typo.
-    let in_range =
-        |t: chrono::DateTime<chrono::Utc>| (1970..=9999).contains(&chrono::Datelike::year(&t));
-    let far = || {
-        refuse(format!(
-            "{what} {s:?} is outside the years 1970–9999: give a nearer time"
-        ))
-    };
-    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
-        let t = t.with_timezone(&chrono::Utc);
-        return if in_range(t) { Ok(t) } else { Err(far()) };
-    }
-    let bad = || {
-        refuse(format!(
-            "{what} {s:?}: use RFC 3339 or a duration like 90s, 30m, 2h, 7d"
-        ))
-    };
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: i64 = num.parse().map_err(|_| {
-        if !num.is_empty() && num.chars().all(|c| c.is_ascii_digit()) {
-            far()
-        } else {
-            bad()
-        }
-    })?;
-    let unit_secs = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86400,
-        _ => return Err(bad()),
-    };
-    let now = chrono::Utc::now();
-    n.checked_mul(unit_secs)
-        .and_then(chrono::Duration::try_seconds)
-        .and_then(|d| {
-            if ahead {
-                now.checked_add_signed(d)
-            } else {
-                now.checked_sub_signed(d)
-            }
-        })
-        .filter(|t| in_range(*t))
-        .ok_or_else(far)
+    agentq_app::time::parse_moment(s, what, ahead).map_err(refuse)
 }
 
 /// A point in the future: RFC 3339, or a duration from now.

@@ -8,7 +8,6 @@ use agentq_app as app;
 use agentq_core::Config;
 use agentq_core::db::dead_letters::{self, Filter};
 use agentq_core::operation::OperationId;
-use agentq_core::state::DeadLetterStatus;
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -144,48 +143,9 @@ pub fn parse_since(s: &str) -> anyhow::Result<DateTime<Utc>> {
     crate::commands::parse_moment(s, "since", false)
 }
 
-/// Builds a dead-letter filter from its parts as a user typed them (CLI flags or query
-/// parameters), saying which part is wrong.
-pub fn build_filter(
-    tenant: Option<&str>,
-    kind: Option<&str>,
-    class: Option<&str>,
-    since: Option<&str>,
-    batch: Option<&str>,
-    status: Option<&str>,
-) -> Result<Filter, (&'static str, String)> {
-    let batch = batch
-        .map(|b| {
-            Uuid::parse_str(b)
-                .map_err(|_| ("batch", format!("batch {b:?} is not a batch id (a UUID)")))
-        })
-        .transpose()?;
-    let status = status
-        .map(|s| {
-            s.parse::<DeadLetterStatus>().map_err(|_| {
-                (
-                    "status",
-                    format!("status {s:?}: use open, retried, resolved or discarded"),
-                )
-            })
-        })
-        .transpose()?;
-    let since = since
-        .map(|s| parse_since(s).map_err(|e| ("since", e.to_string())))
-        .transpose()?;
-    Ok(Filter {
-        tenant: tenant.map(String::from),
-        kind: kind.map(String::from),
-        class: class.map(String::from),
-        since,
-        batch,
-        status,
-    })
-}
-
 impl FilterArgs {
     fn parse(&self) -> anyhow::Result<Filter> {
-        build_filter(
+        app::dlq::build_filter(
             self.tenant.as_deref(),
             self.kind.as_deref(),
             self.class.as_deref(),

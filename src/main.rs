@@ -3,7 +3,6 @@
 //! says what and why), 1 anything else.
 
 mod access;
-mod api;
 mod batch;
 mod bench;
 mod bench_durable;

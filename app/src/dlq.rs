@@ -2,10 +2,13 @@
 //! resolve an unknown side effect, discard — and the details a person reads before acting.
 //! The CLI's bulk forms call [`act`] once per selected dead letter.
 
-use agentq_core::db::dead_letters::{self, Action, ActionError, Actor, DeadLetterView, Outcome};
+use agentq_core::db::dead_letters::{
+    self, Action, ActionError, Actor, DeadLetterView, Filter, Outcome,
+};
 use agentq_core::db::{self};
 use agentq_core::dispatch::Target;
 use agentq_core::operation::{OperationId, input_sha256};
+use agentq_core::state::DeadLetterStatus;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -52,6 +55,46 @@ impl Acted {
     pub fn to_json(&self) -> Value {
         json!({ "id": self.id, "result": self.done, "op_id": self.op_id })
     }
+}
+
+/// Builds a dead-letter filter from its parts as a user typed them (CLI flags, query
+/// parameters, form fields), saying which part is wrong: `(field, message)`, the message
+/// starting with the field's name.
+pub fn build_filter(
+    tenant: Option<&str>,
+    kind: Option<&str>,
+    class: Option<&str>,
+    since: Option<&str>,
+    batch: Option<&str>,
+    status: Option<&str>,
+) -> Result<Filter, (&'static str, String)> {
+    let batch = batch
+        .map(|b| {
+            Uuid::parse_str(b)
+                .map_err(|_| ("batch", format!("batch {b:?} is not a batch id (a UUID)")))
+        })
+        .transpose()?;
+    let status = status
+        .map(|s| {
+            s.parse::<DeadLetterStatus>().map_err(|_| {
+                (
+                    "status",
+                    format!("status {s:?}: use open, retried, resolved or discarded"),
+                )
+            })
+        })
+        .transpose()?;
+    let since = since
+        .map(|s| crate::time::parse_since(s, "since").map_err(|e| ("since", e)))
+        .transpose()?;
+    Ok(Filter {
+        tenant: tenant.map(String::from),
+        kind: kind.map(String::from),
+        class: class.map(String::from),
+        since,
+        batch,
+        status,
+    })
 }
 
 /// The dead letter `id` (or the open one of operation `id`) in the caller's scope.

@@ -6,13 +6,15 @@
 //!
 //! - [`operations`]: signal, approve / reject, cancel;
 //! - [`dlq`]: retry, resolve, discard one dead letter;
-//! - [`batches`]: pause, resume, cancel a batch.
+//! - [`batches`]: start, pause, resume, cancel a batch, and its progress;
+//! - [`time`]: times and durations as people type them.
 
 pub mod batches;
 pub mod caller;
 pub mod dlq;
 pub mod error;
 pub mod operations;
+pub mod time;
 
 use std::sync::Arc;
 

@@ -1518,32 +1518,13 @@ pub(crate) fn urlencode(s: &str) -> String {
         .collect()
 }
 
-/// The routes of the contract, as OpenAPI path templates.
-const ROUTES: &[(&str, &str)] = &[
-    ("post", "/v1/operations"),
-    ("get", "/v1/operations/{id}"),
-    ("get", "/v1/operations/{id}/steps"),
-    ("get", "/v1/operations/{id}/events"),
-    ("post", "/v1/operations/{id}/signals/{name}"),
-    ("post", "/v1/operations/{id}/cancel"),
-    ("post", "/v1/operations/{id}/approve"),
-    ("post", "/v1/operations/{id}/reject"),
-    ("post", "/v1/webhooks/{source}"),
-    ("get", "/v1/dlq"),
-    ("get", "/v1/dlq/stats"),
-    ("get", "/v1/dlq/{id}"),
-    ("post", "/v1/dlq/{id}/retry"),
-    ("post", "/v1/dlq/{id}/resolve"),
-    ("post", "/v1/dlq/{id}/discard"),
-    ("get", "/v1/batches/{id}"),
-    ("post", "/v1/batches/{id}/pause"),
-    ("post", "/v1/batches/{id}/resume"),
-    ("post", "/v1/batches/{id}/cancel"),
-    ("get", "/healthz"),
-    ("get", "/readyz"),
-    ("get", "/metrics"),
-    ("get", "/openapi.json"),
-];
+/// The routes of the contract, as OpenAPI path templates: the table the server builds its
+/// router and its document from.
+fn routes() -> impl Iterator<Item = (&'static str, &'static str)> {
+    agentq_http::openapi::ROUTES
+        .iter()
+        .map(|r| (r.method, r.path))
+}
 
 #[tokio::test]
 async fn api_health_metrics_and_an_openapi_document_that_matches_the_routes() {
@@ -1632,8 +1613,7 @@ async fn api_health_metrics_and_an_openapi_document_that_matches_the_routes() {
     let paths = doc["paths"]
         .as_object()
         .unwrap_or_else(|| panic!("no paths in the document"));
-    let missing: Vec<String> = ROUTES
-        .iter()
+    let missing: Vec<String> = routes()
         .filter(|(m, p)| paths.get(*p).and_then(|item| item.get(*m)).is_none())
         .map(|(m, p)| format!("{} {p}", m.to_uppercase()))
         .collect();
@@ -1680,7 +1660,7 @@ async fn api_health_metrics_and_an_openapi_document_that_matches_the_routes() {
         }
     }
     assert!(
-        called >= ROUTES.len(),
+        called >= routes().count() && routes().count() >= 23,
         "only {called} documented operations"
     );
     app.cleanup().await;

@@ -16,7 +16,6 @@ use serde_json::{Value, json};
 use super::auth::{Caller, Role};
 use super::problem::{ApiError, ApiResult};
 use super::{ApiState, Params, QueryParams, body, parse_id};
-use crate::dlq as ops;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -43,7 +42,7 @@ impl FilterQuery {
             (Some(own), _) => Some(own.to_string()),
             (None, t) => t.clone(),
         };
-        ops::build_filter(
+        app::dlq::build_filter(
             tenant.as_deref(),
             self.kind.as_deref(),
             self.class.as_deref(),
@@ -77,7 +76,7 @@ pub async fn list(
         .after
         .as_deref()
         .map(|a| {
-            ops::parse_cursor(a).map_err(|_| {
+            app::dlq::parse_cursor(a).ok_or_else(|| {
                 ApiError::bad_request("after is not a cursor from a previous page").field("after")
             })
         })

@@ -1,7 +1,12 @@
 //! `GET /openapi.json`: the OpenAPI 3.1 description of the routes, built from one table
 //! ([`ROUTES`]); a test requests every entry against a running server.
 
+use std::sync::Arc;
+
 use axum::Json;
+use axum::routing::{MethodRouter, get, post};
+
+use crate::{ApiState, batches, dlq, events, meta, operations, webhooks};
 use serde_json::{Value, json};
 
 /// Who may call a route.
@@ -14,10 +19,13 @@ pub enum Access {
     Operator,
 }
 
-/// One route: method, path (axum syntax `{param}`), summary, access, request schema, success.
+/// One route: method, path (axum syntax `{param}`), its handler, summary, access, request
+/// schema, success. The router ([`crate::router`]), the OpenAPI document ([`spec`]) and the
+/// route tests all read [`ROUTES`], so a route exists in all three or in none.
 pub struct Route {
     pub method: &'static str,
     pub path: &'static str,
+    pub handler: fn() -> MethodRouter<Arc<ApiState>>,
     pub summary: &'static str,
     pub access: Access,
     pub body: Option<&'static str>,
@@ -27,6 +35,7 @@ pub struct Route {
 const fn r(
     method: &'static str,
     path: &'static str,
+    handler: fn() -> MethodRouter<Arc<ApiState>>,
     summary: &'static str,
     access: Access,
     body: Option<&'static str>,
@@ -35,6 +44,7 @@ const fn r(
     Route {
         method,
         path,
+        handler,
         summary,
         access,
         body,
@@ -47,6 +57,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "post",
         "/v1/operations",
+        || post(operations::create),
         "Enqueue an operation (Idempotency-Key: same key + same body → the same operation; a different body → 422)",
         Access::Producer,
         Some("CreateOperation"),
@@ -55,6 +66,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "get",
         "/v1/operations/{id}",
+        || get(operations::show),
         "Read an operation",
         Access::Producer,
         None,
@@ -63,6 +75,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "get",
         "/v1/operations/{id}/steps",
+        || get(operations::steps),
         "Read an operation's journal",
         Access::Producer,
         None,
@@ -71,6 +84,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "get",
         "/v1/operations/{id}/events",
+        || get(events::stream),
         "Server-Sent Events of the operation's life, resumable with Last-Event-ID; ends at a terminal status",
         Access::Producer,
         None,
@@ -79,6 +93,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "post",
         "/v1/operations/{id}/signals/{name}",
+        || post(operations::signal),
         "Send a signal (the body is its JSON payload, or empty)",
         Access::Producer,
         Some("AnyJson"),
@@ -87,6 +102,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "post",
         "/v1/operations/{id}/cancel",
+        || post(operations::cancel),
         "Cancel an operation (at once, or at the next step boundary if running)",
         Access::Producer,
         Some("CancelRequest"),
@@ -95,6 +111,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "post",
         "/v1/operations/{id}/approve",
+        || post(operations::approve),
         "Approve: the signal approval with {\"approved\": true, \"by\", \"reason\"}, audited as approve (an operator's act unless AGENTQ_PRODUCER_MAY_APPROVE)",
         Access::Operator,
         Some("CancelRequest"),
@@ -103,6 +120,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "post",
         "/v1/operations/{id}/reject",
+        || post(operations::reject),
         "Reject: the signal approval with {\"approved\": false, \"by\", \"reason\"}, audited as reject",
         Access::Operator,
         Some("CancelRequest"),
@@ -111,6 +129,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "post",
         "/v1/webhooks/{source}",
+        || post(webhooks::deliver),
         "Deliver a Standard Webhooks event; webhook-id deduplicates retries",
         Access::Signed,
         Some("AnyJson"),
@@ -119,6 +138,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "get",
         "/v1/dlq",
+        || get(dlq::list),
         "List dead letters (keyset pages, newest first)",
         Access::Operator,
         None,
@@ -127,6 +147,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "get",
         "/v1/dlq/stats",
+        || get(dlq::stats),
         "Open dead letters grouped by class, kind and reason fingerprint",
         Access::Operator,
         None,
@@ -135,6 +156,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "get",
         "/v1/dlq/{id}",
+        || get(dlq::show),
         "A dead letter with its operation, journal and audit history",
         Access::Operator,
         None,
@@ -143,6 +165,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "post",
         "/v1/dlq/{id}/retry",
+        || post(dlq::retry),
         "Re-queue a dead operation from its failed step, optionally patching its input",
         Access::Operator,
         Some("RetryRequest"),
@@ -151,6 +174,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "post",
         "/v1/dlq/{id}/resolve",
+        || post(dlq::resolve),
         "Say whether an unknown side effect happened, then re-queue",
         Access::Operator,
         Some("ResolveRequest"),
@@ -159,6 +183,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "post",
         "/v1/dlq/{id}/discard",
+        || post(dlq::discard),
         "Discard a dead letter for good, with a reason",
         Access::Operator,
         Some("DiscardRequest"),
@@ -167,6 +192,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "get",
         "/v1/batches/{id}",
+        || get(batches::show),
         "A batch's progress: totals by status, rate, ETA, token usage, top failures",
         Access::Operator,
         None,
@@ -175,6 +201,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "post",
         "/v1/batches/{id}/pause",
+        || post(batches::pause),
         "Pause a running or canary batch (nothing new starts; audited)",
         Access::Operator,
         Some("ReasonRequest"),
@@ -183,6 +210,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "post",
         "/v1/batches/{id}/resume",
+        || post(batches::resume),
         "Resume a paused batch, or run the rest of a canary (enqueues missing documents, re-dispatches its queue)",
         Access::Operator,
         Some("ReasonRequest"),
@@ -191,6 +219,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "post",
         "/v1/batches/{id}/cancel",
+        || post(batches::cancel),
         "Cancel every unfinished operation of a batch (audited)",
         Access::Operator,
         Some("ReasonRequest"),
@@ -199,6 +228,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "get",
         "/healthz",
+        || get(meta::healthz),
         "Liveness",
         Access::Public,
         None,
@@ -207,6 +237,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "get",
         "/readyz",
+        || get(meta::readyz),
         "Readiness: PostgreSQL and RabbitMQ reachable",
         Access::Public,
         None,
@@ -215,6 +246,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "get",
         "/metrics",
+        || get(meta::metrics),
         "Prometheus metrics (every tenant's counts; AGENTQ_METRICS_ADDR serves them without a token)",
         Access::Operator,
         None,
@@ -223,6 +255,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "get",
         "/openapi.json",
+        || get(document),
         "This document",
         Access::Public,
         None,

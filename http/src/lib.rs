@@ -1,6 +1,7 @@
-//! `agentq serve`: the HTTP API. Producers enqueue, read, signal and cancel;
-//! senders deliver signed webhooks; operators work the DLQ; monitors probe health, readiness
-//! and metrics. The routes call the same library functions as the CLI.
+//! agentq-http: the HTTP API and the operator console (`agentq serve`). Producers enqueue,
+//! read, signal and cancel; senders deliver signed webhooks; operators work the DLQ and
+//! batches; monitors probe health, readiness and metrics. Handlers parse, call the application
+//! layer (`agentq-app`, the same functions as the CLI) and render.
 //!
 //! Invariants kept here: every route that takes an id filters by the caller's tenant
 //! ([`auth::Caller::scope`]); bad input is answered 4xx before anything is written; a request
@@ -11,7 +12,7 @@ mod batches;
 mod body;
 mod dlq;
 mod events;
-pub(crate) mod meta;
+pub mod meta;
 pub mod openapi;
 mod operations;
 mod problem;
@@ -32,7 +33,6 @@ use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use futures_util::FutureExt as _;
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
@@ -238,39 +238,22 @@ fn parse_id(s: &str, field: &str) -> Result<uuid::Uuid, ApiError> {
         .map_err(|e| ApiError::bad_request(e).field(field))
 }
 
-/// The API's routes (shared by `serve`, `dev` and the OpenAPI test).
+/// The API's routes, from [`openapi::ROUTES`] (shared by `serve`, `dev` and the benchmark).
 pub fn router(state: Arc<ApiState>) -> Router {
-    let timed = Router::new()
-        .route("/v1/operations", post(operations::create))
-        .route("/v1/operations/{id}", get(operations::show))
-        .route("/v1/operations/{id}/steps", get(operations::steps))
-        .route(
-            "/v1/operations/{id}/signals/{name}",
-            post(operations::signal),
-        )
-        .route("/v1/operations/{id}/cancel", post(operations::cancel))
-        .route("/v1/operations/{id}/approve", post(operations::approve))
-        .route("/v1/operations/{id}/reject", post(operations::reject))
-        .route("/v1/webhooks/{source}", post(webhooks::deliver))
-        .route("/v1/dlq", get(dlq::list))
-        .route("/v1/dlq/stats", get(dlq::stats))
-        .route("/v1/dlq/{id}", get(dlq::show))
-        .route("/v1/dlq/{id}/retry", post(dlq::retry))
-        .route("/v1/dlq/{id}/resolve", post(dlq::resolve))
-        .route("/v1/dlq/{id}/discard", post(dlq::discard))
-        .route("/v1/batches/{id}", get(batches::show))
-        .route("/v1/batches/{id}/pause", post(batches::pause))
-        .route("/v1/batches/{id}/resume", post(batches::resume))
-        .route("/v1/batches/{id}/cancel", post(batches::cancel))
-        .route("/healthz", get(meta::healthz))
-        .route("/readyz", get(meta::readyz))
-        .route("/metrics", get(meta::metrics))
-        .route("/openapi.json", get(openapi::document))
-        .layer(middleware::from_fn(timeout));
+    // Every route of the table; event streams are exempt from the request timeout.
+    let (mut timed, mut streams) = (Router::new(), Router::new());
+    for r in openapi::ROUTES {
+        if r.path.ends_with("/events") {
+            streams = streams.route(r.path, (r.handler)());
+        } else {
+            timed = timed.route(r.path, (r.handler)());
+        }
+    }
+    let timed = timed.layer(middleware::from_fn(timeout));
     Router::new()
         .merge(timed)
         .merge(ui::router(state.clone()))
-        .route("/v1/operations/{id}/events", get(events::stream))
+        .merge(streams)
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(middleware::from_fn(catch_panic))
@@ -408,9 +391,9 @@ async fn observe(State(state): State<Arc<ApiState>>, req: Request, next: Next) -
     response
 }
 
-/// Builds the API's state: its own producer and dispatcher over `pool`.
-pub fn state(config: &Config, pool: PgPool, shutdown: CancellationToken) -> Arc<ApiState> {
-    let app = crate::commands::app(config, pool.clone(), "api");
+/// Builds the API's state over `app` (its pool, producer and dispatcher).
+pub fn state(config: &Config, app: agentq_app::App, shutdown: CancellationToken) -> Arc<ApiState> {
+    let pool = app.pool.clone();
     Arc::new(ApiState {
         pool,
         producer: app.producer.clone(),
@@ -436,7 +419,7 @@ pub fn state(config: &Config, pool: PgPool, shutdown: CancellationToken) -> Arc<
 /// Serves the API on `listen` until `shutdown`; prints the bound address once listening.
 pub async fn serve(
     config: &Config,
-    pool: PgPool,
+    app: agentq_app::App,
     listen: &str,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -444,11 +427,11 @@ pub async fn serve(
         anyhow::anyhow!("cannot listen on {listen}: {e}; pick another --listen address")
     })?;
     let addr: SocketAddr = listener.local_addr()?;
-    let state = state(config, pool, shutdown.clone());
-    let app = router(state.clone());
+    let state = state(config, app, shutdown.clone());
+    let router = router(state.clone());
     println!("listening on http://{addr}");
     tracing::info!(%addr, "agentq serve listening");
-    axum::serve(listener, app)
+    axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await?;
     state.dispatcher.close().await;
@@ -457,6 +440,8 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests {
+    use axum::routing::get;
+
     use super::*;
 
     #[tokio::test]

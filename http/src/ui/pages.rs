@@ -143,7 +143,7 @@ fn parse_time(s: &str, field: &str) -> UiResult<DateTime<Utc>> {
             return Ok(t.and_utc());
         }
     }
-    crate::dlq::parse_since(s).map_err(|_| {
+    app::time::parse_since(s, field).map_err(|_| {
         UiError::bad_request(format!(
             "{field} is not a time: give 2026-01-31T12:00 (UTC), RFC 3339, or an age such as 2h"
         ))
@@ -176,8 +176,8 @@ pub async fn operations(
     };
     let after = non_empty(&q.after)
         .map(|a| {
-            crate::dlq::parse_cursor(&a)
-                .map_err(|_| UiError::bad_request("after is not a cursor from a previous page"))
+            app::dlq::parse_cursor(&a)
+                .ok_or_else(|| UiError::bad_request("after is not a cursor from a previous page"))
         })
         .transpose()?;
     let rows = console::list_operations(&state.api.pool, &filter, PAGE, after).await?;
