@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::Subcommand;
 use serde_json::json;
 
-use crate::commands::{Refused, connect};
+use crate::commands::{connect, refuse};
 
 #[derive(Subcommand)]
 pub enum TokensCommand {
@@ -132,10 +132,6 @@ pub enum StoresCommand {
         #[arg(long = "as")]
         actor: Option<String>,
     },
-}
-
-fn refuse(msg: impl Into<String>) -> anyhow::Error {
-    Refused(msg.into()).into()
 }
 
 fn name_ok(what: &str, s: &str) -> anyhow::Result<()> {

@@ -20,7 +20,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
 
-use crate::commands::{Refused, cli_app, cli_error, done};
+use crate::commands::{cli_app, cli_error, done, refuse};
 
 #[derive(Subcommand)]
 pub enum BatchCommand {
@@ -109,10 +109,6 @@ pub struct StartArgs {
     pub actor: Option<String>,
     #[arg(long)]
     pub json: bool,
-}
-
-fn refuse(msg: impl Into<String>) -> anyhow::Error {
-    Refused(msg.into()).into()
 }
 
 /// The CLI's progress bar for long batch work (hidden when stderr is not a terminal).

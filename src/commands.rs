@@ -22,7 +22,8 @@ use crate::cli::{Cli, Command, EnqueueArgs};
 #[error("{0}")]
 pub struct Refused(pub String);
 
-fn refuse(msg: impl Into<String>) -> anyhow::Error {
+/// A refusal of the caller's input: printed as is, exit code 2.
+pub(crate) fn refuse(msg: impl Into<String>) -> anyhow::Error {
     Refused(msg.into()).into()
 }
 

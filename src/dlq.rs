@@ -14,7 +14,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::commands::{Refused, cli_app, cli_error, connect, done};
+use crate::commands::{cli_app, cli_error, connect, done, refuse};
 
 #[derive(Subcommand)]
 pub enum DlqCommand {
@@ -132,10 +132,6 @@ pub struct BulkArgs {
     pub reason: Option<String>,
     #[arg(long)]
     pub json: bool,
-}
-
-fn refuse(msg: impl Into<String>) -> anyhow::Error {
-    Refused(msg.into()).into()
 }
 
 /// A point in the past: RFC 3339, or a duration ago (30m, 2h, 7d).

@@ -167,22 +167,7 @@ pub fn accepted(op: OperationId, created: bool, status: &str) -> Response {
 /// Maps a refused or failed enqueue to its answer.
 pub fn enqueue_error(e: EnqueueError) -> ApiError {
     match e {
-        EnqueueError::Invalid(msg) => {
-            let field = if msg.starts_with("unknown kind") {
-                "/kind"
-            } else if msg.contains("ordering key") {
-                "/ordering_key"
-            } else if msg.contains("dedupe key") {
-                "Idempotency-Key"
-            } else if msg.starts_with("max attempts") {
-                "/max_attempts"
-            } else if msg.starts_with("deadline") {
-                "/deadline"
-            } else {
-                "/input"
-            };
-            ApiError::unprocessable(msg).field(field)
-        }
+        EnqueueError::Invalid { field, message } => ApiError::unprocessable(message).field(field),
         EnqueueError::KeyConflict { key, op_id } => ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "idempotency-key-reused",

@@ -64,8 +64,13 @@ pub struct Enqueued {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The request itself is wrong; nothing was written. The message says what to change.
-    #[error("{0}")]
-    Invalid(String),
+    #[error("{message}")]
+    Invalid {
+        /// The request field at fault, as the HTTP API names it (`/kind`, `/input`,
+        /// `/ordering_key`, `Idempotency-Key`, `/max_attempts`, `/deadline`, `/tenant`).
+        field: &'static str,
+        message: String,
+    },
     /// The dedupe key already names an operation with a different input; nothing was written.
     #[error(
         "dedupe key {key:?} already names operation {op_id} with a different input; \
@@ -80,7 +85,14 @@ pub enum Error {
 impl Error {
     /// True when the caller's input was refused (exit code 2, HTTP 4xx).
     pub fn is_refusal(&self) -> bool {
-        matches!(self, Error::Invalid(_) | Error::KeyConflict { .. })
+        matches!(self, Error::Invalid { .. } | Error::KeyConflict { .. })
+    }
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> Error {
+    Error::Invalid {
+        field,
+        message: message.into(),
     }
 }
 
@@ -158,7 +170,7 @@ impl Producer {
     ) -> Result<Pending, Error> {
         let (op, needs) = self.validate(req)?;
         if let Some(why) = stores::refusal(conn, &op.tenant, &needs).await? {
-            return Err(Error::Invalid(why));
+            return Err(invalid("/input", why));
         }
         match db::insert_operation(conn, &op).await? {
             Inserted::Created { id, epoch } => Ok(Pending {
@@ -292,68 +304,84 @@ impl Producer {
     /// The operation to insert and the stores its input names (checked by the caller against
     /// the tenant's, in the database).
     fn validate(&self, req: EnqueueRequest) -> Result<(NewOperation, Vec<Need>), Error> {
-        let tenant = TenantId::parse(&req.tenant).map_err(Error::Invalid)?;
+        let tenant = TenantId::parse(&req.tenant).map_err(|e| invalid("/tenant", e))?;
         if !self.kinds.contains(&req.kind) {
             let known: Vec<&str> = self.kinds().collect();
-            return Err(Error::Invalid(format!(
-                "unknown kind {:?}; this deployment runs: {}",
-                req.kind,
-                known.join(", ")
-            )));
+            return Err(invalid(
+                "/kind",
+                format!(
+                    "unknown kind {:?}; this deployment runs: {}",
+                    req.kind,
+                    known.join(", ")
+                ),
+            ));
         }
         if let Some(at) = agentq_core::operation::nul_at(&req.input) {
-            return Err(Error::Invalid(format!(
-                "input{} contains the NUL character (\\u0000), which cannot be stored; remove it",
-                if at == "/" {
-                    String::new()
-                } else {
-                    format!(" at {at}")
-                }
-            )));
+            return Err(invalid(
+                "/input",
+                format!(
+                    "input{} contains the NUL character (\\u0000), which cannot be stored; remove it",
+                    if at == "/" {
+                        String::new()
+                    } else {
+                        format!(" at {at}")
+                    }
+                ),
+            ));
         }
         let requires = match &self.check {
-            Some(check) => check(&req.kind, &req.input).map_err(Error::Invalid)?,
+            Some(check) => check(&req.kind, &req.input).map_err(|e| invalid("/input", e))?,
             None => Requires::default(),
         };
         if requires.webhook_only && req.origin != Origin::Webhook {
-            return Err(Error::Invalid(format!(
-                "kind {:?} runs only for the deliveries of a webhook source, which hold its \
+            return Err(invalid(
+                "/kind",
+                format!(
+                    "kind {:?} runs only for the deliveries of a webhook source, which hold its \
                  configuration; an admin adds one with `agentq webhooks add --kind {} --config …`",
-                req.kind, req.kind
-            )));
+                    req.kind, req.kind
+                ),
+            ));
         }
         let size = serde_json::to_vec(&req.input)
             .map(|v| v.len())
             .unwrap_or(usize::MAX);
         if size > MAX_INPUT_BYTES {
-            return Err(Error::Invalid(format!(
-                "input is {size} bytes; the limit is {MAX_INPUT_BYTES} (store large documents \
+            return Err(invalid(
+                "/input",
+                format!(
+                    "input is {size} bytes; the limit is {MAX_INPUT_BYTES} (store large documents \
                  elsewhere and pass a reference)"
-            )));
+                ),
+            ));
         }
-        for (what, key) in [
-            ("dedupe key", &req.dedupe_key),
-            ("ordering key", &req.ordering_key),
+        for (what, field, key) in [
+            ("dedupe key", "Idempotency-Key", &req.dedupe_key),
+            ("ordering key", "/ordering_key", &req.ordering_key),
         ] {
             if let Some(k) = key
                 && (k.is_empty() || k.len() > MAX_KEY_LEN)
             {
-                return Err(Error::Invalid(format!(
-                    "{what} must be 1-{MAX_KEY_LEN} characters (got {})",
-                    k.len()
-                )));
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{what} must be 1-{MAX_KEY_LEN} characters (got {})",
+                        k.len()
+                    ),
+                ));
             }
         }
         let max_attempts = req.max_attempts.unwrap_or(self.default_max_attempts);
         if !(1..=1000).contains(&max_attempts) {
-            return Err(Error::Invalid(format!(
-                "max attempts must be between 1 and 1000 (got {max_attempts})"
-            )));
+            return Err(invalid(
+                "/max_attempts",
+                format!("max attempts must be between 1 and 1000 (got {max_attempts})"),
+            ));
         }
         if let (Some(run_at), Some(deadline)) = (req.run_at, req.deadline)
             && deadline <= run_at
         {
-            return Err(Error::Invalid("deadline must be after run_at".into()));
+            return Err(invalid("/deadline", "deadline must be after run_at"));
         }
         let op = NewOperation {
             id: OperationId::new(),
