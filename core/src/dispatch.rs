@@ -15,7 +15,6 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use lapin::Connection;
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -69,7 +68,7 @@ impl From<db::Dispatch> for Target {
 struct Link {
     /// Shared so a broker call on it (a queue depth) runs without holding the link's lock:
     /// publishes never wait behind such a call.
-    conn: std::sync::Arc<Connection>,
+    conn: std::sync::Arc<broker::Connection>,
     publisher: Publisher,
 }
 
@@ -193,7 +192,7 @@ impl Dispatcher {
     /// queue depths through it).
     pub async fn with_connection<T>(
         &self,
-        f: impl AsyncFnOnce(&Connection) -> broker::Result<T>,
+        f: impl AsyncFnOnce(&broker::Connection) -> broker::Result<T>,
     ) -> Result<T, Error> {
         self.publisher().await?;
         let conn = self.link.lock().await.as_ref().map(|l| l.conn.clone());

@@ -272,6 +272,49 @@ pub fn check_producer_key(key: &str) -> Result<(), String> {
     }
 }
 
+/// What operations may do with a store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    Read,
+    Write,
+    ReadWrite,
+}
+
+impl Access {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Write => "write",
+            Access::ReadWrite => "read_write",
+        }
+    }
+
+    /// Parses `read`, `write`, `read_write` (or `read-write`).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "read" => Ok(Access::Read),
+            "write" => Ok(Access::Write),
+            "read_write" | "read-write" => Ok(Access::ReadWrite),
+            _ => Err(format!("access {s:?}: use read, write or read_write")),
+        }
+    }
+
+    /// True when a store with this access grants `wanted`.
+    pub fn grants(self, wanted: Access) -> bool {
+        self == Access::ReadWrite || self == wanted
+    }
+}
+
+/// What an input asks of a store: the producer checks it at enqueue.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Need {
+    /// The input field that names the store (`source.store`), for the error message.
+    pub field: &'static str,
+    pub store: String,
+    pub access: Access,
+}
+
 /// Where an enqueue comes from, as far as a kind cares: some kinds (`triage`) take their
 /// configuration from a webhook source and run only for that source's deliveries.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -288,7 +331,7 @@ pub enum Origin {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Requires {
     /// The stores it names, with the access it needs (the tenant must have them).
-    pub stores: Vec<crate::db::stores::Need>,
+    pub stores: Vec<Need>,
     /// The kind runs only for webhook deliveries ([`Origin::Webhook`]).
     pub webhook_only: bool,
 }

@@ -39,12 +39,9 @@ pub async fn healthz() -> Json<serde_json::Value> {
 
 /// `GET /readyz`: PostgreSQL and RabbitMQ are reachable (503 naming the one that is not).
 pub async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
-    let pg = tokio::time::timeout(
-        Duration::from_secs(2),
-        sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pool),
-    )
-    .await
-    .is_ok_and(|r| r.is_ok());
+    let pg = tokio::time::timeout(Duration::from_secs(2), agentq_core::db::ping(&state.pool))
+        .await
+        .is_ok_and(|r| r.is_ok());
     let mq = state.broker_up().await;
     let word = |up: bool| if up { "ok" } else { "down" };
     let code = if pg && mq {

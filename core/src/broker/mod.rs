@@ -8,11 +8,14 @@ mod consumer;
 mod publisher;
 mod topology;
 
+/// A broker connection, for code outside this module that holds one (`dispatch`).
+pub use lapin::Connection;
+
 pub use consumer::{Consumer, Delivery};
 pub use publisher::Publisher;
 pub use topology::{Names, declare_topology, delete_topology, purge_lane, queue_depth};
 
-use lapin::{Connection, ConnectionProperties};
+use lapin::ConnectionProperties;
 
 /// Deliveries a queue allows before the broker dead-letters a message (set explicitly: 3.10
 /// has no default).

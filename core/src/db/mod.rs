@@ -52,6 +52,14 @@ fn options(url: &str) -> Result<PgConnectOptions> {
         .map(|o| o.disable_statement_logging())
 }
 
+/// One round trip to PostgreSQL (`SELECT 1`): what readiness probes ask.
+pub async fn ping(pool: &PgPool) -> Result<()> {
+    sqlx::query_scalar::<_, i32>("SELECT 1")
+        .fetch_one(pool)
+        .await?;
+    Ok(())
+}
+
 /// Opens a pool. `acquire_timeout` is short so an exhausted pool shows up as an error, not a hang.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
     let pool = PgPoolOptions::new()

@@ -8,8 +8,9 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
+
+pub use crate::operation::{Access, Need};
 
 use super::Result;
 use super::access::audit;
@@ -37,40 +38,6 @@ pub const AGENTQ_TABLES: &[&str] = &[
 
 /// Schemas no store may live in: PostgreSQL's catalogs.
 const SYSTEM_SCHEMAS: &[&str] = &["pg_catalog", "information_schema", "pg_toast"];
-
-/// What operations may do with a store.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Access {
-    Read,
-    Write,
-    ReadWrite,
-}
-
-impl Access {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Access::Read => "read",
-            Access::Write => "write",
-            Access::ReadWrite => "read_write",
-        }
-    }
-
-    /// Parses `read`, `write`, `read_write` (or `read-write`).
-    pub fn parse(s: &str) -> Result<Self, String> {
-        match s {
-            "read" => Ok(Access::Read),
-            "write" => Ok(Access::Write),
-            "read_write" | "read-write" => Ok(Access::ReadWrite),
-            _ => Err(format!("access {s:?}: use read, write or read_write")),
-        }
-    }
-
-    /// True when a store with this access grants `wanted`.
-    pub fn grants(self, wanted: Access) -> bool {
-        self == Access::ReadWrite || self == wanted
-    }
-}
 
 /// Where a store is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,15 +90,6 @@ pub struct Store {
     pub access: Access,
     pub created_by: String,
     pub created_at: chrono::DateTime<chrono::Utc>,
-}
-
-/// What an input asks of a store: the producer checks it at enqueue.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Need {
-    /// The input field that names the store (`source.store`), for the error message.
-    pub field: &'static str,
-    pub store: String,
-    pub access: Access,
 }
 
 /// A store name: 1-64 letters, digits, `_`, `-`, `.`.
