@@ -10,9 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::fake_model::{FakeModel, Mode};
-use crate::harness::TestApp;
-
-const DEADLINE: Duration = Duration::from_secs(30);
+use crate::harness::{DEADLINE, TestApp};
 
 /// A directory removed when dropped.
 struct TempDir(PathBuf);

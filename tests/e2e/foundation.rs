@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::harness::TestApp;
+use crate::harness::{DEADLINE, TestApp};
 use agentq_core::broker::{self, Publisher};
 use agentq_core::db;
 use agentq_core::operation::{Lane, OperationId, Pointer};
@@ -12,8 +12,6 @@ use agentq_producer::EnqueueRequest;
 use agentq_worker::{JobContext, JobError, LocalModel, Worker};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-
-const DEADLINE: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn enqueued_echo_runs_to_succeeded_with_its_output() {
