@@ -105,6 +105,11 @@ impl TestApp {
         self.env.push((key.to_string(), value.to_string()));
     }
 
+    /// Stops setting an environment variable for the processes started from now on.
+    pub fn unset_env(&mut self, key: &str) {
+        self.env.retain(|(k, _)| k != key);
+    }
+
     /// Runs `agentq ARGS` to completion.
     pub fn agentq(&self, args: &[&str]) -> Output {
         self.command(args)
