@@ -81,7 +81,7 @@ try {
   step('pause the batch');
   await page.goto(`${base}/ui/batches`);
   const b = page.locator(`tr[data-batch="${batch}"]`);
-  await b.locator('input[name=reason]').fill('checking the output');
+  await b.locator('form[action$="/pause"] input[name=reason]').fill('checking the output');
   await b.locator('button[data-action=pause]').click();
   await page.waitForURL(`${base}/ui/batches`);
   const paused = await flash();
