@@ -23,6 +23,11 @@ use crate::{App, AppError, Caller, Result, Role};
 /// Operations inserted per statement.
 pub const CHUNK: usize = 1000;
 
+/// Test-only: with this variable set to N, [`fill`] stops once N chunks are committed and waits
+/// until the process is killed, so a test interrupts an enqueue at a point it knows, on a
+/// machine of any speed (`tests/e2e/batch.rs`). Never set outside tests.
+pub const TEST_PAUSE_AFTER_CHUNKS: &str = "AGENTQ_TEST_PAUSE_AFTER_CHUNKS";
+
 /// Where long work reports how far it got (the CLI draws a progress bar; others ignore it).
 pub trait Progress: Sync {
     /// The work has `len` items.
@@ -194,7 +199,13 @@ pub async fn fill(
         return Ok(filled);
     }
     progress.start(missing.len() as u64);
-    for chunk in missing.chunks(chunk.max(1)) {
+    let pause_after = std::env::var(TEST_PAUSE_AFTER_CHUNKS)
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok());
+    for (committed, chunk) in missing.chunks(chunk.max(1)).enumerate() {
+        if pause_after == Some(committed) {
+            std::future::pending::<()>().await;
+        }
         let reqs: Vec<EnqueueRequest> = chunk
             .iter()
             .map(|doc| {

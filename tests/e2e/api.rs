@@ -15,9 +15,7 @@ use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::harness::TestApp;
-
-pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
+use crate::harness::{DEADLINE, TestApp, running_app};
 
 /// One HTTP answer, read whole (except an event stream, whose body is left unread).
 pub(crate) struct Reply {
@@ -229,13 +227,6 @@ fn token_with_id(app: &TestApp, tenant: &str, role: &str) -> (String, String) {
             .to_string()
     };
     (field("token"), field("id"))
-}
-
-async fn running_app() -> TestApp {
-    let mut app = TestApp::start().await;
-    app.spawn(&["scheduler"]);
-    app.spawn(&["worker"]);
-    app
 }
 
 fn waits_for(signal: &str) -> Value {

@@ -1467,7 +1467,7 @@ async fn api_hostile_input_battery_gets_4xx_problems_and_enqueues_nothing() {
     // instead of the answer to its next request.
     let fresh = Api {
         client: reqwest::Client::builder()
-            .timeout(crate::api::DEADLINE)
+            .timeout(crate::harness::DEADLINE)
             .pool_max_idle_per_host(0)
             .build()
             .expect("an HTTP client"),

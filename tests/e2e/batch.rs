@@ -10,7 +10,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::fake_model::{FakeModel, Mode};
-use crate::harness::TestApp;
+use crate::harness::{DEADLINE, TestApp};
 
 /// A directory removed when dropped.
 struct TempDir(PathBuf);
@@ -147,24 +147,34 @@ async fn batch_migration_of_2000_documents_survives_an_interrupted_enqueue_and_a
         "--json",
     ];
 
-    // Ctrl-C the enqueue midway (small chunks so there is a middle to interrupt).
+    // Ctrl-C the enqueue midway: in chunks of 25, held (by a test-only hook) once 8 chunks
+    // are committed, so the signal lands with exactly 200 of 2,000 enqueued on any machine.
+    const CHUNK: usize = 25;
+    const CHUNKS_BEFORE_CTRL_C: usize = 8;
     let mut interrupted = start.to_vec();
-    interrupted.extend_from_slice(&["--chunk", "25"]);
+    let chunk = CHUNK.to_string();
+    interrupted.extend_from_slice(&["--chunk", &chunk]);
+    let pause = agentq_app::batches::TEST_PAUSE_AFTER_CHUNKS;
+    app.set_env(pause, &CHUNKS_BEFORE_CTRL_C.to_string());
     let enqueue = app.spawn(&interrupted);
-    app.wait_for(
-        "the enqueue to be under way",
-        Duration::from_secs(60),
-        || async { app.operation_count().await >= 200 },
-    )
+    app.unset_env(pause);
+    let held_at = (CHUNK * CHUNKS_BEFORE_CTRL_C) as i64;
+    app.wait_for("the enqueue to be under way", DEADLINE, || async {
+        app.operation_count().await == held_at
+    })
     .await;
+    assert!(
+        !app.wait_exit(enqueue, Duration::ZERO).await,
+        "the enqueue waits at its pause, unfinished"
+    );
     app.signal(enqueue, "INT");
     assert!(
-        app.wait_exit(enqueue, Duration::from_secs(10)).await,
+        app.wait_exit(enqueue, DEADLINE).await,
         "Ctrl-C ends the enqueue"
     );
     let before = app.operation_count().await;
-    assert!(
-        before < N as i64,
+    assert_eq!(
+        before, held_at,
         "interrupted midway: {before} of {N} enqueued"
     );
 

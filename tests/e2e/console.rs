@@ -1,7 +1,8 @@
 //! The operator console (`/ui`): driven in headless Debian chromium (playwright-core, installed
-//! by `.ci/browser-deps`) to retry a dead operation, approve a waiting one and pause a batch,
-//! with the database checked afterwards; and over plain HTTP for its refusals (producer tokens,
-//! missing CSRF tokens, another tenant's ids) and for payload redaction until an audited reveal.
+//! by `.ci/browser-deps`, which `.ci/test` runs) to retry a dead operation, approve a waiting
+//! one and pause a batch, with the database checked afterwards; and over plain HTTP for its
+//! refusals (producer tokens, missing CSRF tokens, another tenant's ids) and for payload
+//! redaction until an audited reveal.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,9 +11,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::fake_model::{FakeModel, Mode};
-use crate::harness::TestApp;
-
-const DEADLINE: Duration = Duration::from_secs(30);
+use crate::harness::{DEADLINE, TestApp};
 
 /// A directory removed when dropped.
 struct TempDir(PathBuf);
@@ -68,8 +67,9 @@ async fn console_in_a_browser_retries_a_dead_operation_approves_and_pauses_a_bat
     let modules = playwright_dir();
     assert!(
         chromium.exists() && modules.join("playwright-core").exists(),
-        "the browser test needs Debian's chromium and playwright-core ({}): run \
-         `bash .ci/browser-deps` (it prints the directory to export as AGENTQ_PLAYWRIGHT_DIR)",
+        "the browser test needs Debian's chromium and playwright-core ({}): run the tests with \
+         `bash .ci/test`, which installs them (or run `bash .ci/browser-deps` and export the \
+         directory it prints as AGENTQ_PLAYWRIGHT_DIR)",
         modules.display()
     );
 

@@ -21,9 +21,11 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::fake_model::{FakeModel, Hook, Mode, assistant_turns, last_user};
-use crate::harness::TestApp;
+use crate::harness::{DEADLINE, TestApp};
 
-const DEADLINE: Duration = Duration::from_secs(120);
+/// Longer than the shared [`DEADLINE`], for the waits that span killed workers: each one's
+/// operations run again only once their leases have run out.
+const CRASH_DEADLINE: Duration = Duration::from_secs(120);
 const KILLS: usize = 5;
 
 /// A small deterministic generator (xorshift), seeded from the clock and printed, so a failing
@@ -117,7 +119,7 @@ async fn kill_repeatedly(
         let target = fake.requests() + rng.between(first_kill, first_kill + 16) as usize;
         app.wait_for(
             &format!("model calls before kill {kill}"),
-            DEADLINE,
+            CRASH_DEADLINE,
             || async { fake.requests() >= target },
         )
         .await;
@@ -127,7 +129,7 @@ async fn kill_repeatedly(
     }
     app.spawn(&["worker"]);
     for op in ops {
-        app.wait_status(&op.to_string(), "succeeded", DEADLINE)
+        app.wait_status(&op.to_string(), "succeeded", CRASH_DEADLINE)
             .await;
     }
     snapshots

@@ -11,9 +11,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::fake_model::{FakeModel, Mode};
-use crate::harness::TestApp;
-
-const DEADLINE: Duration = Duration::from_secs(30);
+use crate::harness::{DEADLINE, TestApp, running_app};
 
 /// A directory under the system temp dir, removed when dropped (also when a test fails).
 struct Scratch(PathBuf);
@@ -105,9 +103,7 @@ fn step_names(app: &TestApp, op: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn documents_migrate_between_directories_and_tables_and_reruns_rewrite_the_same_targets() {
-    let mut app = TestApp::start().await;
-    app.spawn(&["scheduler"]);
-    app.spawn(&["worker"]);
+    let app = running_app().await;
     let scratch = Scratch::new();
     let (src, out) = (scratch.path("src"), scratch.path("out"));
     dir_stores(&app, &src, &out);
@@ -257,9 +253,7 @@ async fn documents_migrate_between_directories_and_tables_and_reruns_rewrite_the
 
 #[tokio::test]
 async fn a_missing_required_string_is_dead_and_a_patched_retry_runs_a_new_round() {
-    let mut app = TestApp::start().await;
-    app.spawn(&["scheduler"]);
-    app.spawn(&["worker"]);
+    let app = running_app().await;
     let scratch = Scratch::new();
     let (src, out) = (scratch.path("src"), scratch.path("out"));
     dir_stores(&app, &src, &out);

@@ -8,9 +8,7 @@ use agentq_core::broker::{self, Publisher};
 use agentq_core::operation::{Lane, OperationId, Pointer};
 use serde_json::json;
 
-use crate::harness::TestApp;
-
-const DEADLINE: Duration = Duration::from_secs(40);
+use crate::harness::{DEADLINE, TestApp};
 
 /// A test world with short leases so crashes are noticed in seconds.
 async fn crash_app() -> TestApp {

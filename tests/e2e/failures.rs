@@ -8,9 +8,7 @@ use agentq_core::db::dead_letters::{self, Filter};
 use agentq_core::operation::{Lane, OperationId, Pointer};
 use serde_json::{Value, json};
 
-use crate::harness::TestApp;
-
-const DEADLINE: Duration = Duration::from_secs(40);
+use crate::harness::{DEADLINE, TestApp, running_app};
 
 fn json_lines(out: &std::process::Output) -> Vec<Value> {
     String::from_utf8_lossy(&out.stdout)
@@ -18,13 +16,6 @@ fn json_lines(out: &std::process::Output) -> Vec<Value> {
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
-}
-
-async fn running_app() -> TestApp {
-    let mut app = TestApp::start().await;
-    app.spawn(&["scheduler"]);
-    app.spawn(&["worker"]);
-    app
 }
 
 #[tokio::test]
@@ -362,9 +353,7 @@ async fn discard_needs_a_reason() {
 
 #[tokio::test]
 async fn a_bulk_retry_of_1000_dead_operations_dry_run_then_for_real() {
-    let mut app = TestApp::start().await;
-    app.spawn(&["scheduler"]);
-    app.spawn(&["worker"]);
+    let app = running_app().await;
     let failing = json!({ "steps": [{ "fail": "non_retryable", "times": 1 }] });
     app.enqueue_many("script", Lane::Batch, std::iter::repeat_n(failing, 1000))
         .await;

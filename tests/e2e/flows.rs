@@ -4,15 +4,11 @@
 //! row (action, status before and after, reason), because all three call one function of
 //! `agentq-app`. Only the actor differs: the CLI's `--as`, the token's prefix elsewhere.
 
-use std::time::Duration;
-
 use serde_json::{Value, json};
 
 use crate::api::Api;
 use crate::console::{Browser, csrf_of};
-use crate::harness::TestApp;
-
-const DEADLINE: Duration = Duration::from_secs(30);
+use crate::harness::{DEADLINE, TestApp};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Surface {

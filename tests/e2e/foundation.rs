@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::harness::TestApp;
+use crate::fake_model::{FakeModel, Mode};
+use crate::harness::{DEADLINE, TestApp};
 use agentq_core::broker::{self, Publisher};
 use agentq_core::db;
 use agentq_core::operation::{Lane, OperationId, Pointer};
@@ -12,8 +13,6 @@ use agentq_producer::EnqueueRequest;
 use agentq_worker::{JobContext, JobError, LocalModel, Worker};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-
-const DEADLINE: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn enqueued_echo_runs_to_succeeded_with_its_output() {
@@ -224,33 +223,102 @@ async fn the_same_pointer_published_five_times_runs_the_job_once() {
     app.cleanup().await;
 }
 
+/// An operation's status, epoch (one per claim) and attempt.
+async fn claim_state(app: &TestApp, op: &str) -> (String, i64, i32) {
+    sqlx::query_as("SELECT status, epoch, attempt FROM operations WHERE id = $1::uuid")
+        .bind(op)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn two_workers_racing_for_one_operation_claim_it_once() {
+    // The operation's first step is a model call the fake provider holds at a gate, so its
+    // claim is held (running, epoch 1, lease renewed) for as long as the test wants.
+    let fake = FakeModel::start(Mode::Echo).await;
+    let (open_gate, gate) = tokio::sync::watch::channel(false);
+    fake.set_hook(Arc::new(move |_| {
+        let mut gate = gate.clone();
+        Box::pin(async move {
+            let _ = gate.wait_for(|open| *open).await;
+        })
+    }));
     let mut app = TestApp::start().await;
-    // Two real worker processes on the same queue, each handed a copy of the pointer.
-    app.spawn(&["worker"]);
-    app.spawn(&["worker"]);
-    let op = app.enqueue_echo("race");
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    let workers = [app.spawn_logged(&["worker"]), app.spawn_logged(&["worker"])];
     let conn = broker::connect(&app.amqp_url, "test").await.unwrap();
     let publisher = Publisher::open(&conn, app.names()).await.unwrap();
-    let pointer = Pointer::new(OperationId::parse(&op).unwrap(), "t1", "echo");
-    for _ in 0..3 {
+    // A pointer to no operation is rejected (and logged with its id) by the worker it reaches,
+    // after every delivery that came before it on that worker has been claimed or refused.
+    const REJECTED: &str = "rejecting a pointer to an unknown operation";
+    let publish_stray = || async {
+        let id = uuid::Uuid::new_v4();
+        let stray = Pointer::new(OperationId(id), "t1", "script");
+        publisher.publish(&stray, Lane::Interactive).await.unwrap();
+        id
+    };
+    // Both workers consume before the race starts: strays until each has rejected one.
+    app.wait_for("both workers to consume", DEADLINE, || async {
+        publish_stray().await;
+        workers.iter().all(|&w| app.log(w).contains(REJECTED))
+    })
+    .await;
+
+    let op = app.enqueue_script(
+        json!([{ "model": "gate" }, { "tool": "ledger", "replay": "unsafe", "label": "raced" }]),
+        &[],
+    );
+    app.wait_for("the claim to reach the gate", DEADLINE, || async {
+        fake.requests() == 1
+    })
+    .await;
+    // While the claim is held, duplicates of its pointer go round-robin to both workers, and
+    // strays after them; once every stray is rejected, each worker has tried its duplicates.
+    let pointer = Pointer::new(OperationId::parse(&op).unwrap(), "t1", "script");
+    for _ in 0..4 {
         publisher
             .publish(&pointer, Lane::Interactive)
             .await
             .unwrap();
     }
+    let mut strays = Vec::new();
+    for _ in 0..4 {
+        strays.push(publish_stray().await.to_string());
+    }
+    app.wait_for("the duplicates to be refused", DEADLINE, || async {
+        let logs: String = workers.iter().map(|&w| app.log(w)).collect();
+        strays.iter().all(|id| logs.contains(id.as_str()))
+    })
+    .await;
+    for w in workers {
+        let log = app.log(w);
+        assert!(
+            strays.iter().any(|id| log.contains(id.as_str())),
+            "worker {w} took part in the race: {log}"
+        );
+    }
+    assert_eq!(
+        claim_state(&app, &op).await,
+        ("running".to_string(), 1, 1),
+        "the duplicates claimed nothing while the first claim held the operation"
+    );
+    assert_eq!(fake.requests(), 1, "no second execution reached the model");
+
+    open_gate.send(true).unwrap();
     app.wait_status(&op, "succeeded", DEADLINE).await;
-    let epoch: i64 = sqlx::query_scalar("SELECT epoch FROM operations WHERE id = $1::uuid")
-        .bind(&op)
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
-    assert_eq!(epoch, 1, "exactly one claim across both workers");
+    assert_eq!(
+        claim_state(&app, &op).await,
+        ("succeeded".to_string(), 1, 1),
+        "exactly one claim across both workers"
+    );
+    assert_eq!(fake.requests(), 1, "one model call");
+    assert_eq!(app.effects(&op).await, 1, "the unsafe step ran once");
 
     // The claim statement itself, raced by 8 concurrent claimers on a fresh operation.
-    app.kill(0);
-    app.kill(1);
+    for w in workers {
+        app.kill(w);
+    }
     let fresh = app.enqueue_echo("race again");
     let id = OperationId::parse(&fresh).unwrap().0;
     let claims = futures_util::future::join_all((0..8).map(|i| {

@@ -13,6 +13,20 @@ use agentq_core::operation::OperationView;
 use serde_json::Value;
 use sqlx::PgPool;
 
+/// How long a test waits for something that should happen promptly (an operation to finish, a
+/// process to react) before it fails: generous for a loaded 2-core machine, where a wait that
+/// needs more than this is a hang rather than slowness. Waits that truly need longer keep a
+/// named constant saying why.
+pub const DEADLINE: Duration = Duration::from_secs(40);
+
+/// A fresh test world with one scheduler and one worker running.
+pub async fn running_app() -> TestApp {
+    let mut app = TestApp::start().await;
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    app
+}
+
 /// Where the test databases live (the server of `DATABASE_URL`, default local).
 fn base_url() -> String {
     std::env::var("DATABASE_URL")
@@ -89,6 +103,11 @@ impl TestApp {
     pub fn set_env(&mut self, key: &str, value: &str) {
         self.env.retain(|(k, _)| k != key);
         self.env.push((key.to_string(), value.to_string()));
+    }
+
+    /// Stops setting an environment variable for the processes started from now on.
+    pub fn unset_env(&mut self, key: &str) {
+        self.env.retain(|(k, _)| k != key);
     }
 
     /// Runs `agentq ARGS` to completion.

@@ -28,7 +28,6 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use agentq_core::webhook::Secret;
 use axum::Router;
@@ -41,9 +40,7 @@ use serde_json::{Value, json};
 
 use crate::api::{Api, send};
 use crate::fake_model::{FakeModel, Mode};
-use crate::harness::TestApp;
-
-const DEADLINE: Duration = Duration::from_secs(30);
+use crate::harness::{DEADLINE, TestApp};
 
 /// A directory under the system temp dir, removed when dropped (also when a test fails).
 struct Scratch(std::path::PathBuf);

@@ -8,9 +8,8 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::api::Api;
-use crate::harness::TestApp;
+use crate::harness::{DEADLINE, TestApp};
 
-const DEADLINE: Duration = Duration::from_secs(40);
 /// Part of every input: it must never appear in a metric.
 const CANARY: &str = "canary-7f3a9c-metrics";
 

@@ -10,9 +10,12 @@ use chrono::Utc;
 use serde_json::json;
 
 use crate::fake_model::{FakeModel, Mode};
-use crate::harness::TestApp;
+use crate::harness::{DEADLINE, TestApp};
 
-const DEADLINE: Duration = Duration::from_secs(60);
+/// Longer than the shared [`DEADLINE`], for the waits that span a provider outage (the model
+/// breaker's cool-downs: 5 s, doubling on each failed probe) or a killed worker's lease running
+/// out before its operation runs again.
+const MODEL_DEADLINE: Duration = Duration::from_secs(60);
 
 fn client(url: &str, stream: bool) -> OpenAiClient {
     let timeouts = Timeouts {
@@ -195,15 +198,19 @@ async fn a_provider_outage_parks_operations_without_using_attempts() {
         .await;
     // The outage lasts until the first operations have been parked and re-run at least once.
     let outage_started = std::time::Instant::now();
-    app.wait_for("operations parked by the outage", DEADLINE, || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM operations WHERE error_class = 'overloaded'",
-        )
-        .fetch_one(&app.pool)
-        .await
-        .unwrap()
-            >= 200
-    })
+    app.wait_for(
+        "operations parked by the outage",
+        MODEL_DEADLINE,
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM operations WHERE error_class = 'overloaded'",
+            )
+            .fetch_one(&app.pool)
+            .await
+            .unwrap()
+                >= 200
+        },
+    )
     .await;
     let until = outage_started + Duration::from_secs(20);
     while std::time::Instant::now() < until {
@@ -300,7 +307,7 @@ async fn the_agent_loop_survives_kills_and_runs_each_tool_once_after_approval() 
 
     // Recovered, it reaches tool B, which waits for approval; killed again while it waits.
     let w2 = app.spawn(&["worker"]);
-    let waiting = app.wait_status(&op, "waiting", DEADLINE).await;
+    let waiting = app.wait_status(&op, "waiting", MODEL_DEADLINE).await;
     assert_eq!(waiting.waiting_for.as_deref(), Some("approval"));
     app.kill(w2);
     assert_eq!(
@@ -311,7 +318,7 @@ async fn the_agent_loop_survives_kills_and_runs_each_tool_once_after_approval() 
 
     app.spawn(&["worker"]);
     app.agentq_ok(&["approve", &op, "--as", "hana"]);
-    let done = app.wait_status(&op, "succeeded", DEADLINE).await;
+    let done = app.wait_status(&op, "succeeded", MODEL_DEADLINE).await;
     let result = done.result.unwrap();
     assert_eq!(result["answer"], "done: stored a, recorded b");
     assert_eq!(result["tool_calls"], 2);

@@ -9,16 +9,7 @@ use agentq_core::operation::Lane;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
-use crate::harness::TestApp;
-
-const DEADLINE: Duration = Duration::from_secs(40);
-
-async fn running_app() -> TestApp {
-    let mut app = TestApp::start().await;
-    app.spawn(&["scheduler"]);
-    app.spawn(&["worker"]);
-    app
-}
+use crate::harness::{DEADLINE, TestApp, running_app};
 
 async fn steps(
     app: &TestApp,
@@ -159,9 +150,7 @@ async fn a_wait_times_out_and_on_timeout_decides() {
 
 #[tokio::test]
 async fn a_thousand_signals_racing_their_timeouts_each_resolve_once() {
-    let mut app = TestApp::start().await;
-    app.spawn(&["scheduler"]);
-    app.spawn(&["worker"]);
+    let app = running_app().await;
     let wait = json!({ "steps": [{ "wait_signal": "approval", "timeout_ms": 8000, "on_timeout": "continue" }] });
     app.enqueue_many("script", Lane::Interactive, std::iter::repeat_n(wait, 1000))
         .await;

@@ -6,7 +6,6 @@
 //! JSON), no exported span and no metric, for an operation that succeeds and ones that fail.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use agentq_core::webhook::Secret;
 use axum::Router;
@@ -16,9 +15,7 @@ use axum::routing::post;
 use serde_json::{Value, json};
 
 use crate::fake_model::{FakeModel, Mode};
-use crate::harness::TestApp;
-
-const DEADLINE: Duration = Duration::from_secs(20);
+use crate::harness::{DEADLINE, TestApp};
 
 /// One exported span, as the receiver read it.
 #[derive(Clone, Debug)]

@@ -18,9 +18,8 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 
 use crate::fake_model::{FakeModel, Mode};
-use crate::harness::TestApp;
+use crate::harness::{DEADLINE, TestApp};
 
-const DEADLINE: Duration = Duration::from_secs(25);
 const SOURCE: &str = "tracker";
 
 /// A callback service as a real one would behave: a POST is applied once per
