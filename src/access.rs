@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::Subcommand;
 use serde_json::json;
 
-use crate::commands::{connect, refuse};
+use crate::wiring::{connect, refuse};
 
 #[derive(Subcommand)]
 pub enum TokensCommand {
@@ -189,7 +189,7 @@ pub async fn tokens(config: Config, cmd: TokensCommand) -> anyhow::Result<()> {
                 )));
             }
             let pool = connect(&config).await?;
-            let actor = crate::dlq::actor_name(&actor);
+            let actor = crate::wiring::actor_name(&actor);
             let (id, token) = db::access::create_token(&pool, &tenant, &role, &actor)
                 .await
                 .context("creating the token")?;
@@ -226,7 +226,7 @@ pub async fn tokens(config: Config, cmd: TokensCommand) -> anyhow::Result<()> {
             let id = uuid::Uuid::parse_str(&id)
                 .map_err(|_| refuse(format!("{id:?} is not a token id (a UUID)")))?;
             let pool = connect(&config).await?;
-            if !db::access::revoke_token(&pool, id, &crate::dlq::actor_name(&actor)).await? {
+            if !db::access::revoke_token(&pool, id, &crate::wiring::actor_name(&actor)).await? {
                 return Err(refuse(format!("no active token {id}")));
             }
             println!("token {id} revoked");
@@ -279,7 +279,7 @@ pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()
             }
             let pool = connect(&config).await?;
             let secret = Secret::generate().expose();
-            let actor = crate::dlq::actor_name(&actor);
+            let actor = crate::wiring::actor_name(&actor);
             if !db::access::add_source(
                 &pool,
                 &tenant,
@@ -322,7 +322,7 @@ pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()
             let grace = chrono::Utc::now() - until;
             let pool = connect(&config).await?;
             let secret = Secret::generate().expose();
-            let actor = crate::dlq::actor_name(&actor);
+            let actor = crate::wiring::actor_name(&actor);
             if !db::access::rotate_secret(&pool, &tenant, &source, &secret, grace, &actor).await? {
                 return Err(refuse(format!(
                     "tenant {tenant} has no webhook source {source:?}"
@@ -407,7 +407,7 @@ pub async fn stores(config: Config, cmd: StoresCommand) -> anyhow::Result<()> {
                 _ => return Err(refuse("give exactly one of --dir and --table")),
             };
             let pool = connect(&config).await?;
-            let actor = crate::dlq::actor_name(&actor);
+            let actor = crate::wiring::actor_name(&actor);
             if !stores::add(&pool, &tenant, &name, &location, access, &actor).await? {
                 return Err(refuse(format!(
                     "tenant {tenant} already has a store {name:?}; remove it first to change it"
@@ -448,7 +448,7 @@ pub async fn stores(config: Config, cmd: StoresCommand) -> anyhow::Result<()> {
             actor,
         } => {
             let pool = connect(&config).await?;
-            if !stores::remove(&pool, &tenant, &name, &crate::dlq::actor_name(&actor)).await? {
+            if !stores::remove(&pool, &tenant, &name, &crate::wiring::actor_name(&actor)).await? {
                 return Err(refuse(format!("tenant {tenant} has no store {name:?}")));
             }
             println!("store {name} of tenant {tenant} removed");

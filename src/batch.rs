@@ -20,7 +20,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
 
-use crate::commands::{cli_app, cli_error, done, refuse};
+use crate::wiring::{cli_app, cli_error, done, refuse};
 
 #[derive(Subcommand)]
 pub enum BatchCommand {

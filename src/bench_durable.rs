@@ -22,11 +22,11 @@ use anyhow::Context;
 use chrono::Utc;
 use serde_json::{Value, json};
 
-use crate::bench::{Percentiles, Proc, Report, percentiles, stop_all};
+use crate::bench_common::{Percentiles, Proc, Report, percentiles, stop_all};
 use crate::bench_jobs::{Enqueue, Measured, bar, run_jobs};
 use crate::bench_model::LatencyModel;
 use crate::cli::BenchArgs;
-use crate::commands;
+use crate::wiring;
 
 /// Model latency of phase 2 when `--model-latency-ms` is not given.
 const MODEL_LATENCY_MS: u64 = 50;
@@ -75,7 +75,7 @@ async fn phase(
         model_latency_ms,
     )
     .await?;
-    let pool = commands::connect(config).await?;
+    let pool = wiring::connect(config).await?;
     let intervals = db::fixtures::step_intervals(&pool, since).await?;
     pool.close().await;
     Ok(Phase {
@@ -98,7 +98,7 @@ async fn crash_cost(config: &Config, args: &BenchArgs, latency: u64) -> anyhow::
     // the same operation without it being taken for a crash loop.
     config.lease_ttl_secs = 3;
     config.restart_limit = 1000;
-    let pool = commands::connect(&config).await?;
+    let pool = wiring::connect(&config).await?;
     let model = LatencyModel::agent(Duration::from_millis(latency), AGENT_TURNS, pool.clone())
         .await
         .context("starting the latency provider")?;
@@ -108,7 +108,7 @@ async fn crash_cost(config: &Config, args: &BenchArgs, latency: u64) -> anyhow::
     let config = &config;
     let deadline = Duration::from_secs(args.timeout_secs);
 
-    let (producer, dispatcher) = commands::producer(config, pool.clone(), "bench");
+    let (producer, dispatcher) = wiring::producer(config, pool.clone(), "bench");
     let reqs = (0..AGENTS)
         .map(|i| EnqueueRequest {
             tenant: "bench".into(),
@@ -132,7 +132,7 @@ async fn crash_cost(config: &Config, args: &BenchArgs, latency: u64) -> anyhow::
     for k in 1..=args.kills {
         // Kills spread evenly over the calls the workload needs.
         let at = total * k / (args.kills + 1);
-        commands::poll_until(deadline, Duration::from_millis(5), || async {
+        wiring::poll_until(deadline, Duration::from_millis(5), || async {
             progress.set_position(requests() as u64);
             (requests() >= at).then_some(())
         })
@@ -142,7 +142,7 @@ async fn crash_cost(config: &Config, args: &BenchArgs, latency: u64) -> anyhow::
         worker = Proc::worker(config, args.concurrency)?;
     }
     procs.push(worker);
-    let done = commands::poll_until(deadline, Duration::from_millis(50), || async {
+    let done = wiring::poll_until(deadline, Duration::from_millis(50), || async {
         progress.set_position(requests().min(total) as u64);
         let n = db::fixtures::count_status(&pool, "succeeded").await.ok()?;
         (n as usize >= before + AGENTS).then_some(())

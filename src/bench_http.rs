@@ -22,9 +22,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::bench::max_rss_kib;
+use crate::bench_common::max_rss_kib;
 use crate::cli::BenchArgs;
-use crate::commands::{self, Refused};
+use crate::wiring::{self, Refused};
 
 /// Load before the clock starts (connections opened, broker link up, caches warm). Its requests
 /// are checked like the others but not timed.
@@ -161,7 +161,7 @@ async fn count_unmarked(pool: &sqlx::PgPool) -> anyhow::Result<i64> {
         .context("counting operations not marked dispatched")
 }
 
-/// The value at quantile `q` of sorted `ms`, by the same rule as [`crate::bench::percentiles`].
+/// The value at quantile `q` of sorted `ms`, by the same rule as [`crate::bench_common::percentiles`].
 fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -180,7 +180,7 @@ pub async fn http(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     // request is a 429. This scenario measures enqueue, so the limit is lifted; 429s would
     // still be counted under their status.
     config.tenant_max_queued = i64::MAX / 2;
-    let pool = commands::connect(&config).await?;
+    let pool = wiring::connect(&config).await?;
     let (_, token) = db::access::create_token(&pool, TENANT, "producer", "bench")
         .await
         .context("creating a producer token")?;
@@ -195,7 +195,7 @@ pub async fn http(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     let url: Arc<str> = format!("http://{}/v1/operations", listener.local_addr()?).into();
     let app = agentq_http::router(agentq_http::state(
         &config,
-        crate::commands::app(&config, pool.clone(), "api"),
+        crate::wiring::app(&config, pool.clone(), "api"),
         shutdown.clone(),
     ));
     let server = tokio::spawn(
@@ -283,7 +283,7 @@ pub async fn http(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     let unmarked_at_stop = count_unmarked(&pool).await?;
     let drain_started = Instant::now();
     let mut own_queries = 2;
-    let drained = commands::poll_until(MARK_DRAIN, Duration::from_millis(50), || {
+    let drained = wiring::poll_until(MARK_DRAIN, Duration::from_millis(50), || {
         own_queries += 1;
         async { (count_unmarked(&pool).await.ok()? == 0).then_some(()) }
     })
@@ -312,7 +312,8 @@ pub async fn http(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
     let found = count_existing(&pool, &distinct).await?;
     pool.close().await;
     // Own queries: the mark polls, the counts, and the fresh session reading the total.
-    let commits = crate::bench::commits_now(&config).await? - commits_before - own_queries - 3;
+    let commits =
+        crate::bench_common::commits_now(&config).await? - commits_before - own_queries - 3;
     let commits_per_op = commits.max(0) as f64 / stored.max(1) as f64;
 
     let accepted = tally.op_ids.len() as u64 + tally.malformed;

@@ -17,10 +17,10 @@ use chrono::{DateTime, Utc};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
-use crate::bench::{Percentiles, Proc, Report, commits_now, percentiles, stop_all};
+use crate::bench_common::{Percentiles, Proc, Report, commits_now, percentiles, stop_all};
 use crate::bench_model::LatencyModel;
 use crate::cli::BenchArgs;
-use crate::commands;
+use crate::wiring;
 
 /// Operations per `enqueue_many` call in the `batch` scenario.
 const BATCH_CHUNK: usize = 1000;
@@ -153,7 +153,7 @@ pub(crate) async fn run_jobs(
     let config = &config;
     let workers = args.workers.unwrap_or(1);
     let deadline = Duration::from_secs(args.timeout_secs);
-    let pool = commands::connect(config).await?;
+    let pool = wiring::connect(config).await?;
     // The bench's own queries on `pool` (not part of any job's cost).
     let own = AtomicUsize::new(0);
     let succeeded = async || {
@@ -172,8 +172,8 @@ pub(crate) async fn run_jobs(
         }
     }
     // The producer has a pool of its own, closed after the enqueue so its commits are counted.
-    let ppool = commands::connect(config).await?;
-    let (producer, dispatcher) = commands::producer(config, ppool.clone(), "bench");
+    let ppool = wiring::connect(config).await?;
+    let (producer, dispatcher) = wiring::producer(config, ppool.clone(), "bench");
     dispatcher
         .with_connection(async |_| Ok(()))
         .await
@@ -190,7 +190,7 @@ pub(crate) async fn run_jobs(
             })
             .await?;
         warm += 1;
-        commands::poll_until(deadline, Duration::from_millis(20), || async {
+        wiring::poll_until(deadline, Duration::from_millis(20), || async {
             (succeeded().await? >= warm).then_some(())
         })
         .await
@@ -266,7 +266,7 @@ pub(crate) async fn run_jobs(
         Enqueue::OneByOne => None,
         Enqueue::Batched => {
             // Every pointer is published and marked: the drain starts from a full queue.
-            commands::poll_until(deadline, Duration::from_millis(20), || async {
+            wiring::poll_until(deadline, Duration::from_millis(20), || async {
                 own.fetch_add(1, Ordering::Relaxed);
                 (db::fixtures::count_unmarked(&pool).await.ok()? == 0).then_some(())
             })
@@ -283,7 +283,7 @@ pub(crate) async fn run_jobs(
 
     progress.set_position(0);
     progress.set_message("succeeded");
-    let finished = commands::poll_until(deadline, Duration::from_millis(20), || async {
+    let finished = wiring::poll_until(deadline, Duration::from_millis(20), || async {
         let done = succeeded().await?.saturating_sub(warm);
         progress.set_position(done as u64);
         (done >= args.jobs).then_some(())

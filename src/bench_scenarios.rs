@@ -12,14 +12,14 @@ use indicatif::ProgressBar;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::bench::{Proc, Report, commits_now, percentiles, stop_all};
+use crate::bench_common::{Proc, Report, commits_now, percentiles, stop_all};
 use crate::cli::BenchArgs;
-use crate::commands;
+use crate::wiring;
 
 /// 1M sleepers far in the future, then `due_per_sec` coming due each second for `due_secs`:
 /// wake lag (due → queued and dispatched), idle CPU of the scheduler, and the due-query plan.
 pub async fn timers(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
-    let pool = commands::connect(config).await?;
+    let pool = wiring::connect(config).await?;
     eprintln!("inserting {} sleepers…", args.sleepers);
     let far = Utc::now() + chrono::Duration::days(30);
     db::fixtures::insert_sleepers(&pool, args.sleepers, far, 1.0).await?;
@@ -157,12 +157,12 @@ pub async fn timers(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
 
 /// A worker process's memory with 0 and with `waiting` operations waiting for approval.
 pub async fn waiting(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
-    let pool = commands::connect(config).await?;
+    let pool = wiring::connect(config).await?;
     let worker = Proc::spawn(config, "worker", &[])?;
     let shutdown = CancellationToken::new();
-    let scheduler = commands::scheduler(config, pool.clone());
+    let scheduler = wiring::scheduler(config, pool.clone());
     let running = tokio::spawn(scheduler.run(shutdown.clone()));
-    let (producer, dispatcher) = commands::producer(config, pool.clone(), "bench");
+    let (producer, dispatcher) = wiring::producer(config, pool.clone(), "bench");
     // Warm the worker up with one operation, so "0 waiting" is a worker that has run something.
     let warm = producer
         .enqueue(EnqueueRequest {

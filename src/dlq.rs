@@ -14,7 +14,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::commands::{cli_app, cli_error, connect, done, refuse};
+use crate::wiring::{cli_app, cli_error, connect, done, refuse};
 
 #[derive(Subcommand)]
 pub enum DlqCommand {
@@ -136,7 +136,7 @@ pub struct BulkArgs {
 
 /// A point in the past: RFC 3339, or a duration ago (30m, 2h, 7d).
 pub fn parse_since(s: &str) -> anyhow::Result<DateTime<Utc>> {
-    crate::commands::parse_moment(s, "since", false)
+    crate::wiring::parse_moment(s, "since", false)
 }
 
 impl FilterArgs {
@@ -179,16 +179,6 @@ fn parse_rate(s: &str) -> anyhow::Result<f64> {
             "--rate {s:?}: use a positive number of actions per second, e.g. 50/s"
         ))),
     }
-}
-
-/// The acting operator: `--as`, else the OS user.
-pub fn actor_name(given: &Option<String>) -> String {
-    given
-        .clone()
-        .or_else(|| std::env::var("USER").ok())
-        .or_else(|| std::env::var("LOGNAME").ok())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "unknown".into())
 }
 
 /// A `--after` cursor from `agentq dlq list`.

@@ -5,6 +5,7 @@
 mod access;
 mod batch;
 mod bench;
+mod bench_common;
 mod bench_durable;
 mod bench_http;
 mod bench_jobs;
@@ -13,6 +14,7 @@ mod bench_scenarios;
 mod cli;
 mod commands;
 mod dlq;
+mod wiring;
 
 use std::process::ExitCode;
 
@@ -38,7 +40,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            if let Some(refusal) = e.downcast_ref::<commands::Refused>() {
+            if let Some(refusal) = e.downcast_ref::<wiring::Refused>() {
                 eprintln!("error: {refusal}");
                 ExitCode::from(2)
             } else {

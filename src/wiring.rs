@@ -1,0 +1,227 @@
+//! What the subcommands share: connecting, building the crates (worker, scheduler, producer,
+//! the application layer) from the configuration, the acting operator's name, refusals (exit
+//! code 2), time parsing, shutdown on a signal, polling with a deadline. Imports no other module
+//! of the binary, so the subcommand modules can all use it without a cycle.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentq_core::broker::Names;
+use agentq_core::dispatch::Dispatcher;
+use agentq_core::{Config, db};
+use agentq_producer::Producer;
+use agentq_worker::{LocalModel, ModelClient, Worker};
+use anyhow::Context;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// A refusal of the caller's input: printed as is, exit code 2.
+pub(crate) fn refuse(msg: impl Into<String>) -> anyhow::Error {
+    Refused(msg.into()).into()
+}
+
+/// Runs one command to completion.
+pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
+    db::connect(&config.database_url, config.db_pool)
+        .await
+        .with_context(|| {
+            format!(
+                "connecting to {} (is PostgreSQL running, and has `agentq migrate` been run?)",
+                agentq_core::config::redact_url(&config.database_url)
+            )
+        })
+}
+
+/// The model client the configuration asks for: an OpenAI-compatible provider, or the built-in
+/// local model when `AGENTQ_MODEL_BASE_URL` is unset.
+pub fn model_client(config: &Config) -> anyhow::Result<Arc<dyn ModelClient>> {
+    let Some(base) = &config.model_base_url else {
+        tracing::info!("no AGENTQ_MODEL_BASE_URL: using the built-in deterministic local model");
+        return Ok(Arc::new(LocalModel));
+    };
+    let model = config.model.clone().unwrap_or_else(|| "default".into());
+    let timeouts = agentq_worker::openai::Timeouts {
+        connect: Duration::from_secs(10),
+        first_byte: Duration::from_secs(config.model_first_byte_secs.max(1)),
+        idle: Duration::from_secs(config.model_idle_secs.max(1)),
+        total: Duration::from_secs(config.model_timeout_secs.max(1)),
+    };
+    let client = agentq_worker::openai::OpenAiClient::new(
+        base,
+        config.model_api_key.clone(),
+        &model,
+        config.model_stream,
+        timeouts,
+    )
+    .map_err(refuse)?;
+    tracing::info!(
+        provider = %agentq_core::config::redact_url(base), model = %model, stream = config.model_stream,
+        "using an OpenAI-compatible model provider"
+    );
+    Ok(Arc::new(client))
+}
+
+/// A worker for `config`.
+pub fn worker(config: &Config, pool: PgPool, concurrency: Option<u16>) -> anyhow::Result<Worker> {
+    let settings = agentq_worker::Settings {
+        amqp_url: config.amqp_url.clone(),
+        namespace: config.namespace.clone(),
+        lease_ttl: config.lease_ttl(),
+        concurrency_interactive: concurrency.unwrap_or(config.concurrency_interactive),
+        concurrency_batch: concurrency.unwrap_or(config.concurrency_batch),
+        shutdown_grace: Duration::from_secs(config.shutdown_grace_secs),
+        gate: agentq_worker::gate::GateSettings {
+            concurrency: config.model_concurrency,
+            per_tenant: config.model_tenant_concurrency,
+            model_by_kind: config.model_by_kind().map_err(refuse)?,
+            ..Default::default()
+        },
+        http_allow: config.agent_http_allow().map_err(refuse)?,
+    };
+    Ok(Worker::new(
+        settings,
+        pool,
+        agentq_kinds::registry(),
+        model_client(config)?,
+    ))
+}
+
+/// A scheduler for `config`.
+pub fn scheduler(config: &Config, pool: PgPool) -> agentq_scheduler::Scheduler {
+    let dispatcher = Arc::new(Dispatcher::new(
+        pool.clone(),
+        &config.amqp_url,
+        Names::new(&config.namespace),
+        "scheduler",
+    ));
+    let settings = agentq_scheduler::Settings {
+        dispatch_grace: Duration::from_secs(config.dispatch_grace_secs),
+        restart_limit: config.restart_limit,
+        retention_days: config.retention_days,
+        ..Default::default()
+    };
+    agentq_scheduler::Scheduler::new(settings, pool, dispatcher, &config.namespace)
+}
+
+/// The application layer over `pool`: a producer and a dispatcher named `role`, and the
+/// deployment's settings. Close `app.dispatcher` when done.
+pub fn app(config: &Config, pool: PgPool, role: &str) -> agentq_app::App {
+    let (producer, dispatcher) = producer(config, pool.clone(), role);
+    agentq_app::App::new(
+        pool,
+        producer,
+        dispatcher,
+        agentq_app::Settings {
+            producer_may_approve: config.producer_may_approve,
+        },
+    )
+}
+
+/// A producer accepting the built-in kinds, checking inputs against their types.
+pub fn producer(config: &Config, pool: PgPool, role: &str) -> (Producer, Arc<Dispatcher>) {
+    let registry = agentq_kinds::registry();
+    let dispatcher = Arc::new(Dispatcher::new(
+        pool.clone(),
+        &config.amqp_url,
+        Names::new(&config.namespace),
+        role,
+    ));
+    let kinds = registry.kinds();
+    let producer = Producer::new(pool, dispatcher.clone(), kinds, config.max_attempts)
+        .with_input_check(Arc::new(move |kind, input| registry.requires(kind, input)));
+    (producer, dispatcher)
+}
+
+/// An application-layer error on the command line: a refusal exits 2 with its message, a
+/// failure exits 1.
+pub fn cli_error(e: agentq_app::AppError) -> anyhow::Error {
+    if e.is_refusal() {
+        refuse(e.to_string())
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
+/// The application layer for one command, acting as the operator named by `--as` (else the OS
+/// user), with a dispatcher closed by [`done`].
+pub(crate) async fn cli_app(
+    config: &Config,
+    actor: &Option<String>,
+) -> anyhow::Result<(agentq_app::App, agentq_app::Caller)> {
+    let pool = connect(config).await?;
+    let app = app(config, pool, "operator");
+    Ok((app, agentq_app::Caller::command_line(actor_name(actor))))
+}
+
+/// Closes what [`cli_app`] opened, returning `result`.
+pub(crate) async fn done<T>(
+    app: agentq_app::App,
+    result: agentq_app::Result<T>,
+) -> anyhow::Result<T> {
+    app.dispatcher.close().await;
+    result.map_err(cli_error)
+}
+
+/// Parses a point in time as `agentq_app::time::parse_moment` does; a bad one is refused
+/// (exit 2) naming `what`.
+pub fn parse_moment(
+    s: &str,
+    what: &str,
+    ahead: bool,
+) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+    agentq_app::time::parse_moment(s, what, ahead).map_err(refuse)
+}
+
+/// A point in the future: RFC 3339, or a duration from now.
+pub fn parse_time(s: &str, what: &str) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+    parse_moment(s, what, true)
+}
+
+/// A token cancelled on SIGINT or SIGTERM.
+pub fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing the SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+        t.cancel();
+    });
+    token
+}
+
+/// Polls `f` every `every` until it returns `Some`, or `deadline` passes.
+pub async fn poll_until<T, F, Fut>(deadline: Duration, every: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = tokio::time::Instant::now() + deadline;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() >= end {
+            return None;
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// The acting operator: `--as`, else the OS user.
+pub fn actor_name(given: &Option<String>) -> String {
+    given
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .or_else(|| std::env::var("LOGNAME").ok())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
