@@ -1,16 +1,15 @@
 //! `agentq tokens …`, `agentq webhooks …` and `agentq stores …`: API tokens (stored hashed,
 //! shown once), Standard Webhooks sources with secret rotation and an optional per-source
 //! config (checked against the source's kind before anything is written), and the stores
-//! (directories, tables) a tenant's operations may read or write. All audited.
+//! (directories, tables) a tenant's operations may read or write. All audited. The flows are
+//! `agentq_app::access`; this module parses flags and prints.
 
-use agentq_core::operation::TenantId;
-use agentq_core::webhook::Secret;
+use agentq_app::access;
 use agentq_core::{Config, db};
-use anyhow::Context;
 use clap::Subcommand;
 use serde_json::json;
 
-use crate::wiring::{connect, refuse};
+use crate::wiring::{cli_app, done, refuse};
 
 #[derive(Subcommand)]
 pub enum TokensCommand {
@@ -134,46 +133,6 @@ pub enum StoresCommand {
     },
 }
 
-fn name_ok(what: &str, s: &str) -> anyhow::Result<()> {
-    if s.is_empty()
-        || s.len() > 64
-        || !s
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-    {
-        return Err(refuse(format!(
-            "{what} {s:?}: use 1-64 characters of letters, digits, '_', '-', '.'"
-        )));
-    }
-    Ok(())
-}
-
-/// Parses `--config` and checks that the kind accepts a delivery wrapped with it (an input
-/// `{"event", "source", "webhook_id", "config"}`), so a bad config is refused now rather than
-/// at every delivery.
-fn check_source_config(
-    registry: &agentq_worker::Registry,
-    kind: &str,
-    source: &str,
-    raw: &str,
-) -> anyhow::Result<serde_json::Value> {
-    let config: serde_json::Value = serde_json::from_str(raw)
-        .map_err(|e| refuse(format!("--config is not valid JSON: {e}")))?;
-    if !config.is_object() {
-        return Err(refuse(
-            "--config must be a JSON object, e.g. '{\"callback_url\": \"https://…\"}'",
-        ));
-    }
-    let sample = json!({ "event": {}, "source": source, "webhook_id": "check", "config": config });
-    registry.check_input(kind, &sample).map_err(|e| {
-        refuse(format!(
-            "--config does not fit kind {kind:?} ({e}); kinds that take a config read \
-             {{\"event\", \"source\", \"webhook_id\", \"config\"}}, e.g. triage"
-        ))
-    })?;
-    Ok(config)
-}
-
 pub async fn tokens(config: Config, cmd: TokensCommand) -> anyhow::Result<()> {
     match cmd {
         TokensCommand::Create {
@@ -182,30 +141,26 @@ pub async fn tokens(config: Config, cmd: TokensCommand) -> anyhow::Result<()> {
             actor,
             json,
         } => {
-            TenantId::parse(&tenant).map_err(refuse)?;
-            if !db::access::ROLES.contains(&role.as_str()) {
-                return Err(refuse(format!(
-                    "--role {role:?}: use producer, operator or admin"
-                )));
-            }
-            let pool = connect(&config).await?;
-            let actor = crate::wiring::actor_name(&actor);
-            let (id, token) = db::access::create_token(&pool, &tenant, &role, &actor)
-                .await
-                .context("creating the token")?;
+            let (app, caller) = cli_app(&config, &actor).await?;
+            let created = access::create_token(&app, &caller, &tenant, &role).await;
+            let t = done(app, created).await?;
             if json {
                 println!(
                     "{}",
-                    json!({ "id": id, "token": token, "tenant": tenant, "role": role })
+                    json!({ "id": t.id, "token": t.token, "tenant": tenant, "role": role })
                 );
             } else {
-                println!("token {id} for tenant {tenant} ({role}) — shown once, store it now:");
-                println!("{token}");
+                println!(
+                    "token {} for tenant {tenant} ({role}) — shown once, store it now:",
+                    t.id
+                );
+                println!("{}", t.token);
             }
         }
         TokensCommand::List { tenant, json } => {
-            let pool = connect(&config).await?;
-            for t in db::access::list_tokens(&pool, tenant.as_deref()).await? {
+            let (app, caller) = cli_app(&config, &None).await?;
+            let listed = access::list_tokens(&app, &caller, tenant.as_deref()).await;
+            for t in done(app, listed).await? {
                 if json {
                     println!("{}", serde_json::to_string(&t)?);
                 } else {
@@ -225,10 +180,9 @@ pub async fn tokens(config: Config, cmd: TokensCommand) -> anyhow::Result<()> {
         TokensCommand::Revoke { id, actor } => {
             let id = uuid::Uuid::parse_str(&id)
                 .map_err(|_| refuse(format!("{id:?} is not a token id (a UUID)")))?;
-            let pool = connect(&config).await?;
-            if !db::access::revoke_token(&pool, id, &crate::wiring::actor_name(&actor)).await? {
-                return Err(refuse(format!("no active token {id}")));
-            }
+            let (app, caller) = cli_app(&config, &actor).await?;
+            let revoked = access::revoke_token(&app, &caller, id).await;
+            done(app, revoked).await?;
             println!("token {id} revoked");
         }
     }
@@ -245,26 +199,21 @@ pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()
             actor,
             json,
         } => {
-            TenantId::parse(&tenant).map_err(refuse)?;
-            name_ok("--source", &source)?;
-            let registry = agentq_kinds::registry();
-            let known = registry.kinds();
-            if !known.contains(&kind) {
-                return Err(refuse(format!(
-                    "unknown kind {kind:?}; this deployment runs: {}",
-                    known.join(", ")
-                )));
-            }
-            let source_config = source_config
-                .map(|c| check_source_config(&registry, &kind, &source, &c))
-                .transpose()?;
-            if source_config.is_none() && kind == "triage" {
-                return Err(refuse(
-                    "kind triage needs --config '{\"callback_url\": \"https://…\"}' (and \
-                     optionally \"labels\": [\"bug\", \"question\", …])",
-                ));
-            }
+            let (app, caller) = cli_app(&config, &actor).await?;
+            let added = access::add_source(
+                &app,
+                &caller,
+                &tenant,
+                &source,
+                &kind,
+                source_config.as_deref(),
+            )
+            .await;
+            let secret = done(app, added).await?;
             // The same check a worker makes, against this process's AGENTQ_AGENT_HTTP_ALLOW.
+            let source_config: Option<serde_json::Value> = source_config
+                .as_deref()
+                .and_then(|c| serde_json::from_str(c).ok());
             let callback = source_config
                 .as_ref()
                 .and_then(|c| c.get("callback_url")?.as_str())
@@ -276,24 +225,6 @@ pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()
                         "note: {why} (here); workers refuse callbacks to origins missing from theirs"
                     );
                 }
-            }
-            let pool = connect(&config).await?;
-            let secret = Secret::generate().expose();
-            let actor = crate::wiring::actor_name(&actor);
-            if !db::access::add_source(
-                &pool,
-                &tenant,
-                &source,
-                &kind,
-                source_config.as_ref(),
-                &secret,
-                &actor,
-            )
-            .await?
-            {
-                return Err(refuse(format!(
-                    "tenant {tenant} already has a webhook source {source:?}; rotate its secret instead"
-                )));
             }
             if json {
                 println!(
@@ -314,20 +245,15 @@ pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()
             actor,
             json,
         } => {
-            let until = crate::dlq::parse_since(&grace).map_err(|_| {
+            let until = agentq_app::time::parse_since(&grace, "--grace").map_err(|_| {
                 refuse(format!(
                     "--grace {grace:?}: use a duration like 24h, 30m, 0s"
                 ))
             })?;
             let grace = chrono::Utc::now() - until;
-            let pool = connect(&config).await?;
-            let secret = Secret::generate().expose();
-            let actor = crate::wiring::actor_name(&actor);
-            if !db::access::rotate_secret(&pool, &tenant, &source, &secret, grace, &actor).await? {
-                return Err(refuse(format!(
-                    "tenant {tenant} has no webhook source {source:?}"
-                )));
-            }
+            let (app, caller) = cli_app(&config, &actor).await?;
+            let rotated = access::rotate_secret(&app, &caller, &tenant, &source, grace).await;
+            let secret = done(app, rotated).await?;
             if json {
                 println!(
                     "{}",
@@ -341,8 +267,9 @@ pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()
             }
         }
         WebhooksCommand::List { tenant, json } => {
-            let pool = connect(&config).await?;
-            for s in db::access::list_sources(&pool, tenant.as_deref()).await? {
+            let (app, caller) = cli_app(&config, &None).await?;
+            let listed = access::list_sources(&app, &caller, tenant.as_deref()).await;
+            for s in done(app, listed).await? {
                 if json {
                     println!("{}", serde_json::to_string(&s)?);
                 } else {
@@ -371,8 +298,6 @@ fn store_json(s: &db::stores::Store) -> serde_json::Value {
 }
 
 pub async fn stores(config: Config, cmd: StoresCommand) -> anyhow::Result<()> {
-    use db::docs::Ident;
-    use db::stores::{self, Access, Location};
     match cmd {
         StoresCommand::Add {
             tenant,
@@ -381,54 +306,36 @@ pub async fn stores(config: Config, cmd: StoresCommand) -> anyhow::Result<()> {
             table,
             id_column,
             body_column,
-            access,
+            access: grant,
             actor,
             json,
         } => {
-            TenantId::parse(&tenant).map_err(refuse)?;
-            stores::check_name(&name).map_err(|e| refuse(format!("--name: {e}")))?;
-            let access = Access::parse(&access).map_err(|e| refuse(format!("--{e}")))?;
-            let location = match (dir, table) {
-                (Some(dir), None) => Location::Dir(
-                    stores::check_dir(&dir).map_err(|e| refuse(format!("--dir: {e}")))?,
-                ),
-                (None, Some(table)) => {
-                    let table =
-                        Ident::table(&table).map_err(|e| refuse(format!("--table: {e}")))?;
-                    stores::check_table(&table).map_err(|e| refuse(format!("--table: {e}")))?;
-                    Location::Table {
-                        table,
-                        id_column: Ident::column(&id_column)
-                            .map_err(|e| refuse(format!("--id-column: {e}")))?,
-                        body_column: Ident::column(&body_column)
-                            .map_err(|e| refuse(format!("--body-column: {e}")))?,
-                    }
-                }
+            let place = match (&dir, &table) {
+                (Some(dir), None) => access::Place::Dir(dir),
+                (None, Some(table)) => access::Place::Table {
+                    table,
+                    id_column: &id_column,
+                    body_column: &body_column,
+                },
                 _ => return Err(refuse("give exactly one of --dir and --table")),
             };
-            let pool = connect(&config).await?;
-            let actor = crate::wiring::actor_name(&actor);
-            if !stores::add(&pool, &tenant, &name, &location, access, &actor).await? {
-                return Err(refuse(format!(
-                    "tenant {tenant} already has a store {name:?}; remove it first to change it"
-                )));
-            }
+            let (app, caller) = cli_app(&config, &actor).await?;
+            let added = access::add_store(&app, &caller, &tenant, &name, place, &grant).await;
+            let store = done(app, added).await?;
             if json {
-                let store = stores::get(&pool, &tenant, &name)
-                    .await?
-                    .context("the store just added")?;
                 println!("{}", store_json(&store));
             } else {
                 println!(
                     "store {name} (tenant {tenant}): {} for {}",
-                    location.describe(),
-                    access.as_str()
+                    store.location.describe(),
+                    store.access.as_str()
                 );
             }
         }
         StoresCommand::List { tenant, json } => {
-            let pool = connect(&config).await?;
-            for s in stores::list(&pool, tenant.as_deref()).await? {
+            let (app, caller) = cli_app(&config, &None).await?;
+            let listed = access::list_stores(&app, &caller, tenant.as_deref()).await;
+            for s in done(app, listed).await? {
                 if json {
                     println!("{}", store_json(&s));
                 } else {
@@ -447,10 +354,9 @@ pub async fn stores(config: Config, cmd: StoresCommand) -> anyhow::Result<()> {
             name,
             actor,
         } => {
-            let pool = connect(&config).await?;
-            if !stores::remove(&pool, &tenant, &name, &crate::wiring::actor_name(&actor)).await? {
-                return Err(refuse(format!("tenant {tenant} has no store {name:?}")));
-            }
+            let (app, caller) = cli_app(&config, &actor).await?;
+            let removed = access::remove_store(&app, &caller, &tenant, &name).await;
+            done(app, removed).await?;
             println!("store {name} of tenant {tenant} removed");
         }
     }

@@ -134,11 +134,6 @@ pub struct BulkArgs {
     pub json: bool,
 }
 
-/// A point in the past: RFC 3339, or a duration ago (30m, 2h, 7d).
-pub fn parse_since(s: &str) -> anyhow::Result<DateTime<Utc>> {
-    crate::wiring::parse_moment(s, "since", false)
-}
-
 impl FilterArgs {
     fn parse(&self) -> anyhow::Result<Filter> {
         app::dlq::build_filter(
@@ -528,17 +523,5 @@ fn truncate(s: &str, n: usize) -> String {
         s.to_string()
     } else {
         format!("{}…", s.chars().take(n).collect::<String>())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn since_accepts_durations_and_timestamps() {
-        assert!(parse_since("2h").unwrap() < Utc::now());
-        assert!(parse_since("2026-01-01T00:00:00Z").is_ok());
-        assert!(parse_since("2 weeks").is_err());
     }
 }

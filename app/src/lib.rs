@@ -4,11 +4,13 @@
 //! returns a typed outcome or an [`AppError`]. The CLI, the HTTP API and the console only
 //! parse, call and render, so they cannot disagree.
 //!
+//! - [`access`]: tokens, webhook sources, stores (an admin's, audited);
 //! - [`operations`]: signal, approve / reject, cancel;
 //! - [`dlq`]: retry, resolve, discard one dead letter;
 //! - [`batches`]: start, pause, resume, cancel a batch, and its progress;
 //! - [`time`]: times and durations as people type them.
 
+pub mod access;
 pub mod batches;
 pub mod caller;
 pub mod dlq;

@@ -296,6 +296,22 @@ impl Producer {
         })
     }
 
+    /// Checks `input` against `kind` as an enqueue would (the kind is known, the input fits),
+    /// without writing anything; returns what it requires beyond its shape.
+    pub fn check_input(&self, kind: &str, input: &Value) -> Result<Requires, String> {
+        if !self.kinds.contains(kind) {
+            let known: Vec<&str> = self.kinds().collect();
+            return Err(format!(
+                "unknown kind {kind:?}; this deployment runs: {}",
+                known.join(", ")
+            ));
+        }
+        match &self.check {
+            Some(check) => check(kind, input),
+            None => Ok(Requires::default()),
+        }
+    }
+
     /// The job kinds this producer accepts.
     pub fn kinds(&self) -> impl Iterator<Item = &str> {
         self.kinds.iter().map(String::as_str)

@@ -1,0 +1,252 @@
+//! Access: API tokens (stored hashed, shown once), webhook sources (their signing secrets and
+//! an optional per-source config, checked against the source's kind), and the stores a
+//! tenant's operations may read or write. Every act here is an admin's and is audited in
+//! `operator_actions`; a refused one changes nothing.
+
+use agentq_core::db::access;
+use agentq_core::db::docs::Ident;
+use agentq_core::db::stores::{self, Access, Location, Store};
+use agentq_core::operation::TenantId;
+use agentq_core::webhook::Secret;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::{App, AppError, Caller, Result, Role};
+
+fn tenant(t: &str) -> Result<()> {
+    TenantId::parse(t)
+        .map(|_| ())
+        .map_err(|e| AppError::invalid("tenant", e))
+}
+
+/// A token just created: its id and the token itself, which is stored nowhere.
+pub struct NewToken {
+    pub id: Uuid,
+    pub token: String,
+}
+
+/// Creates a token of `role` for `tenant`.
+pub async fn create_token(app: &App, caller: &Caller, t: &str, role: &str) -> Result<NewToken> {
+    caller.require(Role::Admin)?;
+    tenant(t)?;
+    if Role::parse(role).is_none() {
+        return Err(AppError::invalid(
+            "role",
+            format!("--role {role:?}: use producer, operator or admin"),
+        ));
+    }
+    let (id, token) = access::create_token(&app.pool, t, role, &caller.actor).await?;
+    Ok(NewToken { id, token })
+}
+
+/// Revokes the token `id`.
+pub async fn revoke_token(app: &App, caller: &Caller, id: Uuid) -> Result<()> {
+    caller.require(Role::Admin)?;
+    if access::revoke_token(&app.pool, id, &caller.actor).await? {
+        Ok(())
+    } else {
+        Err(AppError::NotFound(format!("no active token {id}")))
+    }
+}
+
+/// The tokens of one tenant or all (their prefixes, never the tokens).
+pub async fn list_tokens(
+    app: &App,
+    caller: &Caller,
+    t: Option<&str>,
+) -> Result<Vec<access::TokenView>> {
+    caller.require(Role::Admin)?;
+    Ok(access::list_tokens(&app.pool, t).await?)
+}
+
+/// A name a source or a store may have: 1-64 letters, digits, `_`, `-`, `.`.
+fn name_ok(field: &'static str, s: &str) -> Result<()> {
+    if s.is_empty()
+        || s.len() > 64
+        || !s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return Err(AppError::invalid(
+            field,
+            format!("{field} {s:?}: use 1-64 characters of letters, digits, '_', '-', '.'"),
+        ));
+    }
+    Ok(())
+}
+
+/// Adds the webhook source `source` of `tenant`, creating `kind` operations, with an optional
+/// config (a JSON object handed to each operation as `{"event", "source", "webhook_id",
+/// "config"}`, checked against the kind now rather than at every delivery). Returns its
+/// signing secret, stored for verification and shown once.
+pub async fn add_source(
+    app: &App,
+    caller: &Caller,
+    t: &str,
+    source: &str,
+    kind: &str,
+    config: Option<&str>,
+) -> Result<String> {
+    caller.require(Role::Admin)?;
+    tenant(t)?;
+    name_ok("--source", source)?;
+    let config: Option<Value> = config
+        .map(|raw| {
+            let v: Value = serde_json::from_str(raw).map_err(|e| {
+                AppError::invalid("--config", format!("--config is not valid JSON: {e}"))
+            })?;
+            if !v.is_object() {
+                return Err(AppError::invalid(
+                    "--config",
+                    "--config must be a JSON object, e.g. '{\"callback_url\": \"https://…\"}'",
+                ));
+            }
+            Ok(v)
+        })
+        .transpose()?;
+    // A delivery's input as the source will build it; `triage` needs a config.
+    let sample = match &config {
+        Some(c) => json!({ "event": {}, "source": source, "webhook_id": "check", "config": c }),
+        None => json!({}),
+    };
+    match app.producer.check_input(kind, &sample) {
+        Err(e) if e.starts_with("unknown kind") => return Err(AppError::invalid("--kind", e)),
+        Err(e) if config.is_some() => {
+            return Err(AppError::invalid(
+                "--config",
+                format!(
+                    "--config does not fit kind {kind:?} ({e}); kinds that take a config read \
+                     {{\"event\", \"source\", \"webhook_id\", \"config\"}}, e.g. triage"
+                ),
+            ));
+        }
+        _ => {}
+    }
+    // The built-in kind configured by its source: its deliveries cannot run without one.
+    if config.is_none() && kind == "triage" {
+        return Err(AppError::invalid(
+            "--config",
+            "kind triage needs --config '{\"callback_url\": \"https://…\"}' (and optionally \
+             \"labels\": [\"bug\", \"question\", …])",
+        ));
+    }
+    let secret = Secret::generate().expose();
+    if !access::add_source(
+        &app.pool,
+        t,
+        source,
+        kind,
+        config.as_ref(),
+        &secret,
+        &caller.actor,
+    )
+    .await?
+    {
+        return Err(AppError::Conflict(format!(
+            "tenant {t} already has a webhook source {source:?}; rotate its secret instead"
+        )));
+    }
+    Ok(secret)
+}
+
+/// Adds a new secret to the source; the current ones stay valid for `grace`.
+pub async fn rotate_secret(
+    app: &App,
+    caller: &Caller,
+    t: &str,
+    source: &str,
+    grace: chrono::Duration,
+) -> Result<String> {
+    caller.require(Role::Admin)?;
+    let secret = Secret::generate().expose();
+    if access::rotate_secret(&app.pool, t, source, &secret, grace, &caller.actor).await? {
+        Ok(secret)
+    } else {
+        Err(AppError::NotFound(format!(
+            "tenant {t} has no webhook source {source:?}"
+        )))
+    }
+}
+
+/// The webhook sources of one tenant or all (never their secrets).
+pub async fn list_sources(
+    app: &App,
+    caller: &Caller,
+    t: Option<&str>,
+) -> Result<Vec<access::SourceView>> {
+    caller.require(Role::Admin)?;
+    Ok(access::list_sources(&app.pool, t).await?)
+}
+
+/// Where a new store is, as a person names it: a directory, or a table with its columns.
+pub enum Place<'a> {
+    Dir(&'a str),
+    Table {
+        table: &'a str,
+        id_column: &'a str,
+        body_column: &'a str,
+    },
+}
+
+/// Registers a store for `tenant`: never one of agentq's own tables or a system schema, a
+/// directory only absolute and plain.
+pub async fn add_store(
+    app: &App,
+    caller: &Caller,
+    t: &str,
+    name: &str,
+    place: Place<'_>,
+    access: &str,
+) -> Result<Store> {
+    caller.require(Role::Admin)?;
+    tenant(t)?;
+    stores::check_name(name).map_err(|e| AppError::invalid("--name", format!("--name: {e}")))?;
+    let access =
+        Access::parse(access).map_err(|e| AppError::invalid("--access", format!("--{e}")))?;
+    let location = match place {
+        Place::Dir(dir) => Location::Dir(
+            stores::check_dir(dir)
+                .map_err(|e| AppError::invalid("--dir", format!("--dir: {e}")))?,
+        ),
+        Place::Table {
+            table,
+            id_column,
+            body_column,
+        } => {
+            let bad = |f: &'static str, e: String| AppError::invalid(f, format!("{f}: {e}"));
+            let table = Ident::table(table).map_err(|e| bad("--table", e))?;
+            stores::check_table(&table).map_err(|e| bad("--table", e))?;
+            Location::Table {
+                table,
+                id_column: Ident::column(id_column).map_err(|e| bad("--id-column", e))?,
+                body_column: Ident::column(body_column).map_err(|e| bad("--body-column", e))?,
+            }
+        }
+    };
+    if !stores::add(&app.pool, t, name, &location, access, &caller.actor).await? {
+        return Err(AppError::Conflict(format!(
+            "tenant {t} already has a store {name:?}; remove it first to change it"
+        )));
+    }
+    stores::get(&app.pool, t, name)
+        .await?
+        .ok_or_else(|| AppError::Conflict(format!("store {name:?} was removed meanwhile")))
+}
+
+/// Removes a store: operations naming it that have not read or written it yet then fail.
+pub async fn remove_store(app: &App, caller: &Caller, t: &str, name: &str) -> Result<()> {
+    caller.require(Role::Admin)?;
+    if stores::remove(&app.pool, t, name, &caller.actor).await? {
+        Ok(())
+    } else {
+        Err(AppError::NotFound(format!(
+            "tenant {t} has no store {name:?}"
+        )))
+    }
+}
+
+/// The stores of one tenant or all.
+pub async fn list_stores(app: &App, caller: &Caller, t: Option<&str>) -> Result<Vec<Store>> {
+    caller.require(Role::Admin)?;
+    Ok(stores::list(&app.pool, t).await?)
+}
