@@ -21,7 +21,7 @@
 //! | 400 event streams from one token; a stream outliving its token's revocation | `api::event_streams_are_capped_per_token_and_end_when_their_token_is_revoked`, `api::event_streams_of_many_operations_share_the_poller_and_each_gets_exactly_its_events` |
 //! | approving its own operation (API, console, a signal sent before the wait) | `api::approving_needs_an_operator_unless_the_deployment_lets_producers`, `console::console_refuses_producers_forged_forms_and_other_tenants_and_hides_payloads` |
 //! | a squatted `webhook:` / `batch:` dedupe key | `api_hostile::api_hostile_input_battery_gets_4xx_problems_and_enqueues_nothing`, `foundation::bad_input_is_refused_with_exit_code_2_and_writes_nothing` |
-//! | overflowing dates and durations (CLI flags, query parameters, job inputs) | the same two, and `console::console_refuses_producers_forged_forms_and_other_tenants_and_hides_payloads` |
+//! | overflowing dates and durations (CLI flags, query parameters, job inputs, console filters) | the same two, and `hostile_producer::the_console_refuses_overflowing_dates_and_keeps_serving` |
 //! | probing which webhook sources exist; `/metrics` without a token | `api_hostile::api_webhooks_refuse_a_thousand_tampered_deliveries_and_store_nothing`, `metrics::*` |
 
 use std::collections::BTreeSet;
@@ -508,5 +508,36 @@ async fn triage_is_the_webhook_sources_and_a_300_mb_answer_leaves_the_worker_nea
     })
     .await;
     receiver.abort();
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_console_refuses_overflowing_dates_and_keeps_serving() {
+    let mut app = TestApp::start().await;
+    let (_, base) = app.serve().await;
+    let operator = app.token("acme", "operator");
+    let mut console = crate::console::Browser::new(&base);
+    assert_eq!(console.login(&operator).await.0, 303);
+    for since in [
+        "100000000d",
+        "99999999999999999999999d",
+        "-5m",
+        "0001-01-01T00:00:00Z",
+        "99999-01-01T00:00",
+    ] {
+        for field in ["since", "until"] {
+            let path = format!("/ui/operations?{field}={}", crate::api::urlencode(since));
+            let (status, page) = console.get(&path).await;
+            assert!(
+                status == 400 || status == 200,
+                "{path}: {status} (a refusal or a page, never a crash)"
+            );
+            if status == 400 {
+                assert!(page.contains(field), "{path}: the refusal names {field}");
+            }
+        }
+    }
+    // Still serving.
+    assert_eq!(console.get("/ui/operations").await.0, 200);
     app.cleanup().await;
 }
