@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Cli, Command, EnqueueArgs};
 use crate::wiring::{
-    app, cli_app, cli_error, connect, done, parse_moment, parse_time, producer, refuse, scheduler,
+    app, cli_app, cli_error, connect, done, parse_moment, parse_time, refuse, scheduler,
     shutdown_on_signal, worker,
 };
 
@@ -203,8 +203,7 @@ async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {
     if let Some(k) = &args.key {
         agentq_core::operation::check_producer_key(k).map_err(|e| refuse(format!("--key: {e}")))?;
     }
-    let pool = connect(&config).await?;
-    let (producer, dispatcher) = producer(&config, pool, "enqueue");
+    let (app, caller) = cli_app(&config, &None).await?;
     // The enqueue is a span of its own: a child of `TRACEPARENT` when the caller sets one (the
     // OpenTelemetry convention for passing a trace to a process), else the root of a new trace.
     // The operation carries it to the worker, as one created over the API does.
@@ -230,15 +229,10 @@ async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {
         traceparent: telemetry::traceparent_of(&span).or(incoming),
         ..EnqueueRequest::default()
     };
-    let result = tracing::Instrument::instrument(producer.enqueue(req), span).await;
-    dispatcher.close().await;
-    let enqueued = result.map_err(|e| {
-        if e.is_refusal() {
-            refuse(e.to_string())
-        } else {
-            anyhow::Error::new(e)
-        }
-    })?;
+    let result =
+        tracing::Instrument::instrument(agentq_app::operations::enqueue(&app, &caller, req), span)
+            .await;
+    let enqueued = done(app, result).await?;
     if args.json {
         println!("{}", serde_json::to_string(&enqueued)?);
     } else {
@@ -253,18 +247,16 @@ async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn find(config: &Config, op: &str) -> anyhow::Result<(PgPool, OperationView)> {
-    let id = OperationId::parse(op).map_err(refuse)?;
-    let pool = connect(config).await?;
-    let view = db::find_operation(&pool, id, None)
-        .await
-        .context("reading the operation")?
-        .ok_or_else(|| refuse(format!("no operation {id}")))?;
-    Ok((pool, view))
+/// The operation `op`, through the application layer (the CLI acts as an admin).
+async fn find(config: &Config, op: &str) -> anyhow::Result<OperationView> {
+    let op = agentq_app::operations::parse_id(op).map_err(cli_error)?;
+    let (app, caller) = cli_app(config, &None).await?;
+    let found = agentq_app::operations::find(&app, &caller, op).await;
+    done(app, found).await
 }
 
 async fn status(config: Config, op: &str, json: bool) -> anyhow::Result<()> {
-    let (_, v) = find(&config, op).await?;
+    let v = find(&config, op).await?;
     if json {
         println!("{}", serde_json::to_string(&v)?);
         return Ok(());
@@ -300,10 +292,10 @@ async fn status(config: Config, op: &str, json: bool) -> anyhow::Result<()> {
 }
 
 async fn steps(config: Config, op: &str, json: bool) -> anyhow::Result<()> {
-    let (pool, v) = find(&config, op).await?;
-    let steps: Vec<StepView> = db::list_steps(&pool, v.op_id.0, None)
-        .await
-        .context("reading the journal")?;
+    let op = agentq_app::operations::parse_id(op).map_err(cli_error)?;
+    let (app, caller) = cli_app(&config, &None).await?;
+    let listed = agentq_app::operations::steps(&app, &caller, op).await;
+    let steps: Vec<StepView> = done(app, listed).await?;
     for s in steps {
         if json {
             println!("{}", serde_json::to_string(&s)?);

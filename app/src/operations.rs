@@ -184,6 +184,55 @@ pub async fn find(
         .ok_or_else(|| not_found(op))
 }
 
+/// The journal of `op` as the caller may see it, oldest step first.
+pub async fn steps(
+    app: &App,
+    caller: &Caller,
+    op: OperationId,
+) -> Result<Vec<agentq_core::operation::StepView>> {
+    caller.require(Role::Producer)?;
+    let steps = db::list_steps(&app.pool, op.0, caller.scope()).await?;
+    if steps.is_empty() {
+        // An operation with no step yet, or none the caller may see.
+        find(app, caller, op).await?;
+    }
+    Ok(steps)
+}
+
+/// The tenant an enqueue is for: a producer's or operator's own (naming another is refused),
+/// or the one an admin names (an admin belongs to no one tenant).
+pub fn tenant_of(caller: &Caller, named: Option<&str>) -> Result<String> {
+    match (named, caller.role) {
+        (Some(t), Role::Admin) => Ok(t.to_string()),
+        (None, Role::Admin) => Err(AppError::invalid(
+            "/tenant",
+            "an admin token belongs to no one tenant: name the tenant in \"tenant\"",
+        )),
+        (Some(t), _) if t != caller.tenant => Err(AppError::Forbidden(format!(
+            "this token may only enqueue for tenant {:?}",
+            caller.tenant
+        ))),
+        _ => Ok(caller.tenant.clone()),
+    }
+}
+
+/// Enqueues `req` for the caller (`req.tenant` must be one [`tenant_of`] allows): stored, then
+/// its pointer published. Refusals name the field at fault; a dedupe key naming an operation
+/// with another input is a conflict.
+pub async fn enqueue(
+    app: &App,
+    caller: &Caller,
+    req: agentq_producer::EnqueueRequest,
+) -> Result<agentq_producer::Enqueued> {
+    caller.require(Role::Producer)?;
+    tenant_of(caller, Some(&req.tenant))?;
+    app.producer.enqueue(req).await.map_err(|e| match e {
+        agentq_producer::Error::Invalid { field, message } => AppError::Invalid { field, message },
+        agentq_producer::Error::Db(e) => AppError::Db(e),
+        conflict => AppError::Conflict(conflict.to_string()),
+    })
+}
+
 pub(crate) fn not_found(op: OperationId) -> AppError {
     AppError::NotFound(format!("no operation {op}"))
 }

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use agentq_app as app;
-use agentq_core::db;
 use agentq_core::operation::{Lane, OperationId, input_sha256};
 use agentq_producer::{EnqueueRequest, Error as EnqueueError};
 use axum::Json;
@@ -82,23 +81,8 @@ pub async fn create(
     }
     let fingerprint = input_sha256(&value);
     let req: CreateOperation = body::decode(value)?;
-    let tenant = match (&req.tenant, caller.role) {
-        (Some(t), Role::Admin) => t.clone(),
-        (None, Role::Admin) => {
-            return Err(ApiError::unprocessable(
-                "an admin token belongs to no one tenant: name the tenant in \"tenant\"",
-            )
-            .field("/tenant"));
-        }
-        (Some(t), _) if *t != caller.tenant => {
-            return Err(ApiError::forbidden(format!(
-                "this token may only enqueue for tenant {:?}",
-                caller.tenant
-            ))
-            .field("/tenant"));
-        }
-        _ => caller.tenant.clone(),
-    };
+    let tenant = app::operations::tenant_of(&caller.app(), req.tenant.as_deref())
+        .map_err(|e| ApiError::from(e).field("/tenant"))?;
     let key = idempotency_key(&headers)?;
     if let Some(run_at) = req.run_at
         && run_at > Utc::now() + chrono::Duration::days(366)
@@ -181,30 +165,16 @@ pub fn enqueue_error(e: EnqueueError) -> ApiError {
     }
 }
 
-/// The operation `id` as the caller may see it, or 404.
-async fn visible(
-    state: &ApiState,
-    caller: &Caller,
-    id: &str,
-) -> ApiResult<agentq_core::operation::OperationView> {
-    let op = OperationId(parse_id(id, "id")?);
-    db::find_operation(&state.pool, op, caller.scope())
-        .await?
-        .ok_or_else(|| not_found(op))
-}
-
-fn not_found(op: OperationId) -> ApiError {
-    ApiError::not_found(format!("no operation {op}")).field("id")
-}
-
 /// `GET /v1/operations/{id}`.
 pub async fn show(
     State(state): State<Arc<ApiState>>,
     caller: Caller,
     Params(id): Params<String>,
 ) -> ApiResult<Json<agentq_core::operation::OperationView>> {
-    caller.require(Role::Producer)?;
-    Ok(Json(visible(&state, &caller, &id).await?))
+    let op = OperationId(parse_id(&id, "id")?);
+    Ok(Json(
+        app::operations::find(&state.app, &caller.app(), op).await?,
+    ))
 }
 
 /// `GET /v1/operations/{id}/steps`.
@@ -213,16 +183,8 @@ pub async fn steps(
     caller: Caller,
     Params(id): Params<String>,
 ) -> ApiResult<Json<Value>> {
-    caller.require(Role::Producer)?;
     let op = OperationId(parse_id(&id, "id")?);
-    let steps = db::list_steps(&state.pool, op.0, caller.scope()).await?;
-    if steps.is_empty()
-        && db::find_operation(&state.pool, op, caller.scope())
-            .await?
-            .is_none()
-    {
-        return Err(not_found(op));
-    }
+    let steps = app::operations::steps(&state.app, &caller.app(), op).await?;
     Ok(Json(json!({ "op_id": op, "steps": steps })))
 }
 
