@@ -337,6 +337,12 @@ impl Drop for Processes {
 struct Progress {
     terminal: AtomicI64,
     enqueued: AtomicI64,
+    /// How many operations the enqueuer may have enqueued so far. A reserve of
+    /// [`RESUMED_AFTER`] per fault is held back and released as each fault fires, so every
+    /// fault leaves work behind it to measure the recovery on, however fast the machine runs
+    /// the rest (on a quiet machine the workload could finish during a long fault, leaving the
+    /// next one nothing to resume).
+    released: AtomicI64,
 }
 
 async fn count_terminal(pool: &PgPool) -> Option<i64> {
@@ -431,6 +437,11 @@ async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
 
     // The monitor: terminal count every 100 ms, and supervision of the processes.
     let progress = Arc::new(Progress::default());
+    let faults = schedule(&size);
+    let reserve = (RESUMED_AFTER * faults.len() as i64).min(size.operations as i64 / 5);
+    progress
+        .released
+        .store(size.operations as i64 - reserve, Ordering::SeqCst);
     let monitor_stop = Arc::new(AtomicBool::new(false));
     let monitor = {
         let (pool, progress, stop) = (pool.clone(), progress.clone(), monitor_stop.clone());
@@ -518,6 +529,7 @@ async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
                 while progress.enqueued.load(Ordering::SeqCst)
                     - progress.terminal.load(Ordering::SeqCst)
                     >= window
+                    || i as i64 >= progress.released.load(Ordering::SeqCst)
                 {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -554,7 +566,6 @@ async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
     };
 
     // The faults, each at its share of the workload, each followed by its recovery.
-    let faults = schedule(&size);
     let mut records: Vec<Record> = Vec::new();
     let mut rng = Lcg(seed ^ 0xfa17);
     let n = size.operations as i64;
@@ -619,6 +630,13 @@ async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
             }
         }
         let ended = Instant::now();
+        // Release this fault's share of the reserve (all of it after the last fault).
+        let released = if i + 1 == faults.len() {
+            n
+        } else {
+            (progress.released.load(Ordering::SeqCst) + RESUMED_AFTER).min(n)
+        };
+        progress.released.store(released, Ordering::SeqCst);
         let base = progress.terminal.load(Ordering::SeqCst);
         let target = (base + RESUMED_AFTER).min(n);
         let until = ended + Duration::from_secs(120);
