@@ -180,8 +180,9 @@ impl Scheduler {
         Ok(())
     }
 
-    /// One pass of the timer loop: wakes what is due (marking it taken for dispatch) and hands
-    /// the pointers to a background publish, so the next batch is woken while this one's
+    /// One pass of the timer loop: wakes what is due and hands the pointers to a background
+    /// publish (each marked dispatched once confirmed; one this scheduler never confirms is
+    /// published by the sweeper after the grace period), so the next batch is woken while this one's
     /// confirms are still coming back; at most [`PUBLISHES_IN_FLIGHT`] batches publish at once.
     /// Returns how many it woke.
     pub async fn wake(&self) -> anyhow::Result<usize> {
@@ -194,10 +195,28 @@ impl Scheduler {
         }
         if n > 0 {
             let rows: Vec<db::Dispatch> = woken.iter().map(db::Dispatch::from).collect();
-            let (pool, dispatcher) = (self.pool.clone(), self.dispatcher.clone());
+            let dispatcher = self.dispatcher.clone();
             tokio::spawn(async move {
-                if let Err(e) = publish_taken(&pool, &dispatcher, rows).await {
-                    tracing::warn!(error = %e, "dispatching woken operations failed; the sweeper will retry");
+                let sends = rows.into_iter().map(|row| {
+                    let target = Target::from(row);
+                    let dispatcher = dispatcher.clone();
+                    async move {
+                        tokio::time::timeout(PUBLISH_TIMEOUT, dispatcher.dispatch(&target))
+                            .await
+                            .map_err(|_| "no confirm in time".to_string())
+                            .and_then(|r| r.map_err(|e| e.to_string()))
+                    }
+                });
+                let failed = futures_util::future::join_all(sends)
+                    .await
+                    .into_iter()
+                    .filter(Result::is_err)
+                    .count();
+                if failed > 0 {
+                    tracing::warn!(
+                        n = failed,
+                        "dispatching woken operations failed; the sweeper will publish them"
+                    );
                 }
                 drop(permit);
             });

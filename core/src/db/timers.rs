@@ -129,9 +129,12 @@ pub enum Wait {
 
 /// Wakes up to `limit` sleeping or waiting operations that are due (wake time or timeout), and
 /// waiting ones whose signal has arrived (a signal that raced the wait's start): back to
-/// `queued`, taken for dispatch by the caller (`dispatched_at` set; the caller publishes, and
-/// clears it if the publish fails). The attempt counter is given back (the claim counts it
-/// again): a wake-up is not a new attempt.
+/// `queued` with `dispatched_at` NULL: the caller publishes their pointers and marks them
+/// dispatched after the broker confirms (`Dispatcher::dispatch`), as a producer does. If the
+/// caller dies in between, the dispatch sweeper publishes them once the grace period after
+/// `updated_at` has passed (a wake taking them as dispatched before publishing left them
+/// without a pointer until the broker's queue ran empty). The attempt counter is given back
+/// (the claim counts it again): a wake-up is not a new attempt.
 pub async fn wake_due(pool: &PgPool, limit: i64) -> Result<Vec<Woken>> {
     let rows = sqlx::query_as(
         "WITH timed AS (
@@ -153,8 +156,8 @@ pub async fn wake_due(pool: &PgPool, limit: i64) -> Result<Vec<Woken>> {
             SET status = 'queued', waiting_for = NULL, attempt = o.attempt - 1,
                 -- A signal can wake a wait before its timeout: it may run now.
                 run_at = LEAST(o.run_at, now()),
-                -- Taken for dispatch by this scheduler (see db::operations::clear_dispatched).
-                dispatched_at = now(), updated_at = clock_timestamp()
+                -- Published and marked by this scheduler; the sweeper's grace period starts now.
+                dispatched_at = NULL, updated_at = clock_timestamp()
            FROM due
           WHERE o.id = due.id AND o.status IN ('sleeping', 'waiting')
       RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch, o.run_at AS due_at,
