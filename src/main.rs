@@ -1,6 +1,7 @@
 //! The `agentq` binary: parses the command line, installs logging and tracing, and hands the
 //! command to [`commands::run`]. Exit codes: 0 success, 2 the input was refused (the message on stderr
-//! says what and why), 1 anything else.
+//! says what and why), 1 anything else; 141 when the reader of its output went away
+//! (`agentq steps OP | head`), as for a program ended by SIGPIPE.
 
 mod access;
 mod batch;
@@ -20,7 +21,27 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// Output piped into a reader that stopped (`agentq dlq list | head`) ends the process quietly
+/// with 141, as SIGPIPE would, instead of a panic and a backtrace (Rust ignores SIGPIPE, so
+/// `println!` panics on a closed pipe). Every other panic goes to the default hook.
+fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to std") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_broken_pipe();
     let cli = cli::Cli::parse();
     let telemetry = agentq_core::telemetry::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
