@@ -59,22 +59,6 @@ pub async fn list_tokens(
     Ok(access::list_tokens(&app.pool, t).await?)
 }
 
-/// A name a source or a store may have: 1-64 letters, digits, `_`, `-`, `.`.
-fn name_ok(field: &'static str, s: &str) -> Result<()> {
-    if s.is_empty()
-        || s.len() > 64
-        || !s
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-    {
-        return Err(AppError::invalid(
-            field,
-            format!("{field} {s:?}: use 1-64 characters of letters, digits, '_', '-', '.'"),
-        ));
-    }
-    Ok(())
-}
-
 /// Adds the webhook source `source` of `tenant`, creating `kind` operations, with an optional
 /// config (a JSON object handed to each operation as `{"event", "source", "webhook_id",
 /// "config"}`, checked against the kind now rather than at every delivery). Returns its
@@ -89,7 +73,7 @@ pub async fn add_source(
 ) -> Result<String> {
     caller.require(Role::Admin)?;
     tenant(t)?;
-    name_ok("--source", source)?;
+    stores::check_plain_name("--source", source).map_err(|e| AppError::invalid("--source", e))?;
     let config: Option<Value> = config
         .map(|raw| {
             let v: Value = serde_json::from_str(raw).map_err(|e| {

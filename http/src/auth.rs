@@ -87,7 +87,8 @@ impl FromRequestParts<Arc<ApiState>> for Caller {
             return Err(malformed());
         }
         let token_hash = agentq_core::db::access::token_hash(token);
-        let found = agentq_core::db::access::authenticate_hash(&state.pool, &token_hash).await?;
+        let found =
+            agentq_core::db::access::authenticate_hash(&state.app.pool, &token_hash).await?;
         let (tenant, role) = found.ok_or_else(|| {
             ApiError::unauthorized("the token is unknown or revoked; ask an admin for a new one")
                 .field("Authorization")

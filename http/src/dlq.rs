@@ -81,7 +81,7 @@ pub async fn list(
             })
         })
         .transpose()?;
-    let page = dead_letters::list_dead_letters(&state.pool, &filter, limit, after).await?;
+    let page = dead_letters::list_dead_letters(&state.app.pool, &filter, limit, after).await?;
     let next = (page.len() as i64 == limit)
         .then(|| page.last().map(app::dlq::cursor))
         .flatten();
@@ -101,7 +101,7 @@ pub async fn stats(
             "stats takes filters only, not limit or after",
         ));
     }
-    let groups = dead_letters::stats(&state.pool, &q.filter(&caller)?).await?;
+    let groups = dead_letters::stats(&state.app.pool, &q.filter(&caller)?).await?;
     Ok(Json(json!({ "groups": groups })))
 }
 

@@ -205,7 +205,7 @@ async fn read_feeds(state: &ApiState) {
     if watched.is_empty() {
         return;
     }
-    let read = db::events::events_of_many(&state.pool, &watched, PAGE).await;
+    let read = db::events::events_of_many(&state.app.pool, &watched, PAGE).await;
     // Only this task removes feeds or moves `loaded`, so the feeds read are still there with
     // the cursors the read used; feeds added meanwhile are read next tick.
     let mut feeds = state.streams.feeds.lock().expect("feeds lock");
@@ -257,7 +257,7 @@ async fn recheck_tokens(state: &ApiState) {
     if hashes.is_empty() {
         return;
     }
-    let valid = db::access::valid_token_hashes(&state.pool, &hashes).await;
+    let valid = db::access::valid_token_hashes(&state.app.pool, &hashes).await;
     let open = state.streams.open.lock().expect("streams lock");
     let valid: HashSet<String> = match valid {
         Ok(valid) => valid.into_iter().collect(),
@@ -365,7 +365,7 @@ impl Cursor {
             }
             if self.own {
                 let page = match db::events::events_after(
-                    &self.state.pool,
+                    &self.state.app.pool,
                     self.op.0,
                     self.last,
                     PAGE,
@@ -440,7 +440,7 @@ impl Cursor {
             let outcome = match outcome {
                 Outcome::Known(o) => o,
                 Outcome::Unread => {
-                    match db::find_operation(&self.state.pool, self.op, None).await {
+                    match db::find_operation(&self.state.app.pool, self.op, None).await {
                         Ok(Some(v))
                             if v.status.as_str() == data["status"].as_str().unwrap_or_default() =>
                         {
@@ -475,7 +475,7 @@ pub async fn stream(
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     caller.require(Role::Producer)?;
     let op = OperationId(parse_id(&id, "id")?);
-    if db::find_operation(&state.pool, op, caller.scope())
+    if db::find_operation(&state.app.pool, op, caller.scope())
         .await?
         .is_none()
     {

@@ -25,8 +25,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentq_core::Config;
-use agentq_core::dispatch::Dispatcher;
-use agentq_producer::Producer;
 use axum::Router;
 use axum::extract::{FromRequestParts, MatchedPath, Path, Query, Request, State};
 use axum::http::request::Parts;
@@ -35,7 +33,6 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt as _;
 use serde::de::DeserializeOwned;
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use problem::{ApiError, REQUEST_ID};
@@ -72,12 +69,8 @@ struct Queued {
 
 /// What every handler shares.
 pub struct ApiState {
-    /// The application layer every handler calls (its pool, producer and dispatcher are the
-    /// ones below).
+    /// The application layer every handler calls, with the pool, producer and dispatcher.
     app: agentq_app::App,
-    pool: PgPool,
-    producer: Producer,
-    dispatcher: Arc<Dispatcher>,
     /// JSON keys the console redacts in revealed payloads (`AGENTQ_CONSOLE_REDACT`).
     redact_keys: Vec<String>,
     /// Admission control: most queued operations a tenant may have before 429.
@@ -101,7 +94,7 @@ impl ApiState {
         }
         let up = tokio::time::timeout(
             Duration::from_secs(2),
-            self.dispatcher.with_connection(async |_| Ok(())),
+            self.app.dispatcher.with_connection(async |_| Ok(())),
         )
         .await
         .is_ok_and(|r| r.is_ok());
@@ -125,7 +118,8 @@ impl ApiState {
             }
         };
         let counted =
-            agentq_core::db::events::queued_count(&self.pool, tenant, self.tenant_max_queued).await;
+            agentq_core::db::events::queued_count(&self.app.pool, tenant, self.tenant_max_queued)
+                .await;
         let mut cache = self.queued.lock().expect("queued cache lock");
         match counted {
             Ok(n) => {
@@ -393,11 +387,7 @@ async fn observe(State(state): State<Arc<ApiState>>, req: Request, next: Next) -
 
 /// Builds the API's state over `app` (its pool, producer and dispatcher).
 pub fn state(config: &Config, app: agentq_app::App, shutdown: CancellationToken) -> Arc<ApiState> {
-    let pool = app.pool.clone();
     Arc::new(ApiState {
-        pool,
-        producer: app.producer.clone(),
-        dispatcher: app.dispatcher.clone(),
         app,
         tenant_max_queued: config.tenant_max_queued,
         streams: events::Streams::new(config.streams_per_token, config.streams_max),
@@ -434,7 +424,7 @@ pub async fn serve(
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await?;
-    state.dispatcher.close().await;
+    state.app.dispatcher.close().await;
     Ok(())
 }
 

@@ -39,9 +39,12 @@ pub async fn healthz() -> Json<serde_json::Value> {
 
 /// `GET /readyz`: PostgreSQL and RabbitMQ are reachable (503 naming the one that is not).
 pub async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
-    let pg = tokio::time::timeout(Duration::from_secs(2), agentq_core::db::ping(&state.pool))
-        .await
-        .is_ok_and(|r| r.is_ok());
+    let pg = tokio::time::timeout(
+        Duration::from_secs(2),
+        agentq_core::db::ping(&state.app.pool),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok());
     let mq = state.broker_up().await;
     let word = |up: bool| if up { "ok" } else { "down" };
     let code = if pg && mq {
@@ -67,7 +70,7 @@ pub async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
 /// the same without a token on an address an operator keeps private.
 pub async fn metrics(State(state): State<Arc<ApiState>>, caller: Caller) -> ApiResult<Response> {
     caller.require(Role::Operator)?;
-    Ok(prometheus(Some(&state.pool)).await)
+    Ok(prometheus(Some(&state.app.pool)).await)
 }
 
 async fn prometheus(pool: Option<&PgPool>) -> Response {

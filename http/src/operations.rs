@@ -112,6 +112,7 @@ pub async fn create(
         ..EnqueueRequest::default()
     };
     let enqueued = state
+        .app
         .producer
         .enqueue(enqueue)
         .await

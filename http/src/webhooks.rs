@@ -37,7 +37,7 @@ pub async fn deliver(
     // An unknown source is refused exactly like a delivery its secret did not sign, so the
     // answer never tells a caller which sources exist.
     let targets = if (1..=128).contains(&source.len()) {
-        db::access::sources_named(&state.pool, &source).await?
+        db::access::sources_named(&state.app.pool, &source).await?
     } else {
         Vec::new()
     };
@@ -96,6 +96,7 @@ pub async fn deliver(
     };
     state.admit(&target.tenant).await?;
     let enqueued = state
+        .app
         .producer
         .enqueue(EnqueueRequest {
             tenant: target.tenant.clone(),

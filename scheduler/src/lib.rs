@@ -197,24 +197,13 @@ impl Scheduler {
             let rows: Vec<db::Dispatch> = woken.iter().map(db::Dispatch::from).collect();
             let dispatcher = self.dispatcher.clone();
             tokio::spawn(async move {
-                let sends = rows.into_iter().map(|row| {
-                    let target = Target::from(row);
-                    let dispatcher = dispatcher.clone();
-                    async move {
-                        tokio::time::timeout(PUBLISH_TIMEOUT, dispatcher.dispatch(&target))
-                            .await
-                            .map_err(|_| "no confirm in time".to_string())
-                            .and_then(|r| r.map_err(|e| e.to_string()))
-                    }
-                });
-                let failed = futures_util::future::join_all(sends)
-                    .await
-                    .into_iter()
-                    .filter(Result::is_err)
-                    .count();
-                if failed > 0 {
+                // Published and then marked, so nothing is taken: a failure needs no undo.
+                let dispatcher = &dispatcher;
+                let failed = send_all(rows, |t| async move { dispatcher.dispatch(&t).await }).await;
+                if let Some((_, e)) = failed.first() {
                     tracing::warn!(
-                        n = failed,
+                        error = %e,
+                        n = failed.len(),
                         "dispatching woken operations failed; the sweeper will publish them"
                     );
                 }
@@ -352,6 +341,33 @@ fn count_death(kind: &str, class: ErrorClass) {
 /// Publishes rows a scheduler took for dispatch (their `dispatched_at` is already set, so nobody
 /// else publishes them meanwhile). The publishes run concurrently so confirms pipeline. Rows
 /// whose publish failed are given back to the sweeper.
+/// Sends every row's pointer through `send` concurrently (so confirms pipeline), each given
+/// [`PUBLISH_TIMEOUT`]; returns the `(id, epoch)` of those that failed, with why.
+async fn send_all<F, Fut>(rows: Vec<db::Dispatch>, send: F) -> Vec<((uuid::Uuid, i64), String)>
+where
+    F: Fn(Target) -> Fut,
+    Fut: std::future::Future<Output = Result<(), agentq_core::dispatch::Error>>,
+{
+    let sends = rows.into_iter().map(|row| {
+        let key = (row.id, row.epoch);
+        let sent = send(Target::from(row));
+        async move {
+            match tokio::time::timeout(PUBLISH_TIMEOUT, sent).await {
+                Ok(published) => published.map_err(|e| (key, e.to_string())),
+                Err(_) => Err((
+                    key,
+                    format!("no confirm within {} s", PUBLISH_TIMEOUT.as_secs()),
+                )),
+            }
+        }
+    });
+    futures_util::future::join_all(sends)
+        .await
+        .into_iter()
+        .filter_map(Result::err)
+        .collect()
+}
+
 async fn publish_taken(
     pool: &PgPool,
     dispatcher: &Dispatcher,
@@ -361,24 +377,7 @@ async fn publish_taken(
     if n == 0 {
         return Ok(0);
     }
-    let sends = rows.into_iter().map(|row| {
-        let key = (row.id, row.epoch);
-        let target = Target::from(row);
-        async move {
-            match tokio::time::timeout(PUBLISH_TIMEOUT, dispatcher.publish(&target)).await {
-                Ok(published) => published.map_err(|e| (key, e.to_string())),
-                Err(_) => Err((
-                    key,
-                    format!("no confirm within {} s", PUBLISH_TIMEOUT.as_secs()),
-                )),
-            }
-        }
-    });
-    let failed: Vec<((uuid::Uuid, i64), _)> = futures_util::future::join_all(sends)
-        .await
-        .into_iter()
-        .filter_map(Result::err)
-        .collect();
+    let failed = send_all(rows, |t| async move { dispatcher.publish(&t).await }).await;
     if let Some((_, e)) = failed.first() {
         tracing::warn!(error = %e, n = failed.len(), "publishing failed; the sweeper will retry");
         let keys: Vec<(uuid::Uuid, i64)> = failed.iter().map(|(k, _)| *k).collect();

@@ -94,6 +94,12 @@ pub struct Store {
 
 /// A store name: 1-64 letters, digits, `_`, `-`, `.`.
 pub fn check_name(name: &str) -> Result<(), String> {
+    check_plain_name("store name", name)
+}
+
+/// A name an admin gives a store or a webhook source: 1-64 letters, digits, `_`, `-`, `.`;
+/// the error starts with `what`.
+pub fn check_plain_name(what: &str, name: &str) -> Result<(), String> {
     if name.is_empty()
         || name.len() > 64
         || !name
@@ -101,7 +107,7 @@ pub fn check_name(name: &str) -> Result<(), String> {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
     {
         return Err(format!(
-            "store name {name:?}: use 1-64 characters of letters, digits, '_', '-', '.'"
+            "{what} {name:?}: use 1-64 characters of letters, digits, '_', '-', '.'"
         ));
     }
     Ok(())

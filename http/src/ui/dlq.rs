@@ -41,7 +41,7 @@ pub async fn inbox(
         class: pick(&q.class),
         ..Default::default()
     };
-    let pool = &state.api.pool;
+    let pool = &state.api.app.pool;
     let groups = dead_letters::stats(pool, &filter).await?;
     let items = console::inbox(pool, &filter, ITEMS).await?;
 

@@ -52,7 +52,7 @@ fn back(fields: &Fields, default: &str) -> Response {
 
 /// `GET /ui`: counts, open dead letters, queue age, and the last hour per minute.
 pub async fn overview(State(state): State<Arc<UiState>>, session: Session) -> UiResult {
-    let pool = &state.api.pool;
+    let pool = &state.api.app.pool;
     let scope = session.caller.scope();
     let counts = console::status_counts(pool, scope).await?;
     let dead = console::open_dead_letters_by_class(pool, scope).await?;
@@ -180,7 +180,7 @@ pub async fn operations(
                 .ok_or_else(|| UiError::bad_request("after is not a cursor from a previous page"))
         })
         .transpose()?;
-    let rows = console::list_operations(&state.api.pool, &filter, PAGE, after).await?;
+    let rows = console::list_operations(&state.api.app.pool, &filter, PAGE, after).await?;
 
     let mut body = String::from("<h1>Operations</h1><form method=\"get\" class=\"filters\">");
     body.push_str("<label>status<select name=\"status\">");
@@ -304,7 +304,7 @@ pub async fn reveal(
 }
 
 async fn operation_page(state: &UiState, session: &Session, id: &str, revealed: bool) -> UiResult {
-    let pool = &state.api.pool;
+    let pool = &state.api.app.pool;
     let scope = session.caller.scope();
     let op_id = parse_uuid(id, "operation")?;
     let op = db::find_operation(pool, OperationId(op_id), scope)
@@ -592,7 +592,7 @@ pub async fn approvals(State(state): State<Arc<UiState>>, session: Session) -> U
         waiting_for: Some("approval".into()),
         ..Default::default()
     };
-    let rows = console::list_operations(&state.api.pool, &filter, 200, None).await?;
+    let rows = console::list_operations(&state.api.app.pool, &filter, 200, None).await?;
     let mut body = String::from("<h1>Pending approvals</h1>");
     if rows.is_empty() {
         body.push_str("<p class=\"muted\">Nothing waits for an approval.</p>");
@@ -666,7 +666,7 @@ async fn decide(
 
 /// `GET /ui/batches`: the newest batches with progress and pause / resume.
 pub async fn batches(State(state): State<Arc<UiState>>, session: Session) -> UiResult {
-    let rows = console::list_batches(&state.api.pool, session.caller.scope(), 100).await?;
+    let rows = console::list_batches(&state.api.app.pool, session.caller.scope(), 100).await?;
     let mut body = String::from("<h1>Batches</h1>");
     if rows.is_empty() {
         body.push_str(

@@ -146,7 +146,7 @@ fn set_cookie(res: &mut Response, value: String) {
 async fn caller_of(state: &UiState, token: &str) -> UiResult<Option<Caller>> {
     let token_hash = agentq_core::db::access::token_hash(token);
     let Some((tenant, role)) =
-        agentq_core::db::access::authenticate_hash(&state.api.pool, &token_hash).await?
+        agentq_core::db::access::authenticate_hash(&state.api.app.pool, &token_hash).await?
     else {
         return Ok(None);
     };
