@@ -8,7 +8,6 @@ use agentq_app as app;
 use agentq_core::Config;
 use agentq_core::db::dead_letters::{self, Filter};
 use agentq_core::operation::OperationId;
-use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
@@ -135,20 +134,19 @@ pub struct BulkArgs {
 }
 
 impl FilterArgs {
+    fn query(&self) -> app::dlq::Query<'_> {
+        app::dlq::Query {
+            tenant: self.tenant.as_deref(),
+            kind: self.kind.as_deref(),
+            class: self.class.as_deref(),
+            since: self.since.as_deref(),
+            batch: self.batch.as_deref(),
+            status: self.status.as_deref(),
+        }
+    }
+
     fn parse(&self) -> anyhow::Result<Filter> {
-        app::dlq::build_filter(
-            self.tenant.as_deref(),
-            self.kind.as_deref(),
-            self.class.as_deref(),
-            self.since.as_deref(),
-            self.batch.as_deref(),
-            self.status.as_deref(),
-        )
-        // The messages start with the field's name; on the command line it is a flag.
-        .map_err(|(flag, msg)| match msg.strip_prefix(flag) {
-            Some(rest) => refuse(format!("--{flag}{rest}")),
-            None => refuse(format!("--{flag}: {msg}")),
-        })
+        app::dlq::filter_for(&app::Caller::command_line(""), self.query()).map_err(flag_error)
     }
 
     fn is_empty(&self) -> bool {
@@ -176,13 +174,24 @@ fn parse_rate(s: &str) -> anyhow::Result<f64> {
     }
 }
 
-/// A `--after` cursor from `agentq dlq list`.
-pub fn parse_cursor(s: &str) -> anyhow::Result<(DateTime<Utc>, Uuid)> {
-    app::dlq::parse_cursor(s).ok_or_else(|| {
-        refuse(format!(
-            "--after {s:?} is not a cursor from `agentq dlq list`"
-        ))
-    })
+/// A refused filter flag, named as the command line spells it (`--since …`).
+fn flag_error(e: app::AppError) -> anyhow::Error {
+    cli_error(flag_error_app(e))
+}
+
+/// Renames the field of a malformed value to its flag; other errors pass unchanged.
+fn flag_error_app(e: app::AppError) -> app::AppError {
+    match e {
+        app::AppError::Malformed { field, message } => {
+            // The messages start with the field's name; on the command line it is a flag.
+            let message = match message.strip_prefix(field) {
+                Some(rest) => format!("--{field}{rest}"),
+                None => format!("--{field}: {message}"),
+            };
+            app::AppError::Malformed { field, message }
+        }
+        other => other,
+    }
 }
 
 pub async fn run(config: Config, cmd: DlqCommand) -> anyhow::Result<()> {
@@ -193,14 +202,10 @@ pub async fn run(config: Config, cmd: DlqCommand) -> anyhow::Result<()> {
             after,
             json,
         } => {
-            let filter = filter.parse()?;
-            if !(1..=1000).contains(&limit) {
-                return Err(refuse("--limit must be between 1 and 1000"));
-            }
-            let after = after.as_deref().map(parse_cursor).transpose()?;
-            let pool = connect(&config).await?;
-            let page = dead_letters::list_dead_letters(&pool, &filter, limit, after).await?;
-            for d in &page {
+            let (app, caller) = cli_app(&config, &None).await?;
+            let page = app::dlq::list(&app, &caller, filter.query(), limit, after.as_deref()).await;
+            let page = done(app, page.map_err(flag_error_app)).await?;
+            for d in &page.items {
                 if json {
                     println!("{}", app::dlq::listed(d));
                 } else {
@@ -218,19 +223,16 @@ pub async fn run(config: Config, cmd: DlqCommand) -> anyhow::Result<()> {
                     );
                 }
             }
-            if !json && page.len() as i64 == limit {
-                eprintln!(
-                    "next page: --after {}",
-                    app::dlq::cursor(page.last().expect("a full page"))
-                );
+            if let (false, Some(next)) = (json, &page.next_cursor) {
+                eprintln!("next page: --after {next}");
             }
             Ok(())
         }
         DlqCommand::Show { id, json } => show(&config, &id, json).await,
         DlqCommand::Stats { filter, json } => {
-            let filter = filter.parse()?;
-            let pool = connect(&config).await?;
-            for s in dead_letters::stats(&pool, &filter).await? {
+            let (app, caller) = cli_app(&config, &None).await?;
+            let groups = app::dlq::stats(&app, &caller, filter.query()).await;
+            for s in done(app, groups.map_err(flag_error_app)).await? {
                 if json {
                     println!("{}", serde_json::to_value(&s)?);
                 } else {

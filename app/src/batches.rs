@@ -10,7 +10,6 @@ use std::time::Duration;
 use agentq_core::db::batches::{self, Batch};
 use agentq_core::db::stores::{self, Access, Location, Need};
 use agentq_core::db::{self};
-use agentq_core::dispatch::Target;
 use agentq_core::operation::{Lane, TenantId};
 use agentq_core::state::BatchStatus;
 use agentq_producer::EnqueueRequest;
@@ -463,23 +462,14 @@ async fn redispatch(app: &App, batch: Uuid) -> Result<usize> {
     let cutoff = chrono::Utc::now();
     let mut total = 0;
     loop {
-        let taken = batches::take_queued(&app.pool, batch, cutoff, CHUNK as i64).await?;
-        if taken.is_empty() {
+        let locked = batches::lock_queued(&app.pool, batch, cutoff, CHUNK as i64).await?;
+        if locked.rows.is_empty() {
             break;
         }
-        let targets: Vec<Target> = taken.into_iter().map(Target::from).collect();
-        let sent =
-            futures_util::future::join_all(targets.iter().map(|t| app.dispatcher.publish(t))).await;
-        let failed: Vec<(Uuid, i64)> = targets
-            .iter()
-            .zip(sent)
-            .filter(|(_, r)| r.is_err())
-            .map(|(t, _)| (t.op_id.0, t.epoch))
-            .collect();
-        total += targets.len() - failed.len();
-        if !failed.is_empty() {
+        let published = app.dispatcher.publish_locked(locked).await?;
+        total += published.sent;
+        if published.failed > 0 {
             // The sweeper publishes these once the broker is back.
-            db::clear_dispatched(&app.pool, &failed).await?;
             break;
         }
     }

@@ -57,6 +57,98 @@ impl Acted {
     }
 }
 
+/// Which dead letters a caller asks for, as a user typed it (CLI flags, query parameters,
+/// form fields); every part optional.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Query<'a> {
+    pub tenant: Option<&'a str>,
+    pub kind: Option<&'a str>,
+    pub class: Option<&'a str>,
+    pub since: Option<&'a str>,
+    pub batch: Option<&'a str>,
+    pub status: Option<&'a str>,
+}
+
+/// The filter `query` means for `caller`: an operator sees only its own tenant (naming another
+/// is forbidden, naming none means its own), an admin any or all. A wrong part is refused
+/// naming it (`field`, the message starting with the field's name).
+pub fn filter_for(caller: &Caller, query: Query<'_>) -> Result<Filter> {
+    caller.require(Role::Operator)?;
+    let tenant = match (caller.scope(), query.tenant) {
+        (Some(own), Some(t)) if own != t => {
+            return Err(AppError::Forbidden(format!(
+                "this token sees only tenant {own:?}, not {t:?}"
+            )));
+        }
+        (Some(own), _) => Some(own),
+        (None, t) => t,
+    };
+    build_filter(
+        tenant,
+        query.kind,
+        query.class,
+        query.since,
+        query.batch,
+        query.status,
+    )
+    .map_err(|(field, message)| AppError::Malformed { field, message })
+}
+
+/// Most dead letters one page lists.
+pub const MAX_PAGE: i64 = 1000;
+
+/// One keyset page of dead letters, newest first.
+#[derive(Debug)]
+pub struct Page {
+    pub items: Vec<DeadLetterView>,
+    /// The cursor of the next page when this one is full.
+    pub next_cursor: Option<String>,
+}
+
+/// Lists the dead letters `query` selects for `caller`, `limit` (1–[`MAX_PAGE`]) after the
+/// cursor `after` (from a previous page's [`Page::next_cursor`]).
+pub async fn list(
+    app: &App,
+    caller: &Caller,
+    query: Query<'_>,
+    limit: i64,
+    after: Option<&str>,
+) -> Result<Page> {
+    let filter = filter_for(caller, query)?;
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(AppError::malformed(
+            "limit",
+            format!("limit must be a number between 1 and {MAX_PAGE}"),
+        ));
+    }
+    let after = after
+        .map(|a| {
+            parse_cursor(a).ok_or_else(|| {
+                AppError::malformed(
+                    "after",
+                    format!("after {a:?} is not a cursor from a previous page"),
+                )
+            })
+        })
+        .transpose()?;
+    let items = dead_letters::list_dead_letters(&app.pool, &filter, limit, after).await?;
+    let next_cursor = (items.len() as i64 == limit)
+        .then(|| items.last().map(cursor))
+        .flatten();
+    Ok(Page { items, next_cursor })
+}
+
+/// Open dead letters `query` selects for `caller`, grouped by class, kind and reason
+/// fingerprint, the largest group first.
+pub async fn stats(
+    app: &App,
+    caller: &Caller,
+    query: Query<'_>,
+) -> Result<Vec<dead_letters::StatRow>> {
+    let filter = filter_for(caller, query)?;
+    Ok(dead_letters::stats(&app.pool, &filter).await?)
+}
+
 /// Builds a dead-letter filter from its parts as a user typed them (CLI flags, query
 /// parameters, form fields), saying which part is wrong: `(field, message)`, the message
 /// starting with the field's name.

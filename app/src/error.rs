@@ -24,6 +24,13 @@ pub enum AppError {
     /// The thing exists but is not in a state that allows the act (HTTP 409).
     #[error("{0}")]
     Conflict(String),
+    /// A dedupe (idempotency) key already names an operation enqueued with another request
+    /// (HTTP 422 `idempotency-key-reused`): nothing was enqueued.
+    #[error(
+        "dedupe key {key:?} already names operation {op_id} with a different input; use a new \
+         key, or send the same input to get that operation back"
+    )]
+    KeyReused { key: String, op_id: uuid::Uuid },
     /// The caller's role does not allow the act (HTTP 403).
     #[error("{0}")]
     Forbidden(String),

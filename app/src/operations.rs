@@ -217,8 +217,9 @@ pub fn tenant_of(caller: &Caller, named: Option<&str>) -> Result<String> {
 }
 
 /// Enqueues `req` for the caller (`req.tenant` must be one [`tenant_of`] allows): stored, then
-/// its pointer published. Refusals name the field at fault; a dedupe key naming an operation
-/// with another input is a conflict.
+/// its pointer published. Refusals name the field at fault (a run time over a year away, a
+/// deadline already past); a dedupe key naming an operation with another input is
+/// [`AppError::KeyReused`].
 pub async fn enqueue(
     app: &App,
     caller: &Caller,
@@ -226,11 +227,34 @@ pub async fn enqueue(
 ) -> Result<agentq_producer::Enqueued> {
     caller.require(Role::Producer)?;
     tenant_of(caller, Some(&req.tenant))?;
-    app.producer.enqueue(req).await.map_err(|e| match e {
+    agentq_core::operation::TenantId::parse(&req.tenant)
+        .map_err(|e| AppError::invalid("/tenant", e))?;
+    let now = chrono::Utc::now();
+    if req
+        .run_at
+        .is_some_and(|at| at > now + chrono::Duration::days(366))
+    {
+        return Err(AppError::invalid(
+            "/run_at",
+            "run_at is more than a year away",
+        ));
+    }
+    if req.deadline.is_some_and(|d| d <= now) {
+        return Err(AppError::invalid("/deadline", "deadline is in the past"));
+    }
+    app.producer.enqueue(req).await.map_err(refused_enqueue)
+}
+
+/// The application error of a refused or failed enqueue.
+pub fn refused_enqueue(e: agentq_producer::Error) -> AppError {
+    match e {
         agentq_producer::Error::Invalid { field, message } => AppError::Invalid { field, message },
         agentq_producer::Error::Db(e) => AppError::Db(e),
-        conflict => AppError::Conflict(conflict.to_string()),
-    })
+        agentq_producer::Error::KeyConflict { key, op_id } => AppError::KeyReused {
+            key,
+            op_id: op_id.0,
+        },
+    }
 }
 
 pub(crate) fn not_found(op: OperationId) -> AppError {

@@ -5,9 +5,11 @@
 //! - producers commit the row, publish, and then mark `dispatched_at` in batches (one UPDATE for
 //!   many confirms, because a commit per publish would double the enqueue cost). A producer that
 //!   dies between its commit and its publish leaves `dispatched_at` NULL: the sweeper publishes.
-//! - the scheduler takes rows for dispatch (`dispatched_at` set in the very statement that makes
-//!   them due), publishes, and clears `dispatched_at` for any publish that failed. Taking first
-//!   means a burst whose confirms lag behind the grace period is never published twice.
+//! - the scheduler's sweeps and a batch's resume lock the rows to dispatch in a transaction,
+//!   publish, and mark the confirmed ones in that transaction ([`Dispatcher::publish_locked`]):
+//!   other sweepers skip locked rows, so a burst whose confirms lag behind the grace period is
+//!   never published twice, and nothing is marked that was not published (a commit that never
+//!   happened leaves the rows due). Timer wakes and the reaper publish and mark like a producer.
 //!
 //! A duplicate pointer is harmless (the claim is conditional); a missing one is recovered by
 //! the sweeper or, for a pointer the broker lost, by the lost-pointer check.
@@ -23,6 +25,13 @@ use uuid::Uuid;
 use crate::broker::{self, Names, Publisher};
 use crate::db;
 use crate::operation::{Lane, OperationId, Pointer};
+
+/// How long a pointer's publish may take before it counts as failed. A confirm takes
+/// milliseconds; a publish still pending after this is stuck behind a broker connection that
+/// went silent (its own call timeout is far longer than a lease), and the operation must not
+/// wait for it: the row is left for the sweeper. Publishing twice is harmless: the second
+/// pointer claims nothing.
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How many confirmed dispatches may wait to be marked before publishers slow down.
 const MARK_BACKLOG: usize = 8192;
@@ -166,8 +175,8 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// Publishes the pointer of an operation the caller already took for dispatch (its
-    /// `dispatched_at` is set), so no mark is needed.
+    /// Publishes the pointer of `target` without marking it (the caller marks it, as
+    /// [`Dispatcher::publish_locked`] does).
     pub async fn publish(&self, target: &Target) -> Result<(), Error> {
         let publisher = self.publisher().await?;
         let pointer = Pointer::new(target.op_id, &target.tenant, &target.kind);
@@ -214,6 +223,70 @@ impl Dispatcher {
         if let Some(l) = self.link.lock().await.take() {
             let _ = l.conn.close(200, "dispatcher closed".into()).await;
         }
+    }
+}
+
+/// Sends every target through `send` concurrently (so confirms pipeline), each given
+/// [`PUBLISH_TIMEOUT`]; returns the `(id, epoch)` of those that failed, with why.
+pub async fn send_all<F, Fut>(targets: Vec<Target>, send: F) -> Vec<((Uuid, i64), String)>
+where
+    F: Fn(Target) -> Fut,
+    Fut: std::future::Future<Output = Result<(), Error>>,
+{
+    let sends = targets.into_iter().map(|target| {
+        let key = (target.op_id.0, target.epoch);
+        let sent = send(target);
+        async move {
+            match tokio::time::timeout(PUBLISH_TIMEOUT, sent).await {
+                Ok(published) => published.map_err(|e| (key, e.to_string())),
+                Err(_) => Err((
+                    key,
+                    format!("no confirm within {} s", PUBLISH_TIMEOUT.as_secs()),
+                )),
+            }
+        }
+    });
+    futures_util::future::join_all(sends)
+        .await
+        .into_iter()
+        .filter_map(Result::err)
+        .collect()
+}
+
+/// What [`Dispatcher::publish_locked`] did.
+#[derive(Debug, Default)]
+pub struct Published {
+    /// Pointers confirmed and marked.
+    pub sent: usize,
+    /// Pointers that failed (left unmarked, for the sweeper).
+    pub failed: usize,
+    /// Why the first one failed.
+    pub error: Option<String>,
+}
+
+impl Dispatcher {
+    /// Publishes the pointers of rows locked for dispatch and commits the marks of those the
+    /// broker confirmed together with the release of the locks (see [`db::Locked`]).
+    pub async fn publish_locked(&self, locked: db::Locked) -> Result<Published, db::Error> {
+        let targets: Vec<Target> = locked.rows.iter().cloned().map(Target::from).collect();
+        let total = targets.len();
+        let failed = if total == 0 {
+            Vec::new()
+        } else {
+            send_all(targets, |t| async move { self.publish(&t).await }).await
+        };
+        let sent: Vec<(Uuid, i64)> = locked
+            .rows
+            .iter()
+            .map(|r| (r.id, r.epoch))
+            .filter(|k| !failed.iter().any(|(f, _)| f == k))
+            .collect();
+        locked.mark(&sent).await?;
+        Ok(Published {
+            sent: sent.len(),
+            failed: failed.len(),
+            error: failed.into_iter().next().map(|(_, e)| e),
+        })
     }
 }
 

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use agentq_app as app;
-use agentq_core::db::dead_letters;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
@@ -31,26 +30,15 @@ pub struct FilterQuery {
 }
 
 impl FilterQuery {
-    fn filter(&self, caller: &Caller) -> ApiResult<dead_letters::Filter> {
-        let tenant = match (caller.scope(), &self.tenant) {
-            (Some(own), Some(t)) if own != t => {
-                return Err(
-                    ApiError::forbidden(format!("this token sees only tenant {own:?}"))
-                        .field("tenant"),
-                );
-            }
-            (Some(own), _) => Some(own.to_string()),
-            (None, t) => t.clone(),
-        };
-        app::dlq::build_filter(
-            tenant.as_deref(),
-            self.kind.as_deref(),
-            self.class.as_deref(),
-            self.since.as_deref(),
-            self.batch.as_deref(),
-            self.status.as_deref(),
-        )
-        .map_err(|(field, msg)| ApiError::bad_request(msg).field(field))
+    fn query(&self) -> app::dlq::Query<'_> {
+        app::dlq::Query {
+            tenant: self.tenant.as_deref(),
+            kind: self.kind.as_deref(),
+            class: self.class.as_deref(),
+            since: self.since.as_deref(),
+            batch: self.batch.as_deref(),
+            status: self.status.as_deref(),
+        }
     }
 }
 
@@ -60,33 +48,22 @@ pub async fn list(
     caller: Caller,
     QueryParams(q): QueryParams<FilterQuery>,
 ) -> ApiResult<Json<Value>> {
-    caller.require(Role::Operator)?;
-    let filter = q.filter(&caller)?;
     let limit = match q.limit.as_deref() {
         None => 100,
-        Some(l) => l
-            .parse::<i64>()
-            .ok()
-            .filter(|n| (1..=1000).contains(n))
-            .ok_or_else(|| {
-                ApiError::bad_request("limit must be a number between 1 and 1000").field("limit")
-            })?,
+        Some(l) => l.parse::<i64>().unwrap_or(0),
     };
-    let after = q
-        .after
-        .as_deref()
-        .map(|a| {
-            app::dlq::parse_cursor(a).ok_or_else(|| {
-                ApiError::bad_request("after is not a cursor from a previous page").field("after")
-            })
-        })
-        .transpose()?;
-    let page = dead_letters::list_dead_letters(&state.app.pool, &filter, limit, after).await?;
-    let next = (page.len() as i64 == limit)
-        .then(|| page.last().map(app::dlq::cursor))
-        .flatten();
-    let items: Vec<Value> = page.iter().map(app::dlq::listed).collect();
-    Ok(Json(json!({ "items": items, "next_cursor": next })))
+    let page = app::dlq::list(
+        &state.app,
+        &caller.app(),
+        q.query(),
+        limit,
+        q.after.as_deref(),
+    )
+    .await?;
+    let items: Vec<Value> = page.items.iter().map(app::dlq::listed).collect();
+    Ok(Json(
+        json!({ "items": items, "next_cursor": page.next_cursor }),
+    ))
 }
 
 /// `GET /v1/dlq/stats`: open dead letters grouped by class, kind and reason fingerprint.
@@ -95,13 +72,12 @@ pub async fn stats(
     caller: Caller,
     QueryParams(q): QueryParams<FilterQuery>,
 ) -> ApiResult<Json<Value>> {
-    caller.require(Role::Operator)?;
     if q.limit.is_some() || q.after.is_some() {
         return Err(ApiError::bad_request(
             "stats takes filters only, not limit or after",
         ));
     }
-    let groups = dead_letters::stats(&state.app.pool, &q.filter(&caller)?).await?;
+    let groups = app::dlq::stats(&state.app, &caller.app(), q.query()).await?;
     Ok(Json(json!({ "groups": groups })))
 }
 

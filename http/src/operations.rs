@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use agentq_app as app;
 use agentq_core::operation::{Lane, OperationId, input_sha256};
-use agentq_producer::{EnqueueRequest, Error as EnqueueError};
+use agentq_producer::EnqueueRequest;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
@@ -84,16 +84,6 @@ pub async fn create(
     let tenant = app::operations::tenant_of(&caller.app(), req.tenant.as_deref())
         .map_err(|e| ApiError::from(e).field("/tenant"))?;
     let key = idempotency_key(&headers)?;
-    if let Some(run_at) = req.run_at
-        && run_at > Utc::now() + chrono::Duration::days(366)
-    {
-        return Err(ApiError::unprocessable("run_at is more than a year away").field("/run_at"));
-    }
-    if req.deadline.is_some_and(|d| d <= Utc::now()) {
-        return Err(ApiError::unprocessable("deadline is in the past").field("/deadline"));
-    }
-    agentq_core::operation::TenantId::parse(&tenant)
-        .map_err(|e| ApiError::unprocessable(e).field("/tenant"))?;
     state.admit(&tenant).await?;
     let enqueue = EnqueueRequest {
         tenant,
@@ -111,12 +101,7 @@ pub async fn create(
         fingerprint: Some(fingerprint),
         ..EnqueueRequest::default()
     };
-    let enqueued = state
-        .app
-        .producer
-        .enqueue(enqueue)
-        .await
-        .map_err(enqueue_error)?;
+    let enqueued = app::operations::enqueue(&state.app, &caller.app(), enqueue).await?;
     Ok(accepted(
         enqueued.op_id,
         enqueued.created,
@@ -147,23 +132,6 @@ pub fn accepted(op: OperationId, created: bool, status: &str) -> Response {
         response.headers_mut().insert(header::LOCATION, v);
     }
     response
-}
-
-/// Maps a refused or failed enqueue to its answer.
-pub fn enqueue_error(e: EnqueueError) -> ApiError {
-    match e {
-        EnqueueError::Invalid { field, message } => ApiError::unprocessable(message).field(field),
-        EnqueueError::KeyConflict { key, op_id } => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "idempotency-key-reused",
-            format!(
-                "Idempotency-Key {key:?} was already used for operation {op_id} with a different \
-                 request; send the same request to get that operation, or use a new key"
-            ),
-        )
-        .field("Idempotency-Key"),
-        EnqueueError::Db(e) => ApiError::db(e),
-    }
 }
 
 /// `GET /v1/operations/{id}`.

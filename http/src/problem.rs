@@ -131,6 +131,16 @@ impl From<agentq_app::AppError> for ApiError {
             E::NotFound(m) => ApiError::not_found(m).field("id"),
             E::Conflict(m) => ApiError::conflict(m),
             E::Forbidden(m) => ApiError::forbidden(m),
+            E::KeyReused { key, op_id } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency-key-reused",
+                format!(
+                    "Idempotency-Key {key:?} was already used for operation {op_id} with a \
+                     different request; send the same request to get that operation, or use a \
+                     new key"
+                ),
+            )
+            .field("Idempotency-Key"),
             E::Db(e) => ApiError::db(e),
         }
     }

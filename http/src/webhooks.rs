@@ -15,7 +15,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 
-use super::operations::{accepted, enqueue_error};
+use super::operations::accepted;
 use super::problem::{ApiError, ApiResult, request_id};
 use super::{ApiState, Params, body};
 
@@ -115,7 +115,7 @@ pub async fn deliver(
                  {op_id}); a retry must resend the same body"
             ))
             .field("webhook-id"),
-            other => enqueue_error(other),
+            other => agentq_app::operations::refused_enqueue(other).into(),
         })?;
     Ok(accepted(
         enqueued.op_id,

@@ -21,8 +21,11 @@
 //! - the broker dead-letter recorder: every message that reaches `<ns>.dlq` becomes a
 //!   `poison_message` dead letter (see `broker_dlq`).
 //!
-//! Every sweep takes its rows with `FOR UPDATE SKIP LOCKED` and marks them in the same
-//! statement, so several schedulers can run at once without publishing a row twice per sweep.
+//! Every sweep locks its rows with `FOR UPDATE SKIP LOCKED`, publishes their pointers and marks
+//! the confirmed ones in the same transaction (`Dispatcher::publish_locked`), so several
+//! schedulers can run at once without publishing a row twice per sweep, and no failure leaves a
+//! row marked without a pointer. Wakes and the reaper change rows as they make them due and
+//! then publish and mark them as a producer does.
 
 mod broker_dlq;
 
@@ -31,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use agentq_core::broker::{self, Names};
 use agentq_core::db;
-use agentq_core::dispatch::{Dispatcher, Target};
+use agentq_core::dispatch::{Dispatcher, Target, send_all};
 use agentq_core::metrics;
 use agentq_core::operation::Lane;
 use agentq_core::state::{ErrorClass, Status};
@@ -40,13 +43,6 @@ use tokio_util::sync::CancellationToken;
 
 /// Wake-up batches published concurrently (each up to `wake_batch` confirms in flight).
 pub const PUBLISHES_IN_FLIGHT: usize = 4;
-
-/// How long a scheduler waits for one pointer to be published and confirmed before it gives
-/// the row back to the sweeper. A confirm takes milliseconds; a publish still pending after
-/// this is stuck behind a broker connection that went silent (its own 30 s call timeout is
-/// far longer than a lease), and the operation must not wait for it. Publishing twice is
-/// harmless: the second pointer claims nothing.
-pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Scheduler settings.
 #[derive(Clone, Debug)]
@@ -194,12 +190,16 @@ impl Scheduler {
             metrics::TIMER_LAG.observe(&[], lag.max(0.0));
         }
         if n > 0 {
-            let rows: Vec<db::Dispatch> = woken.iter().map(db::Dispatch::from).collect();
+            let targets: Vec<Target> = woken
+                .iter()
+                .map(|w| Target::from(db::Dispatch::from(w)))
+                .collect();
             let dispatcher = self.dispatcher.clone();
             tokio::spawn(async move {
                 // Published and then marked, so nothing is taken: a failure needs no undo.
                 let dispatcher = &dispatcher;
-                let failed = send_all(rows, |t| async move { dispatcher.dispatch(&t).await }).await;
+                let failed =
+                    send_all(targets, |t| async move { dispatcher.dispatch(&t).await }).await;
                 if let Some((_, e)) = failed.first() {
                     tracing::warn!(
                         error = %e,
@@ -270,32 +270,35 @@ impl Scheduler {
             } else {
                 tracing::info!(op_id = %r.id, restarts = r.restarts, in_flight = ?r.in_flight, "recovered an expired lease");
                 metrics::LEASES_RESCUED.inc(&[&r.kind]);
-                requeued.push(db::Dispatch {
+                requeued.push(Target::from(db::Dispatch {
                     id: r.id,
                     tenant_id: r.tenant_id,
                     kind: r.kind,
                     lane: r.lane,
                     epoch: r.epoch,
                     traceparent: None,
-                });
+                }));
             }
         }
-        // A failed publish here is swept later: the rows were left with dispatched_at NULL.
-        if let Err(e) = self.publish(requeued).await {
-            tracing::warn!(error = %e, "dispatching recovered operations failed; the sweeper will retry");
+        // Published and then marked, as a producer does: a failed publish (or a scheduler that
+        // dies first) leaves the rows unmarked, for the sweeper after its grace period.
+        let dispatcher = &self.dispatcher;
+        let failed = send_all(requeued, |t| async move { dispatcher.dispatch(&t).await }).await;
+        if let Some((_, e)) = failed.first() {
+            tracing::warn!(error = %e, n = failed.len(), "dispatching recovered operations failed; the sweeper will retry");
         }
         Ok(n)
     }
 
     /// One pass of the dispatch sweeper; returns how many pointers it published.
     pub async fn sweep_undispatched(&self) -> anyhow::Result<usize> {
-        let due = db::take_undispatched(
+        let locked = db::lock_undispatched(
             &self.pool,
             self.settings.dispatch_grace,
             self.settings.batch,
         )
         .await?;
-        self.publish(due).await
+        self.publish(locked).await
     }
 
     /// One pass of the lost-pointer check; returns how many pointers it published.
@@ -310,24 +313,34 @@ impl Scheduler {
             if depth > 0 {
                 continue;
             }
-            let lost = db::take_lost_dispatches(
+            let lost = db::lock_lost_dispatches(
                 &self.pool,
                 lane,
                 self.settings.lost_after,
                 self.settings.batch,
             )
             .await?;
-            if !lost.is_empty() {
-                tracing::warn!(lane = %lane, n = lost.len(), "republishing pointers the broker lost");
+            if !lost.rows.is_empty() {
+                tracing::warn!(lane = %lane, n = lost.rows.len(), "republishing pointers the broker lost");
             }
             n += self.publish(lost).await?;
         }
         Ok(n)
     }
 
-    /// Publishes rows this scheduler took for dispatch and waits for their confirms.
-    async fn publish(&self, rows: Vec<db::Dispatch>) -> anyhow::Result<usize> {
-        publish_taken(&self.pool, &self.dispatcher, rows).await
+    /// Publishes rows this scheduler locked for dispatch and marks the confirmed ones as it
+    /// releases them; the others stay due for the next sweep.
+    async fn publish(&self, locked: db::Locked) -> anyhow::Result<usize> {
+        let published = self.dispatcher.publish_locked(locked).await?;
+        if let Some(e) = &published.error {
+            tracing::warn!(error = %e, n = published.failed, "publishing failed; the sweeper will retry");
+            anyhow::bail!(
+                "{} of {} publishes failed",
+                published.failed,
+                published.failed + published.sent
+            );
+        }
+        Ok(published.sent)
     }
 }
 
@@ -336,53 +349,4 @@ impl Scheduler {
 fn count_death(kind: &str, class: ErrorClass) {
     metrics::OPERATIONS_FINISHED.inc(&[kind, Status::Dead.as_str()]);
     metrics::OPERATION_FAILURES.inc(&[kind, class.as_str()]);
-}
-
-/// Publishes rows a scheduler took for dispatch (their `dispatched_at` is already set, so nobody
-/// else publishes them meanwhile). The publishes run concurrently so confirms pipeline. Rows
-/// whose publish failed are given back to the sweeper.
-/// Sends every row's pointer through `send` concurrently (so confirms pipeline), each given
-/// [`PUBLISH_TIMEOUT`]; returns the `(id, epoch)` of those that failed, with why.
-async fn send_all<F, Fut>(rows: Vec<db::Dispatch>, send: F) -> Vec<((uuid::Uuid, i64), String)>
-where
-    F: Fn(Target) -> Fut,
-    Fut: std::future::Future<Output = Result<(), agentq_core::dispatch::Error>>,
-{
-    let sends = rows.into_iter().map(|row| {
-        let key = (row.id, row.epoch);
-        let sent = send(Target::from(row));
-        async move {
-            match tokio::time::timeout(PUBLISH_TIMEOUT, sent).await {
-                Ok(published) => published.map_err(|e| (key, e.to_string())),
-                Err(_) => Err((
-                    key,
-                    format!("no confirm within {} s", PUBLISH_TIMEOUT.as_secs()),
-                )),
-            }
-        }
-    });
-    futures_util::future::join_all(sends)
-        .await
-        .into_iter()
-        .filter_map(Result::err)
-        .collect()
-}
-
-async fn publish_taken(
-    pool: &PgPool,
-    dispatcher: &Dispatcher,
-    rows: Vec<db::Dispatch>,
-) -> anyhow::Result<usize> {
-    let n = rows.len();
-    if n == 0 {
-        return Ok(0);
-    }
-    let failed = send_all(rows, |t| async move { dispatcher.publish(&t).await }).await;
-    if let Some((_, e)) = failed.first() {
-        tracing::warn!(error = %e, n = failed.len(), "publishing failed; the sweeper will retry");
-        let keys: Vec<(uuid::Uuid, i64)> = failed.iter().map(|(k, _)| *k).collect();
-        db::clear_dispatched(pool, &keys).await?;
-        anyhow::bail!("{} of {n} publishes failed", keys.len());
-    }
-    Ok(n)
 }

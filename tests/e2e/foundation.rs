@@ -534,6 +534,80 @@ async fn lost_pointers_are_republished_but_a_backlog_is_left_alone() {
     app.cleanup().await;
 }
 
+/// No path marks a row dispatched before its pointer is confirmed: a sweep that dies (or whose
+/// commit answer is lost) before it marks leaves its rows due, and while one sweep holds rows
+/// another skips them instead of publishing them twice.
+#[tokio::test]
+async fn a_sweep_that_never_commits_leaves_its_rows_due_and_a_concurrent_one_skips_them() {
+    let app = TestApp::start().await;
+    // Three operations whose producer "crashed" before publishing: committed, no pointer.
+    let (producer, dispatcher) = app.producer(["echo".to_string()]);
+    let mut tx = app.pool.begin().await.unwrap();
+    for i in 0..3 {
+        let pending = producer
+            .enqueue_in(
+                &mut tx,
+                EnqueueRequest {
+                    tenant: "t1".into(),
+                    kind: "echo".into(),
+                    input: json!({ "text": format!("orphan {i}") }),
+                    ..EnqueueRequest::default()
+                },
+            )
+            .await
+            .unwrap();
+        drop(pending);
+    }
+    tx.commit().await.unwrap();
+    let unmarked = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM operations WHERE status = 'queued' AND dispatched_at IS NULL",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+    };
+
+    // A sweep locks them and dies before publishing (its transaction rolls back).
+    let first = db::lock_undispatched(&app.pool, Duration::ZERO, 100)
+        .await
+        .unwrap();
+    assert_eq!(first.rows.len(), 3);
+    // Meanwhile a second sweeper finds nothing to take: no second pointer per sweep.
+    let second = db::lock_undispatched(&app.pool, Duration::ZERO, 100)
+        .await
+        .unwrap();
+    assert!(second.rows.is_empty(), "{:?}", second.rows);
+    second.mark(&[]).await.unwrap();
+    drop(first);
+    assert_eq!(unmarked().await, 3, "nothing is marked without a confirm");
+
+    // The next sweep (once the abandoned transaction's rollback has released the locks)
+    // publishes all three and marks them as it releases them.
+    let conn = broker::connect(&app.amqp_url, "test").await.unwrap();
+    let names = app.names();
+    let again = app
+        .wait_until("the abandoned sweep's locks released", DEADLINE, || async {
+            let locked = db::lock_undispatched(&app.pool, Duration::ZERO, 100)
+                .await
+                .unwrap();
+            (locked.rows.len() == 3).then_some(locked)
+        })
+        .await;
+    let published = dispatcher.publish_locked(again).await.unwrap();
+    assert_eq!((published.sent, published.failed), (3, 0));
+    assert_eq!(unmarked().await, 0);
+    assert_eq!(
+        broker::queue_depth(&conn, &names, Lane::Interactive)
+            .await
+            .unwrap(),
+        3
+    );
+    dispatcher.close().await;
+    let _ = conn.close(200, "done".into()).await;
+    app.cleanup().await;
+}
+
 #[tokio::test]
 async fn migrate_is_safe_to_run_twice_and_concurrently() {
     let app = TestApp::start().await;

@@ -61,10 +61,46 @@ enum State {
         cooldown: Duration,
     },
     HalfOpen {
+        /// Which half-open period this is (each one counts its own probes).
+        generation: u64,
         in_flight: u32,
         successes: u32,
         cooldown: Duration,
     },
+}
+
+/// A call the breaker let through. A half-open probe holds one of the probes in flight until
+/// it is settled, or dropped: a job future dropped in the middle of its call (lease lost,
+/// shutdown) gives the slot back here, so the breaker can never stay half-open with a probe
+/// counted that nobody will finish (every later call parked, for good).
+struct Admitted<'a> {
+    gate: &'a ModelGate,
+    /// The half-open period whose probe this is; `None` for a call admitted while closed.
+    probe: Option<u64>,
+}
+
+/// How a call ended, for the breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Succeeded,
+    /// An answer that says nothing about the provider's health (a non-retryable error).
+    Neutral,
+    Failed,
+}
+
+impl Admitted<'_> {
+    fn settle(mut self, outcome: Outcome) {
+        let probe = self.probe.take();
+        self.gate.settle(probe, outcome);
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if let Some(generation) = self.probe.take() {
+            self.gate.settle(Some(generation), Outcome::Neutral);
+        }
+    }
 }
 
 /// Successes in half-open state that close the breaker.
@@ -77,6 +113,8 @@ pub struct ModelGate {
     slots: Arc<Semaphore>,
     tenants: Mutex<HashMap<String, Arc<Semaphore>>>,
     state: Mutex<State>,
+    /// Half-open periods so far.
+    generations: std::sync::atomic::AtomicU64,
 }
 
 impl ModelGate {
@@ -89,6 +127,7 @@ impl ModelGate {
             settings,
             tenants: Mutex::new(HashMap::new()),
             state: Mutex::new(State::Closed { failures: 0 }),
+            generations: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -142,10 +181,13 @@ impl ModelGate {
         let mut attempt = 0;
         let provider = provider_label(self.client.as_ref());
         loop {
-            if let Err(e) = self.admit() {
-                metrics::MODEL_CALL_ERRORS.inc(&[&provider, "parked"]);
-                return Err(e);
-            }
+            let admitted = match self.admit() {
+                Ok(admitted) => admitted,
+                Err(e) => {
+                    metrics::MODEL_CALL_ERRORS.inc(&[&provider, "parked"]);
+                    return Err(e);
+                }
+            };
             let called = Instant::now();
             let result = self.client.complete(request).await;
             metrics::MODEL_CALL_DURATION.observe(&[&provider], called.elapsed().as_secs_f64());
@@ -157,11 +199,11 @@ impl ModelGate {
                 }
                 Err(e) => metrics::MODEL_CALL_ERRORS.inc(&[&provider, error_class(e)]),
             }
-            match &result {
-                Ok(_) => self.succeeded(),
-                Err(ModelError::NonRetryable { .. }) => self.neutral(),
-                Err(_) => self.failed(),
-            }
+            admitted.settle(match &result {
+                Ok(_) => Outcome::Succeeded,
+                Err(ModelError::NonRetryable { .. }) => Outcome::Neutral,
+                Err(_) => Outcome::Failed,
+            });
             match &result {
                 Err(ModelError::Retryable { retry_after, .. })
                     if attempt < self.settings.retries =>
@@ -182,33 +224,48 @@ impl ModelGate {
         }
     }
 
-    fn admit(&self) -> Result<(), ModelError> {
+    fn admit(&self) -> Result<Admitted<'_>, ModelError> {
         let mut state = self.state.lock().expect("breaker lock");
         let now = Instant::now();
         match &mut *state {
-            State::Closed { .. } => Ok(()),
+            State::Closed { .. } => Ok(Admitted {
+                gate: self,
+                probe: None,
+            }),
             State::Open { until, cooldown } if now >= *until => {
                 tracing::info!(
                     provider = self.client.provider(),
                     "model circuit half-open: probing"
                 );
+                let generation = self
+                    .generations
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    + 1;
                 *state = State::HalfOpen {
+                    generation,
                     in_flight: 1,
                     successes: 0,
                     cooldown: *cooldown,
                 };
                 self.breaker_metric(1.0);
-                Ok(())
+                Ok(Admitted {
+                    gate: self,
+                    probe: Some(generation),
+                })
             }
             State::Open { until, .. } => Err(self.parked(until.saturating_duration_since(now))),
             State::HalfOpen {
+                generation,
                 in_flight,
                 successes,
                 ..
             } => {
                 if *in_flight < 1 << (*successes).min(3) {
                     *in_flight += 1;
-                    Ok(())
+                    Ok(Admitted {
+                        gate: self,
+                        probe: Some(*generation),
+                    })
                 } else {
                     Err(self.parked(Duration::from_secs(1)))
                 }
@@ -228,44 +285,42 @@ impl ModelGate {
         }
     }
 
-    fn succeeded(&self) {
+    /// Applies a call's outcome; `probe` is the half-open period it was a probe of, whose
+    /// count of probes in flight it gives back (a probe of an earlier period counts nothing).
+    fn settle(&self, probe: Option<u64>, outcome: Outcome) {
         let mut state = self.state.lock().expect("breaker lock");
-        match &mut *state {
-            State::Closed { failures } => *failures = 0,
-            State::HalfOpen {
-                in_flight,
-                successes,
-                ..
-            } => {
-                *in_flight = in_flight.saturating_sub(1);
+        if let State::HalfOpen {
+            generation,
+            in_flight,
+            ..
+        } = &mut *state
+            && probe == Some(*generation)
+        {
+            *in_flight = in_flight.saturating_sub(1);
+        }
+        let open_for = match (&mut *state, outcome) {
+            (_, Outcome::Neutral) => None,
+            (State::Closed { failures }, Outcome::Succeeded) => {
+                *failures = 0;
+                None
+            }
+            (State::HalfOpen { successes, .. }, Outcome::Succeeded) => {
                 *successes += 1;
                 if *successes >= CLOSE_AFTER {
                     tracing::info!(provider = self.client.provider(), "model circuit closed");
                     *state = State::Closed { failures: 0 };
                     self.breaker_metric(0.0);
                 }
+                None
             }
-            State::Open { .. } => {}
-        }
-    }
-
-    fn neutral(&self) {
-        if let State::HalfOpen { in_flight, .. } = &mut *self.state.lock().expect("breaker lock") {
-            *in_flight = in_flight.saturating_sub(1);
-        }
-    }
-
-    fn failed(&self) {
-        let mut state = self.state.lock().expect("breaker lock");
-        let open_for = match &mut *state {
-            State::Closed { failures } => {
+            (State::Closed { failures }, Outcome::Failed) => {
                 *failures += 1;
                 (*failures >= self.settings.failure_threshold).then_some(self.settings.cooldown)
             }
-            State::HalfOpen { cooldown, .. } => {
+            (State::HalfOpen { cooldown, .. }, Outcome::Failed) => {
                 Some((*cooldown * 2).min(self.settings.max_cooldown))
             }
-            State::Open { .. } => None,
+            (State::Open { .. }, _) => None,
         };
         if let Some(cooldown) = open_for {
             tracing::warn!(
@@ -368,5 +423,122 @@ mod tests {
             assert!(gate.call("t", "k", &req).await.is_ok());
         }
         assert!(gate.breaker().starts_with("closed"), "{}", gate.breaker());
+    }
+
+    /// Fails its first `fail_first` calls, then hangs every call until `release` is notified.
+    struct Hanging {
+        calls: AtomicU32,
+        fail_first: u32,
+        entered: tokio::sync::Notify,
+    }
+
+    #[async_trait]
+    impl ModelClient for Hanging {
+        fn provider(&self) -> &str {
+            "hanging"
+        }
+        async fn complete(&self, r: &ModelRequest) -> Result<ModelResponse, ModelError> {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst);
+            if n < self.fail_first {
+                return Err(ModelError::Overloaded {
+                    message: "529".into(),
+                    retry_after: None,
+                });
+            }
+            if n == self.fail_first {
+                // The probe: it never answers (its job is dropped while it waits).
+                self.entered.notify_one();
+                std::future::pending::<()>().await;
+            }
+            crate::model::LocalModel.complete(r).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dropped_probe_gives_its_slot_back_and_the_next_call_is_admitted() {
+        let client = Arc::new(Hanging {
+            calls: AtomicU32::new(0),
+            fail_first: 5,
+            entered: tokio::sync::Notify::new(),
+        });
+        let gate = Arc::new(ModelGate::new(
+            client.clone(),
+            GateSettings {
+                cooldown: Duration::from_millis(50),
+                retries: 0,
+                ..Default::default()
+            },
+        ));
+        let req = ModelRequest::user("hi");
+        for _ in 0..5 {
+            assert!(gate.call("t", "k", &req).await.is_err());
+        }
+        assert!(gate.breaker().starts_with("open"), "{}", gate.breaker());
+        // Wait out the cool-down by polling the state, not by sleeping a fixed time.
+        let end = Instant::now() + Duration::from_secs(10);
+        while gate.admit().map(drop).is_err() {
+            assert!(Instant::now() < end, "the breaker never half-opened");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // (That admission was a probe, settled as neutral when dropped: one is allowed again.)
+        assert!(
+            gate.breaker().starts_with("half-open (0"),
+            "{}",
+            gate.breaker()
+        );
+
+        // The probe's job is dropped in the middle of its call (its operation was cancelled
+        // or its lease lost): the gate is held at the provider, then the future goes away.
+        let probe = {
+            let gate = gate.clone();
+            let req = req.clone();
+            tokio::spawn(async move { gate.call("t", "k", &req).await })
+        };
+        client.entered.notified().await;
+        assert!(
+            gate.breaker().starts_with("half-open (1"),
+            "{}",
+            gate.breaker()
+        );
+        // While the probe is in flight, nothing else is let through.
+        assert!(matches!(
+            gate.call("t", "k", &req).await,
+            Err(ModelError::Overloaded { .. })
+        ));
+        probe.abort();
+        assert!(probe.await.unwrap_err().is_cancelled());
+        assert!(
+            gate.breaker().starts_with("half-open (0"),
+            "{}",
+            gate.breaker()
+        );
+
+        // The next call is admitted and reaches the provider.
+        let before = client.calls.load(Ordering::SeqCst);
+        assert!(gate.call("t", "k", &req).await.is_ok());
+        assert_eq!(client.calls.load(Ordering::SeqCst), before + 1);
+    }
+
+    #[test]
+    fn a_probe_of_an_earlier_half_open_period_does_not_count_in_a_later_one() {
+        let gate = ModelGate::new(Arc::new(crate::model::LocalModel), GateSettings::default());
+        *gate.state.lock().unwrap() = State::HalfOpen {
+            generation: 7,
+            in_flight: 1,
+            successes: 0,
+            cooldown: Duration::from_secs(1),
+        };
+        gate.settle(Some(6), Outcome::Neutral);
+        assert!(
+            gate.breaker().starts_with("half-open (1"),
+            "{}",
+            gate.breaker()
+        );
+        gate.settle(Some(7), Outcome::Neutral);
+        assert!(
+            gate.breaker().starts_with("half-open (0"),
+            "{}",
+            gate.breaker()
+        );
     }
 }

@@ -200,30 +200,28 @@ pub async fn transition(
     Ok(Some(before))
 }
 
-/// Takes up to `limit` queued operations of a batch not dispatched since `cutoff`, marking
-/// them dispatched (the caller publishes them and clears the mark of any that fails). Retry
-/// delays are cut short: a resume means the operator fixed what made them fail.
-pub async fn take_queued(
+/// Locks up to `limit` queued operations of a batch not dispatched since `cutoff`, for the
+/// caller to publish and then mark ([`super::Locked`]). Retry delays are cut short: a resume
+/// means the operator fixed what made them fail.
+pub async fn lock_queued(
     pool: &PgPool,
     batch: Uuid,
     cutoff: DateTime<Utc>,
     limit: i64,
-) -> Result<Vec<Dispatch>> {
-    let rows = sqlx::query_as(
-        "UPDATE operations o SET dispatched_at = now(), run_at = LEAST(o.run_at, now())
+) -> Result<super::Locked> {
+    let query = sqlx::query_as(
+        "UPDATE operations o SET run_at = LEAST(o.run_at, now())
           WHERE o.id IN (SELECT id FROM operations
                           WHERE batch_id = $1 AND status = 'queued'
                             AND (dispatched_at IS NULL OR dispatched_at < $2)
                           ORDER BY id LIMIT $3
                           FOR UPDATE SKIP LOCKED)
-      RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch",
+      RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch, o.traceparent",
     )
     .bind(batch)
     .bind(cutoff)
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows)
+    .bind(limit);
+    super::Locked::lock(pool, query).await
 }
 
 /// Cancels every unfinished operation of a batch: at once when queued, sleeping or waiting,

@@ -444,64 +444,97 @@ pub async fn mark_dispatched(pool: &PgPool, sent: &[(Uuid, i64)]) -> Result<u64>
     Ok(n)
 }
 
-/// Takes up to `limit` due, queued operations that were committed at least `grace` ago but whose
-/// pointer was never confirmed (the producer died between commit and publish, a retry came
-/// due, a lease was released). Taking a row sets `dispatched_at`, so no scheduler takes it
-/// again while its publish is in flight, however slow the broker's confirms get under load;
-/// the caller clears it ([`clear_dispatched`]) if the publish fails. `SKIP LOCKED` lets several
-/// schedulers sweep at once without taking the same rows.
-pub async fn take_undispatched(
-    pool: &PgPool,
-    grace: Duration,
-    limit: i64,
-) -> Result<Vec<Dispatch>> {
-    let rows = sqlx::query_as(
-        "UPDATE operations o SET dispatched_at = now()
-          WHERE o.id IN (SELECT id FROM operations
-                          WHERE status = 'queued' AND dispatched_at IS NULL
-                            AND run_at <= now() AND NOT in_stopped_batch(batch_id)
-                            -- The grace period waits out a producer's own publish; a row
-                            -- scheduled for later (a retry) has none in flight.
-                            AND (updated_at < now() - make_interval(secs => $1)
-                                 OR run_at > updated_at)
-                          ORDER BY updated_at
-                          LIMIT $2
-                          FOR UPDATE SKIP LOCKED)
-      RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch, o.traceparent",
-    )
-    .bind(grace.as_secs_f64())
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows)
+/// Queued rows locked for dispatch inside an open transaction. The caller publishes their
+/// pointers and then [`marks`](Locked::mark) the confirmed ones: the marks commit together with
+/// the release of the locks, so no failure leaves a row marked but unpublished. A scheduler
+/// killed meanwhile, a lost connection or a commit whose answer never arrived rolls back (the
+/// rows stay due for the next sweep, at worst with a second, harmless pointer); a publish that
+/// fails leaves its row unmarked. While locked, the rows are skipped by other sweepers, and a
+/// worker's claim of one waits for the commit (milliseconds: one round of confirms).
+pub struct Locked {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    pub rows: Vec<Dispatch>,
 }
 
-/// Takes up to `limit` due, queued operations of `lane` whose pointer was confirmed more than
+impl Locked {
+    /// Runs `query` (a `SELECT … FOR UPDATE` or an `UPDATE … RETURNING` of dispatch rows) in
+    /// a new transaction left open.
+    pub(crate) async fn lock(
+        pool: &PgPool,
+        query: sqlx::query::QueryAs<'_, sqlx::Postgres, Dispatch, sqlx::postgres::PgArguments>,
+    ) -> Result<Self> {
+        let mut tx = pool.begin().await?;
+        let rows = query.fetch_all(&mut *tx).await?;
+        Ok(Self { tx, rows })
+    }
+
+    /// Records that the pointers of `sent` (a subset of [`Locked::rows`]) were confirmed and
+    /// releases every lock; returns how many rows were marked.
+    pub async fn mark(mut self, sent: &[(Uuid, i64)]) -> Result<u64> {
+        let (ids, epochs): (Vec<Uuid>, Vec<i64>) = sent.iter().copied().unzip();
+        let n = if ids.is_empty() {
+            0
+        } else {
+            sqlx::query(
+                "UPDATE operations o SET dispatched_at = now()
+                   FROM unnest($1::uuid[], $2::bigint[]) AS d(id, epoch)
+                  WHERE o.id = d.id AND o.epoch = d.epoch AND o.status = 'queued'",
+            )
+            .bind(&ids)
+            .bind(&epochs)
+            .execute(&mut *self.tx)
+            .await?
+            .rows_affected()
+        };
+        self.tx.commit().await?;
+        Ok(n)
+    }
+}
+
+/// Locks up to `limit` due, queued operations that were committed at least `grace` ago but
+/// whose pointer was never confirmed (the producer died between commit and publish, a retry
+/// came due, a lease was released or reaped, a wake's publish failed). `SKIP LOCKED` lets
+/// several schedulers sweep at once without taking the same rows.
+pub async fn lock_undispatched(pool: &PgPool, grace: Duration, limit: i64) -> Result<Locked> {
+    let query = sqlx::query_as(
+        "SELECT id, tenant_id, kind, lane, epoch, traceparent FROM operations
+          WHERE status = 'queued' AND dispatched_at IS NULL
+            AND run_at <= now() AND NOT in_stopped_batch(batch_id)
+            -- The grace period waits out a producer's own publish; a row
+            -- scheduled for later (a retry) has none in flight.
+            AND (updated_at < now() - make_interval(secs => $1)
+                 OR run_at > updated_at)
+          ORDER BY updated_at
+          LIMIT $2
+          FOR UPDATE SKIP LOCKED",
+    )
+    .bind(grace.as_secs_f64())
+    .bind(limit);
+    Locked::lock(pool, query).await
+}
+
+/// Locks up to `limit` due, queued operations of `lane` whose pointer was confirmed more than
 /// `stale` ago. Only called when the lane's queue is empty, so these pointers were lost (a
 /// broker reset, a purged queue): republishing them cannot flood a legitimate backlog.
-pub async fn take_lost_dispatches(
+pub async fn lock_lost_dispatches(
     pool: &PgPool,
     lane: Lane,
     stale: Duration,
     limit: i64,
-) -> Result<Vec<Dispatch>> {
-    let rows = sqlx::query_as(
-        "UPDATE operations o SET dispatched_at = now()
-          WHERE o.id IN (SELECT id FROM operations
-                          WHERE status = 'queued' AND lane = $1 AND run_at <= now()
-                            AND NOT in_stopped_batch(batch_id)
-                            AND dispatched_at < now() - make_interval(secs => $2)
-                          ORDER BY run_at
-                          LIMIT $3
-                          FOR UPDATE SKIP LOCKED)
-      RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch, o.traceparent",
+) -> Result<Locked> {
+    let query = sqlx::query_as(
+        "SELECT id, tenant_id, kind, lane, epoch, traceparent FROM operations
+          WHERE status = 'queued' AND lane = $1 AND run_at <= now()
+            AND NOT in_stopped_batch(batch_id)
+            AND dispatched_at < now() - make_interval(secs => $2)
+          ORDER BY run_at
+          LIMIT $3
+          FOR UPDATE SKIP LOCKED",
     )
     .bind(lane.as_str())
     .bind(stale.as_secs_f64())
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows)
+    .bind(limit);
+    Locked::lock(pool, query).await
 }
 
 /// Counts operations by status (for `agentq bench` and, later, `/metrics`).
@@ -588,8 +621,9 @@ const REAP_EXPIRED_LEASES: &str = "WITH expired AS (
                                           o.restarts + 1, $1),
                    finished_at = CASE WHEN o.restarts + 1 > $1 THEN now() END,
                    run_at = now(), updated_at = now(),
-                   -- Taken for dispatch by the reaper, which publishes right after.
-                   dispatched_at = CASE WHEN o.restarts + 1 > $1 THEN NULL ELSE now() END,
+                   -- Published and then marked by the reaper, as a producer does; if it
+                   -- dies first, the sweeper publishes them after its grace period.
+                   dispatched_at = NULL,
                    lease_owner = NULL, lease_expires_at = NULL
               FROM expired e
              WHERE o.id = e.id
@@ -646,22 +680,6 @@ pub async fn operation_input(pool: &PgPool, id: Uuid) -> Result<Option<Value>> {
         .fetch_optional(pool)
         .await?;
     Ok(v)
-}
-
-/// Gives back dispatches a scheduler took but could not publish, so the sweeper retries them.
-pub async fn clear_dispatched(pool: &PgPool, taken: &[(Uuid, i64)]) -> Result<u64> {
-    let (ids, epochs): (Vec<Uuid>, Vec<i64>) = taken.iter().copied().unzip();
-    let n = sqlx::query(
-        "UPDATE operations o SET dispatched_at = NULL
-           FROM unnest($1::uuid[], $2::bigint[]) AS t(id, epoch)
-          WHERE o.id = t.id AND o.epoch = t.epoch AND o.status = 'queued'",
-    )
-    .bind(&ids)
-    .bind(&epochs)
-    .execute(pool)
-    .await?
-    .rows_affected();
-    Ok(n)
 }
 
 #[cfg(test)]

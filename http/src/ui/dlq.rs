@@ -34,16 +34,18 @@ pub async fn inbox(
     session: Session,
     Query(q): Query<InboxQuery>,
 ) -> UiResult {
-    let pick = |s: &Option<String>| s.as_deref().filter(|s| !s.is_empty()).map(String::from);
-    let filter = dead_letters::Filter {
-        tenant: session.caller.scope().map(String::from),
+    fn pick(s: &Option<String>) -> Option<&str> {
+        s.as_deref().filter(|s| !s.is_empty())
+    }
+    let query = app::dlq::Query {
         kind: pick(&q.kind),
         class: pick(&q.class),
         ..Default::default()
     };
-    let pool = &state.api.app.pool;
-    let groups = dead_letters::stats(pool, &filter).await?;
-    let items = console::inbox(pool, &filter, ITEMS).await?;
+    let caller = session.caller.app();
+    let groups = app::dlq::stats(&state.api.app, &caller, query).await?;
+    let filter = app::dlq::filter_for(&caller, query)?;
+    let items = console::inbox(&state.api.app.pool, &filter, ITEMS).await?;
 
     let mut body = String::from("<h1>Dead letters</h1>");
     if filter.class.is_some() || filter.kind.is_some() {

@@ -186,6 +186,26 @@ impl From<agentq_core::db::Error> for UiError {
     }
 }
 
+/// A page whose application-layer call was refused: the status the API would answer, with the
+/// message as the page.
+impl From<agentq_app::AppError> for UiError {
+    fn from(e: agentq_app::AppError) -> Self {
+        use agentq_app::AppError as E;
+        let status = match &e {
+            E::Db(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            E::NotFound(_) => StatusCode::NOT_FOUND,
+            E::Malformed { .. } => StatusCode::BAD_REQUEST,
+            E::Forbidden(_) => StatusCode::FORBIDDEN,
+            E::Conflict(_) => StatusCode::CONFLICT,
+            E::Invalid { .. } | E::KeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        };
+        match e {
+            E::Db(e) => e.into(),
+            refused => Self::new(status, refused.to_string()),
+        }
+    }
+}
+
 impl From<anyhow::Error> for UiError {
     fn from(e: anyhow::Error) -> Self {
         let id = super::problem::request_id().unwrap_or_default();
