@@ -104,13 +104,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     println!("{}", serde_json::to_string(&r)?);
                 } else {
                     println!(
-                        "{:<20} {:<14} {:>8} operations {:>8} model calls {:>12} prompt {:>12} completion tokens",
+                        "{:<20} {:<14} {:>8} operations {:>8} model calls {:>12} prompt {:>12} completion tokens{}",
                         r.tenant,
                         r.kind,
                         r.operations,
                         r.model_calls,
                         r.prompt_tokens,
-                        r.completion_tokens
+                        r.completion_tokens,
+                        if r.unreported_calls > 0 {
+                            format!(
+                                " ({} calls uncounted: the provider reported no usage)",
+                                r.unreported_calls
+                            )
+                        } else {
+                            String::new()
+                        }
                     );
                 }
             }

@@ -26,6 +26,7 @@ pub(crate) fn refuse(msg: impl Into<String>) -> anyhow::Error {
 
 /// Runs one command to completion.
 pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
+    db::set_call_deadline(Duration::from_secs(config.db_timeout_secs));
     db::connect(&config.database_url, config.db_pool)
         .await
         .with_context(|| {
@@ -57,7 +58,8 @@ pub fn model_client(config: &Config) -> anyhow::Result<Arc<dyn ModelClient>> {
         config.model_stream,
         timeouts,
     )
-    .map_err(refuse)?;
+    .map_err(refuse)?
+    .with_max_tokens(config.model_max_tokens);
     tracing::info!(
         provider = %agentq_core::config::redact_url(base), model = %model, stream = config.model_stream,
         "using an OpenAI-compatible model provider"

@@ -100,6 +100,11 @@ pub struct Config {
     )]
     pub model_idle_secs: u64,
 
+    /// `max_tokens` of a model request that sets none (unset: the provider's default, which for
+    /// some servers is "until the context is full").
+    #[arg(long, env = "AGENTQ_MODEL_MAX_TOKENS", global = true)]
+    pub model_max_tokens: Option<u32>,
+
     /// Model calls in flight per worker process.
     #[arg(
         long,
@@ -243,6 +248,17 @@ pub struct Config {
     /// Connections in this process's PostgreSQL pool.
     #[arg(long, env = "AGENTQ_DB_POOL", default_value_t = 16, global = true)]
     pub db_pool: u32,
+
+    /// Deadline of one engine call to PostgreSQL (claim, lease renewal, journal and outcome
+    /// writes, each scheduler pass) and of a pooled connection's release check; a connection
+    /// that misses it is closed, never reused.
+    #[arg(
+        long,
+        env = "AGENTQ_DB_TIMEOUT_SECS",
+        default_value_t = 10,
+        global = true
+    )]
+    pub db_timeout_secs: u64,
 }
 
 impl Config {
@@ -259,6 +275,9 @@ impl Config {
                 "AGENTQ_LEASE_TTL_SECS must be at least 3 (got {}): heartbeats run every ttl/3",
                 self.lease_ttl_secs
             ));
+        }
+        if self.db_timeout_secs < 1 {
+            return Err("AGENTQ_DB_TIMEOUT_SECS must be at least 1".into());
         }
         if self.max_attempts < 1 {
             return Err("AGENTQ_MAX_ATTEMPTS must be at least 1".into());

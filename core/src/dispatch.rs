@@ -79,6 +79,8 @@ struct Link {
     /// publishes never wait behind such a call.
     conn: std::sync::Arc<broker::Connection>,
     publisher: Publisher,
+    /// Which link this is (each (re)connection opens a new one).
+    generation: u64,
 }
 
 /// Publishes pointers over a lazily (re)opened connection and marks them dispatched in batches.
@@ -124,13 +126,14 @@ impl Dispatcher {
         }
     }
 
-    /// The publisher of the current link, connecting (and declaring the topology) if needed.
-    async fn publisher(&self) -> Result<Publisher, Error> {
+    /// The publisher of the current link and the link's generation, connecting (and declaring
+    /// the topology) if needed.
+    async fn publisher(&self) -> Result<(Publisher, u64), Error> {
         let mut link = self.link.lock().await;
         if let Some(l) = link.as_ref()
             && l.publisher.is_usable()
         {
-            return Ok(l.publisher.clone());
+            return Ok((l.publisher.clone(), l.generation));
         }
         if let Some(at) = self.retry.lock().expect("retry lock").not_before {
             let now = std::time::Instant::now();
@@ -157,11 +160,13 @@ impl Dispatcher {
                 return Err(e.into());
             }
         };
+        let generation = link.as_ref().map_or(0, |l| l.generation) + 1;
         *link = Some(Link {
             conn: std::sync::Arc::new(conn),
             publisher: publisher.clone(),
+            generation,
         });
-        Ok(publisher)
+        Ok((publisher, generation))
     }
 
     /// Publishes the pointer of `target` and, once confirmed, queues its dispatch mark.
@@ -177,23 +182,45 @@ impl Dispatcher {
 
     /// Publishes the pointer of `target` without marking it (the caller marks it, as
     /// [`Dispatcher::publish_locked`] does).
+    /// A publish not confirmed within [`PUBLISH_TIMEOUT`] fails, and the connection it went
+    /// out on is closed (the next publish opens a new one): a connection that went silent is
+    /// never used again, rather than waited on until heartbeats give it up.
     pub async fn publish(&self, target: &Target) -> Result<(), Error> {
-        let publisher = self.publisher().await?;
+        let (publisher, generation) = self.publisher().await?;
         let pointer = Pointer::new(target.op_id, &target.tenant, &target.kind);
-        if let Err(e) = publisher
-            .publish_traced(&pointer, target.lane, target.traceparent.as_deref())
-            .await
-        {
-            self.drop_link_if_broken().await;
-            return Err(e.into());
+        let sent = publisher.publish_traced(&pointer, target.lane, target.traceparent.as_deref());
+        match tokio::time::timeout(PUBLISH_TIMEOUT, sent).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                self.drop_link(generation, false).await;
+                Err(e.into())
+            }
+            Err(_) => {
+                self.drop_link(generation, true).await;
+                Err(broker::Error::Timeout(PUBLISH_TIMEOUT).into())
+            }
         }
-        Ok(())
     }
 
-    async fn drop_link_if_broken(&self) {
+    /// Drops link `generation` when it broke, or always when `silent` (it missed a deadline);
+    /// a link opened since by another publish is kept.
+    async fn drop_link(&self, generation: u64, silent: bool) {
         let mut link = self.link.lock().await;
-        if link.as_ref().is_some_and(|l| !l.publisher.is_usable()) {
-            *link = None;
+        let Some(l) = link.as_ref() else { return };
+        if l.generation != generation || (!silent && l.publisher.is_usable()) {
+            return;
+        }
+        if let Some(l) = link.take() {
+            if silent {
+                tracing::warn!("a publish got no confirm in time; closing that broker connection");
+            }
+            // Closing a silent connection must not hold the lock: nobody answers the close.
+            let conn = l.conn;
+            tokio::spawn(async move {
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(1), conn.close(320, "silent".into()))
+                        .await;
+            });
         }
     }
 
@@ -281,7 +308,7 @@ impl Dispatcher {
             .map(|r| (r.id, r.epoch))
             .filter(|k| !failed.iter().any(|(f, _)| f == k))
             .collect();
-        locked.mark(&sent).await?;
+        db::within(locked.mark(&sent)).await?;
         Ok(Published {
             sent: sent.len(),
             failed: failed.len(),
@@ -296,7 +323,7 @@ async fn run_marker(pool: PgPool, mut rx: mpsc::Receiver<(Uuid, i64)>) {
     while rx.recv_many(&mut batch, MARK_BATCH).await > 0 {
         let mut delay = Duration::from_millis(50);
         loop {
-            match db::mark_dispatched(&pool, &batch).await {
+            match db::within(db::mark_dispatched(&pool, &batch)).await {
                 Ok(_) => break,
                 Err(e) => {
                     // Unmarked rows are re-published by the sweeper: harmless, so give up

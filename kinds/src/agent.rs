@@ -7,15 +7,16 @@ use std::time::Duration;
 
 use agentq_worker::agent::{AgentOutcome, AgentSpec};
 use agentq_worker::context::check_park;
-use agentq_worker::model::{Message, Role};
+use agentq_worker::model::{Message, Role, ToolChoice};
 use agentq_worker::{JobContext, JobError, Replay, Tool};
 use serde::{Deserialize, Serialize};
 
 use crate::tools::{HttpGet, Kv, Ledger};
 
-/// Input of `agent`.
+/// Input of `agent`. A `tool_choice` naming a tool must name one of `tools` (checked when the
+/// input is read, so at enqueue).
 #[derive(Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, try_from = "Fields")]
 pub struct AgentInput {
     #[serde(default = "default_system")]
     pub system: String,
@@ -35,6 +36,85 @@ pub struct AgentInput {
         deserialize_with = "approval_timeout"
     )]
     pub approval_timeout_s: u64,
+    /// `auto`, `required`, `none` or the name of one of `tools`: the model's `tool_choice`
+    /// until it has called a tool (small open models call one only when told to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<AgentToolChoice>,
+}
+
+/// What [`AgentInput`] is read from, before the check across its fields.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fields {
+    #[serde(default = "default_system")]
+    system: String,
+    user: String,
+    #[serde(default)]
+    tools: Vec<AgentTool>,
+    #[serde(default)]
+    approval: Vec<AgentTool>,
+    #[serde(default = "default_max_turns")]
+    max_turns: u32,
+    #[serde(
+        default = "default_approval_timeout",
+        deserialize_with = "approval_timeout"
+    )]
+    approval_timeout_s: u64,
+    #[serde(default)]
+    tool_choice: Option<AgentToolChoice>,
+}
+
+impl TryFrom<Fields> for AgentInput {
+    type Error = String;
+
+    fn try_from(f: Fields) -> Result<Self, String> {
+        if let Some(AgentToolChoice::Tool(t)) = &f.tool_choice
+            && !f.tools.contains(t)
+        {
+            return Err(format!(
+                "tool_choice names {t:?}, which is not one of tools {:?}: add it to tools",
+                f.tools
+            ));
+        }
+        Ok(AgentInput {
+            system: f.system,
+            user: f.user,
+            tools: f.tools,
+            approval: f.approval,
+            max_turns: f.max_turns,
+            approval_timeout_s: f.approval_timeout_s,
+            tool_choice: f.tool_choice,
+        })
+    }
+}
+
+/// The `tool_choice` of an [`AgentInput`].
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, PartialEq)]
+#[serde(untagged)]
+pub enum AgentToolChoice {
+    Mode(ChoiceMode),
+    Tool(AgentTool),
+}
+
+/// `tool_choice` modes.
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum ChoiceMode {
+    Auto,
+    Required,
+    None,
+}
+
+impl AgentTool {
+    /// The tool's name as the model sees it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AgentTool::KvPut => "kv_put",
+            AgentTool::KvGet => "kv_get",
+            AgentTool::Ledger => "ledger",
+            AgentTool::HttpGet => "http_get",
+        }
+    }
 }
 
 /// The built-in tools of the `agent` kind.
@@ -102,6 +182,12 @@ pub async fn agent(ctx: JobContext, input: AgentInput) -> Result<AgentOutcome, J
         max_turns: input.max_turns,
         approval_timeout: Duration::from_secs(input.approval_timeout_s),
         model: None,
+        tool_choice: input.tool_choice.map(|c| match c {
+            AgentToolChoice::Mode(ChoiceMode::Auto) => ToolChoice::Auto,
+            AgentToolChoice::Mode(ChoiceMode::Required) => ToolChoice::Required,
+            AgentToolChoice::Mode(ChoiceMode::None) => ToolChoice::None,
+            AgentToolChoice::Tool(t) => ToolChoice::Tool(t.name().to_string()),
+        }),
     })
     .await
 }

@@ -60,6 +60,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_agent_tool_choice_must_name_one_of_its_tools() {
+        let r = registry();
+        let agent = |extra: serde_json::Value| {
+            let mut input = json!({ "user": "hi", "tools": ["kv_put"] });
+            input
+                .as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            r.check_input("agent", &input)
+        };
+        assert!(agent(json!({ "tool_choice": "kv_put" })).is_ok());
+        assert!(agent(json!({ "tool_choice": "required" })).is_ok());
+        assert!(agent(json!({})).is_ok());
+        let refused = agent(json!({ "tool_choice": "ledger" })).unwrap_err();
+        assert!(refused.contains("not one of tools"), "{refused}");
+        assert!(agent(json!({ "tool_choice": "sometimes" })).is_err());
+        assert!(agent(json!({ "bogus": 1 })).is_err(), "unknown fields stay refused");
+    }
+
+    #[test]
     fn script_inputs_are_checked_before_anything_runs() {
         let r = registry();
         assert!(

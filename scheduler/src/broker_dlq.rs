@@ -76,7 +76,10 @@ async fn record(pool: &PgPool, delivery: &Delivery) -> db::Result<()> {
         Err(e) => (format!("{} bytes that are {e}", body.len()), None),
     };
     let reason = format!("{why} from {queue}: {what}");
-    let id = db::dead_letters::record_poison(pool, body, &reason, pointer_to).await?;
+    let id = db::within(db::dead_letters::record_poison(
+        pool, body, &reason, pointer_to,
+    ))
+    .await?;
     tracing::warn!(dead_letter = %id, %why, %queue, "recorded a poison message");
     Ok(())
 }

@@ -183,7 +183,7 @@ impl Scheduler {
     /// Returns how many it woke.
     pub async fn wake(&self) -> anyhow::Result<usize> {
         let permit = self.in_flight.clone().acquire_owned().await?;
-        let woken = db::timers::wake_due(&self.pool, self.settings.wake_batch).await?;
+        let woken = db::within(db::timers::wake_due(&self.pool, self.settings.wake_batch)).await?;
         let n = woken.len();
         for w in &woken {
             let lag = (w.woken_at - w.due_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
@@ -215,7 +215,11 @@ impl Scheduler {
 
     /// One pass of the deadline loop; returns how many operations it stopped.
     pub async fn expire_deadlines(&self) -> anyhow::Result<usize> {
-        let expired = db::timers::expire_deadlines(&self.pool, self.settings.batch).await?;
+        let expired = db::within(db::timers::expire_deadlines(
+            &self.pool,
+            self.settings.batch,
+        ))
+        .await?;
         for (id, kind) in &expired {
             tracing::info!(op_id = %id, "operation is dead: deadline_exceeded");
             count_death(kind, ErrorClass::DeadlineExceeded);
@@ -225,7 +229,7 @@ impl Scheduler {
 
     /// Pauses batches whose recent failure rate crossed their threshold; returns how many.
     pub async fn auto_pause(&self) -> anyhow::Result<usize> {
-        let paused = db::batches::auto_pause(&self.pool).await?;
+        let paused = db::within(db::batches::auto_pause(&self.pool)).await?;
         for b in &paused {
             tracing::warn!(
                 batch_id = %b.id, tenant = %b.tenant_id, failed = b.failed, window = b.pause_window,
@@ -241,8 +245,12 @@ impl Scheduler {
     pub async fn retain(&self) -> anyhow::Result<u64> {
         let mut total = 0;
         loop {
-            let n =
-                db::timers::delete_expired(&self.pool, self.settings.retention_days, 500).await?;
+            let n = db::within(db::timers::delete_expired(
+                &self.pool,
+                self.settings.retention_days,
+                500,
+            ))
+            .await?;
             total += n;
             if n < 500 {
                 break;
@@ -256,9 +264,12 @@ impl Scheduler {
 
     /// One pass of the reaper; returns how many expired leases it recovered.
     pub async fn reap(&self) -> anyhow::Result<usize> {
-        let reaped =
-            db::reap_expired_leases(&self.pool, self.settings.restart_limit, self.settings.batch)
-                .await?;
+        let reaped = db::within(db::reap_expired_leases(
+            &self.pool,
+            self.settings.restart_limit,
+            self.settings.batch,
+        ))
+        .await?;
         let n = reaped.len();
         let mut requeued = Vec::new();
         for r in reaped {
@@ -292,11 +303,11 @@ impl Scheduler {
 
     /// One pass of the dispatch sweeper; returns how many pointers it published.
     pub async fn sweep_undispatched(&self) -> anyhow::Result<usize> {
-        let locked = db::lock_undispatched(
+        let locked = db::within(db::lock_undispatched(
             &self.pool,
             self.settings.dispatch_grace,
             self.settings.batch,
-        )
+        ))
         .await?;
         self.publish(locked).await
     }
@@ -313,12 +324,12 @@ impl Scheduler {
             if depth > 0 {
                 continue;
             }
-            let lost = db::lock_lost_dispatches(
+            let lost = db::within(db::lock_lost_dispatches(
                 &self.pool,
                 lane,
                 self.settings.lost_after,
                 self.settings.batch,
-            )
+            ))
             .await?;
             if !lost.rows.is_empty() {
                 tracing::warn!(lane = %lane, n = lost.rows.len(), "republishing pointers the broker lost");

@@ -28,6 +28,8 @@ use services::{Postgres, Rabbit, Scratch};
 
 /// Lease length of the processes under test (the unit of "stuck").
 const LEASE: Duration = Duration::from_secs(4);
+/// How long a silent fault drops bytes: longer than a lease, so leases run out under it.
+const SILENT: Duration = Duration::from_secs(2 * LEASE.as_secs());
 /// Completions after a fault that count as "throughput resumed".
 const RESUMED_AFTER: i64 = 10;
 /// Crash recoveries an operation may take before `crash_loop` (several faults may hit it).
@@ -101,6 +103,8 @@ enum Fault {
     PgPause,
     ProxyReset(Side),
     ProxyBlackhole(Side),
+    /// Bytes dropped for longer than a lease, and the connections hit never reset.
+    ProxySilent(Side),
     ProxyDelay(Side),
     ProxyCut(Side),
 }
@@ -128,6 +132,11 @@ impl Fault {
             Fault::PgPause => "postgres SIGSTOP 20 s".into(),
             Fault::ProxyReset(s) => format!("proxy reset all ({})", side(s)),
             Fault::ProxyBlackhole(s) => format!("proxy blackhole 5 s ({})", side(s)),
+            Fault::ProxySilent(s) => format!(
+                "proxy silent {} s, no reset ({})",
+                SILENT.as_secs(),
+                side(s)
+            ),
             Fault::ProxyDelay(s) => format!("proxy delay 300 ms for 5 s ({})", side(s)),
             Fault::ProxyCut(s) => format!("proxy cut mid-frame ({})", side(s)),
         }
@@ -142,6 +151,7 @@ impl Fault {
             Fault::RabbitRestart
                 | Fault::ProxyReset(Side::Amqp)
                 | Fault::ProxyBlackhole(Side::Amqp)
+                | Fault::ProxySilent(Side::Amqp)
                 | Fault::ProxyDelay(Side::Amqp)
                 | Fault::ProxyCut(Side::Amqp)
         )
@@ -156,6 +166,7 @@ fn schedule(size: &Size) -> Vec<Fault> {
         heavy.push(Fault::ProxyCut(side));
         heavy.push(Fault::ProxyDelay(side));
         heavy.push(Fault::ProxyBlackhole(side));
+        heavy.push(Fault::ProxySilent(side));
     }
     for i in 0..size.rabbit_restarts.max(size.pg_restarts) {
         if i < size.rabbit_restarts {
@@ -387,8 +398,10 @@ async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
         pg_proxy.addr.port()
     );
     let direct_amqp = format!("amqp://guest:guest@127.0.0.1:{}/%2f", rabbit.port);
+    // Heartbeats scaled with the lease as the database deadline is (production: 10 s against a
+    // 30 s lease): a connection that went silent is given up after two missed beats.
     let proxied_amqp = format!(
-        "amqp://guest:guest@127.0.0.1:{}/%2f",
+        "amqp://guest:guest@127.0.0.1:{}/%2f?heartbeat=2",
         amqp_proxy.addr.port()
     );
     db::migrate(&direct_db).await.expect("migrating");
@@ -412,6 +425,8 @@ async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
         ("AGENTQ_LEASE_TTL_SECS", &LEASE.as_secs().to_string()),
         ("AGENTQ_RESTART_LIMIT", &RESTART_LIMIT.to_string()),
         ("AGENTQ_DISPATCH_GRACE_SECS", "1"),
+        // The database call deadline, scaled with the lease (production: 10 s against 30 s).
+        ("AGENTQ_DB_TIMEOUT_SECS", "2"),
         ("AGENTQ_CONCURRENCY_INTERACTIVE", "16"),
         ("RUST_LOG", "warn,agentq_worker::context=info"),
     ]
@@ -613,6 +628,12 @@ async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
                 p.blackhole(true);
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 p.blackhole(false);
+            }
+            Fault::ProxySilent(side) => {
+                let p = side_proxy(side, &pg_proxy, &amqp_proxy);
+                p.silent(true);
+                tokio::time::sleep(SILENT).await;
+                p.silent(false);
             }
             Fault::ProxyDelay(side) => {
                 let p = side_proxy(side, &pg_proxy, &amqp_proxy);

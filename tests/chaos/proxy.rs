@@ -7,6 +7,12 @@
 //! (calls in flight hang, new connections hang); when it ends, the connections that lost bytes
 //! are reset, as TCP would once a partition heals and a peer that gave the connection up
 //! answers with RST. Connections opened afterwards work normally.
+//!
+//! A silent fault is a blackhole that never heals the connections it hit: every connection open
+//! when it starts, and every one opened while it lasts, drops every byte from then on and is
+//! never reset or closed by the proxy (a wedged pooler, a NAT that forgot the flow, a partition
+//! whose peers never answer). Only the client can end them, by noticing the silence. Connections
+//! opened after it ends work normally.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +32,10 @@ struct Faults {
     /// Bumped when a blackhole ends; the connections it hit are reset.
     healed: watch::Sender<u64>,
     blackhole: AtomicBool,
+    /// Bumped when a silent fault starts: every connection alive then goes silent for good.
+    silenced: watch::Sender<u64>,
+    /// A silent fault is on: new connections are silent for good too.
+    silent: AtomicBool,
     delay_ms: AtomicU64,
     /// Non-zero: the next chunk from the server is forwarded only up to this many bytes, then
     /// the connection is reset.
@@ -52,6 +62,8 @@ impl Proxy {
             reset: watch::channel(0).0,
             healed: watch::channel(0).0,
             blackhole: AtomicBool::new(false),
+            silenced: watch::channel(0).0,
+            silent: AtomicBool::new(false),
             delay_ms: AtomicU64::new(0),
             cut_after: AtomicUsize::new(0),
             accepted: AtomicU64::new(0),
@@ -84,6 +96,14 @@ impl Proxy {
         self.faults.blackhole.store(on, Ordering::SeqCst);
         if !on {
             self.faults.healed.send_modify(|g| *g += 1);
+        }
+    }
+
+    /// Starts or ends a silent fault (see the module doc).
+    pub fn silent(&self, on: bool) {
+        self.faults.silent.store(on, Ordering::SeqCst);
+        if on {
+            self.faults.silenced.send_modify(|g| *g += 1);
         }
     }
 
@@ -125,7 +145,10 @@ async fn relay(
     faults: Arc<Faults>,
     stop: CancellationToken,
 ) {
-    let dead = Arc::new(AtomicBool::new(faults.blackhole.load(Ordering::SeqCst)));
+    let forever = faults.silent.load(Ordering::SeqCst);
+    let dead = Arc::new(AtomicBool::new(
+        forever || faults.blackhole.load(Ordering::SeqCst),
+    ));
     let server = if dead.load(Ordering::SeqCst) {
         None
     } else {
@@ -134,9 +157,9 @@ async fn relay(
     let server = match server {
         Some(s) => s,
         // Blackholed from the start: keep the client hanging, reading and dropping, as a
-        // partition would, until it gives up or the proxy stops.
+        // partition would, until it gives up or the proxy stops (or, for a blackhole, it heals).
         None if dead.load(Ordering::SeqCst) => {
-            hold_blackholed(client, faults, stop).await;
+            hold_blackholed(client, faults, stop, forever).await;
             return;
         }
         // The target is down (restarting): the client is refused, as it would be directly.
@@ -166,7 +189,12 @@ fn abort(read: OwnedReadHalf, write: OwnedWriteHalf) {
     }
 }
 
-async fn hold_blackholed(mut client: TcpStream, faults: Arc<Faults>, stop: CancellationToken) {
+async fn hold_blackholed(
+    mut client: TcpStream,
+    faults: Arc<Faults>,
+    stop: CancellationToken,
+    forever: bool,
+) {
     let mut reset = faults.reset.subscribe();
     let mut healed = faults.healed.subscribe();
     let mut buf = vec![0u8; 16 * 1024];
@@ -174,7 +202,7 @@ async fn hold_blackholed(mut client: TcpStream, faults: Arc<Faults>, stop: Cance
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = reset.changed() => break,
-            _ = healed.changed() => break,
+            _ = healed.changed(), if !forever => break,
             r = client.read(&mut buf) => match r {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
@@ -196,14 +224,29 @@ async fn pump(
 ) -> Option<(OwnedReadHalf, OwnedWriteHalf)> {
     let mut reset = faults.reset.subscribe();
     let mut healed = faults.healed.subscribe();
+    let mut silenced = faults.silenced.subscribe();
+    // Silenced for good: no heal, no reset from the proxy; only the client can end it.
+    let mut forever = false;
     let mut buf = vec![0u8; 32 * 1024];
     loop {
         let n = tokio::select! {
             _ = conn.cancelled() => break,
             _ = reset.changed() => break,
-            _ = healed.changed(), if dead.load(Ordering::SeqCst) => break,
+            _ = healed.changed(), if dead.load(Ordering::SeqCst) && !forever => break,
+            _ = silenced.changed() => {
+                forever = true;
+                dead.store(true, Ordering::SeqCst);
+                continue;
+            }
             r = from.read(&mut buf) => match r {
                 Ok(0) | Err(_) => {
+                    if forever && from_server {
+                        // The server gave up on the silent connection (its heartbeat check,
+                        // say); the client must not hear of it: it stays silent until the
+                        // client ends it.
+                        conn.cancelled().await;
+                        break;
+                    }
                     if dead.load(Ordering::SeqCst) {
                         break;
                     }

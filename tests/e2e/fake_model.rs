@@ -33,6 +33,10 @@ pub enum Mode {
     },
     /// Never send response headers.
     StallHeaders,
+    /// A `kv_put` call streamed as llama.cpp's server streams it (found against the real one):
+    /// the function name repeated in every chunk, the arguments in pieces, and no usage even
+    /// though the request asked for it.
+    LlamaToolStream,
     /// Stream two chunks, then close without `[DONE]`.
     StreamCut,
     /// Stream one chunk, then go silent.
@@ -377,6 +381,22 @@ async fn respond(socket: &mut TcpStream, mode: Mode, text: &str) -> std::io::Res
             }
             let tail = json!({ "model": "fake-model", "choices": [{ "index": 0, "delta": {}, "finish_reason": "stop" }],
                                "usage": { "prompt_tokens": 3, "completion_tokens": 2 } });
+            socket
+                .write_all(format!("data: {tail}\n\ndata: [DONE]\n\n").as_bytes())
+                .await?;
+        }
+        Mode::LlamaToolStream => {
+            socket.write_all(sse_head.as_bytes()).await?;
+            for piece in ["{\"key\": ", "\"colour\", ", "\"value\": \"blue\"}"] {
+                let delta = json!({ "model": "fake-model", "choices": [{ "index": 0, "finish_reason": null,
+                    "delta": { "role": "assistant", "content": null, "tool_calls": [{ "index": 0, "id": "call_0",
+                        "type": "function", "function": { "name": "kv_put", "arguments": piece } }] } }] });
+                socket
+                    .write_all(format!("data: {delta}\n\n").as_bytes())
+                    .await?;
+                socket.flush().await?;
+            }
+            let tail = json!({ "model": "fake-model", "choices": [{ "index": 0, "delta": {}, "finish_reason": "tool_calls" }] });
             socket
                 .write_all(format!("data: {tail}\n\ndata: [DONE]\n\n").as_bytes())
                 .await?;

@@ -20,6 +20,7 @@ mod foundation;
 mod hostile_producer;
 mod metrics;
 mod models;
+mod real_model;
 mod timers;
 mod traces;
 mod usecase_webhook;

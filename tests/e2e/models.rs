@@ -131,6 +131,22 @@ async fn every_classification_row_over_the_wire() {
     let whole = streaming.complete(&req).await.unwrap();
     assert_eq!(whole.content, "hello there");
     assert_eq!(whole.usage.completion_tokens, 2);
+    assert!(!whole.usage.unreported);
+    // As llama.cpp's server streams a tool call: the name in every chunk, no usage at all.
+    fake.set(Mode::LlamaToolStream);
+    let call = streaming.complete(&req).await.unwrap();
+    assert_eq!(call.tool_calls.len(), 1, "{call:?}");
+    assert_eq!(
+        call.tool_calls[0].function.name, "kv_put",
+        "a repeated name is one name"
+    );
+    let args: serde_json::Value =
+        serde_json::from_str(&call.tool_calls[0].function.arguments).unwrap();
+    assert_eq!(args, json!({ "key": "colour", "value": "blue" }));
+    assert!(
+        call.usage.unreported,
+        "no usage is unknown usage, not zero: {call:?}"
+    );
     fake.set(Mode::StreamCut);
     let cut = streaming.complete(&req).await;
     assert_eq!(class(&cut), "retryable");

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use crate::context::{JobContext, SignalOutcome};
 use crate::error::JobError;
-use crate::model::{Message, ModelRequest, Role, ToolSpec};
+use crate::model::{Message, ModelRequest, Role, ToolChoice, ToolSpec};
 use crate::tool::Tool;
 
 /// What the agent should do.
@@ -33,6 +33,9 @@ pub struct AgentSpec {
     pub approval_timeout: Duration,
     /// Model name for the provider (`None` → the configured one).
     pub model: Option<String>,
+    /// The `tool_choice` of the turns until the model has called a tool; later turns leave the
+    /// choice to the model (`auto`), so a required tool is called once, not on every turn.
+    pub tool_choice: Option<ToolChoice>,
 }
 
 /// How the loop ended.
@@ -64,6 +67,11 @@ impl JobContext {
                 model: spec.model.clone(),
                 messages: transcript.clone(),
                 tools: specs.clone(),
+                tool_choice: if calls_made == 0 {
+                    spec.tool_choice.clone()
+                } else {
+                    None
+                },
                 ..ModelRequest::default()
             };
             let reply = self.model(&format!("turn {turn}"), request).await?;

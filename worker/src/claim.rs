@@ -93,12 +93,12 @@ async fn claim_batch(
     let ids: Vec<Uuid> = pointed.iter().map(|(id, _, _)| *id).collect();
     let mut delay = Duration::from_millis(100);
     let mut claimed = loop {
-        match db::claim_operations(
+        match db::within(db::claim_operations(
             shared.pool(),
             &ids,
             shared.leases.owner(),
             shared.leases.ttl(),
-        )
+        ))
         .await
         {
             Ok(c) => break c,
@@ -119,7 +119,7 @@ async fn claim_batch(
             .filter(|id| !claimed.iter().any(|c| c.id == **id))
             .copied()
             .collect();
-        db::unknown_operations(shared.pool(), &unclaimed)
+        db::within(db::unknown_operations(shared.pool(), &unclaimed))
             .await
             .unwrap_or_default()
     } else {

@@ -536,14 +536,14 @@ impl JobContext {
             }
         };
         let info = &self.inner.info;
-        match db::timers::resolve_wait(
+        match db::within(db::timers::resolve_wait(
             &self.inner.services.pool,
             info.op_id.0,
             info.epoch,
             seq,
             name,
             deadline,
-        )
+        ))
         .await
         .map_err(|e| JobError::retryable(format!("resolving a wait: {e}")))?
         {

@@ -72,7 +72,7 @@ pub(crate) async fn execute(
 
 async fn run(shared: &Arc<Shared>, op: Claimed, stop: CancellationToken, cancel: Arc<AtomicBool>) {
     let journal = if op.has_journal {
-        match db::load_journal(shared.pool(), op.id).await {
+        match db::within(db::load_journal(shared.pool(), op.id)).await {
             Ok(j) => j,
             Err(e) => {
                 // Without the journal nothing may run; the lease lapses and the reaper retries.
@@ -150,14 +150,14 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
         }
         Err(JobError::Suspended) => match ctx.take_suspend() {
             Some((run_at, waiting_for)) => {
-                db::timers::suspend_operation(
+                db::within(db::timers::suspend_operation(
                     shared.pool(),
                     op.id,
                     op.epoch,
                     run_at,
                     waiting_for.as_deref(),
                     &steps,
-                )
+                ))
                 .await
             }
             None => {
@@ -252,7 +252,7 @@ async fn fail(
     };
     let class = next.class;
     tracing::info!(op_id = %op.id, class = class.as_str(), attempt = op.attempt, "operation attempt failed");
-    let written = db::fail_operation(
+    let written = db::within(db::fail_operation(
         shared.pool(),
         op.id,
         op.epoch,
@@ -261,7 +261,7 @@ async fn fail(
         to,
         failed_step,
         steps,
-    )
+    ))
     .await;
     let failed = (next.to != To::Cancelled).then_some(class);
     (written, (outcome, failed))

@@ -50,7 +50,7 @@ impl Grouped for Completion {
         self.id
     }
     fn write_many<'a>(pool: &'a PgPool, batch: &'a [Self]) -> BoxFuture<'a, db::Result<Vec<Uuid>>> {
-        Box::pin(db::complete_operations(pool, batch))
+        Box::pin(db::within(db::complete_operations(pool, batch)))
     }
 }
 
@@ -61,7 +61,7 @@ impl Grouped for StepBatch {
         self.id
     }
     fn write_many<'a>(pool: &'a PgPool, batch: &'a [Self]) -> BoxFuture<'a, db::Result<Vec<Uuid>>> {
-        Box::pin(db::record_steps_many(pool, batch))
+        Box::pin(db::within(db::record_steps_many(pool, batch)))
     }
 }
 

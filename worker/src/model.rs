@@ -87,6 +87,39 @@ pub struct ModelRequest {
     /// Tools the model may call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolSpec>,
+    /// Whether (and which) tool the model must call; `None` leaves it to the provider's
+    /// default (`auto` when tools are offered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+}
+
+/// OpenAI's `tool_choice`: small open models (and some providers) call a tool only when the
+/// request requires one or names it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides.
+    Auto,
+    /// The model must call some tool.
+    Required,
+    /// The model must not call a tool.
+    None,
+    /// The model must call this tool.
+    Tool(String),
+}
+
+impl ToolChoice {
+    /// The value of the request's `tool_choice` field.
+    pub fn to_openai(&self) -> serde_json::Value {
+        match self {
+            ToolChoice::Auto => serde_json::json!("auto"),
+            ToolChoice::Required => serde_json::json!("required"),
+            ToolChoice::None => serde_json::json!("none"),
+            ToolChoice::Tool(name) => {
+                serde_json::json!({ "type": "function", "function": { "name": name } })
+            }
+        }
+    }
 }
 
 impl ModelRequest {
@@ -104,6 +137,21 @@ impl ModelRequest {
 pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// The provider said nothing of the tokens (llama.cpp's server, for one, sends no usage in
+    /// a stream even when asked to): the zeros above are unknown, not free. Journaled so that
+    /// `agentq usage` can say how many calls it could not count.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unreported: bool,
+}
+
+impl Usage {
+    /// The usage of an answer that carried none.
+    pub fn unreported() -> Self {
+        Self {
+            unreported: true,
+            ..Self::default()
+        }
+    }
 }
 
 /// A chat completion answer.
@@ -208,6 +256,7 @@ impl ModelClient for LocalModel {
             usage: Usage {
                 prompt_tokens: request.messages.iter().map(|m| words(&m.content)).sum(),
                 completion_tokens: words(&content),
+                unreported: false,
             },
             content,
             model: LOCAL_MODEL_NAME.to_string(),

@@ -49,6 +49,8 @@ pub struct OpenAiClient {
     model: String,
     stream: bool,
     timeouts: Timeouts,
+    /// `max_tokens` of a request that sets none (`AGENTQ_MODEL_MAX_TOKENS`).
+    max_tokens: Option<u32>,
 }
 
 impl std::fmt::Debug for OpenAiClient {
@@ -89,7 +91,15 @@ impl OpenAiClient {
             model: model.to_string(),
             stream,
             timeouts,
+            max_tokens: None,
         })
+    }
+
+    /// Caps the answer of every request that sets no `max_tokens` of its own: without a cap a
+    /// small model can write until its context is full (minutes on a CPU).
+    pub fn with_max_tokens(mut self, max_tokens: Option<u32>) -> Self {
+        self.max_tokens = max_tokens;
+        self
     }
 
     async fn call(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
@@ -97,7 +107,7 @@ impl OpenAiClient {
             "model": request.model.clone().unwrap_or_else(|| self.model.clone()),
             "messages": request.messages,
         });
-        if let Some(n) = request.max_tokens {
+        if let Some(n) = request.max_tokens.or(self.max_tokens) {
             body["max_tokens"] = json!(n);
         }
         if let Some(t) = request.temperature {
@@ -109,6 +119,9 @@ impl OpenAiClient {
                 .iter()
                 .map(|t| json!({ "type": "function", "function": { "name": t.name, "description": t.description, "parameters": t.parameters } }))
                 .collect();
+            if let Some(choice) = &request.tool_choice {
+                body["tool_choice"] = choice.to_openai();
+            }
         }
         if self.stream {
             body["stream"] = json!(true);
@@ -162,7 +175,8 @@ impl OpenAiClient {
         let mut content = String::new();
         let mut finish_reason = String::new();
         let mut model = self.model.clone();
-        let mut usage = Usage::default();
+        // Stays "unreported" unless a chunk carries usage (`stream_options.include_usage`).
+        let mut usage = Usage::unreported();
         let mut calls: Vec<ToolCall> = Vec::new();
         loop {
             let chunk = match tokio::time::timeout(self.timeouts.idle, stream.next()).await {
@@ -230,7 +244,11 @@ impl OpenAiClient {
                         if let Some(id) = d.get("id").and_then(Value::as_str) {
                             call.id = id.to_string();
                         }
-                        if let Some(n) = d.pointer("/function/name").and_then(Value::as_str) {
+                        if let Some(n) = d.pointer("/function/name").and_then(Value::as_str)
+                            // OpenAI sends the name once; llama.cpp's server repeats it in
+                            // every chunk of the call: a repeat of the whole name is no part.
+                            && call.function.name != n
+                        {
                             call.function.name.push_str(n);
                         }
                         if let Some(a) = d.pointer("/function/arguments").and_then(Value::as_str) {
@@ -310,6 +328,7 @@ fn parse_usage(u: &Value) -> Usage {
             .get("completion_tokens")
             .and_then(Value::as_u64)
             .unwrap_or(0),
+        unreported: false,
     }
 }
 
@@ -336,7 +355,11 @@ pub fn parse_completion(v: &Value) -> Result<ModelResponse, ModelError> {
             .and_then(Value::as_str)
             .unwrap_or("stop")
             .to_string(),
-        usage: v.get("usage").map(parse_usage).unwrap_or_default(),
+        usage: v
+            .get("usage")
+            .filter(|u| !u.is_null())
+            .map(parse_usage)
+            .unwrap_or_else(Usage::unreported),
         tool_calls: choice
             .pointer("/message/tool_calls")
             .and_then(|c| serde_json::from_value(c.clone()).ok())

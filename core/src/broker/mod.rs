@@ -59,11 +59,16 @@ pub async fn connect(url: &str, role: &str) -> Result<Connection> {
     if uri.query.heartbeat.is_none() {
         uri.query.heartbeat = Some(DEFAULT_HEARTBEAT_SECS);
     }
+    // Heartbeats only start once the connection is open: a handshake with a server that went
+    // silent is given up after as long as heartbeats would take to give up an open connection.
+    let heartbeat = uri.query.heartbeat.unwrap_or(DEFAULT_HEARTBEAT_SECS).max(1);
+    let deadline = (std::time::Duration::from_secs(2 * u64::from(heartbeat)))
+        .clamp(std::time::Duration::from_secs(5), CALL_TIMEOUT);
     let props =
         ConnectionProperties::default().with_connection_name(format!("agentq-{role}").into());
-    let conn = tokio::time::timeout(CALL_TIMEOUT, Connection::connect_uri(uri, props))
+    let conn = tokio::time::timeout(deadline, Connection::connect_uri(uri, props))
         .await
-        .map_err(|_| Error::Timeout(CALL_TIMEOUT))??;
+        .map_err(|_| Error::Timeout(deadline))??;
     Ok(conn)
 }
 

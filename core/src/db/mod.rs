@@ -21,6 +21,7 @@ pub mod stores;
 pub mod timers;
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -41,6 +42,12 @@ pub enum Error {
     /// Applying migrations failed.
     #[error("applying migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// PostgreSQL did not answer within the call deadline ([`within`]); the connection that
+    /// carried the call is closed, never reused.
+    #[error(
+        "PostgreSQL did not answer within {0:?} (AGENTQ_DB_TIMEOUT_SECS); the connection was closed"
+    )]
+    Deadline(Duration),
 }
 
 /// Result alias of the database layer.
@@ -60,11 +67,60 @@ pub async fn ping(pool: &PgPool) -> Result<()> {
     Ok(())
 }
 
-/// Opens a pool. `acquire_timeout` is short so an exhausted pool shows up as an error, not a hang.
+/// The call deadline, in milliseconds (see [`set_call_deadline`]).
+static CALL_DEADLINE_MS: AtomicU64 = AtomicU64::new(10_000);
+
+/// Sets this process's call deadline (`AGENTQ_DB_TIMEOUT_SECS`, 10 s by default): the longest
+/// an engine call to PostgreSQL ([`within`]), a pool's connection attempt and a returned
+/// connection's release check may take.
+///
+/// Why client-side deadlines: a connection that stays open at the TCP level but never answers
+/// again (a wedged pooler or proxy in between, a NAT that dropped its state, a partition that
+/// never sends a reset) hangs every call on it. sqlx has no query timeout, `statement_timeout`
+/// is enforced by the server, which never sees the call, and TCP keepalives are answered by
+/// whatever proxy is in between. So the engine's loops bound each call, and the pool closes a
+/// connection that does not answer its release check in time instead of reusing it.
+pub fn set_call_deadline(deadline: Duration) {
+    CALL_DEADLINE_MS.store(deadline.as_millis().max(1) as u64, Ordering::Relaxed);
+}
+
+/// This process's call deadline.
+pub fn call_deadline() -> Duration {
+    Duration::from_millis(CALL_DEADLINE_MS.load(Ordering::Relaxed))
+}
+
+/// Runs one database call under the call deadline. When it expires the call is abandoned (its
+/// future dropped) and [`Error::Deadline`] returned: the connection it held goes back to the
+/// pool in the middle of a call, fails the release check (a ping under the same deadline) and
+/// is closed, so the next call gets a fresh connection.
+pub async fn within<T>(call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    let deadline = call_deadline();
+    tokio::time::timeout(deadline, call)
+        .await
+        .unwrap_or(Err(Error::Deadline(deadline)))
+}
+
+/// Opens a pool. `acquire_timeout` is short so an exhausted pool shows up as an error, not a
+/// hang. Every connection handed back is checked with a ping under the call deadline before it
+/// is reused (sqlx pings it anyway, without a deadline, to flush a call abandoned midway): one
+/// that does not answer is closed, so a silent connection never takes a pool slot for good.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
+        .acquire_timeout(Duration::from_secs(10).max(call_deadline()))
+        .after_release(|conn, _| {
+            Box::pin(async move {
+                match tokio::time::timeout(call_deadline(), conn.ping()).await {
+                    Ok(answered) => answered.map(|()| true),
+                    // An error (not `Ok(false)`) makes the pool drop the socket at once instead
+                    // of saying goodbye to a server that is not listening.
+                    Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no answer to the release ping within the call deadline",
+                    ))),
+                }
+            })
+        })
         .connect_with(options(url)?)
         .await?;
     Ok(pool)

@@ -346,6 +346,8 @@ pub struct UsageRow {
     pub model_calls: i64,
     pub prompt_tokens: i64,
     pub completion_tokens: i64,
+    /// Model calls whose provider reported no usage (their tokens are not in the sums).
+    pub unreported_calls: i64,
 }
 
 /// Sums the token usage journaled with completed model steps, per tenant and kind.
@@ -358,7 +360,8 @@ pub async fn usage(
         "SELECT o.tenant_id AS tenant, o.kind, count(DISTINCT o.id) AS operations,
                 count(*) AS model_calls,
                 COALESCE(sum((s.usage->>'prompt_tokens')::bigint), 0)::bigint AS prompt_tokens,
-                COALESCE(sum((s.usage->>'completion_tokens')::bigint), 0)::bigint AS completion_tokens
+                COALESCE(sum((s.usage->>'completion_tokens')::bigint), 0)::bigint AS completion_tokens,
+                count(*) FILTER (WHERE (s.usage->>'unreported')::boolean) AS unreported_calls
            FROM operation_steps s JOIN operations o ON o.id = s.op_id
           WHERE s.kind = 'model' AND s.status = 'completed' AND s.usage IS NOT NULL
             AND ($1::text IS NULL OR o.tenant_id = $1)
