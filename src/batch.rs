@@ -16,6 +16,7 @@ use std::time::Duration;
 use agentq_app::{self as app, batches::Progress};
 use agentq_core::Config;
 use agentq_core::db::batches;
+use agentq_core::state::BatchStatus;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
@@ -164,12 +165,11 @@ pub async fn run(config: Config, cmd: BatchCommand) -> anyhow::Result<()> {
                     Err(e) => return done(app, Err(e)).await,
                 };
                 if json {
-                    println!("{s}");
+                    println!("{}", serde_json::to_string(&s)?);
                 } else {
                     print_status(&s);
                 }
-                let open = s["unfinished"].as_i64().unwrap_or(0);
-                if !watch || open == 0 || s["status"] != "running" {
+                if !watch || s.unfinished == 0 || s.status != BatchStatus::Running {
                     return done(app, Ok(())).await;
                 }
                 tokio::time::sleep(Duration::from_secs(2)).await;
@@ -289,44 +289,39 @@ async fn start(config: Config, args: StartArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_status(s: &Value) {
+fn print_status(s: &app::batches::Overview) {
     println!(
         "batch {}  {}{}",
-        s["batch_id"].as_str().unwrap_or_default(),
-        s["status"].as_str().unwrap_or_default(),
-        s["paused_reason"]
-            .as_str()
+        s.batch_id,
+        s.status,
+        s.paused_reason
+            .as_deref()
             .map(|r| format!(" ({r})"))
             .unwrap_or_default()
     );
-    let by: Vec<String> = s["by_status"]
-        .as_object()
-        .map(|m| m.iter().map(|(k, v)| format!("{k} {v}")).collect())
-        .unwrap_or_default();
+    let by: Vec<String> = s
+        .by_status
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
     println!(
         "  documents {}  enqueued {}  {}",
-        s["documents"],
-        s["enqueued"],
+        s.documents,
+        s.enqueued,
         by.join("  ")
     );
     println!(
-        "  rate {}/s  eta {}  model calls {}  tokens {} prompt / {} completion",
-        s["succeeded_per_s"],
-        s["eta_secs"]
-            .as_i64()
+        "  rate {:?}/s  eta {}  model calls {}  tokens {} prompt / {} completion",
+        s.succeeded_per_s,
+        s.eta_secs
             .map(|e| format!("{e}s"))
             .unwrap_or_else(|| "-".into()),
-        s["usage"]["model_calls"],
-        s["usage"]["prompt_tokens"],
-        s["usage"]["completion_tokens"]
+        s.usage.model_calls,
+        s.usage.prompt_tokens,
+        s.usage.completion_tokens
     );
-    for f in s["top_failures"].as_array().into_iter().flatten() {
-        println!(
-            "  {:>6}  {:<20} {}",
-            f["count"],
-            f["error_class"].as_str().unwrap_or_default(),
-            f["reason"].as_str().unwrap_or_default()
-        );
+    for f in &s.top_failures {
+        println!("  {:>6}  {:<20} {}", f.count, f.error_class, f.reason);
     }
 }
 

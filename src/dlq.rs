@@ -207,7 +207,7 @@ pub async fn run(config: Config, cmd: DlqCommand) -> anyhow::Result<()> {
             let page = done(app, page.map_err(flag_error_app)).await?;
             for d in &page.items {
                 if json {
-                    println!("{}", app::dlq::listed(d));
+                    println!("{}", serde_json::to_string(&app::dlq::listed(d))?);
                 } else {
                     println!(
                         "{}  {}  {:<20} {:<12} {:<10} attempts {:<3} {}",

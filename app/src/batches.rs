@@ -376,8 +376,9 @@ pub async fn pause(app: &App, caller: &Caller, id: Uuid, reason: Option<&str>) -
     })
 }
 
-/// What [`resume`] did.
-#[derive(Debug)]
+/// What resuming a batch did.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "BatchResumed")]
 pub struct Resumed {
     /// The status it had: `paused` or `canary`.
     pub was: BatchStatus,
@@ -421,10 +422,12 @@ pub async fn resume(
     })
 }
 
-/// What [`cancel`] did.
-#[derive(Debug)]
+/// What cancelling a batch did.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "BatchCancelled")]
 pub struct CancelledBatch {
     /// Operations cancelled at once.
+    #[serde(rename = "cancelled")]
     pub now: u64,
     /// Running operations asked to stop at their next step.
     pub requested: u64,
@@ -476,9 +479,47 @@ async fn redispatch(app: &App, batch: Uuid) -> Result<usize> {
     Ok(total)
 }
 
-/// The batch's progress as one JSON object: totals by status, rate, ETA, token usage and the
-/// top failure reasons.
-pub async fn status(app: &App, caller: &Caller, id: Uuid) -> Result<Value> {
+/// A batch's progress: totals by status, rate, ETA, token usage and the top failure reasons
+/// (`GET /v1/batches/{id}`, `agentq batch status`).
+#[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "BatchStatus")]
+pub struct Overview {
+    pub batch_id: Uuid,
+    pub tenant: String,
+    pub kind: String,
+    pub status: BatchStatus,
+    /// Why it was paused (an operator's reason or the auto-pause).
+    pub paused_reason: Option<String>,
+    /// How many documents run before an operator promotes a canary.
+    pub canary: Option<i32>,
+    /// Documents in its source store when it started.
+    pub documents: i32,
+    /// Operations enqueued so far.
+    pub enqueued: i64,
+    /// Its operations counted by status.
+    pub by_status: BTreeMap<String, i64>,
+    /// Queued, running, sleeping or waiting operations.
+    pub unfinished: i64,
+    /// Operations succeeded per second over the last minute.
+    pub succeeded_per_s: f64,
+    /// Seconds until every document is done at that rate (none while nothing succeeds).
+    pub eta_secs: Option<i64>,
+    pub usage: Usage,
+    /// The most common failures of its unfinished or dead operations.
+    pub top_failures: Vec<batches::Failure>,
+}
+
+/// A batch's completed model calls and their tokens.
+#[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "BatchUsage")]
+pub struct Usage {
+    pub model_calls: i64,
+    pub prompt_tokens: i64,
+    pub completion_tokens: i64,
+}
+
+/// The batch's progress.
+pub async fn status(app: &App, caller: &Caller, id: Uuid) -> Result<Overview> {
     let b = find(app, caller, id).await?;
     let pool = &app.pool;
     let counts: BTreeMap<String, i64> = batches::counts(pool, id).await?.into_iter().collect();
@@ -490,16 +531,28 @@ pub async fn status(app: &App, caller: &Caller, id: Uuid) -> Result<Value> {
     let rate = recent as f64 / window.as_secs_f64();
     let remaining = unfinished + (i64::from(b.documents) - enqueued).max(0);
     let eta = (rate > 0.0).then(|| (remaining as f64 / rate).round() as i64);
-    let (calls, prompt, completion) = batches::usage(pool, id).await?;
-    let failures = batches::top_failures(pool, id, 5).await?;
-    Ok(json!({
-        "batch_id": id, "tenant": b.tenant, "kind": b.kind, "status": b.status,
-        "paused_reason": b.paused_reason, "canary": b.canary, "documents": b.documents,
-        "enqueued": enqueued, "by_status": counts, "unfinished": unfinished,
-        "succeeded_per_s": (rate * 100.0).round() / 100.0, "eta_secs": eta,
-        "usage": { "model_calls": calls, "prompt_tokens": prompt, "completion_tokens": completion },
-        "top_failures": failures,
-    }))
+    let (model_calls, prompt_tokens, completion_tokens) = batches::usage(pool, id).await?;
+    let top_failures = batches::top_failures(pool, id, 5).await?;
+    Ok(Overview {
+        batch_id: id,
+        tenant: b.tenant,
+        kind: b.kind,
+        status: b.status,
+        paused_reason: b.paused_reason,
+        canary: b.canary,
+        documents: b.documents,
+        enqueued,
+        by_status: counts,
+        unfinished,
+        succeeded_per_s: (rate * 100.0).round() / 100.0,
+        eta_secs: eta,
+        usage: Usage {
+            model_calls,
+            prompt_tokens,
+            completion_tokens,
+        },
+        top_failures,
+    })
 }
 
 #[cfg(test)]

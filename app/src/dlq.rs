@@ -40,21 +40,17 @@ impl Request {
     }
 }
 
-/// The outcome of [`act`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What an action on a dead letter did: the outcome of `act`, as the API answers it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "ActionResult")]
 pub struct Acted {
+    /// The dead letter acted on.
     pub id: Uuid,
     /// `retried`, `resolved` or `discarded`.
+    #[serde(rename = "result")]
     pub done: &'static str,
     /// The operation queued again, if the action re-queued one.
     pub op_id: Option<Uuid>,
-}
-
-impl Acted {
-    /// The answer of the API and of the CLI's `--json`.
-    pub fn to_json(&self) -> Value {
-        json!({ "id": self.id, "result": self.done, "op_id": self.op_id })
-    }
 }
 
 /// Which dead letters a caller asks for, as a user typed it (CLI flags, query parameters,
@@ -306,12 +302,16 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 
 /// Everything about one dead letter: what `dlq show`, `GET /v1/dlq/{id}` and the console
 /// present.
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "DeadLetterDetails")]
 pub struct Details {
-    pub dead_letter: Value,
+    pub dead_letter: Listed,
+    /// Its operation (none for a poison message).
     pub operation: Option<agentq_core::operation::OperationView>,
     pub steps: Vec<agentq_core::operation::StepView>,
+    /// The operator actions on it or its operation, oldest first.
     pub history: Vec<dead_letters::ActionView>,
+    /// The first 512 bytes of a poison message's body.
     pub raw_message_preview: Option<String>,
 }
 
@@ -343,10 +343,21 @@ pub async fn details(app: &App, caller: &Caller, id: Uuid) -> Result<Details> {
 }
 
 /// A dead letter with its keyset cursor, as lists show it.
-pub fn listed(d: &DeadLetterView) -> Value {
-    let mut v = serde_json::to_value(d).expect("a dead letter serializes");
-    v["cursor"] = json!(cursor(d));
-    v
+#[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "DeadLetter")]
+pub struct Listed {
+    #[serde(flatten)]
+    pub dead_letter: DeadLetterView,
+    /// Pass it as `after` to list what comes after this one.
+    pub cursor: String,
+}
+
+/// `d` with its keyset cursor, as lists show it.
+pub fn listed(d: &DeadLetterView) -> Listed {
+    Listed {
+        dead_letter: d.clone(),
+        cursor: cursor(d),
+    }
 }
 
 /// The keyset cursor of a dead letter: `created_at/id`.

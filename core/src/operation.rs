@@ -16,7 +16,19 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 /// An operation's id: a random UUIDv4 minted at ingress (unguessable, carries no content).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(transparent)]
 pub struct OperationId(pub Uuid);
 
@@ -87,7 +99,9 @@ impl fmt::Display for TenantId {
 }
 
 /// Which queue an operation travels on: interactive work is never stuck behind a batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Lane {
     /// Latency-sensitive work (webhooks, API calls).
@@ -128,26 +142,36 @@ impl fmt::Display for Lane {
 }
 
 /// The one operation object: the same in `agentq status --json` and the HTTP API.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "Operation")]
 pub struct OperationView {
     pub op_id: OperationId,
     pub tenant: String,
+    /// The job kind that runs it.
     pub kind: String,
     pub lane: Lane,
     pub status: Status,
     pub attempt: i32,
     pub max_attempts: i32,
+    /// Expired leases recovered by the reaper (its worker died or hung).
     pub restarts: i32,
+    /// Not started before this instant.
     pub run_at: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// When it reached a terminal status.
     pub finished_at: Option<DateTime<Utc>>,
+    /// What the job returned, once it succeeded.
     pub result: Option<serde_json::Value>,
+    /// Why the last attempt or the operation failed (an error class).
     pub error_class: Option<String>,
     pub error_message: Option<String>,
+    /// The signal a waiting operation waits for.
     pub waiting_for: Option<String>,
     pub batch_id: Option<Uuid>,
+    /// Its Idempotency-Key, webhook-id or batch document key.
     pub dedupe_key: Option<String>,
+    /// Operations sharing it run one at a time, in order.
     pub ordering_key: Option<String>,
     /// The `x-request-id` of the HTTP request that created it, if any.
     #[serde(default)]
@@ -155,20 +179,27 @@ pub struct OperationView {
 }
 
 /// One journal entry as shown by `agentq steps` (outputs are shown; they are the user's data).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "Step")]
 pub struct StepView {
+    /// Its place in the journal.
     pub seq: i32,
     pub name: String,
     pub kind: StepKind,
+    /// Whether it may run again after a crash left its outcome unknown.
     pub replay: Replay,
     pub status: StepStatus,
     pub idempotency_key: String,
+    /// The operation's epoch (one per claim) that wrote it.
     pub epoch: i64,
     pub started_at: DateTime<Utc>,
     pub completed_at: Option<DateTime<Utc>>,
+    /// When a durable sleep or a wait's timeout ends.
     pub wake_at: Option<DateTime<Utc>>,
+    /// What the step returned (replayed instead of running it again).
     pub output: Option<serde_json::Value>,
     pub error: Option<String>,
+    /// A model call's token usage.
     pub usage: Option<serde_json::Value>,
 }
 

@@ -3,9 +3,10 @@
 //!
 //! Every state agentq stores as text is an enum here ([`Status`], [`StepStatus`], [`Replay`],
 //! [`StepKind`], [`DeadLetterStatus`], [`BatchStatus`], [`ErrorClass`]): each has `as_str`,
-//! a `FromStr` that refuses an unknown string (never a default), serde as that string, and
-//! sqlx `Type`/`Encode`/`Decode` as PostgreSQL `text`, so a corrupt value in a row is a
-//! decoding error where it is read, never a guess.
+//! a `FromStr` that refuses an unknown string (never a default), serde as that string, a JSON
+//! Schema listing the strings (the HTTP API's document), and sqlx `Type`/`Encode`/`Decode` as
+//! PostgreSQL `text`, so a corrupt value in a row is a decoding error where it is read, never a
+//! guess.
 //!
 //! Invariant kept here: the terminal set ([`Status::is_terminal`]) and the legal operation
 //! transitions ([`can_transition`]) are written once; SQL that needs the terminal set takes it
@@ -47,7 +48,8 @@ pub struct Unknown {
 }
 
 /// Declares a state stored as text: the enum, `ALL`, `NAMES`, `as_str`, `FromStr`, `Display`,
-/// serde and sqlx (PostgreSQL `text`) impls, all from one list of `Variant = "name"` pairs.
+/// serde, JSON Schema and sqlx (PostgreSQL `text`) impls, all from one list of `Variant =
+/// "name"` pairs.
 macro_rules! text_enum {
     (
         $(#[$meta:meta])*
@@ -105,6 +107,19 @@ macro_rules! text_enum {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 let s = String::deserialize(d)?;
                 s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+
+        /// The stored names as a string enum, written inline where a type uses it.
+        impl schemars::JsonSchema for $name {
+            fn inline_schema() -> bool {
+                true
+            }
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($name).into()
+            }
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({ "type": "string", "enum": Self::NAMES })
             }
         }
 

@@ -9,17 +9,37 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
 use super::auth::Caller;
 use super::problem::ApiResult;
 use super::{ApiState, Params, body, parse_id};
 
-#[derive(Debug, Default, Deserialize)]
+/// The optional body of a batch control.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ReasonBody {
+pub struct ReasonRequest {
+    /// Kept in the audit trail
     reason: Option<String>,
+}
+
+/// What a batch control did.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BatchResult {
+    pub batch_id: Uuid,
+    #[serde(flatten)]
+    pub outcome: BatchOutcome,
+}
+
+/// The control's `result`, with what it did.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum BatchOutcome {
+    Paused,
+    Resumed(app::batches::Resumed),
+    Cancelled(app::batches::CancelledBatch),
 }
 
 /// `GET /v1/batches/{id}`: totals by status, rate, ETA, token usage, top failures.
@@ -27,7 +47,7 @@ pub async fn show(
     State(state): State<Arc<ApiState>>,
     caller: Caller,
     Params(id): Params<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<app::batches::Overview>> {
     let id = parse_id(&id, "id")?;
     Ok(Json(
         app::batches::status(&state.app, &caller.app(), id).await?,
@@ -41,11 +61,14 @@ pub async fn pause(
     Params(id): Params<String>,
     headers: HeaderMap,
     body: Body,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<BatchResult>> {
     let id = parse_id(&id, "id")?;
-    let req: ReasonBody = body::optional_json(&headers, body).await?;
+    let req: ReasonRequest = body::optional_json(&headers, body).await?;
     app::batches::pause(&state.app, &caller.app(), id, req.reason.as_deref()).await?;
-    Ok(Json(json!({ "batch_id": id, "result": "paused" })))
+    Ok(Json(BatchResult {
+        batch_id: id,
+        outcome: BatchOutcome::Paused,
+    }))
 }
 
 /// `POST /v1/batches/{id}/resume`.
@@ -55,14 +78,14 @@ pub async fn resume(
     Params(id): Params<String>,
     headers: HeaderMap,
     body: Body,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<BatchResult>> {
     let id = parse_id(&id, "id")?;
-    let _: ReasonBody = body::optional_json(&headers, body).await?;
+    let _: ReasonRequest = body::optional_json(&headers, body).await?;
     let r = app::batches::resume(&state.app, &caller.app(), id, &app::batches::Quiet).await?;
-    Ok(Json(json!({
-        "batch_id": id, "result": "resumed", "was": r.was, "enqueued": r.enqueued,
-        "redispatched": r.redispatched,
-    })))
+    Ok(Json(BatchResult {
+        batch_id: id,
+        outcome: BatchOutcome::Resumed(r),
+    }))
 }
 
 /// `POST /v1/batches/{id}/cancel`.
@@ -72,11 +95,12 @@ pub async fn cancel(
     Params(id): Params<String>,
     headers: HeaderMap,
     body: Body,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<BatchResult>> {
     let id = parse_id(&id, "id")?;
-    let req: ReasonBody = body::optional_json(&headers, body).await?;
+    let req: ReasonRequest = body::optional_json(&headers, body).await?;
     let c = app::batches::cancel(&state.app, &caller.app(), id, req.reason.as_deref()).await?;
-    Ok(Json(json!({
-        "batch_id": id, "result": "cancelled", "cancelled": c.now, "requested": c.requested,
-    })))
+    Ok(Json(BatchResult {
+        batch_id: id,
+        outcome: BatchOutcome::Cancelled(c),
+    }))
 }

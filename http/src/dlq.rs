@@ -5,12 +5,14 @@
 use std::sync::Arc;
 
 use agentq_app as app;
+use agentq_core::db::dead_letters::StatRow;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::auth::{Caller, Role};
 use super::problem::{ApiError, ApiResult};
@@ -42,12 +44,26 @@ impl FilterQuery {
     }
 }
 
+/// One page of dead letters, newest first.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct DeadLetterPage {
+    pub items: Vec<app::dlq::Listed>,
+    /// Pass it as `after` for the next page; none on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// Open dead letters grouped by class, kind and reason fingerprint, the largest group first.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct DeadLetterStats {
+    pub groups: Vec<StatRow>,
+}
+
 /// `GET /v1/dlq`: one keyset page, newest first.
 pub async fn list(
     State(state): State<Arc<ApiState>>,
     caller: Caller,
     QueryParams(q): QueryParams<FilterQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<DeadLetterPage>> {
     let limit = match q.limit.as_deref() {
         None => 100,
         Some(l) => l.parse::<i64>().unwrap_or(0),
@@ -60,10 +76,10 @@ pub async fn list(
         q.after.as_deref(),
     )
     .await?;
-    let items: Vec<Value> = page.items.iter().map(app::dlq::listed).collect();
-    Ok(Json(
-        json!({ "items": items, "next_cursor": page.next_cursor }),
-    ))
+    Ok(Json(DeadLetterPage {
+        items: page.items.iter().map(app::dlq::listed).collect(),
+        next_cursor: page.next_cursor,
+    }))
 }
 
 /// `GET /v1/dlq/stats`: open dead letters grouped by class, kind and reason fingerprint.
@@ -71,14 +87,14 @@ pub async fn stats(
     State(state): State<Arc<ApiState>>,
     caller: Caller,
     QueryParams(q): QueryParams<FilterQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<DeadLetterStats>> {
     if q.limit.is_some() || q.after.is_some() {
         return Err(ApiError::bad_request(
             "stats takes filters only, not limit or after",
         ));
     }
     let groups = app::dlq::stats(&state.app, &caller.app(), q.query()).await?;
-    Ok(Json(json!({ "groups": groups })))
+    Ok(Json(DeadLetterStats { groups }))
 }
 
 /// `GET /v1/dlq/{id}`.
@@ -99,16 +115,19 @@ async fn act(
     id: &str,
     request: app::dlq::Request,
     reason: Option<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<app::dlq::Acted>> {
     let id = parse_id(id, "id")?;
     let acted = app::dlq::act(&state.app, &caller.app(), id, request, reason).await?;
-    Ok(Json(acted.to_json()))
+    Ok(Json(acted))
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// The optional body of a retry.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RetryBody {
+pub struct RetryRequest {
+    /// RFC 7386 merge patch applied to the input
     patch_input: Option<Value>,
+    /// Kept in the audit trail
     reason: Option<String>,
 }
 
@@ -119,20 +138,24 @@ pub async fn retry(
     Params(id): Params<String>,
     headers: HeaderMap,
     body: Body,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<app::dlq::Acted>> {
     caller.require(Role::Operator)?;
-    let req: RetryBody = body::optional_json(&headers, body).await?;
+    let req: RetryRequest = body::optional_json(&headers, body).await?;
     let request = app::dlq::Request::Retry {
         patch: req.patch_input,
     };
     act(&state, &caller, &id, request, req.reason).await
 }
 
-#[derive(Debug, Deserialize)]
+/// What happened at an `unknown_side_effect` step.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ResolveBody {
+pub struct ResolveRequest {
+    /// Whether the step's side effect happened
     happened: bool,
+    /// What the step returned, if it happened
     output: Option<Value>,
+    /// Kept in the audit trail
     reason: Option<String>,
 }
 
@@ -143,9 +166,9 @@ pub async fn resolve(
     Params(id): Params<String>,
     headers: HeaderMap,
     body: Body,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<app::dlq::Acted>> {
     caller.require(Role::Operator)?;
-    let req: ResolveBody = body::json(&headers, body).await?;
+    let req: ResolveRequest = body::json(&headers, body).await?;
     let request = app::dlq::Request::Resolve {
         happened: req.happened,
         output: req.output,
@@ -153,9 +176,12 @@ pub async fn resolve(
     act(&state, &caller, &id, request, req.reason).await
 }
 
-#[derive(Debug, Deserialize)]
+/// Why a dead letter is discarded.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct DiscardBody {
+pub struct DiscardRequest {
+    /// Kept in the audit trail
+    #[schemars(length(min = 1))]
     reason: String,
 }
 
@@ -166,9 +192,9 @@ pub async fn discard(
     Params(id): Params<String>,
     headers: HeaderMap,
     body: Body,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<app::dlq::Acted>> {
     caller.require(Role::Operator)?;
-    let req: DiscardBody = body::json(&headers, body).await?;
+    let req: DiscardRequest = body::json(&headers, body).await?;
     act(
         &state,
         &caller,

@@ -12,7 +12,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde_json::json;
+use schemars::JsonSchema;
+use serde::Serialize;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -32,9 +33,44 @@ impl Metrics {
     }
 }
 
+/// The answer of `GET /healthz`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Health {
+    /// Always `ok`: the process answers.
+    pub status: Up,
+}
+
+/// The answer of `GET /readyz`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Ready {
+    pub postgres: Reachable,
+    pub rabbitmq: Reachable,
+}
+
+/// The one state a live process reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Up {
+    Ok,
+}
+
+/// Whether a service agentq needs answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Reachable {
+    Ok,
+    Down,
+}
+
+impl From<bool> for Reachable {
+    fn from(up: bool) -> Self {
+        if up { Reachable::Ok } else { Reachable::Down }
+    }
+}
+
 /// `GET /healthz`: the process is up.
-pub async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({ "status": "ok" }))
+pub async fn healthz() -> Json<Health> {
+    Json(Health { status: Up::Ok })
 }
 
 /// `GET /readyz`: PostgreSQL and RabbitMQ are reachable (503 naming the one that is not).
@@ -46,7 +82,6 @@ pub async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
     .await
     .is_ok_and(|r| r.is_ok());
     let mq = state.broker_up().await;
-    let word = |up: bool| if up { "ok" } else { "down" };
     let code = if pg && mq {
         StatusCode::OK
     } else {
@@ -54,7 +89,10 @@ pub async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
     };
     let mut response = (
         code,
-        Json(json!({ "postgres": word(pg), "rabbitmq": word(mq) })),
+        Json(Ready {
+            postgres: pg.into(),
+            rabbitmq: mq.into(),
+        }),
     )
         .into_response();
     if code != StatusCode::OK {

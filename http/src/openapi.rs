@@ -1,13 +1,22 @@
 //! `GET /openapi.json`: the OpenAPI 3.1 description of the routes, built from one table
-//! ([`ROUTES`]); a test requests every entry against a running server.
+//! ([`ROUTES`]); a test requests every entry against a running server. Its schemas are
+//! generated (schemars) from the Rust types the handlers read (`REQUESTS`) and answer
+//! (`ANSWERS`), so the document describes what is sent; tests here check every route names
+//! one of them and that real answers validate against their schemas.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::routing::{MethodRouter, get, post};
 
+use agentq_app as app;
+use agentq_core::operation::OperationView;
+use schemars::Schema;
+use schemars::generate::{SchemaGenerator, SchemaSettings};
+use serde_json::{Map, Value, json};
+
+use crate::problem::Problem;
 use crate::{ApiState, batches, dlq, events, meta, operations, webhooks};
-use serde_json::{Value, json};
 
 /// Who may call a route.
 #[derive(Clone, Copy)]
@@ -375,68 +384,63 @@ fn operation(route: &Route) -> Value {
     op
 }
 
-fn schemas() -> Value {
-    let s = |v: &str| json!({ "type": "string", "description": v });
-    json!({
-        "Problem": { "type": "object", "required": ["type", "title", "status", "detail"], "properties": {
-            "type": { "type": "string" }, "title": { "type": "string" }, "status": { "type": "integer" },
-            "detail": s("What was wrong and what to do"), "field": s("The field, header or parameter at fault"),
-            "request_id": s("Quote it when reporting a problem") } },
-        "CreateOperation": { "type": "object", "additionalProperties": false, "required": ["kind", "input"], "properties": {
-            "kind": s("A job kind this deployment runs"), "input": { "description": "The job's input (≤ 1 MiB)" },
-            "tenant": s("Only for admin tokens; others enqueue in their own tenant"),
-            "ordering_key": s("Operations sharing it run one at a time, in order"),
-            "lane": { "type": "string", "enum": ["interactive", "batch"] },
-            "priority": { "type": "integer" }, "max_attempts": { "type": "integer", "minimum": 1, "maximum": 1000 },
-            "run_at": { "type": "string", "format": "date-time" }, "deadline": { "type": "string", "format": "date-time" } } },
-        "Accepted": { "type": "object", "properties": { "op_id": { "type": "string", "format": "uuid" },
-            "status": { "type": "string" }, "created": { "type": "boolean" },
-            "status_url": { "type": "string" }, "events_url": { "type": "string" } } },
-        "Operation": { "type": "object", "properties": {
-            "op_id": { "type": "string", "format": "uuid" }, "tenant": { "type": "string" }, "kind": { "type": "string" },
-            "lane": { "type": "string" },
-            "status": { "type": "string", "enum": ["queued", "running", "sleeping", "waiting", "succeeded", "dead", "cancelled", "discarded"] },
-            "attempt": { "type": "integer" }, "max_attempts": { "type": "integer" }, "restarts": { "type": "integer" },
-            "run_at": { "type": "string", "format": "date-time" }, "created_at": { "type": "string", "format": "date-time" },
-            "updated_at": { "type": "string", "format": "date-time" }, "finished_at": { "type": ["string", "null"], "format": "date-time" },
-            "result": {}, "error_class": { "type": ["string", "null"] }, "error_message": { "type": ["string", "null"] },
-            "waiting_for": { "type": ["string", "null"] }, "batch_id": { "type": ["string", "null"] },
-            "dedupe_key": { "type": ["string", "null"] }, "ordering_key": { "type": ["string", "null"] },
-            "request_id": { "type": ["string", "null"] } } },
-        "Steps": { "type": "object", "properties": { "op_id": { "type": "string" }, "steps": { "type": "array", "items": { "type": "object" } } } },
-        "AnyJson": { "description": "Any JSON value" },
-        "SignalResult": { "type": "object", "properties": { "op_id": { "type": "string" }, "signal": { "type": "string" },
-            "result": { "type": "string", "enum": ["delivered", "kept"] } } },
-        "CancelRequest": { "type": "object", "additionalProperties": false, "properties": { "reason": { "type": "string" } } },
-        "CancelResult": { "type": "object", "properties": { "op_id": { "type": "string" },
-            "result": { "type": "string", "enum": ["cancelled", "requested"] } } },
-        "DeadLetterPage": { "type": "object", "properties": { "items": { "type": "array", "items": { "type": "object" } },
-            "next_cursor": { "type": ["string", "null"] } } },
-        "DeadLetterStats": { "type": "object", "properties": { "groups": { "type": "array", "items": { "type": "object" } } } },
-        "DeadLetterDetails": { "type": "object", "properties": { "dead_letter": { "type": "object" }, "operation": {},
-            "steps": { "type": "array" }, "history": { "type": "array" }, "raw_message_preview": { "type": ["string", "null"] } } },
-        "RetryRequest": { "type": "object", "additionalProperties": false, "properties": {
-            "patch_input": { "description": "RFC 7386 merge patch applied to the input" }, "reason": { "type": "string" } } },
-        "ResolveRequest": { "type": "object", "additionalProperties": false, "required": ["happened"], "properties": {
-            "happened": { "type": "boolean" }, "output": { "description": "What the step returned, if it happened" },
-            "reason": { "type": "string" } } },
-        "DiscardRequest": { "type": "object", "additionalProperties": false, "required": ["reason"], "properties": {
-            "reason": { "type": "string", "minLength": 1 } } },
-        "ActionResult": { "type": "object", "properties": { "id": { "type": "string" }, "result": { "type": "string" },
-            "op_id": { "type": ["string", "null"] } } },
-        "ReasonRequest": { "type": "object", "additionalProperties": false, "properties": { "reason": { "type": "string" } } },
-        "BatchStatus": { "type": "object", "properties": { "batch_id": { "type": "string", "format": "uuid" },
-            "status": { "type": "string", "enum": ["canary", "running", "paused", "cancelled"] },
-            "documents": { "type": "integer" }, "enqueued": { "type": "integer" }, "unfinished": { "type": "integer" },
-            "by_status": { "type": "object" }, "succeeded_per_s": { "type": "number" }, "eta_secs": { "type": ["integer", "null"] },
-            "usage": { "type": "object" }, "top_failures": { "type": "array" } } },
-        "BatchResult": { "type": "object", "properties": { "batch_id": { "type": "string", "format": "uuid" },
-            "result": { "type": "string", "enum": ["paused", "resumed", "cancelled"] } } },
-        "Health": { "type": "object", "properties": { "status": { "type": "string" } } },
-        "Ready": { "type": "object", "properties": { "postgres": { "type": "string", "enum": ["ok", "down"] },
-            "rabbitmq": { "type": "string", "enum": ["ok", "down"] } } },
-        "OpenApi": { "type": "object" }
+/// Adds a type's schema to a generator's definitions, under the type's schema name (the name
+/// routes give in [`Route::body`] and [`Route::ok`]).
+type Describe = fn(&mut SchemaGenerator) -> Schema;
+
+/// Every JSON request body of the API, described as it is read.
+const REQUESTS: &[Describe] = &[
+    SchemaGenerator::subschema_for::<operations::CreateOperation>,
+    SchemaGenerator::subschema_for::<operations::CancelRequest>,
+    SchemaGenerator::subschema_for::<dlq::RetryRequest>,
+    SchemaGenerator::subschema_for::<dlq::ResolveRequest>,
+    SchemaGenerator::subschema_for::<dlq::DiscardRequest>,
+    SchemaGenerator::subschema_for::<batches::ReasonRequest>,
+];
+
+/// Every JSON answer of the API, described as it is written.
+const ANSWERS: &[Describe] = &[
+    SchemaGenerator::subschema_for::<Problem>,
+    SchemaGenerator::subschema_for::<operations::Accepted>,
+    SchemaGenerator::subschema_for::<OperationView>,
+    SchemaGenerator::subschema_for::<operations::Steps>,
+    SchemaGenerator::subschema_for::<operations::SignalResult>,
+    SchemaGenerator::subschema_for::<operations::CancelResult>,
+    SchemaGenerator::subschema_for::<dlq::DeadLetterPage>,
+    SchemaGenerator::subschema_for::<dlq::DeadLetterStats>,
+    SchemaGenerator::subschema_for::<app::dlq::Details>,
+    SchemaGenerator::subschema_for::<app::dlq::Acted>,
+    SchemaGenerator::subschema_for::<app::batches::Overview>,
+    SchemaGenerator::subschema_for::<batches::BatchResult>,
+    SchemaGenerator::subschema_for::<meta::Health>,
+    SchemaGenerator::subschema_for::<meta::Ready>,
+];
+
+/// JSON Schema 2020-12 (OpenAPI 3.1's dialect), shared schemas under `#/components/schemas/`.
+fn settings() -> SchemaSettings {
+    SchemaSettings::draft2020_12().with(|s| {
+        s.definitions_path = "/components/schemas".into();
+        s.meta_schema = None;
     })
+}
+
+/// The schemas of `types` and of every named type they use, by name.
+fn generated(settings: SchemaSettings, types: &[Describe]) -> Map<String, Value> {
+    let mut generator = settings.into_generator();
+    for describe in types {
+        describe(&mut generator);
+    }
+    generator.take_definitions(true)
+}
+
+/// `components.schemas`: the request bodies as they are read and the answers as they are
+/// written (a type both use has one schema: a test checks), and what is no Rust type.
+fn schemas() -> Map<String, Value> {
+    let mut out = generated(settings().for_deserialize(), REQUESTS);
+    out.extend(generated(settings().for_serialize(), ANSWERS));
+    out.insert("AnyJson".into(), json!({ "description": "Any JSON value" }));
+    out.insert("OpenApi".into(), json!({ "type": "object" }));
+    out
 }
 
 /// The whole document.
@@ -471,7 +475,21 @@ pub async fn document() -> Json<Value> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
+    use agentq_core::db::batches::Failure;
+    use agentq_core::db::dead_letters::{ActionView, DeadLetterView, StatRow};
+    use agentq_core::operation::{Lane, OperationId, Status, StepView};
+    use agentq_core::state::{BatchStatus, DeadLetterStatus, Replay, StepKind, StepStatus};
+    use axum::response::IntoResponse;
+    use chrono::Utc;
+    use schemars::JsonSchema;
+    use serde::Serialize;
+    use serde::de::DeserializeOwned;
+    use uuid::Uuid;
+
     use super::*;
+    use crate::problem::ApiError;
 
     #[test]
     fn every_route_is_documented_once_with_its_parameters() {
@@ -505,5 +523,478 @@ mod tests {
             }
         }
         assert_eq!(doc["openapi"], "3.1.0");
+    }
+
+    /// The names `types` put in `components.schemas`.
+    fn names(types: &[Describe]) -> BTreeSet<String> {
+        let mut generator = settings().into_generator();
+        types
+            .iter()
+            .map(|describe| {
+                let reference = describe(&mut generator);
+                reference
+                    .get("$ref")
+                    .and_then(Value::as_str)
+                    .and_then(|r| r.strip_prefix("#/components/schemas/"))
+                    .unwrap_or_else(|| panic!("{reference:?} is not a named type"))
+                    .to_string()
+            })
+            .collect()
+    }
+
+    /// Route schemas that are no Rust type: not JSON, or any JSON, or the document itself.
+    const NOT_TYPES: [&str; 4] = ["Metrics", "EventStream", "AnyJson", "OpenApi"];
+
+    #[test]
+    fn every_route_body_and_answer_is_a_generated_type() {
+        let (requests, answers) = (names(REQUESTS), names(ANSWERS));
+        let mut used = BTreeSet::from(["Problem".to_string(), "Accepted".to_string()]);
+        for route in ROUTES {
+            let (_, ok) = route.ok;
+            for (name, generated) in route
+                .body
+                .map(|b| (b, &requests))
+                .into_iter()
+                .chain([(ok, &answers)])
+            {
+                assert!(
+                    generated.contains(name) || NOT_TYPES.contains(&name),
+                    "{} {} names {name}, which no type in REQUESTS/ANSWERS generates",
+                    route.method,
+                    route.path
+                );
+                used.insert(name.to_string());
+            }
+        }
+        let unused: Vec<_> = requests
+            .union(&answers)
+            .filter(|n| !used.contains(*n))
+            .collect();
+        assert!(unused.is_empty(), "generated for no route: {unused:?}");
+    }
+
+    #[test]
+    fn every_ref_resolves() {
+        fn walk(v: &Value, doc: &Value, refs: &mut usize) {
+            match v {
+                Value::Object(map) => {
+                    if let Some(r) = map.get("$ref") {
+                        let r = r.as_str().expect("a $ref is a string");
+                        assert!(r.starts_with("#/components/schemas/"), "{r}");
+                        assert!(doc.pointer(&r[1..]).is_some(), "{r} resolves to nothing");
+                        *refs += 1;
+                    }
+                    map.values().for_each(|x| walk(x, doc, refs));
+                }
+                Value::Array(items) => items.iter().for_each(|x| walk(x, doc, refs)),
+                _ => {}
+            }
+        }
+        let doc = spec();
+        let mut refs = 0;
+        walk(&doc, &doc, &mut refs);
+        assert!(refs > ROUTES.len(), "only {refs} references");
+        for (name, schema) in doc["components"]["schemas"].as_object().unwrap() {
+            assert!(schema.is_object(), "{name}: {schema}");
+            assert!(
+                !schema.to_string().contains("[`"),
+                "{name}'s description has a rustdoc link: {schema}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_type_both_read_and_written_has_one_schema() {
+        let read = generated(settings().for_deserialize(), REQUESTS);
+        let written = generated(settings().for_serialize(), ANSWERS);
+        for (name, schema) in &read {
+            if let Some(w) = written.get(name) {
+                assert_eq!(schema, w, "{name} is read and written differently");
+            }
+        }
+    }
+
+    /// Validates JSON against the document's schemas, more strictly than a client must: no
+    /// object may carry a property its schema does not name (`unevaluatedProperties: false`),
+    /// so a field renamed on one side only fails twice (missing and unexpected).
+    struct Checker {
+        schemas: Value,
+        checked: BTreeSet<String>,
+    }
+
+    impl Checker {
+        fn new() -> Self {
+            let mut schemas = spec()["components"]["schemas"].clone();
+            // A schema another extends with properties of its own (`$ref` beside
+            // `properties`) stays open; the one extending it is closed.
+            let mut extended = BTreeSet::new();
+            fn find(v: &Value, out: &mut BTreeSet<String>) {
+                match v {
+                    Value::Object(m) => {
+                        if let (Some(r), true) = (m.get("$ref"), m.contains_key("properties")) {
+                            out.insert(r.as_str().unwrap().rsplit('/').next().unwrap().into());
+                        }
+                        m.values().for_each(|x| find(x, out));
+                    }
+                    Value::Array(a) => a.iter().for_each(|x| find(x, out)),
+                    _ => {}
+                }
+            }
+            find(&schemas, &mut extended);
+            for (name, schema) in schemas.as_object_mut().unwrap() {
+                let o = schema.as_object_mut().unwrap();
+                if !extended.contains(name)
+                    && (o.contains_key("properties") || o.contains_key("oneOf"))
+                    && !o.contains_key("additionalProperties")
+                {
+                    o.insert("unevaluatedProperties".into(), false.into());
+                }
+            }
+            Self {
+                schemas,
+                checked: BTreeSet::new(),
+            }
+        }
+
+        /// What is wrong with `instance` as a `name`.
+        fn errors(&mut self, name: &str, instance: &Value) -> Vec<String> {
+            assert!(self.schemas.get(name).is_some(), "no schema {name}");
+            self.checked.insert(name.to_string());
+            let root = json!({
+                "$ref": format!("#/components/schemas/{name}"),
+                "components": { "schemas": self.schemas },
+            });
+            let validator = jsonschema::options()
+                .with_draft(jsonschema::Draft::Draft202012)
+                .should_validate_formats(true)
+                .build(&root)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            validator
+                .iter_errors(instance)
+                .map(|e| {
+                    format!(
+                        "at /{}: {e}",
+                        e.instance_path().as_str().trim_start_matches('/')
+                    )
+                })
+                .collect()
+        }
+
+        /// `value` as sent matches the schema of its type.
+        fn answer<T: Serialize + JsonSchema>(&mut self, value: &T) {
+            let json = serde_json::to_value(value).unwrap();
+            self.wire(&T::schema_name(), &json);
+        }
+
+        /// `json` matches the schema `name`.
+        fn wire(&mut self, name: &str, json: &Value) {
+            let errors = self.errors(name, json);
+            assert!(errors.is_empty(), "{name} {json}:\n{}", errors.join("\n"));
+        }
+
+        /// The schema of `T` accepts `body` exactly when `T` reads it.
+        fn request<T: DeserializeOwned + JsonSchema>(&mut self, body: Value) {
+            let name = T::schema_name();
+            let errors = self.errors(&name, &body);
+            let read = serde_json::from_value::<T>(body.clone());
+            assert_eq!(
+                errors.is_empty(),
+                read.is_ok(),
+                "{name} {body}: the schema says {errors:?}, serde says {:?}",
+                read.err()
+            );
+        }
+    }
+
+    fn operation(done: bool) -> OperationView {
+        let now = Utc::now();
+        let some = |s: &str| done.then(|| s.to_string());
+        OperationView {
+            op_id: OperationId::new(),
+            tenant: "acme".into(),
+            kind: "echo".into(),
+            lane: if done { Lane::Interactive } else { Lane::Batch },
+            status: if done {
+                Status::Succeeded
+            } else {
+                Status::Waiting
+            },
+            attempt: 1,
+            max_attempts: 5,
+            restarts: 0,
+            run_at: now,
+            created_at: now,
+            updated_at: now,
+            finished_at: done.then_some(now),
+            result: done.then(|| json!({ "text": "hi" })),
+            error_class: some("retryable"),
+            error_message: some("timeout"),
+            waiting_for: (!done).then(|| "approval".into()),
+            batch_id: done.then(Uuid::new_v4),
+            dedupe_key: some("key-1"),
+            ordering_key: some("order-1"),
+            request_id: some("req-1"),
+        }
+    }
+
+    fn step(seq: i32) -> StepView {
+        let now = Utc::now();
+        StepView {
+            seq,
+            name: "call".into(),
+            kind: StepKind::Model,
+            replay: Replay::Unsafe,
+            status: if seq == 0 {
+                StepStatus::Completed
+            } else {
+                StepStatus::Unknown
+            },
+            idempotency_key: "k".repeat(64),
+            epoch: 2,
+            started_at: now,
+            completed_at: (seq == 0).then_some(now),
+            wake_at: None,
+            output: (seq == 0).then(|| json!([1, 2])),
+            error: (seq != 0).then(|| "lost".into()),
+            usage: (seq == 0).then(|| json!({ "prompt_tokens": 3 })),
+        }
+    }
+
+    fn dead_letter(poison: bool) -> DeadLetterView {
+        let op = (!poison).then(Uuid::new_v4);
+        DeadLetterView {
+            id: Uuid::new_v4(),
+            op_id: op,
+            tenant: op.map(|_| "acme".into()),
+            kind: op.map(|_| "echo".into()),
+            class: "retries_exhausted".into(),
+            reason: "timeout".into(),
+            attempts: 5,
+            failed_step: op.map(|_| 1),
+            created_at: Utc::now(),
+            status: DeadLetterStatus::Retried,
+            resolved_by: op.map(|_| "ops".into()),
+            resolved_at: op.map(|_| Utc::now()),
+            note: op.map(|_| "fixed".into()),
+            batch_id: op,
+            raw_bytes: poison.then_some(12),
+        }
+    }
+
+    async fn body_of(response: axum::response::Response) -> Value {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn answers_as_sent_match_their_schemas() {
+        let mut c = Checker::new();
+        let op = OperationId::new();
+
+        // Built by the code that answers: the bytes on the wire.
+        c.wire(
+            "Accepted",
+            &body_of(operations::accepted(op, true, Status::Queued)).await,
+        );
+        c.wire(
+            "Accepted",
+            &body_of(operations::accepted(op, false, Status::Succeeded)).await,
+        );
+        let refused = ApiError::unprocessable("no").field("/kind");
+        c.wire("Problem", &body_of(refused.into_response()).await);
+        let served = crate::problem::REQUEST_ID
+            .scope("req-1".into(), async {
+                body_of(ApiError::not_found("gone").into_response()).await
+            })
+            .await;
+        assert_eq!(served["request_id"], "req-1");
+        c.wire("Problem", &served);
+        c.answer(&meta::healthz().await.0);
+
+        // The handlers' answer types, filled as the application layer fills them.
+        for done in [true, false] {
+            c.answer(&operation(done));
+            c.answer(&app::dlq::Acted {
+                id: Uuid::new_v4(),
+                done: "retried",
+                op_id: done.then(Uuid::new_v4),
+            });
+            c.answer(&meta::Ready {
+                postgres: done.into(),
+                rabbitmq: (!done).into(),
+            });
+        }
+        c.answer(&operations::Steps {
+            op_id: op,
+            steps: vec![step(0), step(1)],
+        });
+        for result in [operations::Delivery::Delivered, operations::Delivery::Kept] {
+            c.answer(&operations::SignalResult {
+                op_id: op,
+                signal: "approval".into(),
+                result,
+            });
+        }
+        for result in [
+            operations::Cancellation::Cancelled,
+            operations::Cancellation::Requested,
+        ] {
+            c.answer(&operations::CancelResult { op_id: op, result });
+        }
+        c.answer(&dlq::DeadLetterPage {
+            items: vec![
+                app::dlq::listed(&dead_letter(false)),
+                app::dlq::listed(&dead_letter(true)),
+            ],
+            next_cursor: Some("2026-01-01T00:00:00.000000Z/x".into()),
+        });
+        c.answer(&dlq::DeadLetterPage {
+            items: Vec::new(),
+            next_cursor: None,
+        });
+        c.answer(&dlq::DeadLetterStats {
+            groups: vec![StatRow {
+                class: "retries_exhausted".into(),
+                kind: None,
+                fingerprint: "timeout after <n> s".into(),
+                count: 3,
+                oldest: Utc::now(),
+                newest: Utc::now(),
+            }],
+        });
+        for poison in [false, true] {
+            let d = dead_letter(poison);
+            c.answer(&app::dlq::Details {
+                dead_letter: app::dlq::listed(&d),
+                operation: (!poison).then(|| operation(false)),
+                steps: if poison { Vec::new() } else { vec![step(0)] },
+                history: vec![ActionView {
+                    actor: "token:agq_ab".into(),
+                    action: "retry".into(),
+                    op_id: d.op_id,
+                    dead_letter_id: Some(d.id),
+                    reason: poison.then(|| "why".into()),
+                    status_before: Some("open".into()),
+                    status_after: Some("retried".into()),
+                    details: poison.then(|| json!({ "patched": true })),
+                    created_at: Utc::now(),
+                }],
+                raw_message_preview: poison.then(|| "{not json".into()),
+            });
+        }
+        c.answer(&app::batches::Overview {
+            batch_id: Uuid::new_v4(),
+            tenant: "acme".into(),
+            kind: "doc_migration".into(),
+            status: BatchStatus::Paused,
+            paused_reason: Some("auto-paused".into()),
+            canary: Some(10),
+            documents: 100,
+            enqueued: 40,
+            by_status: [("queued".to_string(), 30), ("dead".to_string(), 10)].into(),
+            unfinished: 30,
+            succeeded_per_s: 1.25,
+            eta_secs: Some(24),
+            usage: app::batches::Usage {
+                model_calls: 7,
+                prompt_tokens: 700,
+                completion_tokens: 70,
+            },
+            top_failures: vec![Failure {
+                error_class: "non_retryable".into(),
+                reason: "bad input <n>".into(),
+                count: 10,
+            }],
+        });
+        let batch_id = Uuid::new_v4();
+        for outcome in [
+            batches::BatchOutcome::Paused,
+            batches::BatchOutcome::Resumed(app::batches::Resumed {
+                was: BatchStatus::Canary,
+                enqueued: 90,
+                redispatched: 3,
+            }),
+            batches::BatchOutcome::Cancelled(app::batches::CancelledBatch {
+                now: 4,
+                requested: 1,
+            }),
+        ] {
+            c.answer(&batches::BatchResult { batch_id, outcome });
+        }
+        let mut bad = serde_json::to_value(operation(true)).unwrap();
+        bad["surprise"] = json!(1);
+        assert!(!c.errors("Operation", &bad).is_empty(), "strict checks");
+
+        // Every answer type was checked.
+        let unchecked: Vec<_> = names(ANSWERS)
+            .into_iter()
+            .filter(|n| !c.checked.contains(n))
+            .collect();
+        assert!(unchecked.is_empty(), "no sample of {unchecked:?}");
+    }
+
+    #[test]
+    fn request_schemas_accept_what_the_handlers_read() {
+        use batches::ReasonRequest;
+        use dlq::{DiscardRequest, ResolveRequest, RetryRequest};
+        use operations::{CancelRequest, CreateOperation};
+        let mut c = Checker::new();
+        let at = "2026-12-01T10:00:00Z";
+        for body in [
+            json!({ "kind": "echo", "input": { "text": "hi" } }),
+            json!({ "kind": "echo", "input": null, "tenant": "acme", "ordering_key": "o",
+                    "lane": "batch", "priority": -3, "max_attempts": 7, "run_at": at,
+                    "deadline": at }),
+            json!({ "kind": "echo", "input": 1, "lane": null, "run_at": null }),
+            json!({ "kind": "echo" }),
+            json!({ "input": {} }),
+            json!({ "kind": "echo", "input": 1, "zzz": 1 }),
+            json!({ "kind": "echo", "input": 1, "lane": "fast" }),
+            json!({ "kind": "echo", "input": 1, "run_at": "tomorrow" }),
+            json!({ "kind": "echo", "input": 1, "priority": 40000 }),
+            json!({ "kind": 1, "input": 1 }),
+        ] {
+            c.request::<CreateOperation>(body);
+        }
+        for body in [
+            json!({}),
+            json!({ "reason": "done" }),
+            json!({ "reason": null }),
+            json!({ "reason": 1 }),
+            json!({ "why": "x" }),
+            json!([]),
+        ] {
+            c.request::<CancelRequest>(body.clone());
+            c.request::<ReasonRequest>(body);
+        }
+        for body in [
+            json!({}),
+            json!({ "patch_input": { "a": null }, "reason": "fixed" }),
+            json!({ "patch": {} }),
+        ] {
+            c.request::<RetryRequest>(body);
+        }
+        for body in [
+            json!({ "happened": true, "output": { "id": 1 }, "reason": "checked" }),
+            json!({ "happened": false }),
+            json!({}),
+            json!({ "happened": "yes" }),
+        ] {
+            c.request::<ResolveRequest>(body);
+        }
+        for body in [
+            json!({ "reason": "duplicate" }),
+            json!({}),
+            json!({ "reason": "x", "force": true }),
+        ] {
+            c.request::<DiscardRequest>(body);
+        }
+        let unchecked: Vec<_> = names(REQUESTS)
+            .into_iter()
+            .filter(|n| !c.checked.contains(n))
+            .collect();
+        assert!(unchecked.is_empty(), "no sample of {unchecked:?}");
     }
 }

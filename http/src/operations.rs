@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use agentq_app as app;
-use agentq_core::operation::{Lane, OperationId, input_sha256};
+use agentq_core::operation::{Lane, OperationId, Status, StepView, input_sha256};
 use agentq_producer::EnqueueRequest;
 use axum::Json;
 use axum::body::Body;
@@ -11,26 +11,108 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::auth::{Caller, Role};
 use super::problem::{ApiError, ApiResult, request_id};
 use super::{ApiState, Params, body, parse_id};
 
 /// The body of `POST /v1/operations`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateOperation {
+pub struct CreateOperation {
+    /// A job kind this deployment runs
     kind: String,
+    /// The job's input (≤ 1 MiB)
     input: Value,
+    /// Only for admin tokens; others enqueue in their own tenant
     tenant: Option<String>,
+    /// Operations sharing it run one at a time, in order
     ordering_key: Option<String>,
+    /// `interactive` unless said otherwise
     lane: Option<Lane>,
     priority: Option<i16>,
+    #[schemars(range(min = 1, max = 1000))]
     max_attempts: Option<i32>,
+    /// Not started before this instant
     run_at: Option<DateTime<Utc>>,
+    /// Dead with `deadline_exceeded` if not finished by then
     deadline: Option<DateTime<Utc>>,
+}
+
+/// The answer to an accepted enqueue or webhook delivery.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Accepted {
+    pub op_id: OperationId,
+    pub status: Status,
+    /// False when the Idempotency-Key or webhook-id named an operation already.
+    pub created: bool,
+    /// Where to read the operation (also the Location header).
+    pub status_url: String,
+    /// Where to follow its events.
+    pub events_url: String,
+}
+
+/// An operation's journal.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Steps {
+    pub op_id: OperationId,
+    pub steps: Vec<StepView>,
+}
+
+/// What a sent signal did.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SignalResult {
+    pub op_id: OperationId,
+    pub signal: String,
+    pub result: Delivery,
+}
+
+/// Whether a signal reached its operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// The operation was waiting for it and is queued again.
+    Delivered,
+    /// Kept until the operation waits for it.
+    Kept,
+}
+
+impl From<&app::operations::Signalled> for Delivery {
+    fn from(s: &app::operations::Signalled) -> Self {
+        match s {
+            app::operations::Signalled::Delivered => Delivery::Delivered,
+            app::operations::Signalled::Kept { .. } => Delivery::Kept,
+        }
+    }
+}
+
+/// What a cancel did.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CancelResult {
+    pub op_id: OperationId,
+    pub result: Cancellation,
+}
+
+/// How an operation is cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Cancellation {
+    /// It was queued, sleeping or waiting: cancelled now.
+    Cancelled,
+    /// It is running: its worker stops it at the next step boundary.
+    Requested,
+}
+
+impl From<app::operations::Cancelled> for Cancellation {
+    fn from(c: app::operations::Cancelled) -> Self {
+        match c {
+            app::operations::Cancelled::Now => Cancellation::Cancelled,
+            app::operations::Cancelled::Requested => Cancellation::Requested,
+        }
+    }
 }
 
 /// Longest accepted Idempotency-Key.
@@ -102,33 +184,30 @@ pub async fn create(
         ..EnqueueRequest::default()
     };
     let enqueued = app::operations::enqueue(&state.app, &caller.app(), enqueue).await?;
-    Ok(accepted(
-        enqueued.op_id,
-        enqueued.created,
-        enqueued.status.as_str(),
-    ))
+    Ok(accepted(enqueued.op_id, enqueued.created, enqueued.status))
 }
 
 /// The answer to an accepted enqueue: 202 + Location the first time, 200 for a repeat.
-pub fn accepted(op: OperationId, created: bool, status: &str) -> Response {
+pub fn accepted(op: OperationId, created: bool, status: Status) -> Response {
     let (status_url, events_url) = links(op);
     let code = if created {
         StatusCode::ACCEPTED
     } else {
         StatusCode::OK
     };
+    let location = HeaderValue::from_str(&status_url);
     let mut response = (
         code,
-        Json(json!({
-            "op_id": op,
-            "status": status,
-            "created": created,
-            "status_url": status_url,
-            "events_url": events_url,
-        })),
+        Json(Accepted {
+            op_id: op,
+            status,
+            created,
+            status_url,
+            events_url,
+        }),
     )
         .into_response();
-    if let Ok(v) = HeaderValue::from_str(&status_url) {
+    if let Ok(v) = location {
         response.headers_mut().insert(header::LOCATION, v);
     }
     response
@@ -151,10 +230,10 @@ pub async fn steps(
     State(state): State<Arc<ApiState>>,
     caller: Caller,
     Params(id): Params<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Steps>> {
     let op = OperationId(parse_id(&id, "id")?);
     let steps = app::operations::steps(&state.app, &caller.app(), op).await?;
-    Ok(Json(json!({ "op_id": op, "steps": steps })))
+    Ok(Json(Steps { op_id: op, steps }))
 }
 
 /// `POST /v1/operations/{id}/signals/{name}`: the body is the signal's payload (or null).
@@ -174,9 +253,14 @@ pub async fn signal(
     };
     let sent =
         app::operations::signal(&state.app, &caller.app(), op, &name, &payload, audit).await?;
+    let result = Delivery::from(&sent);
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "op_id": op, "signal": name, "result": sent.as_str() })),
+        Json(SignalResult {
+            op_id: op,
+            signal: name,
+            result,
+        }),
     )
         .into_response())
 }
@@ -213,7 +297,7 @@ async fn decide(
     approved: bool,
 ) -> ApiResult<Response> {
     let op = OperationId(parse_id(&id, "id")?);
-    let req: CancelBody = body::optional_json(&headers, body).await?;
+    let req: CancelRequest = body::optional_json(&headers, body).await?;
     let sent = app::operations::decide(
         &state.app,
         &caller.app(),
@@ -222,16 +306,23 @@ async fn decide(
         req.reason.as_deref(),
     )
     .await?;
+    let result = Delivery::from(&sent);
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "op_id": op, "signal": "approval", "result": sent.as_str() })),
+        Json(SignalResult {
+            op_id: op,
+            signal: "approval".into(),
+            result,
+        }),
     )
         .into_response())
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// The optional body of a cancel, an approval or a rejection.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct CancelBody {
+pub struct CancelRequest {
+    /// Kept in the audit trail
     reason: Option<String>,
 }
 
@@ -244,12 +335,15 @@ pub async fn cancel(
     body: Body,
 ) -> ApiResult<Response> {
     let op = OperationId(parse_id(&id, "id")?);
-    let req: CancelBody = body::optional_json(&headers, body).await?;
+    let req: CancelRequest = body::optional_json(&headers, body).await?;
     let done =
         app::operations::cancel(&state.app, &caller.app(), op, req.reason.as_deref()).await?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "op_id": op, "result": done.as_str() })),
+        Json(CancelResult {
+            op_id: op,
+            result: done.into(),
+        }),
     )
         .into_response())
 }

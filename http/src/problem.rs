@@ -4,7 +4,8 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use schemars::JsonSchema;
+use serde::Serialize;
 
 tokio::task_local! {
     /// The id of the request being served (set by the request-id middleware).
@@ -14,6 +15,24 @@ tokio::task_local! {
 /// The current request's id, if called while serving one.
 pub fn request_id() -> Option<String> {
     REQUEST_ID.try_with(Clone::clone).ok()
+}
+
+/// An error answer as sent: `application/problem+json` (RFC 9457).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Problem {
+    /// `https://agentq.dev/problems/` and a stable name of the problem.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The HTTP status's reason phrase.
+    pub title: String,
+    pub status: u16,
+    /// What was wrong and what to do
+    pub detail: String,
+    /// The field, header or parameter at fault
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// Quote it when reporting a problem
+    pub request_id: Option<String>,
 }
 
 /// An error answer.
@@ -119,6 +138,18 @@ impl ApiError {
     fn title(&self) -> &'static str {
         self.status.canonical_reason().unwrap_or("Error")
     }
+
+    /// The body this error is answered with.
+    fn problem(&self) -> Problem {
+        Problem {
+            kind: format!("https://agentq.dev/problems/{}", self.slug),
+            title: self.title().to_string(),
+            status: self.status.as_u16(),
+            detail: self.detail.clone(),
+            field: self.field.clone(),
+            request_id: request_id(),
+        }
+    }
 }
 
 /// The application layer's errors, each as one status: the mapping every route shares.
@@ -154,17 +185,8 @@ impl From<agentq_core::db::Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut body = json!({
-            "type": format!("https://agentq.dev/problems/{}", self.slug),
-            "title": self.title(),
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-            "request_id": request_id(),
-        });
-        if let Some(f) = &self.field {
-            body["field"] = json!(f);
-        }
-        let mut response = (self.status, body.to_string()).into_response();
+        let body = serde_json::to_string(&self.problem()).expect("a problem serializes");
+        let mut response = (self.status, body).into_response();
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,

@@ -117,9 +117,5 @@ pub async fn deliver(
             .field("webhook-id"),
             other => agentq_app::operations::refused_enqueue(other).into(),
         })?;
-    Ok(accepted(
-        enqueued.op_id,
-        enqueued.created,
-        enqueued.status.as_str(),
-    ))
+    Ok(accepted(enqueued.op_id, enqueued.created, enqueued.status))
 }

@@ -120,11 +120,15 @@ pub(crate) fn truncate(s: &str, n: usize) -> String {
     format!("{}…", s.chars().take(n).collect::<String>())
 }
 
-/// Sends a request and reads its answer; an event stream's body is not read.
+/// Sends a request and reads its answer; an event stream's body is not read. A JSON answer
+/// the OpenAPI document describes must match its schema there ([`check_documented`]).
 pub(crate) async fn send(what: impl Into<String>, rb: reqwest::RequestBuilder) -> Reply {
     let what = what.into();
-    let resp = rb
-        .send()
+    let (client, request) = rb.build_split();
+    let request = request.unwrap_or_else(|e| panic!("{what}: not a request: {e:?}"));
+    let (method, path) = (request.method().clone(), request.url().path().to_string());
+    let resp = client
+        .execute(request)
         .await
         .unwrap_or_else(|e| panic!("{what}: no answer: {e:?}"));
     let status = resp.status().as_u16();
@@ -140,12 +144,78 @@ pub(crate) async fn send(what: impl Into<String>, rb: reqwest::RequestBuilder) -
             .unwrap_or_else(|e| panic!("{what}: reading the body: {e:?}"))
             .to_vec()
     };
-    Reply {
+    let reply = Reply {
         status,
         headers,
         body,
         what,
+    };
+    check_documented(&method, &path, &reply);
+    reply
+}
+
+/// The OpenAPI document's route template for a request path: the route with the most literal
+/// segments among those that match (as the router prefers `/v1/dlq/stats` to `/v1/dlq/{id}`).
+fn template(method: &Method, path: &str) -> Option<&'static str> {
+    let segments: Vec<&str> = path.split('/').collect();
+    agentq_http::openapi::ROUTES
+        .iter()
+        .filter(|r| r.method.eq_ignore_ascii_case(method.as_str()))
+        .filter(|r| {
+            let t: Vec<&str> = r.path.split('/').collect();
+            t.len() == segments.len()
+                && t.iter()
+                    .zip(&segments)
+                    .all(|(t, s)| (t.starts_with('{') && !s.is_empty()) || t == s)
+        })
+        .max_by_key(|r| r.path.split('/').filter(|t| !t.starts_with('{')).count())
+        .map(|r| r.path)
+}
+
+/// Asserts that a JSON answer matches the schema the OpenAPI document gives for its route,
+/// status and content type (when it gives one): the server sends what it documents.
+fn check_documented(method: &Method, path: &str, reply: &Reply) {
+    static DOC: std::sync::LazyLock<Value> = std::sync::LazyLock::new(agentq_http::openapi::spec);
+    let content_type = reply.header("content-type").unwrap_or_default();
+    let content_type = content_type.split(';').next().unwrap_or_default().trim();
+    if !matches!(
+        content_type,
+        "application/json" | "application/problem+json"
+    ) {
+        return;
     }
+    let Some(template) = template(method, path) else {
+        return;
+    };
+    let schema = &DOC["paths"][template][method.as_str().to_ascii_lowercase()]["responses"]
+        [reply.status.to_string()]["content"][content_type]["schema"];
+    if schema.is_null() {
+        return;
+    }
+    let root = json!({ "$ref": schema["$ref"], "components": DOC["components"] });
+    let validator = jsonschema::options()
+        .with_draft(jsonschema::Draft::Draft202012)
+        .should_validate_formats(true)
+        .build(&root)
+        .unwrap_or_else(|e| panic!("{template}: the document's schema does not build: {e}"));
+    let answer = reply.json();
+    let errors: Vec<String> = validator
+        .iter_errors(&answer)
+        .map(|e| {
+            format!(
+                "at /{}: {e}",
+                e.instance_path().as_str().trim_start_matches('/')
+            )
+        })
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{}: the {} answer does not match {} in /openapi.json:\n{}\n{answer}",
+        reply.what,
+        reply.status,
+        schema["$ref"],
+        errors.join("\n")
+    );
 }
 
 /// A client of one `agentq serve`.

@@ -337,7 +337,8 @@ pub async fn usage(pool: &PgPool, batch: Uuid) -> Result<(i64, i64, i64)> {
 }
 
 /// The most common failures of a batch's unfinished or dead operations.
-#[derive(Clone, Debug, Serialize, FromRow)]
+#[derive(Clone, Debug, Serialize, FromRow, schemars::JsonSchema)]
+#[schemars(rename = "BatchFailure")]
 pub struct Failure {
     pub error_class: String,
     pub reason: String,

@@ -17,18 +17,22 @@ use crate::state::{DeadLetterStatus, DlqAction, ErrorClass, Status, StepStatus};
 pub const RAW_MESSAGE_CAP: usize = 64 * 1024;
 
 /// A dead letter as listed and shown.
-#[derive(Clone, Debug, Serialize, FromRow)]
+#[derive(Clone, Debug, Serialize, FromRow, schemars::JsonSchema)]
 pub struct DeadLetterView {
     pub id: Uuid,
+    /// Its operation (none for a poison message).
     pub op_id: Option<Uuid>,
     pub tenant: Option<String>,
     pub kind: Option<String>,
+    /// The error class that killed it.
     pub class: String,
     pub reason: String,
     pub attempts: i32,
+    /// The journal entry (`seq`) that failed, if a step did.
     pub failed_step: Option<i32>,
     pub created_at: DateTime<Utc>,
     pub status: DeadLetterStatus,
+    /// Who retried, resolved or discarded it.
     pub resolved_by: Option<String>,
     pub resolved_at: Option<DateTime<Utc>>,
     pub note: Option<String>,
@@ -178,10 +182,12 @@ pub async fn raw_message(pool: &PgPool, id: Uuid) -> Result<Option<Vec<u8>>> {
 
 /// Open dead letters grouped by class, kind and error fingerprint (the reason with ids, keys
 /// and numbers replaced, so the same failure with different ids groups together).
-#[derive(Clone, Debug, Serialize, FromRow)]
+#[derive(Clone, Debug, Serialize, FromRow, schemars::JsonSchema)]
+#[schemars(rename = "DeadLetterGroup")]
 pub struct StatRow {
     pub class: String,
     pub kind: Option<String>,
+    /// The reason with ids, long hex strings and numbers replaced.
     pub fingerprint: String,
     pub count: i64,
     pub oldest: DateTime<Utc>,
@@ -210,7 +216,8 @@ pub async fn stats(pool: &PgPool, filter: &Filter) -> Result<Vec<StatRow>> {
 }
 
 /// One entry of the audit trail.
-#[derive(Clone, Debug, Serialize, FromRow)]
+#[derive(Clone, Debug, Serialize, FromRow, schemars::JsonSchema)]
+#[schemars(rename = "OperatorAction")]
 pub struct ActionView {
     pub actor: String,
     pub action: String,
