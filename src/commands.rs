@@ -19,6 +19,9 @@ use crate::wiring::{
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let config = cli.config;
     config.validate().map_err(refuse)?;
+    // Process-wide settings of the two clients, before anything connects.
+    agentq_core::broker::set_quorum_size(config.quorum_size());
+    db::set_call_deadline(std::time::Duration::from_secs(config.db_timeout_secs));
     match cli.command {
         Command::Migrate => {
             db::migrate(&config.database_url)

@@ -26,7 +26,6 @@ pub(crate) fn refuse(msg: impl Into<String>) -> anyhow::Error {
 
 /// Runs one command to completion.
 pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
-    db::set_call_deadline(Duration::from_secs(config.db_timeout_secs));
     db::connect(&config.database_url, config.db_pool)
         .await
         .with_context(|| {

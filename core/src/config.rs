@@ -245,6 +245,11 @@ pub struct Config {
     )]
     pub shutdown_grace_secs: u64,
 
+    /// Replicas of each lane's quorum queue when agentq first declares it (default: 3 when
+    /// `AMQP_URL` lists several nodes, the broker's default otherwise).
+    #[arg(long, env = "AGENTQ_QUORUM_SIZE", global = true)]
+    pub quorum_size: Option<u32>,
+
     /// Connections in this process's PostgreSQL pool.
     #[arg(long, env = "AGENTQ_DB_POOL", default_value_t = 16, global = true)]
     pub db_pool: u32,
@@ -262,6 +267,13 @@ pub struct Config {
 }
 
 impl Config {
+    /// The quorum queues' replica count to declare: `AGENTQ_QUORUM_SIZE`, else 3 when
+    /// `AMQP_URL` lists several nodes.
+    pub fn quorum_size(&self) -> Option<u32> {
+        self.quorum_size
+            .or_else(|| (crate::broker::nodes(&self.amqp_url).len() > 1).then_some(3))
+    }
+
     /// Lease length as a duration.
     pub fn lease_ttl(&self) -> Duration {
         Duration::from_secs(self.lease_ttl_secs.max(1))
@@ -275,6 +287,9 @@ impl Config {
                 "AGENTQ_LEASE_TTL_SECS must be at least 3 (got {}): heartbeats run every ttl/3",
                 self.lease_ttl_secs
             ));
+        }
+        if self.quorum_size == Some(0) {
+            return Err("AGENTQ_QUORUM_SIZE must be at least 1 (3 or 5 on a cluster)".into());
         }
         if self.db_timeout_secs < 1 {
             return Err("AGENTQ_DB_TIMEOUT_SECS must be at least 1".into());
@@ -343,6 +358,10 @@ impl Config {
 
 /// Replaces the password of `scheme://user:password@host/...` with `***`.
 pub fn redact_url(url: &str) -> String {
+    // A list of nodes (`AMQP_URL`): each one redacted.
+    if url.contains(',') {
+        return url.split(',').map(redact_url).collect::<Vec<_>>().join(",");
+    }
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -358,6 +377,14 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redact_url_hides_the_password_of_every_node_of_a_list() {
+        assert_eq!(
+            redact_url("amqp://a:s1@h1:5672/%2f,amqp://b:s2@h2:5672/%2f"),
+            "amqp://a:***@h1:5672/%2f,amqp://b:***@h2:5672/%2f"
+        );
+    }
 
     #[test]
     fn redact_url_hides_passwords_only() {

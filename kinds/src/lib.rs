@@ -76,7 +76,10 @@ mod tests {
         let refused = agent(json!({ "tool_choice": "ledger" })).unwrap_err();
         assert!(refused.contains("not one of tools"), "{refused}");
         assert!(agent(json!({ "tool_choice": "sometimes" })).is_err());
-        assert!(agent(json!({ "bogus": 1 })).is_err(), "unknown fields stay refused");
+        assert!(
+            agent(json!({ "bogus": 1 })).is_err(),
+            "unknown fields stay refused"
+        );
     }
 
     #[test]

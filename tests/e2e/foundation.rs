@@ -608,6 +608,38 @@ async fn a_sweep_that_never_commits_leaves_its_rows_due_and_a_concurrent_one_ski
     app.cleanup().await;
 }
 
+/// `AMQP_URL` may list several nodes: a process connects to the first that answers (here the
+/// first is dead), and declares the lanes with a quorum size (3 by default for a list) even
+/// over a namespace first declared without one, as an upgrade to a cluster would.
+#[tokio::test]
+async fn a_node_list_connects_past_a_dead_node_and_a_quorum_size_redeclares_cleanly() {
+    let mut app = TestApp::start().await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let list = format!("amqp://guest:guest@{dead}/%2f,{}", app.amqp_url);
+    app.set_env("AMQP_URL", &list);
+    let w = app.spawn_logged(&["worker"]);
+    app.spawn(&["scheduler"]);
+    let op = app.enqueue_echo("through the second node");
+    let end = std::time::Instant::now() + DEADLINE;
+    while app.operation(&op).await.status.as_str() != "succeeded" {
+        assert!(
+            std::time::Instant::now() < end,
+            "not run within {DEADLINE:?}; the worker's log:\n{}",
+            app.log(w)
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let done = app.operation(&op).await;
+    assert_eq!(
+        done.result,
+        Some(json!({ "text": "through the second node" }))
+    );
+    app.cleanup().await;
+}
+
 #[tokio::test]
 async fn migrate_is_safe_to_run_twice_and_concurrently() {
     let app = TestApp::start().await;

@@ -53,8 +53,79 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// process reconnects.
 pub const DEFAULT_HEARTBEAT_SECS: u16 = 10;
 
-/// Opens a connection, named after the process role so it is recognisable in the management UI.
+/// The nodes `url` lists: one AMQP URL, or several separated by commas (the nodes of a
+/// cluster).
+pub fn nodes(url: &str) -> Vec<&str> {
+    url.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
+}
+
+/// The node this process connects to first (an index into [`nodes`]): the one it last
+/// connected to, so a process stays on a node while it lives; processes start at different
+/// nodes (by process id) to spread over a cluster.
+static PREFERRED_NODE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(usize::MAX);
+
+/// The size new quorum queues are declared with (0: the broker's default). See
+/// [`set_quorum_size`].
+static QUORUM_SIZE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Sets the replica count of the lanes' quorum queues when this process declares them
+/// (`AGENTQ_QUORUM_SIZE`; 3 by default when `AMQP_URL` lists several nodes, otherwise the
+/// broker's default). Only a queue's first declaration uses it: an existing queue keeps its
+/// members (grow or shrink them with `rabbitmq-queues grow` / `shrink`).
+pub fn set_quorum_size(size: Option<u32>) {
+    QUORUM_SIZE.store(size.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+}
+
+pub(crate) fn quorum_size() -> Option<u32> {
+    match QUORUM_SIZE.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => None,
+        n => Some(n),
+    }
+}
+
+/// Opens a connection to the first node of `url` that accepts one, starting from the node this
+/// process last used ([`nodes`]): when a node dies, the next connection goes to another. Named
+/// after the process role so it is recognisable in the management UI.
 pub async fn connect(url: &str, role: &str) -> Result<Connection> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let nodes = nodes(url);
+    if nodes.is_empty() {
+        return Err(Error::Url("AMQP_URL names no node".into()));
+    }
+    let n = nodes.len();
+    let mut start = PREFERRED_NODE.load(Relaxed);
+    if start == usize::MAX {
+        start = std::process::id() as usize;
+    }
+    let mut last = None;
+    for i in 0..n {
+        let at = (start + i) % n;
+        match connect_node(nodes[at], role).await {
+            Ok(conn) => {
+                PREFERRED_NODE.store(at, Relaxed);
+                return Ok(conn);
+            }
+            Err(e) => {
+                if n > 1 {
+                    tracing::warn!(
+                        node = %crate::config::redact_url(nodes[at]), error = %e,
+                        "rabbitmq node unreachable; trying the next one"
+                    );
+                }
+                last = Some(e);
+            }
+        }
+    }
+    // Next time, begin with the node after the one tried first.
+    PREFERRED_NODE.store((start + 1) % n, Relaxed);
+    Err(last.expect("at least one node was tried"))
+}
+
+async fn connect_node(url: &str, role: &str) -> Result<Connection> {
     let mut uri: lapin::uri::AMQPUri = url.parse().map_err(Error::Url)?;
     if uri.query.heartbeat.is_none() {
         uri.query.heartbeat = Some(DEFAULT_HEARTBEAT_SECS);

@@ -50,6 +50,38 @@ fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
 }
 
+/// Adds the quorum size this process declares with ([`super::set_quorum_size`]) to `args` when
+/// queue `name` does not exist yet. RabbitMQ compares the size with an existing queue's (which
+/// has none, or the one it was created with) and refuses a declaration that differs: setting
+/// `AGENTQ_QUORUM_SIZE` on a running deployment must not stop its processes. An existing
+/// queue keeps its members; `rabbitmq-queues grow` changes them.
+async fn with_group_size(conn: &Connection, name: &str, args: &mut FieldTable) -> Result<()> {
+    let Some(size) = super::quorum_size() else {
+        return Ok(());
+    };
+    // A passive declaration of a missing queue closes its channel: a channel of its own.
+    let probe = conn.create_channel().await?;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    match probe
+        .queue_declare(name.into(), passive, FieldTable::default())
+        .await
+    {
+        Ok(_) => {
+            let _ = probe.close(200, "exists".into()).await;
+        }
+        Err(_) => {
+            args.insert(
+                "x-quorum-initial-group-size".into(),
+                AMQPValue::LongInt(size as i32),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Declares the exchanges, queues and bindings of a namespace. Safe to call at every start-up.
 pub async fn declare_topology(conn: &Connection, names: &Names) -> Result<()> {
     let ch = conn.create_channel().await?;
@@ -74,6 +106,7 @@ pub async fn declare_topology(conn: &Connection, names: &Names) -> Result<()> {
 
     let mut dlq_args = FieldTable::default();
     dlq_args.insert("x-queue-type".into(), text("quorum"));
+    with_group_size(conn, &names.dead_letter_queue(), &mut dlq_args).await?;
     ch.queue_declare(
         names.dead_letter_queue().into(),
         QueueDeclareOptions::durable(),
@@ -103,6 +136,7 @@ pub async fn declare_topology(conn: &Connection, names: &Names) -> Result<()> {
             "x-delivery-limit".into(),
             AMQPValue::LongInt(DELIVERY_LIMIT),
         );
+        with_group_size(conn, &names.lane_queue(lane), &mut args).await?;
         ch.queue_declare(
             names.lane_queue(lane).into(),
             QueueDeclareOptions::durable(),
