@@ -119,9 +119,11 @@ impl Worker {
     /// running operations.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let tasks = TaskTracker::new();
+        // Leases are renewed until the drain below ends, not until SIGTERM: a drain longer than
+        // the rest of a lease must not let the reaper count it as a crash.
         let heartbeat = {
             let shared = self.shared.clone();
-            let stop = shutdown.child_token();
+            let stop = CancellationToken::new();
             let pool = shared.pool().clone();
             tokio::spawn(async move { shared.leases.run_heartbeat(pool, stop).await })
         };
