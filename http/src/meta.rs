@@ -1,11 +1,13 @@
 //! Liveness, readiness and Prometheus metrics: `GET /metrics` of `agentq serve`, and the
-//! `GET /metrics` endpoint `agentq worker` and `agentq scheduler` serve on `AGENTQ_METRICS_ADDR`.
-//! Both render the process's registry (`agentq_core::metrics`).
+//! `GET /metrics` and `GET /healthz` endpoint every long-running role serves on
+//! `AGENTQ_METRICS_ADDR`. Both `/metrics` render the process's registry (`agentq_core::metrics`);
+//! that `/healthz` answers from the role's loops (`agentq_core::health`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentq_core::health::Progress;
 use agentq_core::metrics;
 use axum::Json;
 use axum::extract::State;
@@ -78,16 +80,23 @@ async fn prometheus(pool: Option<&PgPool>) -> Response {
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response()
 }
 
-/// A bound `GET /metrics` endpoint (`AGENTQ_METRICS_ADDR`) of a process without the API.
+/// A bound `GET /metrics` endpoint (`AGENTQ_METRICS_ADDR`) of a process without the API, also
+/// answering `GET /healthz` from its loops' progress marks.
 pub struct MetricsEndpoint {
     listener: tokio::net::TcpListener,
     pool: Option<PgPool>,
+    progress: Vec<Arc<Progress>>,
 }
 
 impl MetricsEndpoint {
     /// Binds `addr` and prints `metrics on http://ADDR` (the bound port when `addr` asks for 0).
-    /// With a pool, each scrape also reads the database gauges.
-    pub async fn bind(addr: &str, pool: Option<PgPool>) -> anyhow::Result<Self> {
+    /// With a pool, each scrape also reads the database gauges; `progress` are the loops
+    /// `GET /healthz` checks (none: it answers 200 while the process serves).
+    pub async fn bind(
+        addr: &str,
+        pool: Option<PgPool>,
+        progress: Vec<Arc<Progress>>,
+    ) -> anyhow::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
             anyhow::anyhow!(
                 "cannot listen on AGENTQ_METRICS_ADDR {addr}: {e}; pick another address"
@@ -95,12 +104,17 @@ impl MetricsEndpoint {
         })?;
         let bound: SocketAddr = listener.local_addr()?;
         println!("metrics on http://{bound}");
-        tracing::info!(addr = %bound, "serving GET /metrics");
-        Ok(Self { listener, pool })
+        tracing::info!(addr = %bound, "serving GET /metrics and GET /healthz");
+        Ok(Self {
+            listener,
+            pool,
+            progress,
+        })
     }
 
     /// Serves until `shutdown`.
     pub async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let progress = Arc::new(self.progress);
         let app =
             axum::Router::new()
                 .route(
@@ -109,10 +123,82 @@ impl MetricsEndpoint {
                         prometheus(pool.as_ref()).await
                     }),
                 )
-                .with_state(self.pool);
+                .with_state(self.pool)
+                .route("/healthz", get(move || async move { health(&progress) }));
         axum::serve(self.listener, app)
             .with_graceful_shutdown(shutdown.cancelled_owned())
             .await?;
         Ok(())
+    }
+}
+
+/// `GET /healthz` of a metrics endpoint: 200 while every loop completed a round within its
+/// limit, else 503 naming the stalled ones; each check shows its seconds since the last round.
+fn health(progress: &[Arc<Progress>]) -> Response {
+    let mut checks = serde_json::Map::new();
+    let mut stalled = false;
+    for p in progress {
+        let stale = p.is_stale();
+        stalled |= stale;
+        checks.insert(
+            p.what().to_string(),
+            json!({
+                "status": if stale { "stalled" } else { "ok" },
+                "seconds_since": (p.since().as_secs_f64() * 10.0).round() / 10.0,
+                "limit_seconds": p.stale_after().as_secs_f64(),
+            }),
+        );
+    }
+    let (code, status) = if stalled {
+        (StatusCode::SERVICE_UNAVAILABLE, "stalled")
+    } else {
+        (StatusCode::OK, "ok")
+    };
+    (code, Json(json!({ "status": status, "checks": checks }))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn healthz_answers_503_naming_a_stalled_loop() {
+        let fresh = Progress::new("lease_renewal", Duration::from_secs(60));
+        let stalled = Progress::new("scheduler_pass", Duration::from_millis(500));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let endpoint = MetricsEndpoint::bind("127.0.0.1:0", None, vec![fresh, stalled.clone()])
+            .await
+            .unwrap();
+        let addr = endpoint.listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(endpoint.serve(stop.clone()));
+        let get = |path: &'static str| async move {
+            let r = reqwest::get(format!("http://{addr}{path}")).await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap())
+        };
+        let (status, body) = get("/healthz").await;
+        assert_eq!(status, 503, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["status"], "stalled");
+        assert_eq!(v["checks"]["scheduler_pass"]["status"], "stalled");
+        assert_eq!(v["checks"]["lease_renewal"]["status"], "ok");
+        assert_eq!(
+            v["checks"]["lease_renewal"]["limit_seconds"].as_f64(),
+            Some(60.0)
+        );
+        stalled.mark();
+        let (status, body) = get("/healthz").await;
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = get("/metrics").await;
+        assert_eq!(status, 200);
+        assert!(
+            body.contains("# TYPE agentq_leases_expired_total counter"),
+            "{body}"
+        );
+        stop.cancel();
+        server.await.unwrap().unwrap();
     }
 }

@@ -112,6 +112,28 @@ async fn metrics_move_as_operations_run_succeed_and_fail() {
     let token = app.token("t1", "producer");
     let operator = app.token("t1", "operator");
 
+    // The same address answers GET /healthz from the role's loop (the worker's lease heartbeat,
+    // the scheduler's passes), and `agentq probe` (the image's health check) reads it.
+    for (url, check) in [
+        (&worker_url, "lease_renewal"),
+        (&scheduler_url, "scheduler_pass"),
+    ] {
+        let health = url.replace("/metrics", "/healthz");
+        let r = reqwest::get(&health).await.unwrap();
+        assert_eq!(r.status(), 200, "GET {health}");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["status"], "ok", "{body}");
+        assert_eq!(body["checks"][check]["status"], "ok", "{body}");
+        let probe = app.agentq(&["probe", &health]);
+        assert!(probe.status.success(), "agentq probe {health}: {probe:?}");
+    }
+    let down = app.agentq(&["probe", &format!("{base}/no-such-route")]);
+    assert_eq!(
+        down.status.code(),
+        Some(1),
+        "a 404 fails the probe: {down:?}"
+    );
+
     // The API's /metrics carries every tenant's counts: no token or a producer's gets nothing.
     for t in [None, Some(&token)] {
         let mut req = reqwest::Client::new().get(&api_url);

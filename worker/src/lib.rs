@@ -114,6 +114,13 @@ impl Worker {
         self.shared.leases.owner()
     }
 
+    /// Marked by each successful lease heartbeat (every `lease_ttl / 3`); stale after a whole
+    /// lease period without one, when the worker stops its operations itself. Its metrics
+    /// endpoint's `GET /healthz` answers from it.
+    pub fn progress(&self) -> Arc<agentq_core::health::Progress> {
+        self.shared.leases.progress()
+    }
+
     /// Runs until `shutdown`: consumes both lanes (reconnecting to the broker when it fails),
     /// heartbeats leases, and on shutdown stops consuming and waits up to the grace period for
     /// running operations.
