@@ -361,6 +361,20 @@ impl Scheduler {
     }
 }
 
+/// Starts the reaper's counters at 0 for `kinds` (the kinds the deployment runs), so the
+/// first expired lease or crash loop of a kind shows as an increase (deploy/alerts.yml).
+pub fn start_counters_at_zero(kinds: &[String]) {
+    for kind in kinds {
+        for m in [
+            &metrics::LEASES_EXPIRED,
+            &metrics::LEASES_RESCUED,
+            &metrics::CRASH_LOOPS,
+        ] {
+            m.start_at_zero(&[kind]);
+        }
+    }
+}
+
 /// Counts an operation the scheduler ended as dead with `class`, as a worker counts the
 /// deaths it writes.
 fn count_death(kind: &str, class: ErrorClass) {

@@ -161,6 +161,18 @@ async fn metrics_move_as_operations_run_succeed_and_fail() {
         }
     }
     let [w0, s0, a0] = &before;
+    // The counters the alert rules read exist at 0 before anything happened, so a first event
+    // is an increase to Prometheus.
+    for (s, series) in [
+        (
+            w0,
+            "agentq_model_call_errors_total{class=\"parked\",provider=\"local\"}",
+        ),
+        (s0, "agentq_crash_loops_total{kind=\"script\"}"),
+        (s0, "agentq_leases_expired_total{kind=\"echo\"}"),
+    ] {
+        assert_eq!(s.samples.get(series), Some(&0.0), "{series}:\n{}", s.text);
+    }
 
     const OK: usize = 3;
     const DEAD: usize = 2;
