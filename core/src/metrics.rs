@@ -5,9 +5,11 @@
 //! and buckets, in the one table below ([`ALL`]); code records through those constants
 //! (`metrics::OPERATIONS_ENQUEUED.inc(&[kind])`), never through a name typed elsewhere.
 //!
-//! Invariant: label values are ids of kinds, classes, lanes, statuses, providers, step kinds and
-//! routes: never an input, a prompt, an output, a token or a secret. A metric that meets more
-//! than [`MAX_SERIES`] label sets folds the rest into `_other`, so a bug cannot grow memory.
+//! Invariant: label values are ids of kinds, classes, lanes, statuses, providers, step kinds,
+//! route templates and standard HTTP methods: never an input, a prompt, an output, a token or a
+//! secret, and never a value a client picks freely (a made-up HTTP method is `other`, a path
+//! no route matches `unmatched`). A metric that meets more than [`MAX_SERIES`] label sets folds
+//! the rest into `_other`, so a bug cannot grow memory.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

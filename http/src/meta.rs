@@ -11,7 +11,7 @@ use agentq_core::health::Progress;
 use agentq_core::metrics;
 use axum::Json;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
@@ -27,10 +27,29 @@ use super::problem::ApiResult;
 pub struct Metrics;
 
 impl Metrics {
-    /// Counts one answered request; `route` is the matched route template, never the path.
-    pub fn observe(&self, method: &str, route: &str, status: u16, took: Duration) {
+    /// Counts one answered request; `route` is the matched route template (or `unmatched`),
+    /// never the path, and the method is [`method_label`]'s.
+    pub fn observe(&self, method: &Method, route: &str, status: u16, took: Duration) {
+        let method = method_label(method);
         metrics::HTTP_REQUESTS.inc(&[method, route, &status.to_string()]);
         metrics::HTTP_REQUEST_DURATION.observe(&[method, route], took.as_secs_f64());
+    }
+}
+
+/// A request's method as a metric label and in its span: one of the standard methods a client
+/// may reasonably send, else `other`. The server accepts any token as a method, so the raw
+/// method would let a client create series at will (until the registry's cap folds every new
+/// series, legitimate ones too, into `_other`).
+pub fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
     }
 }
 
@@ -162,6 +181,40 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn method_labels_are_the_standard_methods_or_other() {
+        for m in ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"] {
+            assert_eq!(method_label(&Method::from_bytes(m.as_bytes()).unwrap()), m);
+        }
+        for m in [
+            "TRACE",
+            "CONNECT",
+            "PROPFIND",
+            "get",
+            "X-CANARY-1",
+            "AAAAAAAAAAAAAAAA",
+        ] {
+            assert_eq!(
+                method_label(&Method::from_bytes(m.as_bytes()).unwrap()),
+                "other",
+                "{m}"
+            );
+        }
+        // However many made-up methods a client sends, the requests fall into one series.
+        for i in 0..100 {
+            let m = Method::from_bytes(format!("M{i}").as_bytes()).unwrap();
+            Metrics.observe(&m, "/label-test", 405, Duration::from_millis(1));
+        }
+        let count =
+            metrics::global().value(&metrics::HTTP_REQUESTS, &["other", "/label-test", "405"]);
+        assert_eq!(count, Some(100.0));
+        let text = metrics::global().render();
+        assert!(
+            !text.contains("M42"),
+            "a raw method became a label:\n{text}"
+        );
+    }
 
     #[tokio::test]
     async fn healthz_answers_503_naming_a_stalled_loop() {

@@ -308,6 +308,34 @@ async fn metrics_move_as_operations_run_succeed_and_fail() {
         s1.text
     );
 
+    // Labels a client chooses stay bounded: made-up methods count as `other`, a path as its
+    // route template, a path no route matches as `unmatched`.
+    let client = reqwest::Client::new();
+    const MADE_UP: usize = 30;
+    for i in 0..MADE_UP {
+        let method = reqwest::Method::from_bytes(format!("X-CANARY-{i}").as_bytes()).unwrap();
+        let r = client
+            .request(method, format!("{base}/healthz"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 405);
+    }
+    let missing = format!("{base}/v1/operations/{}", uuid::Uuid::new_v4());
+    let r = client
+        .get(&missing)
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = client
+        .get(format!("{base}/no/such/path-canary"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+
     // The API: enqueued by kind, and the database gauges read at scrape time.
     let a1 = app
         .wait_until("the API's database gauges", DEADLINE, || async {
@@ -363,6 +391,29 @@ async fn metrics_move_as_operations_run_succeed_and_fail() {
         "{}",
         a1.text
     );
+
+    // Requests since the first scrape, by method, route and status.
+    let http = |method: &str, route: &str, status: &str| {
+        let labels = [("method", method), ("route", route), ("status", status)];
+        a1.get("agentq_http_requests_total", &labels)
+            - a0.get("agentq_http_requests_total", &labels)
+    };
+    assert_eq!(
+        http("other", "/healthz", "405"),
+        MADE_UP as f64,
+        "{}",
+        a1.text
+    );
+    assert_eq!(
+        http("GET", "/v1/operations/{id}", "404"),
+        1.0,
+        "{}",
+        a1.text
+    );
+    assert_eq!(http("GET", "unmatched", "404"), 1.0, "{}", a1.text);
+    for raw in ["X-CANARY", "path-canary", missing.as_str()] {
+        assert!(!a1.text.contains(raw), "{raw} became a label:\n{}", a1.text);
+    }
 
     // Labels are ids, never inputs.
     for s in [&w1, &s1, &a1] {
