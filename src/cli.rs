@@ -121,6 +121,15 @@ pub enum Command {
     Batch(crate::batch::BatchCommand),
     /// Benchmarks (e2e, batch, steps, durable-steps, inflight, timers, waiting, http) in a throwaway database and namespace.
     Bench(BenchArgs),
+    /// Health check for containers without curl: GET URL; exit 0 on a 2xx answer, 1 otherwise.
+    Probe {
+        /// e.g. http://127.0.0.1:9464/healthz (AGENTQ_METRICS_ADDR of any role) or
+        /// http://127.0.0.1:8080/healthz (the API of agentq serve).
+        url: String,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 5)]
+        timeout_secs: u64,
+    },
 }
 
 #[derive(clap::Args)]

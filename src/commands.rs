@@ -37,13 +37,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let pool = connect(&config).await?;
             let shutdown = shutdown_on_signal();
             let worker = worker(&config, pool, concurrency)?;
-            with_metrics(&config, None, worker.run(shutdown)).await
+            let progress = vec![worker.progress()];
+            with_metrics(&config, None, progress, worker.run(shutdown)).await
         }
         Command::Scheduler => {
             let pool = connect(&config).await?;
             let shutdown = shutdown_on_signal();
             let scheduler = scheduler(&config, pool.clone());
-            with_metrics(&config, Some(pool), scheduler.run(shutdown)).await
+            let progress = vec![scheduler.progress()];
+            with_metrics(&config, Some(pool), progress, scheduler.run(shutdown)).await
         }
         Command::Dev => dev(config).await,
         Command::Serve => {
@@ -53,6 +55,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             with_metrics(
                 &config,
                 Some(metrics_pool),
+                Vec::new(),
                 agentq_http::serve(&config, app(&config, pool, "api"), &config.listen, shutdown),
             )
             .await
@@ -133,6 +136,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq(cmd) => crate::dlq::run(config, cmd).await,
         Command::Batch(cmd) => crate::batch::run(config, cmd).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
+        // `main` runs it before the runtime; here for completeness.
+        Command::Probe { url, timeout_secs } => {
+            crate::probe::run(&url, std::time::Duration::from_secs(timeout_secs))
+        }
     }
 }
 
@@ -149,6 +156,7 @@ async fn dev(config: Config) -> anyhow::Result<()> {
     );
     let worker = worker(&config, pool.clone(), None)?;
     let scheduler = scheduler(&config, pool.clone());
+    let progress = vec![worker.progress(), scheduler.progress()];
     let all = async {
         let (w, s, a) = tokio::join!(
             worker.run(shutdown.clone()),
@@ -169,22 +177,24 @@ async fn dev(config: Config) -> anyhow::Result<()> {
         );
         w.and(s).and(a)
     };
-    with_metrics(&config, Some(pool.clone()), all).await
+    with_metrics(&config, Some(pool.clone()), progress, all).await
 }
 
-/// Runs `run` while serving `GET /metrics` on `AGENTQ_METRICS_ADDR`, if set (nothing is bound
-/// or printed otherwise); the endpoint stops when `run` returns. With `pool` each scrape also
-/// reads the database gauges; workers pass none, as they scale out and the gauges would be the
-/// same from every one of them.
+/// Runs `run` while serving `GET /metrics` and `GET /healthz` on `AGENTQ_METRICS_ADDR`, if set
+/// (nothing is bound or printed otherwise); the endpoint stops when `run` returns. With `pool`
+/// each scrape also reads the database gauges; workers pass none, as they scale out and the
+/// gauges would be the same from every one of them. `/healthz` answers 503 when one of
+/// `progress` is stale.
 async fn with_metrics(
     config: &Config,
     pool: Option<PgPool>,
+    progress: Vec<std::sync::Arc<agentq_core::health::Progress>>,
     run: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
     let Some(addr) = config.metrics_addr.as_deref() else {
         return run.await;
     };
-    let endpoint = agentq_http::meta::MetricsEndpoint::bind(addr, pool).await?;
+    let endpoint = agentq_http::meta::MetricsEndpoint::bind(addr, pool, progress).await?;
     let stop = CancellationToken::new();
     let (ran, served) = tokio::join!(
         async {

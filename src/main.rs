@@ -15,6 +15,7 @@ mod bench_scenarios;
 mod cli;
 mod commands;
 mod dlq;
+mod probe;
 mod wiring;
 
 use std::process::ExitCode;
@@ -43,6 +44,16 @@ fn quiet_on_broken_pipe() {
 fn main() -> ExitCode {
     quiet_on_broken_pipe();
     let cli = cli::Cli::parse();
+    // A container's health check, run every few seconds: no logging, tracing or runtime.
+    if let cli::Command::Probe { url, timeout_secs } = &cli.command {
+        return match probe::run(url, std::time::Duration::from_secs(*timeout_secs)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let telemetry = agentq_core::telemetry::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

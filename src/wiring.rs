@@ -105,6 +105,7 @@ pub fn scheduler(config: &Config, pool: PgPool) -> agentq_scheduler::Scheduler {
         retention_days: config.retention_days,
         ..Default::default()
     };
+    agentq_scheduler::start_counters_at_zero(&agentq_kinds::registry().kinds());
     agentq_scheduler::Scheduler::new(settings, pool, dispatcher, &config.namespace)
 }
 

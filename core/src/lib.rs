@@ -8,6 +8,7 @@
 //! - [`broker`]: the only module that imports `lapin`;
 //! - [`dispatch`]: publishing pointers for committed operations and recording that they were sent;
 //! - [`metrics`]: the Prometheus registry; every metric name declared once;
+//! - [`health`]: the progress marks behind a worker's and a scheduler's `GET /healthz`;
 //! - [`telemetry`]: logging and tracing set-up, OTLP export, W3C `traceparent` propagation
 //!   (never logs or traces inputs, prompts, outputs or secrets).
 
@@ -15,6 +16,7 @@ pub mod broker;
 pub mod config;
 pub mod db;
 pub mod dispatch;
+pub mod health;
 pub mod metrics;
 pub mod operation;
 pub mod origins;

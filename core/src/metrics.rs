@@ -5,9 +5,11 @@
 //! and buckets, in the one table below ([`ALL`]); code records through those constants
 //! (`metrics::OPERATIONS_ENQUEUED.inc(&[kind])`), never through a name typed elsewhere.
 //!
-//! Invariant: label values are ids of kinds, classes, lanes, statuses, providers, step kinds and
-//! routes: never an input, a prompt, an output, a token or a secret. A metric that meets more
-//! than [`MAX_SERIES`] label sets folds the rest into `_other`, so a bug cannot grow memory.
+//! Invariant: label values are ids of kinds, classes, lanes, statuses, providers, step kinds,
+//! route templates and standard HTTP methods: never an input, a prompt, an output, a token or a
+//! secret, and never a value a client picks freely (a made-up HTTP method is `other`, a path
+//! no route matches `unmatched`). A metric that meets more than [`MAX_SERIES`] label sets folds
+//! the rest into `_other`, so a bug cannot grow memory.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -297,6 +299,13 @@ impl Metric {
     pub fn observe(&self, labels: &[&str], v: f64) {
         global().observe(self, labels, v);
     }
+
+    /// Creates this counter's series for `labels` at 0 unless it exists, for label values known
+    /// when the process starts: Prometheus's `increase` and `rate` see nothing of a series
+    /// whose first sample is already 1, so an alert on the first event needs the 0 before it.
+    pub fn start_at_zero(&self, labels: &[&str]) {
+        global().add(self, labels, 0.0);
+    }
 }
 
 /// Reads the database gauges ([`OPERATIONS_BY_STATUS`], [`QUEUE_DEPTH`], [`QUEUE_OLDEST_AGE`],
@@ -508,5 +517,18 @@ mod tests {
         assert_eq!(registry.value(&OPERATIONS_ENQUEUED, &["_other"]), Some(5.0));
         registry.observe(&TIMER_LAG, &[], 1000.0);
         assert_eq!(registry.value(&TIMER_LAG, &[]), Some(1.0));
+    }
+
+    #[test]
+    fn a_counter_started_at_zero_renders_0_and_keeps_its_count() {
+        CRASH_LOOPS.start_at_zero(&["zero-test-kind"]);
+        assert!(
+            global()
+                .render()
+                .contains("agentq_crash_loops_total{kind=\"zero-test-kind\"} 0\n")
+        );
+        CRASH_LOOPS.inc(&["zero-test-kind"]);
+        CRASH_LOOPS.start_at_zero(&["zero-test-kind"]);
+        assert_eq!(global().value(&CRASH_LOOPS, &["zero-test-kind"]), Some(1.0));
     }
 }

@@ -312,6 +312,8 @@ async fn observe(State(state): State<Arc<ApiState>>, req: Request, next: Next) -
         .map(|m| m.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
     let method = req.method().clone();
+    // Bounded: a made-up method is `other` in the span, as in the metrics.
+    let method_label = meta::method_label(&method);
     // The request's span is the root of its trace, or a child of the caller's `traceparent`.
     let incoming = req
         .headers()
@@ -321,9 +323,9 @@ async fn observe(State(state): State<Arc<ApiState>>, req: Request, next: Next) -
     let span = tracing::info_span!(
         "http",
         request_id = %request_id,
-        %method,
+        method = method_label,
         %route,
-        otel.name = %format_args!("{method} {route}"),
+        otel.name = %format_args!("{method_label} {route}"),
         otel.kind = "server",
         http.response.status_code = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
@@ -375,7 +377,7 @@ async fn observe(State(state): State<Arc<ApiState>>, req: Request, next: Next) -
     }
     state
         .metrics
-        .observe(method.as_str(), &route, status.as_u16(), started.elapsed());
+        .observe(&method, &route, status.as_u16(), started.elapsed());
     if status.is_server_error() {
         span.in_scope(|| tracing::warn!(status = status.as_u16(), "request failed"));
     }

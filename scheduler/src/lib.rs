@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use agentq_core::broker::{self, Names};
 use agentq_core::db;
 use agentq_core::dispatch::{Dispatcher, Target, send_all};
+use agentq_core::health::Progress;
 use agentq_core::metrics;
 use agentq_core::operation::Lane;
 use agentq_core::state::{ErrorClass, Status};
@@ -43,6 +44,11 @@ use tokio_util::sync::CancellationToken;
 
 /// Wake-up batches published concurrently (each up to `wake_batch` confirms in flight).
 pub const PUBLISHES_IN_FLIGHT: usize = 4;
+
+/// How long the loop may go without finishing a pass (or a retention batch) before its
+/// `GET /healthz` answers 503. A pass whose every statement fails (PostgreSQL down) still
+/// finishes, after each statement's 10 s pool timeout; one that hangs does not.
+pub const STALLED_AFTER: Duration = Duration::from_secs(120);
 
 /// Scheduler settings.
 #[derive(Clone, Debug)]
@@ -93,6 +99,8 @@ pub struct Scheduler {
     pool: PgPool,
     dispatcher: Arc<Dispatcher>,
     names: Names,
+    /// Marked after every pass of the loop and every retention batch.
+    progress: Arc<Progress>,
 }
 
 impl Scheduler {
@@ -109,7 +117,14 @@ impl Scheduler {
             pool,
             dispatcher,
             names: Names::new(namespace),
+            progress: Progress::new("scheduler_pass", STALLED_AFTER),
         }
+    }
+
+    /// Marked after every pass of the loop; stale after [`STALLED_AFTER`] without one. Its
+    /// metrics endpoint's `GET /healthz` answers from it.
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
     }
 
     /// Runs the loops until `shutdown`.
@@ -158,6 +173,7 @@ impl Scheduler {
                     tracing::warn!(error = %e, "lost-dispatch sweep failed");
                 }
             }
+            self.progress.mark();
             if busy {
                 continue;
             }
@@ -252,6 +268,7 @@ impl Scheduler {
             ))
             .await?;
             total += n;
+            self.progress.mark();
             if n < 500 {
                 break;
             }
@@ -352,6 +369,20 @@ impl Scheduler {
             );
         }
         Ok(published.sent)
+    }
+}
+
+/// Starts the reaper's counters at 0 for `kinds` (the kinds the deployment runs), so the
+/// first expired lease or crash loop of a kind shows as an increase (deploy/alerts.yml).
+pub fn start_counters_at_zero(kinds: &[String]) {
+    for kind in kinds {
+        for m in [
+            &metrics::LEASES_EXPIRED,
+            &metrics::LEASES_RESCUED,
+            &metrics::CRASH_LOOPS,
+        ] {
+            m.start_at_zero(&[kind]);
+        }
     }
 }
 

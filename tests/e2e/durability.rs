@@ -327,6 +327,32 @@ async fn sigterm_lets_short_work_finish_and_hands_long_work_back() {
     app.cleanup().await;
 }
 
+/// A drain longer than what is left of a lease: the worker keeps renewing its leases until the
+/// drain ends, so a scheduler's reaper never takes the operation and the deliberate shutdown is
+/// not counted as a crash.
+#[tokio::test]
+async fn sigterm_drain_longer_than_the_lease_is_not_a_crash() {
+    let mut app = crash_app().await; // 3 s leases
+    app.set_env("AGENTQ_SHUTDOWN_GRACE_SECS", "15");
+    let op = app.enqueue_script(json!([{ "work_ms": 7000 }]), &[]);
+    app.spawn(&["scheduler"]);
+    let w = app.spawn(&["worker"]);
+    app.wait_status(&op, "running", DEADLINE).await;
+    app.signal(w, "TERM");
+    assert!(
+        app.wait_exit(w, Duration::from_secs(30)).await,
+        "the worker exits once its operation is done"
+    );
+    let done = app.operation(&op).await;
+    assert_eq!(
+        done.status.as_str(),
+        "succeeded",
+        "finished by the draining worker"
+    );
+    assert_eq!(done.restarts, 0, "the reaper never took its lease");
+    app.cleanup().await;
+}
+
 /// A tiny deterministic generator, so a failing chaos run can be reproduced from its seed.
 struct Lcg(u64);
 

@@ -112,6 +112,28 @@ async fn metrics_move_as_operations_run_succeed_and_fail() {
     let token = app.token("t1", "producer");
     let operator = app.token("t1", "operator");
 
+    // The same address answers GET /healthz from the role's loop (the worker's lease heartbeat,
+    // the scheduler's passes), and `agentq probe` (the image's health check) reads it.
+    for (url, check) in [
+        (&worker_url, "lease_renewal"),
+        (&scheduler_url, "scheduler_pass"),
+    ] {
+        let health = url.replace("/metrics", "/healthz");
+        let r = reqwest::get(&health).await.unwrap();
+        assert_eq!(r.status(), 200, "GET {health}");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["status"], "ok", "{body}");
+        assert_eq!(body["checks"][check]["status"], "ok", "{body}");
+        let probe = app.agentq(&["probe", &health]);
+        assert!(probe.status.success(), "agentq probe {health}: {probe:?}");
+    }
+    let down = app.agentq(&["probe", &format!("{base}/no-such-route")]);
+    assert_eq!(
+        down.status.code(),
+        Some(1),
+        "a 404 fails the probe: {down:?}"
+    );
+
     // The API's /metrics carries every tenant's counts: no token or a producer's gets nothing.
     for t in [None, Some(&token)] {
         let mut req = reqwest::Client::new().get(&api_url);
@@ -139,6 +161,18 @@ async fn metrics_move_as_operations_run_succeed_and_fail() {
         }
     }
     let [w0, s0, a0] = &before;
+    // The counters the alert rules read exist at 0 before anything happened, so a first event
+    // is an increase to Prometheus.
+    for (s, series) in [
+        (
+            w0,
+            "agentq_model_call_errors_total{class=\"parked\",provider=\"local\"}",
+        ),
+        (s0, "agentq_crash_loops_total{kind=\"script\"}"),
+        (s0, "agentq_leases_expired_total{kind=\"echo\"}"),
+    ] {
+        assert_eq!(s.samples.get(series), Some(&0.0), "{series}:\n{}", s.text);
+    }
 
     const OK: usize = 3;
     const DEAD: usize = 2;
@@ -274,6 +308,34 @@ async fn metrics_move_as_operations_run_succeed_and_fail() {
         s1.text
     );
 
+    // Labels a client chooses stay bounded: made-up methods count as `other`, a path as its
+    // route template, a path no route matches as `unmatched`.
+    let client = reqwest::Client::new();
+    const MADE_UP: usize = 30;
+    for i in 0..MADE_UP {
+        let method = reqwest::Method::from_bytes(format!("X-CANARY-{i}").as_bytes()).unwrap();
+        let r = client
+            .request(method, format!("{base}/healthz"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 405);
+    }
+    let missing = format!("{base}/v1/operations/{}", uuid::Uuid::new_v4());
+    let r = client
+        .get(&missing)
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = client
+        .get(format!("{base}/no/such/path-canary"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+
     // The API: enqueued by kind, and the database gauges read at scrape time.
     let a1 = app
         .wait_until("the API's database gauges", DEADLINE, || async {
@@ -329,6 +391,29 @@ async fn metrics_move_as_operations_run_succeed_and_fail() {
         "{}",
         a1.text
     );
+
+    // Requests since the first scrape, by method, route and status.
+    let http = |method: &str, route: &str, status: &str| {
+        let labels = [("method", method), ("route", route), ("status", status)];
+        a1.get("agentq_http_requests_total", &labels)
+            - a0.get("agentq_http_requests_total", &labels)
+    };
+    assert_eq!(
+        http("other", "/healthz", "405"),
+        MADE_UP as f64,
+        "{}",
+        a1.text
+    );
+    assert_eq!(
+        http("GET", "/v1/operations/{id}", "404"),
+        1.0,
+        "{}",
+        a1.text
+    );
+    assert_eq!(http("GET", "unmatched", "404"), 1.0, "{}", a1.text);
+    for raw in ["X-CANARY", "path-canary", missing.as_str()] {
+        assert!(!a1.text.contains(raw), "{raw} became a label:\n{}", a1.text);
+    }
 
     // Labels are ids, never inputs.
     for s in [&w1, &s1, &a1] {

@@ -120,7 +120,12 @@ pub struct ModelGate {
 impl ModelGate {
     /// Puts `client` behind a gate.
     pub fn new(client: Arc<dyn ModelClient>, settings: GateSettings) -> Self {
-        metrics::BREAKER_STATE.set(&[&provider_label(client.as_ref())], 0.0);
+        let provider = provider_label(client.as_ref());
+        metrics::BREAKER_STATE.set(&[&provider], 0.0);
+        // The first parked call must show as an increase (deploy/alerts.yml reads this counter).
+        for class in ["retryable", "overloaded", "non_retryable", "parked"] {
+            metrics::MODEL_CALL_ERRORS.start_at_zero(&[&provider, class]);
+        }
         Self {
             slots: Arc::new(Semaphore::new(settings.concurrency.max(1))),
             client,

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentq_core::db;
+use agentq_core::health::Progress;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -30,6 +31,9 @@ pub(crate) struct Leases {
     owner: String,
     ttl: Duration,
     active: Mutex<HashMap<Uuid, Held>>,
+    /// Marked by every heartbeat round whose renewal succeeded (or had nothing to renew); stale
+    /// after a whole lease period, when the worker fences itself.
+    progress: Arc<Progress>,
 }
 
 impl Leases {
@@ -38,7 +42,12 @@ impl Leases {
             owner,
             ttl,
             active: Mutex::new(HashMap::new()),
+            progress: Progress::new("lease_renewal", ttl),
         }
+    }
+
+    pub(crate) fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
     }
 
     pub(crate) fn owner(&self) -> &str {
@@ -173,6 +182,7 @@ impl Leases {
             }
             if self.renew(&pool).await {
                 last_ok = Instant::now();
+                self.progress.mark();
             } else if last_ok.elapsed() + every >= self.ttl {
                 let all: Vec<Uuid> = self.map().keys().copied().collect();
                 tracing::error!(

@@ -114,14 +114,23 @@ impl Worker {
         self.shared.leases.owner()
     }
 
+    /// Marked by each successful lease heartbeat (every `lease_ttl / 3`); stale after a whole
+    /// lease period without one, when the worker stops its operations itself. Its metrics
+    /// endpoint's `GET /healthz` answers from it.
+    pub fn progress(&self) -> Arc<agentq_core::health::Progress> {
+        self.shared.leases.progress()
+    }
+
     /// Runs until `shutdown`: consumes both lanes (reconnecting to the broker when it fails),
     /// heartbeats leases, and on shutdown stops consuming and waits up to the grace period for
     /// running operations.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let tasks = TaskTracker::new();
+        // Leases are renewed until the drain below ends, not until SIGTERM: a drain longer than
+        // the rest of a lease must not let the reaper count it as a crash.
         let heartbeat = {
             let shared = self.shared.clone();
-            let stop = shutdown.child_token();
+            let stop = CancellationToken::new();
             let pool = shared.pool().clone();
             tokio::spawn(async move { shared.leases.run_heartbeat(pool, stop).await })
         };
