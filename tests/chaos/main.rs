@@ -9,8 +9,13 @@
 //! full size: 10,000 operations, 50 worker kills, 2 RabbitMQ restarts, 2 Postgres restarts, 1
 //! Postgres pause. `CHAOS_SEED` picks the workload.
 
+mod cluster;
 mod proxy;
 mod services;
+
+/// The chaos tests run one at a time: each measures recovery times that a second one sharing
+/// the two cores would distort.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -378,6 +383,7 @@ struct Record {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
+    let _serial = SERIAL.lock().await;
     let size = Size::from_env();
     let seed = std::env::var("CHAOS_SEED")
         .ok()

@@ -188,13 +188,20 @@ impl Drop for Postgres {
 pub struct Rabbit {
     pub node: String,
     pub port: u16,
+    dir: PathBuf,
+    dist_port: u16,
     stopped: bool,
 }
 
 impl Rabbit {
     /// Starts the node detached and waits until it accepts AMQP sessions.
     pub fn start(scratch: &Path, tag: &str) -> Self {
-        let dir = scratch.join("rabbit");
+        Self::start_named(scratch, "rabbit", &format!("agentq-chaos-{tag}@localhost"))
+    }
+
+    /// Starts node `node` (`name@localhost`) with its files under `scratch/dir`.
+    pub fn start_named(scratch: &Path, dir: &str, node: &str) -> Self {
+        let dir = scratch.join(dir);
         for d in ["mnesia", "log"] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
@@ -210,23 +217,82 @@ impl Rabbit {
             // The server script drops to the `rabbitmq` user.
             run(Command::new("chown").args(["-R", "rabbitmq"]).arg(&dir));
         }
-        let node = format!("agentq-chaos-{tag}@localhost");
-        let rabbit = Self {
-            node: node.clone(),
+        let mut rabbit = Self {
+            node: node.to_string(),
             port,
-            stopped: false,
+            dir,
+            dist_port: free_port(),
+            stopped: true,
         };
+        rabbit.boot();
+        rabbit
+    }
+
+    /// Runs the server detached with this node's files and ports, and waits for it.
+    fn boot(&mut self) {
+        let dir = &self.dir;
         run(Command::new("rabbitmq-server")
             .arg("-detached")
-            .env("RABBITMQ_NODENAME", &node)
-            .env("RABBITMQ_NODE_PORT", port.to_string())
-            .env("RABBITMQ_DIST_PORT", free_port().to_string())
+            .env("RABBITMQ_NODENAME", &self.node)
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
             .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq"))
             .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
             .env("RABBITMQ_LOG_BASE", dir.join("log"))
             .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins")));
-        rabbit.await_startup();
-        rabbit
+        self.stopped = false;
+        self.await_startup();
+    }
+
+    /// Makes this (fresh) node a member of `other`'s cluster.
+    pub fn join(&self, other: &Rabbit) {
+        for args in [
+            vec!["stop_app"],
+            vec!["join_cluster", other.node.as_str()],
+            vec!["start_app"],
+        ] {
+            let out = self.ctl(&args);
+            assert!(out.status.success(), "{args:?} on {}: {out:?}", self.node);
+        }
+        self.await_startup();
+    }
+
+    /// The OS process id of the node's Erlang VM.
+    fn os_pid(&self) -> Option<u32> {
+        let out = self.ctl(&["eval", "os:getpid()."]);
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .trim_matches('"')
+            .parse()
+            .ok()
+    }
+
+    /// SIGKILLs the node's VM: no goodbye to its peers or clients.
+    pub fn kill(&mut self) {
+        let pid = self.os_pid().expect("the node's pid");
+        run(Command::new("kill").args(["-9", &pid.to_string()]));
+        self.stopped = true;
+        let end = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(self.addr()).is_ok() {
+            assert!(Instant::now() < end, "{} still listening", self.node);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Starts a killed node again with its files: it rejoins its cluster.
+    pub fn restart(&mut self) {
+        self.boot();
+    }
+
+    /// What `rabbitmqctl` on this node prints for `args` (tab-separated rows, no headers).
+    pub fn rows(&self, args: &[&str]) -> Vec<Vec<String>> {
+        let mut all = args.to_vec();
+        all.push("--no-table-headers");
+        let out = self.ctl(&all);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.split('\t').map(str::to_string).collect())
+            .collect()
     }
 
     fn ctl(&self, args: &[&str]) -> Output {

@@ -50,35 +50,41 @@ fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
 }
 
-/// Adds the quorum size this process declares with ([`super::set_quorum_size`]) to `args` when
-/// queue `name` does not exist yet. RabbitMQ compares the size with an existing queue's (which
-/// has none, or the one it was created with) and refuses a declaration that differs: setting
-/// `AGENTQ_QUORUM_SIZE` on a running deployment must not stop its processes. An existing
-/// queue keeps its members; `rabbitmq-queues grow` changes them.
-async fn with_group_size(conn: &Connection, name: &str, args: &mut FieldTable) -> Result<()> {
-    let Some(size) = super::quorum_size() else {
-        return Ok(());
-    };
+/// Declares quorum queue `name` with `args` unless it exists. RabbitMQ refuses a declaration
+/// whose arguments differ from an existing queue's in any way, the replica count included
+/// (given where the queue was created without one, or missing where it was created with one):
+/// an existing queue is left as it is, so setting `AGENTQ_QUORUM_SIZE` on a running deployment,
+/// or processes that disagree about it, never stop a process. A new queue gets the size this
+/// process declares with ([`super::set_quorum_size`]); `rabbitmq-queues grow` changes an
+/// existing queue's members.
+async fn declare_quorum_queue(
+    conn: &Connection,
+    ch: &lapin::Channel,
+    name: &str,
+    mut args: FieldTable,
+) -> Result<()> {
     // A passive declaration of a missing queue closes its channel: a channel of its own.
     let probe = conn.create_channel().await?;
     let passive = QueueDeclareOptions {
         passive: true,
         ..QueueDeclareOptions::default()
     };
-    match probe
+    if probe
         .queue_declare(name.into(), passive, FieldTable::default())
         .await
+        .is_ok()
     {
-        Ok(_) => {
-            let _ = probe.close(200, "exists".into()).await;
-        }
-        Err(_) => {
-            args.insert(
-                "x-quorum-initial-group-size".into(),
-                AMQPValue::LongInt(size as i32),
-            );
-        }
+        let _ = probe.close(200, "exists".into()).await;
+        return Ok(());
     }
+    if let Some(size) = super::quorum_size() {
+        args.insert(
+            "x-quorum-initial-group-size".into(),
+            AMQPValue::LongInt(size as i32),
+        );
+    }
+    ch.queue_declare(name.into(), QueueDeclareOptions::durable(), args)
+        .await?;
     Ok(())
 }
 
@@ -106,13 +112,7 @@ pub async fn declare_topology(conn: &Connection, names: &Names) -> Result<()> {
 
     let mut dlq_args = FieldTable::default();
     dlq_args.insert("x-queue-type".into(), text("quorum"));
-    with_group_size(conn, &names.dead_letter_queue(), &mut dlq_args).await?;
-    ch.queue_declare(
-        names.dead_letter_queue().into(),
-        QueueDeclareOptions::durable(),
-        dlq_args,
-    )
-    .await?;
+    declare_quorum_queue(conn, &ch, &names.dead_letter_queue(), dlq_args).await?;
     ch.queue_bind(
         names.dead_letter_queue().into(),
         names.dead_letter_exchange().into(),
@@ -136,13 +136,7 @@ pub async fn declare_topology(conn: &Connection, names: &Names) -> Result<()> {
             "x-delivery-limit".into(),
             AMQPValue::LongInt(DELIVERY_LIMIT),
         );
-        with_group_size(conn, &names.lane_queue(lane), &mut args).await?;
-        ch.queue_declare(
-            names.lane_queue(lane).into(),
-            QueueDeclareOptions::durable(),
-            args,
-        )
-        .await?;
+        declare_quorum_queue(conn, &ch, &names.lane_queue(lane), args).await?;
         ch.queue_bind(
             names.lane_queue(lane).into(),
             names.jobs_exchange().into(),
