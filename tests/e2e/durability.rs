@@ -353,6 +353,83 @@ async fn sigterm_drain_longer_than_the_lease_is_not_a_crash() {
     app.cleanup().await;
 }
 
+/// A value of docker-compose.yml, by key (the first `key: value` line): what a deployment from
+/// the repository's compose file runs with.
+fn compose_setting(key: &str) -> String {
+    let compose =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docker-compose.yml"))
+            .expect("docker-compose.yml");
+    compose
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{key}:")))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .unwrap_or_else(|| panic!("docker-compose.yml sets no {key}"))
+}
+
+/// docs/deploy.md's rolling deploy, on compose's settings: the old worker gets SIGTERM in the
+/// middle of long operations, drains for compose's `AGENTQ_SHUTDOWN_GRACE_SECS` and exits well
+/// within compose's `stop_grace_period` (after which Docker would SIGKILL it), handing its
+/// operations back without counting a restart or an attempt; the new worker runs them.
+#[tokio::test]
+async fn a_rolling_deploy_on_composes_settings_hands_work_back_without_a_restart() {
+    let grace: u64 = compose_setting("AGENTQ_SHUTDOWN_GRACE_SECS")
+        .parse()
+        .unwrap();
+    let stop_grace: u64 = compose_setting("stop_grace_period")
+        .trim_end_matches('s')
+        .parse()
+        .unwrap();
+    assert!(
+        stop_grace > grace,
+        "compose must wait longer than the drain"
+    );
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_SHUTDOWN_GRACE_SECS", &grace.to_string());
+    // Compose leaves the lease at its default.
+    app.set_env("AGENTQ_LEASE_TTL_SECS", "30");
+    app.spawn(&["scheduler"]);
+    let old = app.spawn(&["worker"]);
+    let long: Vec<String> = (0..2)
+        .map(|_| app.enqueue_script(json!([{ "work_ms": 600_000 }]), &[]))
+        .collect();
+    let short = app.enqueue_script(json!([{ "work_ms": 3000 }]), &[]);
+    for op in long.iter().chain([&short]) {
+        app.wait_status(op, "running", DEADLINE).await;
+    }
+    let stopped = std::time::Instant::now();
+    app.signal(old, "TERM");
+    assert!(
+        app.wait_exit(old, Duration::from_secs(stop_grace)).await,
+        "the worker exits before compose's stop_grace_period ({stop_grace} s) runs out"
+    );
+    println!(
+        "rolling deploy: the old worker exited {:.1} s after SIGTERM (drain {grace} s, compose \
+         waits {stop_grace} s)",
+        stopped.elapsed().as_secs_f64()
+    );
+    assert_eq!(app.operation(&short).await.status.as_str(), "succeeded");
+    for op in &long {
+        let back = app.operation(op).await;
+        assert_eq!(
+            back.status.as_str(),
+            "queued",
+            "handed back, not left to lapse"
+        );
+        assert_eq!(back.restarts, 0, "a deploy is not a crash");
+        assert_eq!(back.attempt, 0, "and costs no attempt");
+    }
+    // The new version's worker picks them up.
+    app.spawn(&["worker"]);
+    for op in &long {
+        app.wait_for("the new worker to run it", DEADLINE, || async {
+            let v = app.operation(op).await;
+            v.status.as_str() == "running" && v.attempt == 1 && v.restarts == 0
+        })
+        .await;
+    }
+    app.cleanup().await;
+}
+
 /// A tiny deterministic generator, so a failing chaos run can be reproduced from its seed.
 struct Lcg(u64);
 
