@@ -40,7 +40,11 @@ pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
 /// local model when `AGENTQ_MODEL_BASE_URL` is unset.
 pub fn model_client(config: &Config) -> anyhow::Result<Arc<dyn ModelClient>> {
     // Empty counts as unset (compose passes `${AGENTQ_MODEL_BASE_URL:-}` through).
-    let Some(base) = config.model_base_url.as_ref().filter(|b| !b.trim().is_empty()) else {
+    let Some(base) = config
+        .model_base_url
+        .as_ref()
+        .filter(|b| !b.trim().is_empty())
+    else {
         tracing::info!("no AGENTQ_MODEL_BASE_URL: using the built-in deterministic local model");
         return Ok(Arc::new(LocalModel));
     };
