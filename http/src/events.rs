@@ -205,7 +205,7 @@ async fn read_feeds(state: &ApiState) {
     if watched.is_empty() {
         return;
     }
-    let read = db::events::events_of_many(&state.app.pool, &watched, PAGE).await;
+    let read = db::within(db::events::events_of_many(&state.app.pool, &watched, PAGE)).await;
     // Only this task removes feeds or moves `loaded`, so the feeds read are still there with
     // the cursors the read used; feeds added meanwhile are read next tick.
     let mut feeds = state.streams.feeds.lock().expect("feeds lock");
@@ -257,7 +257,7 @@ async fn recheck_tokens(state: &ApiState) {
     if hashes.is_empty() {
         return;
     }
-    let valid = db::access::valid_token_hashes(&state.app.pool, &hashes).await;
+    let valid = db::within(db::access::valid_token_hashes(&state.app.pool, &hashes)).await;
     let open = state.streams.open.lock().expect("streams lock");
     let valid: HashSet<String> = match valid {
         Ok(valid) => valid.into_iter().collect(),
@@ -364,12 +364,12 @@ impl Cursor {
                 return Some(self.render(e, outcome).await);
             }
             if self.own {
-                let page = match db::events::events_after(
+                let page = match db::within(db::events::events_after(
                     &self.state.app.pool,
                     self.op.0,
                     self.last,
                     PAGE,
-                )
+                ))
                 .await
                 {
                     Ok(page) => page,
@@ -440,7 +440,8 @@ impl Cursor {
             let outcome = match outcome {
                 Outcome::Known(o) => o,
                 Outcome::Unread => {
-                    match db::find_operation(&self.state.app.pool, self.op, None).await {
+                    match db::within(db::find_operation(&self.state.app.pool, self.op, None)).await
+                    {
                         Ok(Some(v))
                             if v.status.as_str() == data["status"].as_str().unwrap_or_default() =>
                         {

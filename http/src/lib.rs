@@ -234,7 +234,8 @@ fn parse_id(s: &str, field: &str) -> Result<uuid::Uuid, ApiError> {
 
 /// The API's routes, from [`openapi::ROUTES`] (shared by `serve`, `dev` and the benchmark).
 pub fn router(state: Arc<ApiState>) -> Router {
-    // Every route of the table; event streams are exempt from the request timeout.
+    // Every route of the table and the console; event streams are exempt from the request
+    // timeout (their polls have the database call deadline instead).
     let (mut timed, mut streams) = (Router::new(), Router::new());
     for r in openapi::ROUTES {
         if r.path.ends_with("/events") {
@@ -246,7 +247,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
     let timed = timed.layer(middleware::from_fn(timeout));
     Router::new()
         .merge(timed)
-        .merge(ui::router(state.clone()))
+        .merge(ui::router(state.clone()).layer(middleware::from_fn(timeout)))
         .merge(streams)
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
