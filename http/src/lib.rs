@@ -280,12 +280,15 @@ async fn catch_panic(req: Request, next: Next) -> Response {
 async fn timeout(req: Request, next: Next) -> Response {
     match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
         Ok(r) => r,
-        Err(_) => ApiError::unavailable(
-            "the request took longer than 30 s and was abandoned; it may or may not have taken \
+        Err(_) => {
+            agentq_core::db::abandoned();
+            ApiError::unavailable(
+                "the request took longer than 30 s and was abandoned; it may or may not have taken \
              effect: retry (with the same Idempotency-Key for an enqueue)",
-            1,
-        )
-        .into_response(),
+                1,
+            )
+            .into_response()
+        }
     }
 }
 
