@@ -111,8 +111,10 @@ pub async fn connect(url: &str, role: &str) -> Result<Connection> {
             }
             Err(e) => {
                 if n > 1 {
+                    // The node's address only: what precedes `@` holds the credentials.
+                    let node = nodes[at].rsplit('@').next().unwrap_or_default();
                     tracing::warn!(
-                        node = %crate::config::redact_url(nodes[at]), error = %e,
+                        node, error = %e,
                         "rabbitmq node unreachable; trying the next one"
                     );
                 }
