@@ -217,12 +217,22 @@ impl Worker {
         opened: &mut bool,
     ) -> anyhow::Result<()> {
         let conn = broker::connect(&self.settings.amqp_url, "worker").await?;
-        broker::declare_topology(&conn, names).await?;
+        // Every step of setting a session up has a deadline: a connection that went silent
+        // midway is given up and the next attempt opens a new one.
+        let bounded = |what: &'static str| {
+            move |_| anyhow::anyhow!("rabbitmq did not answer within {SESSION_STEP:?} ({what})")
+        };
+        tokio::time::timeout(SESSION_STEP, broker::declare_topology(&conn, names))
+            .await
+            .map_err(bounded("declaring the topology"))??;
         let session = shutdown.child_token();
         let mut loops = Vec::new();
         for ((lane, n), slots) in lanes.iter().zip(slots) {
             let tag = format!("{}-{}", self.owner(), lane);
-            let consumer = Consumer::open(&conn, names, *lane, *n, &tag).await?;
+            let consumer =
+                tokio::time::timeout(SESSION_STEP, Consumer::open(&conn, names, *lane, *n, &tag))
+                    .await
+                    .map_err(bounded("opening a consumer"))??;
             loops.push(tokio::spawn(claim::consume_lane(
                 self.shared.clone(),
                 consumer,
@@ -247,10 +257,18 @@ impl Worker {
                 result = Err(anyhow::anyhow!(reason));
             }
         }
-        let _ = conn.close(200, "worker stopping".into()).await;
+        // A close nobody answers (the connection went silent) must not hold the reconnect.
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            conn.close(200, "worker stopping".into()),
+        )
+        .await;
         result
     }
 }
+
+/// Deadline of each step of setting a broker session up (declaring, opening a consumer).
+const SESSION_STEP: Duration = Duration::from_secs(10);
 
 fn hostname() -> String {
     std::env::var("HOSTNAME")
