@@ -54,9 +54,20 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 fn options(url: &str) -> Result<PgConnectOptions> {
+    // A client whose connection goes silent in the middle of a transaction (its COMMIT never
+    // arrives) would leave the transaction open on the server for good, holding its row locks
+    // and blocking every claim of those operations: the server aborts a transaction idle for
+    // longer than this (three call deadlines, at least 15 s: longer than any transaction
+    // agentq keeps open between statements, a sweep's publish included).
+    let idle = (call_deadline() * 3).max(Duration::from_secs(15));
     PgConnectOptions::from_str(url)
         .map_err(|e| Error::Url(e.to_string()))
-        .map(|o| o.disable_statement_logging())
+        .map(|o| {
+            o.disable_statement_logging().options([(
+                "idle_in_transaction_session_timeout",
+                format!("{}", idle.as_millis()),
+            )])
+        })
 }
 
 /// One round trip to PostgreSQL (`SELECT 1`): what readiness probes ask.
