@@ -116,6 +116,9 @@ pub enum Command {
     /// Drain the dead-letter queue: list, show, stats, retry, resolve, discard.
     #[command(subcommand)]
     Dlq(crate::dlq::DlqCommand),
+    /// Versions of kinds: which ones live workers run, the unfinished operations on each, and
+    /// `upgrade` to move operations to another version.
+    Versions(crate::versions::VersionsArgs),
     /// Batch campaigns: one operation per document, with canary, pause, resume, cancel, report.
     #[command(subcommand)]
     Batch(crate::batch::BatchCommand),

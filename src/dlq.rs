@@ -1,18 +1,15 @@
 //! `agentq dlq …`: the operators' tools for the dead-letter queue. Everything reads and writes
 //! Postgres through `core::db::dead_letters`; every action is audited there.
 
-use std::io::IsTerminal;
-use std::time::Duration;
-
 use agentq_app as app;
 use agentq_core::Config;
 use agentq_core::db::dead_letters::{self, Filter};
 use agentq_core::operation::OperationId;
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use crate::bulk::BulkArgs;
 use crate::wiring::{cli_app, cli_error, connect, done, refuse};
 
 #[derive(Subcommand)]
@@ -53,6 +50,11 @@ pub enum DlqCommand {
         /// A JSON merge patch (RFC 7386) applied to the input before the retry.
         #[arg(long)]
         patch_input: Option<String>,
+        /// Run them on this version of their kind (a live worker must run it): how a
+        /// `nondeterminism` dead letter is recovered. The journal is replayed on that version
+        /// and, from the first step it asks for differently, runs anew.
+        #[arg(long)]
+        to_version: Option<String>,
         #[command(flatten)]
         bulk: BulkArgs,
     },
@@ -109,30 +111,6 @@ pub struct FilterArgs {
     pub status: Option<String>,
 }
 
-#[derive(Args, Clone)]
-pub struct BulkArgs {
-    /// Act on every open dead letter the filters select (at most --max).
-    #[arg(long)]
-    pub all: bool,
-    /// Show what would be done; change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Actions per second (e.g. 50 or 50/s).
-    #[arg(long, default_value = "100/s")]
-    pub rate: String,
-    /// Most dead letters one filtered run acts on.
-    #[arg(long, default_value_t = 10_000)]
-    pub max: i64,
-    /// Who is acting (default: the OS user).
-    #[arg(long = "as")]
-    pub actor: Option<String>,
-    /// Why (required for discard; kept in the audit trail).
-    #[arg(long)]
-    pub reason: Option<String>,
-    #[arg(long)]
-    pub json: bool,
-}
-
 impl FilterArgs {
     fn query(&self) -> app::dlq::Query<'_> {
         app::dlq::Query {
@@ -162,16 +140,6 @@ fn parse_ids(ids: &[String]) -> anyhow::Result<Vec<Uuid>> {
     ids.iter()
         .map(|s| OperationId::parse(s).map(|o| o.0).map_err(refuse))
         .collect()
-}
-
-fn parse_rate(s: &str) -> anyhow::Result<f64> {
-    let n = s.trim_end_matches("/s");
-    match n.parse::<f64>() {
-        Ok(r) if r > 0.0 => Ok(r),
-        _ => Err(refuse(format!(
-            "--rate {s:?}: use a positive number of actions per second, e.g. 50/s"
-        ))),
-    }
 }
 
 /// A refused filter flag, named as the command line spells it (`--since …`).
@@ -251,6 +219,7 @@ pub async fn run(config: Config, cmd: DlqCommand) -> anyhow::Result<()> {
             ids,
             filter,
             patch_input,
+            to_version,
             bulk,
         } => {
             let patch = patch_input
@@ -260,7 +229,14 @@ pub async fn run(config: Config, cmd: DlqCommand) -> anyhow::Result<()> {
                         .map_err(|e| refuse(format!("--patch-input is not valid JSON ({e})")))
                 })
                 .transpose()?;
-            bulk_action(&config, &ids, &filter, &bulk, Kind::Retry(patch)).await
+            bulk_action(
+                &config,
+                &ids,
+                &filter,
+                &bulk,
+                Kind::Retry(patch, to_version),
+            )
+            .await
         }
         DlqCommand::Resolve {
             id,
@@ -332,7 +308,7 @@ async fn bulk_action(
 ) -> anyhow::Result<()> {
     let explicit = parse_ids(ids)?;
     let parsed = filter.parse()?;
-    let rate = parse_rate(&bulk.rate)?;
+    let rate = crate::bulk::parse_rate(&bulk.rate)?;
     if explicit.is_empty() && filter.is_empty() && !bulk.all {
         return Err(refuse(
             "name dead letters by id, or select them with --tenant/--kind/--class/--since/--batch (or --all)",
@@ -348,7 +324,7 @@ async fn bulk_action(
         explicit
     };
     let (verb, done) = match kind {
-        Kind::Retry(_) => ("retry", "retried"),
+        Kind::Retry(..) => ("retry", "retried"),
         Kind::Discard => ("discard", "discarded"),
     };
     if bulk.dry_run {
@@ -378,65 +354,30 @@ async fn bulk_action(
     }
 
     let (app, caller) = cli_app(config, &bulk.actor).await?;
-    let bar = ProgressBar::with_draw_target(
-        Some(targets.len() as u64),
-        if std::io::stderr().is_terminal() {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
+    let request = |kind: &Kind| match kind {
+        Kind::Discard => app::dlq::Request::Discard,
+        Kind::Retry(patch, to_version) => app::dlq::Request::Retry {
+            patch: patch.clone(),
+            to_version: to_version.clone(),
         },
-    );
-    bar.set_style(
-        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} eta {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    bar.set_message(verb);
-    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut ok, mut failed) = (0usize, 0usize);
-    for id in &targets {
-        ticks.tick().await;
-        let request = match &kind {
-            Kind::Discard => app::dlq::Request::Discard,
-            Kind::Retry(patch) => app::dlq::Request::Retry {
-                patch: patch.clone(),
-            },
-        };
-        match app::dlq::act(&app, &caller, *id, request, bulk.reason.clone()).await {
-            Ok(acted) => {
-                ok += 1;
-                bar.suspend(|| report(bulk.json, *id, done, acted.op_id, None));
-            }
-            Err(e) if e.is_refusal() => {
-                failed += 1;
-                bar.suspend(|| report(bulk.json, *id, done, None, Some(e.to_string())));
-            }
-            Err(e) => {
-                bar.finish_and_clear();
-                return self::done(app, Err(e)).await;
-            }
-        }
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    app.dispatcher.close().await;
-    eprintln!("{done} {ok}, failed {failed}");
-    if failed > 0 {
-        if targets.len() == 1 {
-            return Err(refuse(format!("the {verb} was refused (see above)")));
-        }
-        anyhow::bail!(
-            "{failed} of {} dead letters could not be {done}",
-            targets.len()
-        );
-    }
-    Ok(())
+    };
+    crate::bulk::each(
+        &app,
+        &targets,
+        rate,
+        (verb, done, "dead letters"),
+        |id| app::dlq::act(&app, &caller, id, request(&kind), bulk.reason.clone()),
+        |id, outcome| match outcome {
+            Ok(acted) => report(bulk.json, id, done, acted.op_id, None),
+            Err(e) => report(bulk.json, id, done, None, Some(e.to_string())),
+        },
+    )
+    .await
 }
 
 /// What the bulk forms do to each dead letter.
 enum Kind {
-    Retry(Option<Value>),
+    Retry(Option<Value>, Option<String>),
     Discard,
 }
 

@@ -12,10 +12,12 @@ mod bench_http;
 mod bench_jobs;
 mod bench_model;
 mod bench_scenarios;
+mod bulk;
 mod cli;
 mod commands;
 mod dlq;
 mod probe;
+mod versions;
 mod wiring;
 
 use std::process::ExitCode;

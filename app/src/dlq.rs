@@ -18,8 +18,13 @@ use crate::{App, AppError, Caller, Result, Role};
 /// What an operator asks of a dead letter, as every front end reads it.
 #[derive(Clone, Debug)]
 pub enum Request {
-    /// Re-queue from the failed step; `patch` is an RFC 7386 merge patch of the input.
-    Retry { patch: Option<Value> },
+    /// Re-queue from the failed step; `patch` is an RFC 7386 merge patch of the input;
+    /// `to_version` moves it to that version of its kind (a live worker must run it), which
+    /// is how a `nondeterminism` dead letter is recovered (see `crate::versions::upgrade`).
+    Retry {
+        patch: Option<Value>,
+        to_version: Option<String>,
+    },
     /// The unknown step happened (with what it returned) or did not.
     Resolve {
         happened: bool,
@@ -233,10 +238,23 @@ pub async fn act(
             output,
         } => Action::Resolve(Outcome::Happened(output.unwrap_or(Value::Null))),
         Request::Resolve { .. } => Action::Resolve(Outcome::DidNotHappen),
-        Request::Retry { patch: None } => Action::Retry { input: None },
-        Request::Retry { patch: Some(patch) } => Action::Retry {
-            input: Some(patched_input(app, &d, &patch).await?),
-        },
+        Request::Retry { patch, to_version } => {
+            let version = match to_version {
+                None => None,
+                Some(v) => {
+                    let v = crate::versions::parse_version("to_version", &v)?;
+                    if let Some(kind) = &d.kind {
+                        crate::versions::require_live(app, kind, &v).await?;
+                    }
+                    Some(v)
+                }
+            };
+            let input = match patch {
+                None => None,
+                Some(patch) => Some(patched_input(app, &d, &patch).await?),
+            };
+            Action::Retry { input, version }
+        }
     };
     let actor = Actor {
         name: caller.actor.clone(),

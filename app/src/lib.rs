@@ -8,7 +8,8 @@
 //! - [`operations`]: signal, approve / reject, cancel;
 //! - [`dlq`]: retry, resolve, discard one dead letter;
 //! - [`batches`]: start, pause, resume, cancel a batch, and its progress;
-//! - [`time`]: times and durations as people type them.
+//! - [`time`]: times and durations as people type them;
+//! - [`versions`]: the versions report, and upgrading an operation to another version.
 
 pub mod access;
 pub mod batches;
@@ -17,6 +18,7 @@ pub mod dlq;
 pub mod error;
 pub mod operations;
 pub mod time;
+pub mod versions;
 
 use std::sync::Arc;
 

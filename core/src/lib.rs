@@ -10,7 +10,8 @@
 //! - [`metrics`]: the Prometheus registry; every metric name declared once;
 //! - [`health`]: the progress marks behind a worker's and a scheduler's `GET /healthz`;
 //! - [`telemetry`]: logging and tracing set-up, OTLP export, W3C `traceparent` propagation
-//!   (never logs or traces inputs, prompts, outputs or secrets).
+//!   (never logs or traces inputs, prompts, outputs or secrets);
+//! - [`version`]: kind versions, checked and in natural order.
 
 pub mod broker;
 pub mod config;
@@ -23,6 +24,7 @@ pub mod origins;
 pub mod retry;
 pub mod state;
 pub mod telemetry;
+pub mod version;
 pub mod webhook;
 
 pub use config::Config;

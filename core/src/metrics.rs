@@ -134,6 +134,9 @@ metrics! {
     /// Database gauge, read at scrape time.
     DEAD_LETTERS_OPEN = "agentq_dead_letters_open", Gauge, ["class"], NO_BUCKETS,
         "Open dead letters by failure class (read from PostgreSQL at scrape time).";
+    /// Database gauge, read at scrape time.
+    VERSION_UNSERVED = "agentq_operations_version_unserved", Gauge, ["kind"], NO_BUCKETS,
+        "Unfinished operations (queued, sleeping, waiting) pinned to a version of their kind that no live worker runs, by kind (read from PostgreSQL at scrape time).";
     HTTP_REQUESTS = "agentq_http_requests_total", Counter, ["method", "route", "status"], NO_BUCKETS,
         "HTTP requests answered, by method, route and status.";
     HTTP_REQUEST_DURATION = "agentq_http_request_duration_seconds", Histogram, ["method", "route"], HTTP_BUCKETS,
@@ -309,7 +312,7 @@ impl Metric {
 }
 
 /// Reads the database gauges ([`OPERATIONS_BY_STATUS`], [`QUEUE_DEPTH`], [`QUEUE_OLDEST_AGE`],
-/// [`DEAD_LETTERS_OPEN`]) into the process's registry; a failed query is logged and leaves that
+/// [`DEAD_LETTERS_OPEN`], [`VERSION_UNSERVED`]) into the process's registry; a failed query is logged and leaves that
 /// gauge as it was. Called by whoever serves `/metrics` with a pool, at scrape time.
 pub async fn refresh_database_gauges(pool: &PgPool) {
     let registry = global();
@@ -352,6 +355,15 @@ pub async fn refresh_database_gauges(pool: &PgPool) {
             rows.into_iter().map(|(c, n)| (vec![c], n as f64)).collect(),
         ),
         Err(e) => tracing::warn!(error = %e, "metrics: counting open dead letters failed"),
+    }
+    match crate::db::versions::without_live_worker(pool).await {
+        Ok(rows) => registry.replace(
+            &VERSION_UNSERVED,
+            rows.into_iter().map(|(k, n)| (vec![k], n as f64)).collect(),
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: counting operations of unserved versions failed")
+        }
     }
 }
 

@@ -149,6 +149,14 @@ pub struct OperationView {
     pub tenant: String,
     /// The job kind that runs it.
     pub kind: String,
+    /// The version of its kind it runs on: pinned by its first claim (`None` until then), or
+    /// chosen by an operator's upgrade.
+    #[serde(default)]
+    pub kind_version: Option<String>,
+    /// Queued for a version the worker that got its pointer does not run: a worker that runs
+    /// it takes it (`agentq versions` shows whether one is live).
+    #[serde(default)]
+    pub version_parked: bool,
     pub lane: Lane,
     pub status: Status,
     pub attempt: i32,

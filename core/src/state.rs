@@ -263,6 +263,8 @@ text_enum! {
         Now = "now",
         /// A job's own `ctx.step`.
         Custom = "custom",
+        /// A `ctx.patched` marker: the code that recorded the journal had the patch.
+        Patch = "patch",
     }
 }
 
@@ -430,6 +432,7 @@ mod tests {
     fn the_enums_name_what_the_schema_allows() {
         let initial = include_str!("../../migrations/20261130000001_initial.sql");
         let batches = include_str!("../../migrations/20261130000009_batches.sql");
+        let versions = include_str!("../../migrations/20261130000013_kind_versions.sql");
         let sorted = |mut v: Vec<String>| {
             v.sort();
             v
@@ -439,8 +442,9 @@ mod tests {
             sorted(checked_names(initial, "status")),
             names(Status::NAMES)
         );
+        // Migration 13 added `patch` to the journal's kinds.
         assert_eq!(
-            sorted(checked_names(initial, "kind")),
+            sorted(checked_names(versions, "kind")),
             names(StepKind::NAMES)
         );
         assert_eq!(

@@ -127,6 +127,9 @@ async fn act(
 pub struct RetryRequest {
     /// RFC 7386 merge patch applied to the input
     patch_input: Option<Value>,
+    /// Run it on this version of its kind (a live worker must run it): the journal is replayed
+    /// on that version and, from the first step it asks for differently, runs anew
+    to_version: Option<String>,
     /// Kept in the audit trail
     reason: Option<String>,
 }
@@ -143,6 +146,7 @@ pub async fn retry(
     let req: RetryRequest = body::optional_json(&headers, body).await?;
     let request = app::dlq::Request::Retry {
         patch: req.patch_input,
+        to_version: req.to_version,
     };
     act(&state, &caller, &id, request, req.reason).await
 }

@@ -713,6 +713,8 @@ mod tests {
             op_id: OperationId::new(),
             tenant: "acme".into(),
             kind: "echo".into(),
+            kind_version: Some("1".into()),
+            version_parked: false,
             lane: if done { Lane::Interactive } else { Lane::Batch },
             status: if done {
                 Status::Succeeded

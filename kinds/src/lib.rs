@@ -31,7 +31,9 @@ mod triage;
 /// next to a deployment's own kinds.
 pub fn register_builtin(r: &mut Registry) {
     r.register("echo", echo::echo);
-    r.register("script", script::script);
+    for version in script_versions() {
+        r.register_version("script", &version, script::script);
+    }
     r.register("agent", agent::agent);
     // triage's configuration comes from its webhook source: a producer cannot supply one.
     r.register_requiring("triage", triage::triage, |_| Requires {
@@ -43,6 +45,28 @@ pub fn register_builtin(r: &mut Registry) {
         doc_migration::doc_migration,
         doc_migration::requires,
     );
+}
+
+/// Test hook: the versions of `script` a worker registers, comma-separated (default `1`), so
+/// that tests run workers of different versions of one kind; with
+/// [`script::VARIANT_VAR`](script::VARIANT_VAR) and the input's `variants` a test chooses each
+/// version's steps. A version that is not valid is left out with a warning.
+pub const SCRIPT_VERSIONS_VAR: &str = "AGENTQ_SCRIPT_VERSIONS";
+
+fn script_versions() -> Vec<String> {
+    let listed = std::env::var(SCRIPT_VERSIONS_VAR).unwrap_or_default();
+    let mut versions: Vec<String> = Vec::new();
+    for v in listed.split(',').map(str::trim).filter(|v| !v.is_empty()) {
+        match agentq_core::version::check(v) {
+            Ok(()) if !versions.iter().any(|seen| seen == v) => versions.push(v.to_string()),
+            Ok(()) => {}
+            Err(e) => tracing::warn!("{SCRIPT_VERSIONS_VAR}: {e}; left out"),
+        }
+    }
+    if versions.is_empty() {
+        versions.push(agentq_core::version::DEFAULT.to_string());
+    }
+    versions
 }
 
 /// A registry holding the built-in kinds only: what `agentq worker` runs and what producers

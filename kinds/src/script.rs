@@ -2,7 +2,10 @@
 //! (its format is in the README and on [`ScriptStep`]): work, `ledger` tool calls, model calls,
 //! sleeps, waits for signals, and scripted failures and panics.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
+
+use futures_util::future::BoxFuture;
 
 use agentq_worker::context::check_park;
 use agentq_worker::model::ModelRequest;
@@ -17,29 +20,59 @@ use crate::tools::Ledger;
 #[serde(deny_unknown_fields, try_from = "ScriptProgram")]
 pub struct ScriptInput {
     pub steps: Vec<ScriptStep>,
+    /// The program of other "builds" of the script's code, for tests of code changes: a worker
+    /// runs `variants[AGENTQ_SCRIPT_VARIANT]` when that variable names one, else
+    /// `variants[<the version the operation runs on>]` when there is one, else `steps`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub variants: BTreeMap<String, Vec<ScriptStep>>,
 }
+
+/// Test hook: the variant of its input a `script` worker runs (see [`ScriptInput::variants`]).
+pub const VARIANT_VAR: &str = "AGENTQ_SCRIPT_VARIANT";
 
 /// `script`'s input as written, before its durations are checked.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ScriptProgram {
     steps: Vec<ScriptStep>,
+    #[serde(default)]
+    variants: BTreeMap<String, Vec<ScriptStep>>,
 }
 
 impl TryFrom<ScriptProgram> for ScriptInput {
     type Error = String;
 
     fn try_from(p: ScriptProgram) -> Result<Self, String> {
-        for (i, step) in p.steps.iter().enumerate() {
-            let (field, ms) = match step {
-                ScriptStep::Sleep { sleep_ms } => ("sleep_ms", *sleep_ms),
-                ScriptStep::WaitSignal { timeout_ms, .. } => ("timeout_ms", *timeout_ms),
-                _ => continue,
-            };
-            check_park(&format!("steps[{i}].{field}"), Duration::from_millis(ms))?;
+        check_durations("steps", &p.steps)?;
+        for (name, steps) in &p.variants {
+            check_durations(&format!("variants.{name}"), steps)?;
         }
-        Ok(Self { steps: p.steps })
+        Ok(Self {
+            steps: p.steps,
+            variants: p.variants,
+        })
     }
+}
+
+/// Checks every sleep's and wait's length of `steps` (and of patched branches), naming the
+/// field.
+fn check_durations(at: &str, steps: &[ScriptStep]) -> Result<(), String> {
+    for (i, step) in steps.iter().enumerate() {
+        let (field, ms) = match step {
+            ScriptStep::Sleep { sleep_ms } => ("sleep_ms", *sleep_ms),
+            ScriptStep::WaitSignal { timeout_ms, .. } => ("timeout_ms", *timeout_ms),
+            ScriptStep::Patched {
+                then, otherwise, ..
+            } => {
+                check_durations(&format!("{at}[{i}].then"), then)?;
+                check_durations(&format!("{at}[{i}].else"), otherwise)?;
+                continue;
+            }
+            _ => continue,
+        };
+        check_park(&format!("{at}[{i}].{field}"), Duration::from_millis(ms))?;
+    }
+    Ok(())
 }
 
 /// One instruction of a `script` program.
@@ -97,6 +130,15 @@ pub enum ScriptStep {
         #[serde(default)]
         times: Option<i32>,
     },
+    /// `{"patched": "change-id", "then": [steps], "else": [steps]}`: runs `then` where
+    /// [`JobContext::patched`] says the change applies, `else` where the operation's journal
+    /// was recorded before it.
+    Patched {
+        patched: String,
+        then: Vec<ScriptStep>,
+        #[serde(default, rename = "else")]
+        otherwise: Vec<ScriptStep>,
+    },
 }
 
 /// Tools a script may call.
@@ -132,129 +174,167 @@ pub enum FailClass {
     Overloaded,
 }
 
-/// Runs a script; the output lists each step's output.
+/// Runs a script; the output lists each step's output (a patched step's, then its branch's).
 pub async fn script(ctx: JobContext, input: ScriptInput) -> Result<Value, JobError> {
-    let mut outputs = Vec::with_capacity(input.steps.len());
+    let ScriptInput {
+        steps,
+        mut variants,
+    } = input;
+    let variant = std::env::var(VARIANT_VAR)
+        .ok()
+        .filter(|v| variants.contains_key(v))
+        .unwrap_or_else(|| ctx.info().version.clone());
+    let steps = variants.remove(&variant).unwrap_or(steps);
+    let mut outputs = Vec::with_capacity(steps.len());
+    run_steps(&ctx, steps, &mut outputs).await?;
+    Ok(json!({ "steps": outputs.len(), "outputs": outputs }))
+}
+
+/// Runs `steps` in order, pushing each one's output.
+fn run_steps<'a>(
+    ctx: &'a JobContext,
+    steps: Vec<ScriptStep>,
+    outputs: &'a mut Vec<Value>,
+) -> BoxFuture<'a, Result<(), JobError>> {
+    Box::pin(async move {
+        for step in steps {
+            if let ScriptStep::Patched {
+                patched,
+                then,
+                otherwise,
+            } = step
+            {
+                let applies = ctx.patched(&patched)?;
+                outputs.push(json!({ "patched": patched, "applies": applies }));
+                run_steps(ctx, if applies { then } else { otherwise }, outputs).await?;
+                continue;
+            }
+            outputs.push(run_step(ctx, step).await?);
+        }
+        Ok(())
+    })
+}
+
+/// Runs one step of a script.
+async fn run_step(ctx: &JobContext, step: ScriptStep) -> Result<Value, JobError> {
     // "The first N runs": every claim of the operation is a run (its epoch), whether it was
     // an attempt that counted or an overload park that gave the attempt back.
     let attempt = ctx.info().epoch as i32;
-    for step in input.steps {
-        let out = match step {
-            ScriptStep::Work { work_ms, deferred } => {
-                let work = |_key| async move {
-                    // A timer rounds up to the next millisecond tick: 0 ms only yields.
-                    if work_ms == 0 {
-                        tokio::task::yield_now().await;
-                    } else {
-                        tokio::time::sleep(Duration::from_millis(work_ms)).await;
-                    }
-                    Ok(json!({ "worked_ms": work_ms }))
-                };
-                if deferred {
-                    ctx.deferred_step("work", work).await?
+    let out = match step {
+        ScriptStep::Work { work_ms, deferred } => {
+            let work = |_key| async move {
+                // A timer rounds up to the next millisecond tick: 0 ms only yields.
+                if work_ms == 0 {
+                    tokio::task::yield_now().await;
                 } else {
-                    ctx.step("work", Replay::Safe, work).await?
+                    tokio::time::sleep(Duration::from_millis(work_ms)).await;
                 }
+                Ok(json!({ "worked_ms": work_ms }))
+            };
+            if deferred {
+                ctx.deferred_step("work", work).await?
+            } else {
+                ctx.step("work", Replay::Safe, work).await?
             }
-            ScriptStep::Tool {
-                tool: ToolName::Ledger,
-                replay,
+        }
+        ScriptStep::Tool {
+            tool: ToolName::Ledger,
+            replay,
+            label,
+            after_ms,
+            reconcile,
+        } => {
+            let ledger = Ledger {
+                pool: ctx.pool().clone(),
+                op_id: ctx.info().op_id.0,
+                name: format!("ledger:{label}"),
                 label,
+                replay: if replay == ReplayName::Safe {
+                    Replay::Safe
+                } else {
+                    Replay::Unsafe
+                },
                 after_ms,
                 reconcile,
-            } => {
-                let ledger = Ledger {
-                    pool: ctx.pool().clone(),
-                    op_id: ctx.info().op_id.0,
-                    name: format!("ledger:{label}"),
-                    label,
-                    replay: if replay == ReplayName::Safe {
-                        Replay::Safe
-                    } else {
-                        Replay::Unsafe
-                    },
-                    after_ms,
-                    reconcile,
-                    approval: false,
-                };
-                ctx.tool(&ledger, json!({})).await?
-            }
-            ScriptStep::Model { model } => {
-                let answer = ctx.model("model", ModelRequest::user(model)).await?;
-                json!({ "text": answer.content })
-            }
-            ScriptStep::Sleep { sleep_ms } => {
-                ctx.sleep(Duration::from_millis(sleep_ms)).await?;
-                json!({ "slept_ms": sleep_ms })
-            }
-            ScriptStep::WaitSignal {
-                wait_signal,
-                timeout_ms,
-                on_timeout,
-            } => match ctx
-                .wait_for_signal(&wait_signal, Duration::from_millis(timeout_ms))
-                .await?
-            {
-                SignalOutcome::Received { payload, sent_by } => {
-                    if payload.get("approved").and_then(Value::as_bool) == Some(false) {
-                        let by = payload
-                            .get("by")
-                            .and_then(Value::as_str)
-                            .or(sent_by.as_deref())
-                            .unwrap_or("a reviewer");
-                        let reason = payload
-                            .get("reason")
-                            .and_then(Value::as_str)
-                            .unwrap_or("no reason given");
-                        return Err(JobError::NonRetryable(format!(
-                            "rejected by {by}: {reason}"
-                        )));
-                    }
-                    json!({ "signal": wait_signal, "payload": payload })
-                }
-                SignalOutcome::TimedOut if on_timeout == OnTimeout::Continue => {
-                    json!({ "signal": wait_signal, "timed_out": true })
-                }
-                SignalOutcome::TimedOut => {
+                approval: false,
+            };
+            ctx.tool(&ledger, json!({})).await?
+        }
+        ScriptStep::Model { model } => {
+            let answer = ctx.model("model", ModelRequest::user(model)).await?;
+            json!({ "text": answer.content })
+        }
+        ScriptStep::Sleep { sleep_ms } => {
+            ctx.sleep(Duration::from_millis(sleep_ms)).await?;
+            json!({ "slept_ms": sleep_ms })
+        }
+        ScriptStep::WaitSignal {
+            wait_signal,
+            timeout_ms,
+            on_timeout,
+        } => match ctx
+            .wait_for_signal(&wait_signal, Duration::from_millis(timeout_ms))
+            .await?
+        {
+            SignalOutcome::Received { payload, sent_by } => {
+                if payload.get("approved").and_then(Value::as_bool) == Some(false) {
+                    let by = payload
+                        .get("by")
+                        .and_then(Value::as_str)
+                        .or(sent_by.as_deref())
+                        .unwrap_or("a reviewer");
+                    let reason = payload
+                        .get("reason")
+                        .and_then(Value::as_str)
+                        .unwrap_or("no reason given");
                     return Err(JobError::NonRetryable(format!(
-                        "no {wait_signal:?} signal arrived within {timeout_ms} ms"
+                        "rejected by {by}: {reason}"
                     )));
                 }
-            },
-            ScriptStep::Fail {
-                fail,
-                times,
-                not_before_ms,
-            } => {
-                ctx.step("fail", Replay::Safe, |_key| async move {
-                    if attempt > times {
-                        return Ok(json!({ "failed_attempts": times }));
-                    }
-                    let message = format!("scripted failure on run {attempt} of the first {times}");
-                    let not_before = not_before_ms
-                        .map(|ms| chrono::Utc::now() + chrono::Duration::milliseconds(ms as i64));
-                    Err(match fail {
-                        FailClass::Retryable => JobError::Retryable {
-                            message,
-                            not_before,
-                        },
-                        FailClass::Overloaded => JobError::Overloaded {
-                            message,
-                            not_before,
-                        },
-                        FailClass::NonRetryable => JobError::NonRetryable(message),
-                    })
-                })
-                .await?
+                json!({ "signal": wait_signal, "payload": payload })
             }
-            ScriptStep::Panic { panic, times } => {
-                if panic && times.is_none_or(|t| attempt <= t) {
-                    panic!("scripted panic on run {attempt}");
+            SignalOutcome::TimedOut if on_timeout == OnTimeout::Continue => {
+                json!({ "signal": wait_signal, "timed_out": true })
+            }
+            SignalOutcome::TimedOut => {
+                return Err(JobError::NonRetryable(format!(
+                    "no {wait_signal:?} signal arrived within {timeout_ms} ms"
+                )));
+            }
+        },
+        ScriptStep::Fail {
+            fail,
+            times,
+            not_before_ms,
+        } => {
+            ctx.step("fail", Replay::Safe, |_key| async move {
+                if attempt > times {
+                    return Ok(json!({ "failed_attempts": times }));
                 }
-                json!({ "panicked": false })
+                let message = format!("scripted failure on run {attempt} of the first {times}");
+                let not_before = not_before_ms
+                    .map(|ms| chrono::Utc::now() + chrono::Duration::milliseconds(ms as i64));
+                Err(match fail {
+                    FailClass::Retryable => JobError::Retryable {
+                        message,
+                        not_before,
+                    },
+                    FailClass::Overloaded => JobError::Overloaded {
+                        message,
+                        not_before,
+                    },
+                    FailClass::NonRetryable => JobError::NonRetryable(message),
+                })
+            })
+            .await?
+        }
+        ScriptStep::Panic { panic, times } => {
+            if panic && times.is_none_or(|t| attempt <= t) {
+                panic!("scripted panic on run {attempt}");
             }
-        };
-        outputs.push(out);
-    }
-    Ok(json!({ "steps": outputs.len(), "outputs": outputs }))
+            json!({ "panicked": false })
+        }
+        ScriptStep::Patched { .. } => unreachable!("run_steps runs patched steps"),
+    };
+    Ok(out)
 }

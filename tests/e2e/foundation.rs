@@ -324,10 +324,17 @@ async fn two_workers_racing_for_one_operation_claim_it_once() {
     let claims = futures_util::future::join_all((0..8).map(|i| {
         let pool = app.pool.clone();
         async move {
-            db::claim_operations(&pool, &[id], &format!("racer-{i}"), Duration::from_secs(30))
-                .await
-                .unwrap()
-                .len()
+            let echo = db::versions::Runnable::at_default(&["echo"]);
+            db::claim_operations(
+                &pool,
+                &[id],
+                &echo,
+                &format!("racer-{i}"),
+                Duration::from_secs(30),
+            )
+            .await
+            .unwrap()
+            .len()
         }
     }))
     .await;
@@ -696,7 +703,8 @@ async fn a_batched_completion_writes_only_the_operations_whose_lease_it_holds() 
             (0..3).map(|i| json!({ "text": format!("doc {i}") })),
         )
         .await;
-    let claimed = db::claim_operations(&app.pool, &ids, "batcher", Duration::from_secs(30))
+    let echo = db::versions::Runnable::at_default(&["echo"]);
+    let claimed = db::claim_operations(&app.pool, &ids, &echo, "batcher", Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(claimed.len(), 3);

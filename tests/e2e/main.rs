@@ -24,3 +24,4 @@ mod real_model;
 mod timers;
 mod traces;
 mod usecase_webhook;
+mod versions;

@@ -4,7 +4,9 @@
 //! concurrency slot): decode the pointers, claim every due, queued operation among them in one
 //! committed `UPDATE`, start the claimed ones, and only then ack. A delivery that claims nothing
 //! (a duplicate, a finished operation, one running elsewhere, one not yet due) is acked and
-//! changes nothing; an undecodable one is rejected to the dead-letter exchange.
+//! changes nothing; an undecodable one is rejected to the dead-letter exchange. A pointer to an
+//! operation of a version this worker does not run parks it for one that does
+//! ([`pull_parked`], `crate::versions`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +20,7 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::executor::Shared;
+use crate::versions::PULL_EVERY;
 
 /// Most deliveries claimed by one statement.
 const MAX_BATCH: usize = 128;
@@ -91,11 +94,13 @@ async fn claim_batch(
         return Ok(());
     }
     let ids: Vec<Uuid> = pointed.iter().map(|(id, _, _)| *id).collect();
+    let runnable = shared.versions.runnable();
     let mut delay = Duration::from_millis(100);
     let mut claimed = loop {
         match db::within(db::claim_operations(
             shared.pool(),
             &ids,
+            &runnable,
             shared.leases.owner(),
             shared.leases.ttl(),
         ))
@@ -111,17 +116,34 @@ async fn claim_batch(
             }
         }
     };
-    // Pointers that claimed nothing are duplicates, unless their operation does not exist at
-    // all: those are poison and go to the dead-letter exchange.
-    let unknown = if claimed.len() < ids.len() {
+    // Pointers that claimed nothing are duplicates, unless this worker may not run their
+    // operation's version (parked for a worker that does, the pointer acked) or their
+    // operation does not exist at all: those are poison and go to the dead-letter exchange.
+    let unknown: Vec<Uuid> = if claimed.len() < ids.len() {
         let unclaimed: Vec<Uuid> = ids
             .iter()
             .filter(|id| !claimed.iter().any(|c| c.id == **id))
             .copied()
             .collect();
-        db::within(db::unknown_operations(shared.pool(), &unclaimed))
-            .await
-            .unwrap_or_default()
+        let refused = db::within(db::versions::park_refused(
+            shared.pool(),
+            &unclaimed,
+            &runnable,
+        ))
+        .await
+        .unwrap_or_default();
+        let parked = refused.iter().filter(|(_, parked)| *parked).count();
+        if parked > 0 {
+            tracing::info!(
+                parked,
+                "left operations of versions this worker does not run for a worker that does"
+            );
+        }
+        refused
+            .into_iter()
+            .filter(|(_, parked)| !parked)
+            .map(|(id, _)| id)
+            .collect()
     } else {
         Vec::new()
     };
@@ -136,13 +158,7 @@ async fn claim_batch(
         }
         // The same pointer twice in one batch claims once; the second permit is just dropped.
         if let Some(i) = claimed.iter().position(|c| c.id == id) {
-            let op = claimed.swap_remove(i);
-            let (stop, cancel) = shared.leases.hold(op.id, op.epoch);
-            let shared = shared.clone();
-            tasks.spawn(async move {
-                crate::executor::execute(shared, op, stop, cancel).await;
-                drop(permit);
-            });
+            start(shared, claimed.swap_remove(i), permit, tasks);
         }
         last_acked = Some(delivery);
     }
@@ -151,4 +167,71 @@ async fn claim_batch(
         delivery.ack_through().await?;
     }
     Ok(())
+}
+
+/// Runs a claimed operation on the worker's tasks, holding its slot until it settles.
+fn start(shared: &Arc<Shared>, op: db::Claimed, permit: OwnedSemaphorePermit, tasks: &TaskTracker) {
+    let (stop, cancel) = shared.leases.hold(op.id, op.epoch);
+    let shared = shared.clone();
+    tasks.spawn(async move {
+        crate::executor::execute(shared, op, stop, cancel).await;
+        drop(permit);
+    });
+}
+
+/// Until `shutdown`, every [`PULL_EVERY`]: claims the parked operations of `lane` this worker
+/// may run (refused by a worker that does not run their version), as many as it has free
+/// slots, with the claim statement every pointer goes through, and starts them.
+pub(crate) async fn pull_parked(
+    shared: Arc<Shared>,
+    lane: Lane,
+    slots: Arc<Semaphore>,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(PULL_EVERY) => {}
+        }
+        let free = slots.available_permits().min(MAX_BATCH);
+        if free == 0 {
+            continue;
+        }
+        let runnable = shared.versions.runnable();
+        let pool = shared.pool();
+        let ids =
+            match db::within(db::versions::parked_for(pool, lane, &runnable, free as i64)).await {
+                Ok(ids) if !ids.is_empty() => ids,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "looking for parked operations failed");
+                    continue;
+                }
+            };
+        let permits: Vec<OwnedSemaphorePermit> = ids
+            .iter()
+            .map_while(|_| slots.clone().try_acquire_owned().ok())
+            .collect();
+        let ids = &ids[..permits.len()];
+        let claimed = db::within(db::claim_operations(
+            pool,
+            ids,
+            &runnable,
+            shared.leases.owner(),
+            shared.leases.ttl(),
+        ))
+        .await;
+        match claimed {
+            Ok(claimed) => {
+                if !claimed.is_empty() {
+                    tracing::info!(n = claimed.len(), %lane, "claimed parked operations of a version this worker runs");
+                }
+                for (op, permit) in claimed.into_iter().zip(permits) {
+                    start(&shared, op, permit, &tasks);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "claiming parked operations failed"),
+        }
+    }
 }

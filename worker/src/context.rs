@@ -175,6 +175,9 @@ pub struct OperationInfo {
     pub tenant: String,
     /// The kind it was enqueued as.
     pub kind: String,
+    /// The version of the kind it runs on: the one its first claim pinned (or an operator's
+    /// upgrade chose). Every run of the operation runs this version's function.
+    pub version: String,
     /// The attempt counted against its retries (1 on the first); a sleep's or wait's wake-up,
     /// an overload back-off, a crash restart and a shutdown give the attempt back.
     pub attempt: i32,
@@ -201,6 +204,9 @@ struct State {
     current_key: Option<String>,
     /// Set when the job parks itself: wake time, and the signal waited for.
     suspend: Option<(DateTime<Utc>, Option<String>)>,
+    /// Set by an operator's upgrade: where the code first asks for another step than the
+    /// journal recorded at or before this position, the journal is rebased there.
+    upgrade_through: Option<i32>,
 }
 
 /// What every job's context shares with its worker: only what steps use (the context never
@@ -237,6 +243,7 @@ impl JobContext {
         info: OperationInfo,
         services: Arc<Services>,
         journal: Vec<JournalEntry>,
+        upgrade_through: Option<i32>,
         stop: CancellationToken,
         cancel: Arc<AtomicBool>,
     ) -> Self {
@@ -253,6 +260,7 @@ impl JobContext {
                     failed_step: None,
                     current_key: None,
                     suspend: None,
+                    upgrade_through,
                 }),
                 lost: AtomicBool::new(false),
                 stop,
@@ -488,7 +496,7 @@ impl JobContext {
     /// A durable sleep until `until` (journaled at first execution; replay after the wake-up
     /// returns at once).
     pub async fn sleep_until(&self, until: DateTime<Utc>) -> Result<(), JobError> {
-        let (seq, key) = self.begin_park("sleep", StepKind::Sleep)?;
+        let (seq, key) = self.begin_park("sleep", StepKind::Sleep).await?;
         let wake_at = match self.recorded(seq) {
             Some(e) if e.status == StepStatus::Completed => return Ok(()),
             Some(e) => e.wake_at.unwrap_or(until),
@@ -516,7 +524,7 @@ impl JobContext {
         timeout: std::time::Duration,
     ) -> Result<SignalOutcome, JobError> {
         let step = format!("signal:{name}");
-        let (seq, key) = self.begin_park(&step, StepKind::Signal)?;
+        let (seq, key) = self.begin_park(&step, StepKind::Signal).await?;
         let deadline = match self.recorded(seq) {
             Some(e) if e.status == StepStatus::Completed => {
                 return Ok(SignalOutcome::from_journal(
@@ -560,21 +568,134 @@ impl JobContext {
     }
 
     /// Takes the next seq for a sleep or wait, checking the journal agrees on what it is.
-    fn begin_park(&self, name: &str, kind: StepKind) -> Result<(i32, String), JobError> {
+    async fn begin_park(&self, name: &str, kind: StepKind) -> Result<(i32, String), JobError> {
         self.check_running()?;
-        let seq = {
-            let mut st = self.state();
-            let seq = st.next_seq;
-            st.next_seq += 1;
-            seq
-        };
+        let seq = self.next_position();
         let entry = self.recorded(seq);
         // A park has no tool to reconcile with; only divergence matters here, the rest is the
         // park's own (a recorded wake time, a resolved wait).
         if resume(entry.as_ref().map(|e| recorded_as(e, name, kind)), false) == Resume::Diverged {
-            return Err(diverged(seq, entry.as_ref(), name, kind));
+            self.rebase_or_diverge(seq, entry.as_ref(), name, kind)
+                .await?;
         }
         Ok((seq, step_idempotency_key(self.inner.info.op_id, seq, name)))
+    }
+
+    /// Takes the next journal position for a step, passing over patch markers there: a
+    /// [`JobContext::patched`] call that was removed from the code (its old path deleted once
+    /// no operation needed it) leaves its marker behind, and nothing asks for it.
+    fn next_position(&self) -> i32 {
+        let mut st = self.state();
+        loop {
+            let seq = st.next_seq;
+            st.next_seq += 1;
+            let marker = st.journal.iter().any(|e| {
+                e.seq == seq && e.kind == StepKind::Patch && e.status == StepStatus::Completed
+            });
+            if !marker {
+                return seq;
+            }
+        }
+    }
+
+    /// The code asks for another step at `seq` than the journal recorded. After an operator's
+    /// upgrade that covers `seq`, the journal from `seq` on was recorded by the old version:
+    /// it is moved out of the journal (kept in `operation_steps_superseded`) in one fenced
+    /// statement and the step runs anew. Otherwise the run fails as `nondeterminism`.
+    async fn rebase_or_diverge(
+        &self,
+        seq: i32,
+        entry: Option<&JournalEntry>,
+        name: &str,
+        kind: StepKind,
+    ) -> Result<(), JobError> {
+        let covered = self.state().upgrade_through.is_some_and(|t| seq <= t);
+        if !covered {
+            return Err(diverged(seq, entry, name, kind));
+        }
+        let info = &self.inner.info;
+        let rebased = db::within(db::versions::rebase(
+            &self.inner.services.pool,
+            info.op_id.0,
+            info.epoch,
+            seq,
+        ))
+        .await
+        .map_err(|e| JobError::retryable(format!("rebasing the journal: {e}")))?;
+        if !rebased {
+            self.inner.lost.store(true, Ordering::Release);
+            return Err(JobError::LeaseLost);
+        }
+        tracing::info!(
+            op_id = %info.op_id,
+            seq,
+            version = %info.version,
+            "upgraded: the journal from this step on was recorded by another version; running it anew"
+        );
+        let mut st = self.state();
+        st.journal.retain(|e| e.seq < seq);
+        st.upgrade_through = None;
+        Ok(())
+    }
+
+    /// Whether this run may take the code path of the change `change_id` (the Temporal idea,
+    /// in agentq's journal). Put a change to a kind's steps that operations already running
+    /// must not see behind it, without bumping the kind's version:
+    ///
+    /// ```ignore
+    /// if ctx.patched("fetch-before-review")? {
+    ///     ctx.step("fetch", Replay::Safe, |_| fetch()).await?;
+    /// }
+    /// ```
+    ///
+    /// - On a first execution of this point it returns true and records a marker step, so
+    ///   every later replay returns true again.
+    /// - Replaying a journal recorded before the patch (another step where the marker would
+    ///   be) it returns false and takes nothing from the journal: the old path replays what the
+    ///   old code recorded. Every later replay reads the same journal and agrees.
+    /// - Where the journal ends here (the old code never got this far), this is a first
+    ///   execution: true.
+    ///
+    /// Once `agentq versions` shows no unfinished operation older than the patch, delete the
+    /// old path and keep the call, or delete the call too: a marker nothing asks for is passed
+    /// over.
+    pub fn patched(&self, change_id: &str) -> Result<bool, JobError> {
+        self.check_running()?;
+        let first_execution_at = {
+            let mut st = self.state();
+            let mut seq = st.next_seq;
+            loop {
+                let entry = st
+                    .journal
+                    .iter()
+                    .find(|e| e.seq == seq && e.status != StepStatus::Failed);
+                match entry {
+                    // Recorded by code that had the patch.
+                    Some(e) if e.kind == StepKind::Patch && e.name == change_id => {
+                        st.next_seq = seq + 1;
+                        return Ok(true);
+                    }
+                    // Another patch's marker, its call removed or moved: look past it.
+                    Some(e) if e.kind == StepKind::Patch => seq += 1,
+                    // Recorded before the patch: the old path, nothing taken.
+                    Some(_) => return Ok(false),
+                    None => {
+                        st.next_seq = seq + 1;
+                        break seq;
+                    }
+                }
+            }
+        };
+        let seq = first_execution_at;
+        let key = step_idempotency_key(self.inner.info.op_id, seq, change_id);
+        let spec = StepSpec::new(change_id, StepKind::Patch, Replay::Safe);
+        let mut row = spec.row(seq, &key, StepStatus::Completed, Utc::now());
+        row.output = Some(Value::Bool(true));
+        row.completed_at = Some(Utc::now());
+        // It rides the next durable write: a crash before that finds no marker here and
+        // returns true again, as nothing of the new path can have been recorded.
+        self.push(row, false);
+        Ok(true)
     }
 
     fn park_row(
@@ -626,12 +747,7 @@ impl JobContext {
         Fut: Future<Output = Result<(T, Option<serde_json::Value>), JobError>>,
     {
         self.check_running()?;
-        let seq = {
-            let mut st = self.state();
-            let seq = st.next_seq;
-            st.next_seq += 1;
-            seq
-        };
+        let seq = self.next_position();
         let key = step_idempotency_key(self.inner.info.op_id, seq, spec.name);
         // The step's span names it, never its arguments or its output.
         let span = tracing::info_span!(
@@ -671,11 +787,18 @@ impl JobContext {
         // What the journal recorded at this position decides whether the step runs at all
         // (`state::replay::resume`); a reconcile's answer decides it for an unsafe step whose
         // outcome was lost.
-        let entry = self.recorded(seq);
-        let decision = resume(
+        let mut entry = self.recorded(seq);
+        let mut decision = resume(
             entry.as_ref().map(|e| recorded_as(e, name, kind)),
             reconcile.is_some(),
         );
+        if decision == Resume::Diverged {
+            // Fails unless an operator's upgrade covers this position; then nothing is recorded
+            // here any more and the step runs.
+            self.rebase_or_diverge(seq, entry.as_ref(), name, kind)
+                .await?;
+            (entry, decision) = (None, Resume::Run);
+        }
         let answer = match (decision, reconcile) {
             (Resume::Run, _) => None,
             (Resume::Diverged, _) => return Err(diverged(seq, entry.as_ref(), name, kind)),

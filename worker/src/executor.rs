@@ -24,12 +24,15 @@ use crate::error::JobError;
 use crate::group_commit::GroupCommit;
 use crate::lease::Leases;
 use crate::registry::Registry;
+use crate::versions::Versions;
 
 /// Everything a running operation shares with its worker.
 pub(crate) struct Shared {
     /// What its job's context uses: the pool, the model gate, the journal writer.
     pub(crate) services: Arc<Services>,
     pub(crate) registry: Registry,
+    /// What the claim statement takes from this worker, by the versions it runs.
+    pub(crate) versions: Versions,
     pub(crate) leases: Leases,
     /// Writes successful attempts, many per statement.
     pub(crate) completer: GroupCommit<db::Completion>,
@@ -57,6 +60,7 @@ pub(crate) async fn execute(
         op_id = %op.id,
         tenant = %op.tenant_id,
         kind = %op.kind,
+        version = %op.kind_version,
         attempt = op.attempt,
         epoch = op.epoch,
         request_id = op.request_id.as_deref().unwrap_or("-"),
@@ -87,18 +91,26 @@ async fn run(shared: &Arc<Shared>, op: Claimed, stop: CancellationToken, cancel:
         op_id: OperationId(op.id),
         tenant: op.tenant_id.clone(),
         kind: op.kind.clone(),
+        version: op.kind_version.clone(),
         attempt: op.attempt,
         epoch: op.epoch,
         deadline: op.deadline,
     };
-    let ctx = JobContext::new(info, shared.services.clone(), journal, stop.clone(), cancel);
-    let outcome = match shared.registry.handler(&op.kind) {
+    let ctx = JobContext::new(
+        info,
+        shared.services.clone(),
+        journal,
+        op.upgrade_through,
+        stop.clone(),
+        cancel,
+    );
+    let outcome = match shared.registry.handler(&op.kind, &op.kind_version) {
         _ if op.deadline.is_some_and(|d| d <= chrono::Utc::now()) => Err(
             JobError::DeadlineExceeded(op.deadline.expect("checked just above")),
         ),
         None => Err(JobError::NonRetryable(format!(
-            "no worker here runs kind {:?}",
-            op.kind
+            "no worker here runs version {:?} of kind {:?}",
+            op.kind_version, op.kind
         ))),
         Some(handler) => {
             let job = AssertUnwindSafe(handler(ctx.clone(), op.input.clone())).catch_unwind();

@@ -25,6 +25,7 @@ pub mod model;
 pub mod openai;
 pub mod registry;
 pub mod tool;
+mod versions;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +49,7 @@ use context::Services;
 use executor::Shared;
 use group_commit::GroupCommit;
 use lease::Leases;
+use versions::Versions;
 
 /// First delay before reconnecting to the broker; it doubles up to 10 s while connecting fails.
 const RECONNECT_FIRST: Duration = Duration::from_millis(200);
@@ -91,6 +93,7 @@ impl Worker {
             &uuid::Uuid::new_v4().simple().to_string()[..6]
         );
         let leases = Leases::new(owner, settings.lease_ttl);
+        let versions = Versions::new(registry.versions());
         let model = Arc::new(gate::ModelGate::new(model, settings.gate.clone()));
         let http_allow = Arc::new(settings.http_allow.clone());
         Self {
@@ -103,6 +106,7 @@ impl Worker {
                     journal: GroupCommit::new(),
                 }),
                 registry,
+                versions,
                 leases,
                 completer: GroupCommit::new(),
             }),
@@ -142,6 +146,22 @@ impl Worker {
             let shared = self.shared.clone();
             tokio::spawn(async move { shared.services.journal.run(shared.pool().clone()).await })
         };
+        // Say which versions this worker runs before claiming anything, then keep saying it;
+        // the registration is removed once the drain below is over.
+        let registration = CancellationToken::new();
+        let versions = {
+            let shared = self.shared.clone();
+            let (pool, owner, ttl) = (
+                shared.pool().clone(),
+                self.owner().to_string(),
+                self.settings.lease_ttl,
+            );
+            if let Err(e) = shared.versions.refresh(&pool, &owner, ttl).await {
+                tracing::warn!(error = %e, "registering the worker's versions failed; retrying with the heartbeat");
+            }
+            let stop = registration.clone();
+            tokio::spawn(async move { shared.versions.run(pool, owner, ttl, stop).await })
+        };
         tracing::info!(owner = %self.owner(), "worker started");
         let names = Names::new(&self.settings.namespace);
         let lanes: Vec<(Lane, u16)> = [
@@ -154,6 +174,21 @@ impl Worker {
         let slots: Vec<Arc<Semaphore>> = lanes
             .iter()
             .map(|(_, n)| Arc::new(Semaphore::new(usize::from(*n))))
+            .collect();
+
+        // Operations a worker refused for their version, taken back by this one if it runs it.
+        let pulls: Vec<_> = lanes
+            .iter()
+            .zip(&slots)
+            .map(|((lane, _), slots)| {
+                tokio::spawn(claim::pull_parked(
+                    self.shared.clone(),
+                    *lane,
+                    slots.clone(),
+                    tasks.clone(),
+                    shutdown.clone(),
+                ))
+            })
             .collect();
 
         let mut backoff = RECONNECT_FIRST;
@@ -180,6 +215,9 @@ impl Worker {
             }
         }
 
+        for pull in pulls {
+            let _ = pull.await;
+        }
         tasks.close();
         let running = self.shared.leases.len();
         if running > 0 {
@@ -199,6 +237,8 @@ impl Worker {
             let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
         }
         heartbeat.abort();
+        registration.cancel();
+        let _ = versions.await;
         // Every execution has had its writes answered: nothing is waiting on the writers.
         completer.abort();
         journal.abort();

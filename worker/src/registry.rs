@@ -1,5 +1,13 @@
-//! The job registry: job kinds by name, each an async function `(JobContext, Input) -> Output`
-//! with typed (serde) input and output.
+//! The job registry: job kinds by name and version, each an async function
+//! `(JobContext, Input) -> Output` with typed (serde) input and output.
+//!
+//! A kind's version is a string its author bumps when the kind's step sequence changes (steps
+//! added, removed, renamed or reordered), so that an operation recorded by one version is never
+//! replayed by another: an operation runs on the version its first claim pinned, and a worker
+//! claims only the versions it has. One registry may hold several versions of a kind (the old
+//! code kept next to the new until the old operations are gone: `agentq versions` tells when).
+//! Versions compare in natural order (`agentq_core::version`); a new operation runs on the
+//! newest version a live worker runs.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -11,6 +19,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use agentq_core::operation::Requires;
+use agentq_core::version;
 
 use crate::context::JobContext;
 use crate::error::JobError;
@@ -19,17 +28,20 @@ type Handler =
     Arc<dyn Fn(JobContext, Value) -> BoxFuture<'static, Result<Value, JobError>> + Send + Sync>;
 type Check = Arc<dyn Fn(&Value) -> Result<Requires, String> + Send + Sync>;
 
+#[derive(Clone)]
 struct Kind {
-    run: Handler,
+    /// The handler of each version.
+    versions: BTreeMap<String, Handler>,
+    /// The input check of the newest version: what producers check an enqueue against.
     check: Check,
 }
 
 /// The job kinds a worker can run (and a producer may accept). agentq's built-in kinds are
 /// registered by the `agentq-kinds` crate (`agentq_kinds::registry()`), a deployment's own
-/// kinds next to them with [`Registry::register`].
+/// kinds next to them with [`Registry::register`] or [`Registry::register_version`].
 #[derive(Clone, Default)]
 pub struct Registry {
-    kinds: BTreeMap<String, Arc<Kind>>,
+    kinds: BTreeMap<String, Kind>,
 }
 
 impl Registry {
@@ -38,8 +50,9 @@ impl Registry {
         Self::default()
     }
 
-    /// Registers `name`. The input is decoded into `I` (a mismatch fails the operation as
-    /// non-retryable, and [`Registry::check_input`] lets producers refuse it up front).
+    /// Registers `name` at version [`version::DEFAULT`] (`"1"`). The input is decoded into `I`
+    /// (a mismatch fails the operation as non-retryable, and [`Registry::check_input`] lets
+    /// producers refuse it up front).
     pub fn register<I, O, F, Fut>(&mut self, name: &str, f: F) -> &mut Self
     where
         I: DeserializeOwned + Send + 'static,
@@ -47,6 +60,28 @@ impl Registry {
         F: Fn(JobContext, I) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<O, JobError>> + Send + 'static,
     {
+        self.register_version(name, version::DEFAULT, f)
+    }
+
+    /// Registers `version` of `name`: bump it whenever the kind's step sequence changes (for a
+    /// change that only some operations may see, see [`JobContext::patched`]). Operations
+    /// started on an older version keep running on it wherever a worker registered it; keep
+    /// the old function registered next to the new one until `agentq versions` shows none
+    /// left. The input check of the kind is the newest version's.
+    ///
+    /// # Panics
+    /// When `version` is not 1–64 characters of letters, digits, `.`, `_` and `-`, or is
+    /// already registered for `name`: a programming error, found when the worker starts.
+    pub fn register_version<I, O, F, Fut>(&mut self, name: &str, version: &str, f: F) -> &mut Self
+    where
+        I: DeserializeOwned + Send + 'static,
+        O: Serialize + Send + 'static,
+        F: Fn(JobContext, I) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<O, JobError>> + Send + 'static,
+    {
+        if let Err(e) = version::check(version) {
+            panic!("kind {name:?}: {e}");
+        }
         let f = Arc::new(f);
         let kind = name.to_string();
         let run: Handler = Arc::new(move |ctx, input| {
@@ -66,8 +101,20 @@ impl Registry {
                 .map(|_| Requires::default())
                 .map_err(|e| e.to_string())
         });
-        self.kinds
-            .insert(name.to_string(), Arc::new(Kind { run, check }));
+        let entry = self.kinds.entry(name.to_string()).or_insert_with(|| Kind {
+            versions: BTreeMap::new(),
+            check: check.clone(),
+        });
+        assert!(
+            !entry.versions.contains_key(version),
+            "kind {name:?}: version {version:?} is registered twice"
+        );
+        let newest = version::newest(entry.versions.keys().map(String::as_str))
+            .is_none_or(|n| version::compare(version, n).is_gt());
+        if newest {
+            entry.check = check;
+        }
+        entry.versions.insert(version.to_string(), run);
         self
     }
 
@@ -92,11 +139,7 @@ impl Registry {
                 .map(|i| requires(&i))
                 .map_err(|e| e.to_string())
         });
-        let kind = self.kinds.get_mut(name).expect("just registered");
-        *kind = Arc::new(Kind {
-            run: kind.run.clone(),
-            check,
-        });
+        self.kinds.get_mut(name).expect("just registered").check = check;
         self
     }
 
@@ -121,7 +164,22 @@ impl Registry {
         }
     }
 
-    pub(crate) fn handler(&self, kind: &str) -> Option<Handler> {
-        self.kinds.get(kind).map(|k| k.run.clone())
+    /// Every `(kind, version)` registered.
+    pub fn versions(&self) -> Vec<(String, String)> {
+        self.kinds
+            .iter()
+            .flat_map(|(k, kind)| kind.versions.keys().map(|v| (k.clone(), v.clone())))
+            .collect()
+    }
+
+    /// The newest version of `kind` registered here.
+    pub fn newest(&self, kind: &str) -> Option<&str> {
+        self.kinds
+            .get(kind)
+            .and_then(|k| version::newest(k.versions.keys().map(String::as_str)))
+    }
+
+    pub(crate) fn handler(&self, kind: &str, version: &str) -> Option<Handler> {
+        self.kinds.get(kind)?.versions.get(version).cloned()
     }
 }

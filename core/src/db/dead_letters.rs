@@ -325,8 +325,13 @@ pub enum Outcome {
 #[derive(Clone, Debug)]
 pub enum Action {
     /// Re-queue from the failed step (completed steps are replayed, not re-run), optionally
-    /// with a new input.
-    Retry { input: Option<(Value, String)> },
+    /// with a new input, optionally on another version of its kind (an upgrade: where that
+    /// version first asks for another step than the journal recorded, the rest of the journal
+    /// is set aside and runs anew; how a `nondeterminism` dead letter is recovered).
+    Retry {
+        input: Option<(Value, String)>,
+        version: Option<String>,
+    },
     /// State the outcome of an `unknown_side_effect` step, then re-queue.
     Resolve(Outcome),
     /// Drop it for good.
@@ -473,23 +478,38 @@ pub async fn act(
                 let (input, sha) = match action {
                     Action::Retry {
                         input: Some((v, sha)),
+                        ..
                     } => {
-                        details = serde_json::json!({ "patched_input": true });
+                        details["patched_input"] = true.into();
                         (Some(v.clone()), Some(sha.clone()))
                     }
                     _ => (None, None),
                 };
+                let version = match action {
+                    Action::Retry {
+                        version: Some(v), ..
+                    } => {
+                        details["to_version"] = v.as_str().into();
+                        Some(v.clone())
+                    }
+                    _ => None,
+                };
                 let row: Requeued = sqlx::query_as(
-                    "UPDATE operations
+                    "UPDATE operations o
                         SET status = 'queued', attempt = 0, restarts = 0, run_at = now(),
                             dispatched_at = NULL, finished_at = NULL, updated_at = now(),
-                            input = COALESCE($2, input), input_sha256 = COALESCE($3, input_sha256)
+                            input = COALESCE($2, input), input_sha256 = COALESCE($3, input_sha256),
+                            version_parked = false,
+                            kind_version = COALESCE($4, kind_version),
+                            upgrade_through = CASE WHEN $4::text IS NULL THEN upgrade_through
+                                ELSE (SELECT max(seq) FROM operation_steps s WHERE s.op_id = o.id) END
                       WHERE id = $1
                   RETURNING id, tenant_id, kind, lane, epoch",
                 )
                 .bind(op_id)
                 .bind(&input)
                 .bind(&sha)
+                .bind(&version)
                 .fetch_one(&mut *tx)
                 .await?;
                 requeued = Some(row);

@@ -19,6 +19,7 @@ pub mod operations;
 pub mod steps;
 pub mod stores;
 pub mod timers;
+pub mod versions;
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};

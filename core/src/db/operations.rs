@@ -103,6 +103,8 @@ struct OperationRow {
     id: Uuid,
     tenant_id: String,
     kind: String,
+    kind_version: Option<String>,
+    version_parked: bool,
     lane: String,
     status: Status,
     attempt: i32,
@@ -128,6 +130,8 @@ impl From<OperationRow> for OperationView {
             op_id: OperationId(r.id),
             tenant: r.tenant_id,
             kind: r.kind,
+            kind_version: r.kind_version,
+            version_parked: r.version_parked,
             lane: r.lane.parse().unwrap_or_default(),
             status: r.status,
             attempt: r.attempt,
@@ -156,7 +160,7 @@ pub async fn find_operation(
     tenant: Option<&str>,
 ) -> Result<Option<OperationView>> {
     let row: Option<OperationRow> = sqlx::query_as(
-        "SELECT o.id, o.tenant_id, o.kind, o.lane, o.status, o.attempt, o.max_attempts, o.restarts,
+        "SELECT o.id, o.tenant_id, o.kind, o.kind_version, o.version_parked, o.lane, o.status, o.attempt, o.max_attempts, o.restarts,
                 o.run_at, o.created_at, o.updated_at, o.finished_at, o.result, o.error_class,
                 o.error_message, o.batch_id, o.dedupe_key, o.ordering_key, o.waiting_for,
                 o.request_id
@@ -176,6 +180,10 @@ pub struct Claimed {
     pub id: Uuid,
     pub tenant_id: String,
     pub kind: String,
+    /// The version of its kind it runs on (pinned by its first claim).
+    pub kind_version: String,
+    /// Set by an operator's upgrade: the last journal position a divergence may rebase from.
+    pub upgrade_through: Option<i32>,
     pub input: Value,
     pub epoch: i64,
     pub attempt: i32,
@@ -197,10 +205,11 @@ pub struct Claimed {
 pub async fn claim_operations(
     pool: &PgPool,
     ids: &[Uuid],
+    runnable: &super::versions::Runnable,
     owner: &str,
     lease_ttl: Duration,
 ) -> Result<Vec<Claimed>> {
-    let rows = sqlx::query_as(concat!(
+    let q = sqlx::query_as(concat!(
         "WITH locked AS (
             -- Lock in id order: batches of overlapping ids (duplicate pointers on two workers,
             -- dispatch marks) then queue behind each other instead of deadlocking.
@@ -215,10 +224,19 @@ pub async fn claim_operations(
          )
          UPDATE operations o
             SET status = 'running', epoch = o.epoch + 1, attempt = o.attempt + 1,
-                lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3),
-                updated_at = now()
+                lease_owner = $6, lease_expires_at = now() + make_interval(secs => $7),
+                updated_at = now(), version_parked = false,
+                -- The first claim pins the version: the claiming worker's for this kind.
+                kind_version = COALESCE(o.kind_version,
+                    (SELECT p.version FROM unnest($4::text[], $5::text[]) AS p(kind, version)
+                      WHERE p.kind = o.kind LIMIT 1))
            FROM locked
           WHERE o.id = locked.id AND COALESCE(o.status, '') = 'queued' AND o.run_at <= now()
+            -- Only a worker that runs the operation's version (or, for one not run yet, the
+            -- newest live version of its kind) may claim it.
+            AND ",
+        super::versions::runnable_sql!(),
+        "
             -- Ordering keys: only the oldest unfinished operation of its key may start.
             AND (o.ordering_key IS NULL OR NOT EXISTS (
                     SELECT 1 FROM operations p
@@ -229,15 +247,18 @@ pub async fn claim_operations(
                        AND (p.created_at, p.id) < (o.created_at, o.id)))
             -- A paused or cancelled batch starts nothing; resuming re-dispatches its queue.
             AND NOT in_stopped_batch(o.batch_id)
-      RETURNING o.id, o.tenant_id, o.kind, o.input, o.epoch, o.attempt, o.max_attempts,
-                o.restarts, o.deadline, o.request_id, o.traceparent,
+      RETURNING o.id, o.tenant_id, o.kind, o.kind_version, o.upgrade_through, o.input,
+                o.epoch, o.attempt, o.max_attempts, o.restarts, o.deadline, o.request_id,
+                o.traceparent,
                 EXISTS (SELECT 1 FROM operation_steps s WHERE s.op_id = o.id) AS has_journal"
     ))
-    .bind(ids)
-    .bind(owner)
-    .bind(lease_ttl.as_secs_f64())
-    .fetch_all(pool)
-    .await?;
+    .bind(ids);
+    let rows = runnable
+        .bind(q)
+        .bind(owner)
+        .bind(lease_ttl.as_secs_f64())
+        .fetch_all(pool)
+        .await?;
     Ok(rows)
 }
 
@@ -526,6 +547,8 @@ pub async fn lock_lost_dispatches(
         "SELECT id, tenant_id, kind, lane, epoch, traceparent FROM operations
           WHERE status = 'queued' AND lane = $1 AND run_at <= now()
             AND NOT in_stopped_batch(batch_id)
+            -- A parked operation's pointer was acked on purpose: a worker pulls it.
+            AND NOT version_parked
             AND dispatched_at < now() - make_interval(secs => $2)
           ORDER BY run_at
           LIMIT $3
@@ -659,18 +682,6 @@ pub async fn release_leases(pool: &PgPool, owner: &str, held: &[(Uuid, i64)]) ->
     .await?
     .rows_affected();
     Ok(n)
-}
-
-/// Which of `ids` name no operation at all (a pointer to them is poison, not a duplicate).
-pub async fn unknown_operations(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<Uuid>> {
-    let rows = sqlx::query_scalar(
-        "SELECT u.id FROM unnest($1::uuid[]) AS u(id)
-          WHERE NOT EXISTS (SELECT 1 FROM operations o WHERE o.id = u.id)",
-    )
-    .bind(ids)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows)
 }
 
 /// The input of an operation (operators patch it before a retry).

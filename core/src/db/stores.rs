@@ -28,12 +28,14 @@ pub const AGENTQ_TABLES: &[&str] = &[
     "ledger_effects",
     "operation_events",
     "operation_steps",
+    "operation_steps_superseded",
     "operations",
     "operator_actions",
     "signals",
     "stores",
     "webhook_secrets",
     "webhook_sources",
+    "workers",
 ];
 
 /// Schemas no store may live in: PostgreSQL's catalogs.

@@ -119,6 +119,13 @@ fn item_row(session: &Session, d: &dead_letters::DeadLetterView) -> String {
              <textarea name=\"patch_input\" required placeholder='{{\"field\": \"new value\"}}'>\
              </textarea></label><input name=\"reason\" placeholder=\"reason (optional)\">\
              <button type=\"submit\" data-action=\"patch-retry\">Patch and retry</button></form>\
+             </details>\
+             <details><summary>Retry on a version</summary>\
+             <form method=\"post\" action=\"/ui/dlq/{id}/retry\">{c}\
+             <label>version of the kind (a live worker must run it; the journal is rebased where \
+             it diverges)<input name=\"to_version\" required placeholder=\"2\"></label>\
+             <input name=\"reason\" placeholder=\"reason (optional)\">\
+             <button type=\"submit\" data-action=\"version-retry\">Retry on it</button></form>\
              </details>"
         ));
     }
@@ -181,7 +188,8 @@ fn refuse(state: &UiState, session: &Session, message: String) -> UiResult<Respo
     Ok(Redirect::to("/ui/dlq").into_response())
 }
 
-/// `POST /ui/dlq/{id}/retry`, with an optional `patch_input` (an RFC 7386 merge patch).
+/// `POST /ui/dlq/{id}/retry`, with an optional `patch_input` (an RFC 7386 merge patch) and an
+/// optional `to_version`.
 pub async fn retry(
     State(state): State<Arc<UiState>>,
     session: Session,
@@ -194,7 +202,8 @@ pub async fn retry(
         Some(Ok(v)) => Some(v),
         Some(Err(e)) => return refuse(&state, &session, format!("the patch is not JSON: {e}")),
     };
-    let request = app::dlq::Request::Retry { patch };
+    let to_version = filled(&fields, "to_version").map(str::to_string);
+    let request = app::dlq::Request::Retry { patch, to_version };
     act(&state, &session, &id, request, reason_of(&fields)).await
 }
 

@@ -91,12 +91,13 @@ pub fn badge(status: &str) -> String {
     format!("<span class=\"badge {class}\">{}</span>", esc(status))
 }
 
-const NAV: [(&str, &str); 5] = [
+const NAV: [(&str, &str); 6] = [
     ("/ui", "Overview"),
     ("/ui/operations", "Operations"),
     ("/ui/dlq", "Dead letters"),
     ("/ui/approvals", "Approvals"),
     ("/ui/batches", "Batches"),
+    ("/ui/versions", "Versions"),
 ];
 
 /// A full console page for `session`, with `active` highlighted in the navigation.

@@ -57,6 +57,7 @@ pub fn router<S>(api: Arc<ApiState>) -> Router<S> {
         .route("/ui/operations/{id}/cancel", post(pages::cancel))
         .route("/ui/approvals", get(pages::approvals))
         .route("/ui/batches", get(pages::batches))
+        .route("/ui/versions", get(pages::versions))
         .route("/ui/batches/{id}/pause", post(pages::pause))
         .route("/ui/batches/{id}/resume", post(pages::resume))
         .route("/ui/batches/{id}/cancel", post(pages::cancel_batch))

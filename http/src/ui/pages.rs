@@ -333,12 +333,21 @@ async fn operation_page(state: &UiState, session: &Session, id: &str, revealed: 
 
     let mut body = format!(
         "<h1>Operation <span class=\"mono\">{op_id}</span> {}</h1><dl class=\"kv\">\
-         <dt>tenant</dt><dd>{}</dd><dt>kind</dt><dd>{}</dd><dt>lane</dt><dd>{}</dd>\
-         <dt>attempt</dt><dd>{} of {} (restarts {})</dd><dt>created</dt><dd>{}</dd>\
+         <dt>tenant</dt><dd>{}</dd><dt>kind</dt><dd>{}</dd><dt>version</dt><dd>{}</dd>\
+         <dt>lane</dt><dd>{}</dd><dt>attempt</dt><dd>{} of {} (restarts {})</dd><dt>created</dt><dd>{}</dd>\
          <dt>updated</dt><dd>{}</dd><dt>finished</dt><dd>{}</dd>",
         badge(op.status.as_str()),
         esc(&op.tenant),
         esc(&op.kind),
+        match (&op.kind_version, op.version_parked) {
+            (None, _) => "not run yet (its first claim pins the newest live version)".to_string(),
+            (Some(v), false) => esc(v),
+            (Some(v), true) => format!(
+                "{} <span class=\"muted\">(waiting for a worker that runs it: \
+                 <a href=\"/ui/versions\">versions</a>)</span>",
+                esc(v)
+            ),
+        },
         esc(op.lane.as_str()),
         op.attempt,
         op.max_attempts,
@@ -660,6 +669,76 @@ async fn decide(
             });
     super::flash(&state, &session, outcome)?;
     Ok(back(&fields, "/ui/approvals"))
+}
+
+// ---------------------------------------------------------------- versions
+
+/// `GET /ui/versions`: `agentq versions` — per kind, the versions live workers run and the
+/// unfinished operations on each; versions nobody runs stand out.
+pub async fn versions(State(state): State<Arc<UiState>>, session: Session) -> UiResult {
+    let report = app::versions::report(&state.api.app, &session.caller.app(), None).await?;
+    let mut body = String::from(
+        "<h1>Versions</h1><p class=\"muted\">An operation runs on the version of its kind \
+         it first ran on. Move operations with <code>agentq versions upgrade</code>.</p>",
+    );
+    if report.kinds.is_empty() {
+        body.push_str("<p class=\"muted\">No live worker and no unfinished operation.</p>");
+    }
+    for k in &report.kinds {
+        body.push_str(&format!(
+            "<h2>{} <span class=\"muted\">new operations run on {}</span></h2>\
+             <table data-kind=\"{}\"><thead><tr><th>version</th><th class=\"num\">workers</th>\
+             <th class=\"num\">queued</th><th class=\"num\">running</th>\
+             <th class=\"num\">sleeping</th><th class=\"num\">waiting</th>\
+             <th class=\"num\">dead</th><th class=\"num\">parked</th>\
+             <th>oldest waiting since</th><th></th></tr></thead><tbody>",
+            esc(&k.kind),
+            k.newest_live
+                .as_deref()
+                .map_or("– (no live worker)".into(), esc),
+            esc(&k.kind),
+        ));
+        for l in &k.versions {
+            let counts: String = l
+                .counts()
+                .iter()
+                .map(|n| format!("<td class=\"num\">{n}</td>"))
+                .collect();
+            let note = if l.unserved {
+                badge("no live worker")
+            } else if l.retirable && l.version.is_some() {
+                "<span class=\"muted\">nothing left on it</span>".into()
+            } else {
+                String::new()
+            };
+            body.push_str(&format!(
+                "<tr data-version=\"{}\"><td class=\"mono\">{}</td><td class=\"num\">{}</td>\
+                 {counts}<td class=\"num\">{}</td><td>{}</td><td>{note}</td></tr>",
+                esc(l.version.as_deref().unwrap_or("")),
+                esc(l.version.as_deref().unwrap_or("(not run yet)")),
+                l.live_workers,
+                l.parked,
+                l.oldest_waiting_since
+                    .map(time)
+                    .unwrap_or_else(|| "–".into()),
+            ));
+        }
+        body.push_str("</tbody></table>");
+    }
+    body.push_str(&format!(
+        "<h2>Live workers ({})</h2><ul>",
+        report.workers.len()
+    ));
+    for w in &report.workers {
+        body.push_str(&format!(
+            "<li><span class=\"mono\">{}</span> seen {}: {}</li>",
+            esc(&w.owner),
+            time(w.seen_at),
+            esc(&w.runs().join(" "))
+        ));
+    }
+    body.push_str("</ul>");
+    Ok(html::page(&session, "Versions", "/ui/versions", &body))
 }
 
 // ---------------------------------------------------------------- batches
