@@ -8,18 +8,16 @@
 //! from tenant, kind, source, target and instructions) and enqueues only what is missing, so a
 //! crash or Ctrl-C midway loses nothing and duplicates nothing.
 
-use std::collections::{BTreeMap, HashMap};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use agentq_app::{self as app, batches::Progress};
 use agentq_core::Config;
-use agentq_core::db::batches;
 use agentq_core::state::BatchStatus;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::wiring::{cli_app, cli_error, done, refuse};
 
@@ -237,13 +235,7 @@ async fn start(config: Config, args: StartArgs) -> anyhow::Result<()> {
         .and_then(|b| {
             String::from_utf8(b).map_err(|_| refuse("--instructions is not UTF-8 text"))
         })?;
-    let mut options = serde_json::Map::new();
-    if let Some(c) = args.chunk_chars {
-        options.insert("chunk_chars".into(), json!(c));
-    }
-    if !args.required.is_empty() {
-        options.insert("validate".into(), json!({ "required": args.required }));
-    }
+    let options = app::batches::options(&args.required, args.chunk_chars);
     let new = app::batches::NewBatch {
         tenant: args.tenant,
         kind: args.kind,
@@ -260,11 +252,7 @@ async fn start(config: Config, args: StartArgs) -> anyhow::Result<()> {
     let s = done(app, started).await?;
     let (id, batch, filled) = (s.batch.id, &s.batch, &s.filled);
     if args.json {
-        println!(
-            "{}",
-            json!({ "batch_id": id, "created": s.created, "status": batch.status, "documents": s.documents,
-                    "enqueued": filled.enqueued, "existing": filled.existing, "refused": filled.refused.len() })
-        );
+        println!("{}", serde_json::to_string(&s.summary())?);
     } else {
         println!(
             "batch {id} ({}): {} documents, {} enqueued now, {} already enqueued{}",
@@ -344,30 +332,8 @@ async fn report(
         return Err(refuse(format!("--format {format:?}: use csv or jsonl")));
     }
     let (app, caller) = cli_app(&config, &None).await?;
-    let found = app::batches::find(&app, &caller, id).await;
-    let pool = app.pool.clone();
-    let b = done(app.clone(), found).await?;
-    let mut rows: HashMap<String, batches::ReportRow> = HashMap::new();
-    let mut after = None;
-    loop {
-        let page = batches::report_page(&pool, id, after, 5000).await?;
-        let Some(last) = page.last() else { break };
-        after = Some(last.op_id);
-        for r in page {
-            rows.insert(r.doc_id.clone().unwrap_or_else(|| r.op_id.to_string()), r);
-        }
-    }
-    // Every document of the source appears once, enqueued or not.
-    let source: Value = serde_json::from_str(&b.source)?;
-    let mut docs = app::batches::list_documents(&app, &b.tenant, &source)
-        .await
-        .unwrap_or_default();
-    for d in rows.keys() {
-        if !docs.contains(d) {
-            docs.push(d.clone());
-        }
-    }
-    docs.sort();
+    let report = app::batches::report(&app, &caller, id).await;
+    let report = done(app, report).await?;
     let mut sink: Box<dyn Write> = match &out {
         Some(p) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(p).map_err(|e| refuse(format!("--out {}: {e}", p.display())))?,
@@ -380,41 +346,36 @@ async fn report(
             "doc_id,op_id,status,attempt,error_class,error_message,sha256,finished_at"
         )?;
     }
-    let mut totals: BTreeMap<String, usize> = BTreeMap::new();
-    for doc in &docs {
-        let r = rows.get(doc);
-        let status = r
-            .map(|r| r.status.clone())
-            .unwrap_or_else(|| "not_enqueued".into());
-        *totals.entry(status.clone()).or_default() += 1;
+    for r in &report.documents {
         if format == "jsonl" {
-            writeln!(
-                sink,
-                "{}",
-                json!({ "doc_id": doc, "op_id": r.map(|r| r.op_id), "status": status,
-                        "attempt": r.map(|r| r.attempt), "error_class": r.and_then(|r| r.error_class.clone()),
-                        "error_message": r.and_then(|r| r.error_message.clone()),
-                        "sha256": r.and_then(|r| r.sha256.clone()), "finished_at": r.and_then(|r| r.finished_at) })
-            )?;
+            writeln!(sink, "{}", serde_json::to_string(r)?)?;
         } else {
             let opt = |o: Option<String>| csv_field(&o.unwrap_or_default());
             writeln!(
                 sink,
                 "{},{},{},{},{},{},{},{}",
-                csv_field(doc),
-                opt(r.map(|r| r.op_id.to_string())),
-                status,
-                opt(r.map(|r| r.attempt.to_string())),
-                opt(r.and_then(|r| r.error_class.clone())),
-                opt(r.and_then(|r| r.error_message.clone())),
-                opt(r.and_then(|r| r.sha256.clone())),
-                opt(r.and_then(|r| r.finished_at.map(|f| f.to_rfc3339())))
+                csv_field(&r.doc_id),
+                opt(r.op_id.map(|o| o.to_string())),
+                r.status,
+                opt(r.attempt.map(|a| a.to_string())),
+                opt(r.error_class.clone()),
+                opt(r.error_message.clone()),
+                opt(r.sha256.clone()),
+                opt(r.finished_at.map(|f| f.to_rfc3339()))
             )?;
         }
     }
     sink.flush()?;
-    let summary: Vec<String> = totals.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    eprintln!("{} documents: {}", docs.len(), summary.join(", "));
+    let summary: Vec<String> = report
+        .totals
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    eprintln!(
+        "{} documents: {}",
+        report.documents.len(),
+        summary.join(", ")
+    );
     Ok(())
 }
 

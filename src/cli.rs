@@ -41,6 +41,8 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// List and search operations, newest first, one keyset page at a time (no inputs or results).
+    List(ListArgs),
     /// Show an operation's journal, one step per line.
     Steps {
         /// Operation id.
@@ -162,6 +164,43 @@ pub struct EnqueueArgs {
     #[arg(long)]
     pub deadline: Option<String>,
     /// Print one JSON object: {"op_id", "created", "status"}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct ListArgs {
+    /// Only this tenant (default: all).
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only these statuses (repeatable, or comma-separated): queued, running, sleeping,
+    /// waiting, succeeded, dead, cancelled, discarded.
+    #[arg(long)]
+    pub status: Vec<String>,
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Only the operations of this batch.
+    #[arg(long)]
+    pub batch: Option<String>,
+    /// Created at or after: RFC 3339, or a duration ago (30m, 2h, 7d).
+    #[arg(long)]
+    pub created_after: Option<String>,
+    /// Created before: RFC 3339, or a duration ago.
+    #[arg(long)]
+    pub created_before: Option<String>,
+    /// Finished at or after: RFC 3339, or a duration ago.
+    #[arg(long)]
+    pub finished_after: Option<String>,
+    /// Finished before: RFC 3339, or a duration ago.
+    #[arg(long)]
+    pub finished_before: Option<String>,
+    /// Page size (1-1000).
+    #[arg(long, default_value_t = 50)]
+    pub limit: i64,
+    /// Continue after this cursor (the `cursor` of the last item of the previous page).
+    #[arg(long)]
+    pub after: Option<String>,
+    /// Print JSON Lines, one operation per line, each with its `cursor`.
     #[arg(long)]
     pub json: bool,
 }

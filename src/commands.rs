@@ -9,10 +9,10 @@ use anyhow::Context;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{Cli, Command, EnqueueArgs};
+use crate::cli::{Cli, Command, EnqueueArgs, ListArgs};
 use crate::wiring::{
-    app, cli_app, cli_error, connect, done, parse_moment, parse_time, refuse, scheduler,
-    shutdown_on_signal, worker,
+    app, cli_app, cli_error, connect, done, flag_error_app, parse_moment, parse_time, refuse,
+    scheduler, shutdown_on_signal, worker,
 };
 
 /// The user's input was refused: exit code 2, nothing was changed.
@@ -62,6 +62,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Enqueue(args) => enqueue(config, args).await,
         Command::Status { op, json } => status(config, &op, json).await,
+        Command::List(args) => list(&config, args).await,
         Command::Steps { op, json } => steps(config, &op, json).await,
         Command::Signal {
             op,
@@ -309,6 +310,52 @@ async fn status(config: Config, op: &str, json: bool) -> anyhow::Result<()> {
     }
     if let Some(r) = &v.result {
         println!("result:      {r}");
+    }
+    Ok(())
+}
+
+/// `agentq list`: one page of `agentq_app::operations::list`, the flow of `GET /v1/operations`.
+async fn list(config: &Config, args: ListArgs) -> anyhow::Result<()> {
+    let query = agentq_app::operations::ListQuery {
+        tenant: args.tenant,
+        status: args.status,
+        kind: args.kind,
+        batch: args.batch,
+        created_after: args.created_after,
+        created_before: args.created_before,
+        finished_after: args.finished_after,
+        finished_before: args.finished_before,
+    };
+    let (app, caller) = cli_app(config, &None).await?;
+    let page =
+        agentq_app::operations::list(&app, &caller, &query, args.limit, args.after.as_deref())
+            .await;
+    let page = done(app, page.map_err(flag_error_app)).await?;
+    for o in &page.items {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::to_string(&agentq_app::operations::listed(o))?
+            );
+        } else {
+            println!(
+                "{}  {}  {:<10} {:<14} {:<12} attempt {}/{}{}",
+                o.created_at.format("%Y-%m-%d %H:%M:%S"),
+                o.op_id,
+                o.status,
+                o.kind,
+                o.tenant,
+                o.attempt,
+                o.max_attempts,
+                o.error_class
+                    .as_deref()
+                    .map(|c| format!("  [{c}]"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    if let (false, Some(next)) = (args.json, &page.next_cursor) {
+        eprintln!("next page: --after {next}");
     }
     Ok(())
 }

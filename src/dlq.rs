@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::bulk::BulkArgs;
-use crate::wiring::{cli_app, cli_error, connect, done, refuse};
+use crate::wiring::{cli_app, cli_error, connect, done, flag_error_app, refuse};
 
 #[derive(Subcommand)]
 pub enum DlqCommand {
@@ -145,21 +145,6 @@ fn parse_ids(ids: &[String]) -> anyhow::Result<Vec<Uuid>> {
 /// A refused filter flag, named as the command line spells it (`--since …`).
 fn flag_error(e: app::AppError) -> anyhow::Error {
     cli_error(flag_error_app(e))
-}
-
-/// Renames the field of a malformed value to its flag; other errors pass unchanged.
-fn flag_error_app(e: app::AppError) -> app::AppError {
-    match e {
-        app::AppError::Malformed { field, message } => {
-            // The messages start with the field's name; on the command line it is a flag.
-            let message = match message.strip_prefix(field) {
-                Some(rest) => format!("--{field}{rest}"),
-                None => format!("--{field}: {message}"),
-            };
-            app::AppError::Malformed { field, message }
-        }
-        other => other,
-    }
 }
 
 pub async fn run(config: Config, cmd: DlqCommand) -> anyhow::Result<()> {

@@ -153,6 +153,23 @@ pub fn cli_error(e: agentq_app::AppError) -> anyhow::Error {
     }
 }
 
+/// Renames the field of a malformed value to the flag the command line spells it with
+/// (`created_after` → `--created-after`); other errors pass unchanged.
+pub(crate) fn flag_error_app(e: agentq_app::AppError) -> agentq_app::AppError {
+    match e {
+        agentq_app::AppError::Malformed { field, message } => {
+            // The messages start with the field's name; on the command line it is a flag.
+            let flag = format!("--{}", field.replace('_', "-"));
+            let message = match message.strip_prefix(field) {
+                Some(rest) => format!("{flag}{rest}"),
+                None => format!("{flag}: {message}"),
+            };
+            agentq_app::AppError::Malformed { field, message }
+        }
+        other => other,
+    }
+}
+
 /// The application layer for one command, acting as the operator named by `--as` (else the OS
 /// user), with a dispatcher closed by [`done`].
 pub(crate) async fn cli_app(

@@ -65,14 +65,14 @@ pub async fn find(app: &App, caller: &Caller, id: Uuid) -> Result<Batch> {
 /// A store a batch names (`{"store": NAME}` in every input), checked now: the tenant must have
 /// it, with the access the batch needs.
 async fn store_ref(app: &App, tenant: &str, name: &str, access: Access) -> Result<Value> {
-    let field = if access == Access::Read {
-        "--source"
+    let (field, flag) = if access == Access::Read {
+        ("source", "--source")
     } else {
-        "--target"
+        ("target", "--target")
     };
-    stores::check_name(name).map_err(|e| AppError::invalid(field, format!("{field}: {e}")))?;
+    stores::check_name(name).map_err(|e| AppError::invalid(field, format!("{flag}: {e}")))?;
     let need = Need {
-        field,
+        field: flag,
         store: name.to_string(),
         access,
     };
@@ -262,6 +262,19 @@ pub struct NewBatch {
     pub pause_ratio: f32,
 }
 
+/// The options every input of a batch carries: the strings each output must contain
+/// (`validate.required`) and the characters per model call (`chunk_chars`).
+pub fn options(required: &[String], chunk_chars: Option<u32>) -> serde_json::Map<String, Value> {
+    let mut options = serde_json::Map::new();
+    if let Some(c) = chunk_chars {
+        options.insert("chunk_chars".into(), json!(c));
+    }
+    if !required.is_empty() {
+        options.insert("validate".into(), json!({ "required": required }));
+    }
+    options
+}
+
 /// What [`start`] did.
 #[derive(Debug)]
 pub struct Started {
@@ -270,6 +283,38 @@ pub struct Started {
     pub created: bool,
     pub documents: usize,
     pub filled: Filled,
+}
+
+/// What starting a batch did, as `agentq batch start --json` and `POST /v1/batches` answer it.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "BatchStarted")]
+pub struct StartedSummary {
+    pub batch_id: Uuid,
+    /// False when the same batch existed (a re-run enqueues only what it is missing).
+    pub created: bool,
+    pub status: BatchStatus,
+    /// Documents in its source store.
+    pub documents: usize,
+    /// Operations enqueued now.
+    pub enqueued: usize,
+    /// Operations it had already.
+    pub existing: usize,
+    /// Documents refused (their inputs do not fit the kind).
+    pub refused: usize,
+}
+
+impl Started {
+    pub fn summary(&self) -> StartedSummary {
+        StartedSummary {
+            batch_id: self.batch.id,
+            created: self.created,
+            status: self.batch.status,
+            documents: self.documents,
+            enqueued: self.filled.enqueued,
+            existing: self.filled.existing,
+            refused: self.filled.refused.len(),
+        }
+    }
 }
 
 /// Creates a batch (or finds it again) and enqueues one operation per document it is missing.
@@ -552,6 +597,98 @@ pub async fn status(app: &App, caller: &Caller, id: Uuid) -> Result<Overview> {
             completion_tokens,
         },
         top_failures,
+    })
+}
+
+/// One document of a batch's report: its operation's outcome, or `not_enqueued`.
+#[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "BatchReportLine")]
+pub struct ReportLine {
+    pub doc_id: String,
+    pub op_id: Option<Uuid>,
+    /// Its operation's status, or `not_enqueued`.
+    pub status: String,
+    pub attempt: Option<i32>,
+    pub error_class: Option<String>,
+    pub error_message: Option<String>,
+    /// The hash of what was written, for a document that succeeded.
+    pub sha256: Option<String>,
+    pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// A batch's per-document outcomes (`agentq batch report`, `GET /v1/batches/{id}/report`).
+#[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "BatchReport")]
+pub struct Report {
+    pub batch_id: Uuid,
+    /// Every document of the source (and any other the batch enqueued), sorted by id.
+    pub documents: Vec<ReportLine>,
+    /// Documents counted by status.
+    pub totals: BTreeMap<String, usize>,
+}
+
+/// Operations read per statement of a report.
+const REPORT_PAGE: i64 = 5000;
+
+/// The report of the batch `id`: one line per document of its source store, enqueued or not
+/// (a source no longer readable reports what was enqueued).
+pub async fn report(app: &App, caller: &Caller, id: Uuid) -> Result<Report> {
+    let b = find(app, caller, id).await?;
+    let mut rows: BTreeMap<String, batches::ReportRow> = BTreeMap::new();
+    let mut after = None;
+    loop {
+        let page = batches::report_page(&app.pool, id, after, REPORT_PAGE).await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.op_id);
+        for r in page {
+            rows.insert(r.doc_id.clone().unwrap_or_else(|| r.op_id.to_string()), r);
+        }
+    }
+    let source: Value = serde_json::from_str(&b.source).unwrap_or(Value::Null);
+    let mut docs: Vec<String> = list_documents(app, &b.tenant, &source)
+        .await
+        .unwrap_or_default();
+    let listed: HashSet<String> = docs.iter().cloned().collect();
+    docs.extend(rows.keys().filter(|d| !listed.contains(*d)).cloned());
+    docs.sort();
+    let mut totals: BTreeMap<String, usize> = BTreeMap::new();
+    let documents = docs
+        .into_iter()
+        .map(|doc| {
+            let r = rows.remove(&doc);
+            let status = r
+                .as_ref()
+                .map(|r| r.status.clone())
+                .unwrap_or_else(|| "not_enqueued".into());
+            *totals.entry(status.clone()).or_default() += 1;
+            match r {
+                Some(r) => ReportLine {
+                    doc_id: doc,
+                    op_id: Some(r.op_id),
+                    status,
+                    attempt: Some(r.attempt),
+                    error_class: r.error_class,
+                    error_message: r.error_message,
+                    sha256: r.sha256,
+                    finished_at: r.finished_at,
+                },
+                None => ReportLine {
+                    doc_id: doc,
+                    op_id: None,
+                    status,
+                    attempt: None,
+                    error_class: None,
+                    error_message: None,
+                    sha256: None,
+                    finished_at: None,
+                },
+            }
+        })
+        .collect();
+    Ok(Report {
+        batch_id: id,
+        documents,
+        totals,
     })
 }
 

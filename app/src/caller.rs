@@ -71,4 +71,17 @@ impl Caller {
     pub fn scope(&self) -> Option<&str> {
         (self.role != Role::Admin).then_some(self.tenant.as_str())
     }
+
+    /// The tenant a list shows for a caller who named `named` (or none): a non-admin sees
+    /// only its own (naming another is forbidden, naming none means its own), an admin the one
+    /// it names or all.
+    pub fn tenant_filter(&self, named: Option<&str>) -> Result<Option<String>, AppError> {
+        match (self.scope(), named) {
+            (Some(own), Some(t)) if own != t => Err(AppError::Forbidden(format!(
+                "this token sees only tenant {own:?}, not {t:?}"
+            ))),
+            (Some(own), _) => Ok(Some(own.to_string())),
+            (None, t) => Ok(t.map(String::from)),
+        }
+    }
 }

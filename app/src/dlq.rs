@@ -9,11 +9,10 @@ use agentq_core::db::{self};
 use agentq_core::dispatch::Target;
 use agentq_core::operation::{OperationId, input_sha256};
 use agentq_core::state::DeadLetterStatus;
-use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::{App, AppError, Caller, Result, Role};
+use crate::{App, AppError, Caller, Result, Role, page};
 
 /// What an operator asks of a dead letter, as every front end reads it.
 #[derive(Clone, Debug)]
@@ -75,17 +74,9 @@ pub struct Query<'a> {
 /// naming it (`field`, the message starting with the field's name).
 pub fn filter_for(caller: &Caller, query: Query<'_>) -> Result<Filter> {
     caller.require(Role::Operator)?;
-    let tenant = match (caller.scope(), query.tenant) {
-        (Some(own), Some(t)) if own != t => {
-            return Err(AppError::Forbidden(format!(
-                "this token sees only tenant {own:?}, not {t:?}"
-            )));
-        }
-        (Some(own), _) => Some(own),
-        (None, t) => t,
-    };
+    let tenant = caller.tenant_filter(query.tenant)?;
     build_filter(
-        tenant,
+        tenant.as_deref(),
         query.kind,
         query.class,
         query.since,
@@ -95,19 +86,11 @@ pub fn filter_for(caller: &Caller, query: Query<'_>) -> Result<Filter> {
     .map_err(|(field, message)| AppError::Malformed { field, message })
 }
 
-/// Most dead letters one page lists.
-pub const MAX_PAGE: i64 = 1000;
-
 /// One keyset page of dead letters, newest first.
-#[derive(Debug)]
-pub struct Page {
-    pub items: Vec<DeadLetterView>,
-    /// The cursor of the next page when this one is full.
-    pub next_cursor: Option<String>,
-}
+pub type Page = page::Page<DeadLetterView>;
 
-/// Lists the dead letters `query` selects for `caller`, `limit` (1–[`MAX_PAGE`]) after the
-/// cursor `after` (from a previous page's [`Page::next_cursor`]).
+/// Lists the dead letters `query` selects for `caller`, `limit` (1–[`page::MAX_PAGE`]) after
+/// the cursor `after` (from a previous page's [`Page::next_cursor`]).
 pub async fn list(
     app: &App,
     caller: &Caller,
@@ -116,27 +99,10 @@ pub async fn list(
     after: Option<&str>,
 ) -> Result<Page> {
     let filter = filter_for(caller, query)?;
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(AppError::malformed(
-            "limit",
-            format!("limit must be a number between 1 and {MAX_PAGE}"),
-        ));
-    }
-    let after = after
-        .map(|a| {
-            parse_cursor(a).ok_or_else(|| {
-                AppError::malformed(
-                    "after",
-                    format!("after {a:?} is not a cursor from a previous page"),
-                )
-            })
-        })
-        .transpose()?;
+    page::check_limit(limit)?;
+    let after = page::after(after)?;
     let items = dead_letters::list_dead_letters(&app.pool, &filter, limit, after).await?;
-    let next_cursor = (items.len() as i64 == limit)
-        .then(|| items.last().map(cursor))
-        .flatten();
-    Ok(Page { items, next_cursor })
+    Ok(Page::new(items, limit, |d| (d.created_at, d.id)))
 }
 
 /// Open dead letters `query` selects for `caller`, grouped by class, kind and reason
@@ -378,24 +344,9 @@ pub fn listed(d: &DeadLetterView) -> Listed {
     }
 }
 
-/// The keyset cursor of a dead letter: `created_at/id`.
+/// The keyset cursor of a dead letter.
 pub fn cursor(d: &DeadLetterView) -> String {
-    cursor_of(d.created_at, d.id)
-}
-
-fn cursor_of(at: DateTime<Utc>, id: Uuid) -> String {
-    format!(
-        "{}/{}",
-        at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        id
-    )
-}
-
-/// Reads a cursor [`cursor`] made; `None` when `s` is not one.
-pub fn parse_cursor(s: &str) -> Option<(DateTime<Utc>, Uuid)> {
-    let (at, id) = s.split_once('/')?;
-    let at = DateTime::parse_from_rfc3339(at).ok()?.with_timezone(&Utc);
-    Some((at, Uuid::parse_str(id).ok()?))
+    page::cursor((d.created_at, d.id))
 }
 
 #[cfg(test)]
@@ -415,18 +366,5 @@ mod tests {
         assert_eq!(arr, json!({ "steps": [3] }));
         merge_patch(&mut arr, &json!("x"));
         assert_eq!(arr, json!("x"));
-    }
-
-    #[test]
-    fn cursors_round_trip() {
-        // The cursor as lists print it, read back: the same instant (to the microsecond) and id.
-        let at = Utc::now();
-        let id = Uuid::new_v4();
-        let (a, i) = parse_cursor(&cursor_of(at, id)).expect("a cursor it made");
-        assert_eq!(i, id);
-        assert_eq!(a.timestamp_micros(), at.timestamp_micros());
-        for bad in ["", "x/y", "2026-01-01T00:00:00Z", &id.to_string()] {
-            assert!(parse_cursor(bad).is_none(), "{bad}");
-        }
     }
 }

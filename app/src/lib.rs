@@ -5,8 +5,9 @@
 //! parse, call and render, so they cannot disagree.
 //!
 //! - [`access`]: tokens, webhook sources, stores (an admin's, audited);
-//! - [`operations`]: signal, approve / reject, cancel;
-//! - [`dlq`]: retry, resolve, discard one dead letter;
+//! - [`operations`]: enqueue, find, list and search, signal, approve / reject, cancel;
+//! - [`dlq`]: list, retry, resolve, discard one dead letter;
+//! - [`page`]: keyset pages and their cursors;
 //! - [`batches`]: start, pause, resume, cancel a batch, and its progress;
 //! - [`time`]: times and durations as people type them;
 //! - [`versions`]: the versions report, and upgrading an operation to another version.
@@ -17,6 +18,7 @@ pub mod caller;
 pub mod dlq;
 pub mod error;
 pub mod operations;
+pub mod page;
 pub mod time;
 pub mod versions;
 

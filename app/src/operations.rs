@@ -1,12 +1,13 @@
-//! Acting on one operation: signal it, approve or reject it (the approval convention), cancel
-//! it.
+//! Operations: enqueue, find, list and search (keyset pages over filters), and acting on one:
+//! signal it, approve or reject it (the approval convention), cancel it.
 
-use agentq_core::db::{self, timers};
+use agentq_core::db::{self, listing, timers};
 use agentq_core::dispatch::Target;
 use agentq_core::operation::{OperationId, is_approval_signal};
+use agentq_core::state::Status;
 use serde_json::{Value, json};
 
-use crate::{App, AppError, Caller, Result, Role};
+use crate::{App, AppError, Caller, Result, Role, page};
 
 /// Parses an operation id as a user typed it.
 pub fn parse_id(s: &str) -> Result<OperationId> {
@@ -197,6 +198,147 @@ pub async fn steps(
         find(app, caller, op).await?;
     }
     Ok(steps)
+}
+
+/// Which operations a caller asks for, as a user typed it (query parameters, CLI flags, form
+/// fields); every part optional. Times are RFC 3339 or an age (`2h`, `7d`); `*_after` is
+/// inclusive, `*_before` exclusive. (A `schedule` filter belongs here when schedules exist.)
+#[derive(Clone, Debug, Default)]
+pub struct ListQuery {
+    /// An admin's choice of tenant; a non-admin may name only its own.
+    pub tenant: Option<String>,
+    /// Statuses, each one or a comma-separated list: any of them matches.
+    pub status: Vec<String>,
+    pub kind: Option<String>,
+    /// A batch id.
+    pub batch: Option<String>,
+    pub created_after: Option<String>,
+    pub created_before: Option<String>,
+    /// Only finished operations match a finished range.
+    pub finished_after: Option<String>,
+    pub finished_before: Option<String>,
+}
+
+/// Longest kind (or tenant) a list filter takes.
+const MAX_NAME: usize = 128;
+
+/// The filter `query` means for `caller` (a non-admin sees only its own tenant), each wrong
+/// part refused naming it: the message starts with the parameter's name.
+pub fn list_filter(caller: &Caller, query: &ListQuery) -> Result<listing::Filter> {
+    caller.require(Role::Producer)?;
+    let tenant = caller.tenant_filter(query.tenant.as_deref())?;
+    if let Some(t) = &tenant {
+        agentq_core::operation::TenantId::parse(t)
+            .map_err(|e| AppError::malformed("tenant", format!("tenant {t:?}: {e}")))?;
+    }
+    let mut statuses = Vec::new();
+    for s in query.status.iter().flat_map(|s| s.split(',')) {
+        let status = s.trim().parse::<Status>().map_err(|_| {
+            AppError::malformed(
+                "status",
+                format!("status {s:?}: use {}", Status::NAMES.join(", ")),
+            )
+        })?;
+        if !statuses.contains(&status) {
+            statuses.push(status);
+        }
+    }
+    if let Some(k) = &query.kind
+        && (k.is_empty() || k.len() > MAX_NAME)
+    {
+        return Err(AppError::malformed(
+            "kind",
+            format!("kind must be 1-{MAX_NAME} characters"),
+        ));
+    }
+    let batch = query
+        .batch
+        .as_deref()
+        .map(|b| {
+            uuid::Uuid::parse_str(b).map_err(|_| {
+                AppError::malformed("batch", format!("batch {b:?} is not a batch id (a UUID)"))
+            })
+        })
+        .transpose()?;
+    let time = |v: &Option<String>, field: &'static str| {
+        v.as_deref()
+            .map(|s| crate::time::parse_since(s, field).map_err(|e| AppError::malformed(field, e)))
+            .transpose()
+    };
+    let filter = listing::Filter {
+        tenant,
+        statuses,
+        kind: query.kind.clone(),
+        batch,
+        created_after: time(&query.created_after, "created_after")?,
+        created_before: time(&query.created_before, "created_before")?,
+        finished_after: time(&query.finished_after, "finished_after")?,
+        finished_before: time(&query.finished_before, "finished_before")?,
+        waiting_for: None,
+    };
+    for (from, to, field) in [
+        (
+            filter.created_after,
+            filter.created_before,
+            "created_before",
+        ),
+        (
+            filter.finished_after,
+            filter.finished_before,
+            "finished_before",
+        ),
+    ] {
+        if let (Some(from), Some(to)) = (from, to)
+            && to <= from
+        {
+            return Err(AppError::malformed(
+                field,
+                format!(
+                    "{field} is not later than {}",
+                    field.replace("before", "after")
+                ),
+            ));
+        }
+    }
+    Ok(filter)
+}
+
+/// One keyset page of operations, newest first.
+pub type Page = page::Page<listing::Summary>;
+
+/// Lists the operations `query` selects for `caller`, newest first, `limit`
+/// (1–[`page::MAX_PAGE`]) after the cursor `after` (a previous page's
+/// [`page::Page::next_cursor`]). Items are compact: no input, result or error message.
+pub async fn list(
+    app: &App,
+    caller: &Caller,
+    query: &ListQuery,
+    limit: i64,
+    after: Option<&str>,
+) -> Result<Page> {
+    let filter = list_filter(caller, query)?;
+    page::check_limit(limit)?;
+    let after = page::after(after)?;
+    let items = listing::list(&app.pool, &filter, limit, after).await?;
+    Ok(Page::new(items, limit, |o| (o.created_at, o.op_id)))
+}
+
+/// An operation with its keyset cursor, as lists show it.
+#[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "ListedOperation")]
+pub struct Listed {
+    #[serde(flatten)]
+    pub operation: listing::Summary,
+    /// Pass it as `after` to list what comes after this one.
+    pub cursor: String,
+}
+
+/// `o` with its keyset cursor, as lists show it.
+pub fn listed(o: &listing::Summary) -> Listed {
+    Listed {
+        operation: o.clone(),
+        cursor: page::cursor((o.created_at, o.op_id)),
+    }
 }
 
 /// The tenant an enqueue is for: a producer's or operator's own (naming another is refused),

@@ -1,6 +1,6 @@
-//! The batch routes: a batch's progress and its controls (pause, resume — also the rest of a
-//! canary — and cancel), the same `agentq_app::batches` flows as `agentq batch` and the
-//! console, for an operator of the batch's tenant.
+//! The batch routes: start a batch, its progress, its controls (pause, resume — also the rest
+//! of a canary — and cancel) and its per-document report: the same `agentq_app::batches` flows
+//! as `agentq batch` and the console, for an operator of the batch's tenant.
 
 use std::sync::Arc;
 
@@ -8,12 +8,13 @@ use agentq_app as app;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::auth::Caller;
+use super::auth::{Caller, Role};
 use super::problem::ApiResult;
 use super::{ApiState, Params, body, parse_id};
 
@@ -40,6 +41,86 @@ pub enum BatchOutcome {
     Paused,
     Resumed(app::batches::Resumed),
     Cancelled(app::batches::CancelledBatch),
+}
+
+/// The body of `POST /v1/batches`: what `agentq batch start` takes.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartBatch {
+    /// Only for admin tokens; others start batches in their own tenant
+    tenant: Option<String>,
+    /// The kind each document runs (default `doc_migration`)
+    kind: Option<String>,
+    /// The store documents are read from (registered with `agentq stores add`)
+    source: String,
+    /// The store documents are written to
+    target: String,
+    /// The instructions for the model
+    instructions: String,
+    /// Run only the first N documents, then wait for a resume
+    canary: Option<u32>,
+    /// Auto-pause window: the newest M outcomes (default 20)
+    pause_window: Option<i32>,
+    /// Auto-pause when at least this share of the window failed (default 0.5)
+    pause_ratio: Option<f32>,
+    /// Strings every output must contain
+    require: Option<Vec<String>>,
+    /// Characters per model call (large documents are split)
+    chunk_chars: Option<u32>,
+}
+
+/// `POST /v1/batches`: creates a batch (or finds it again: its id is derived from tenant,
+/// kind, stores and instructions) and enqueues one operation per document it is missing; 201
+/// when created, 200 for a re-run. A large source takes a while (100,000 documents ≈ 16 s); a
+/// start cut short by the request timeout is finished by sending it again.
+pub async fn start(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    caller.require(Role::Operator)?;
+    let req: StartBatch = body::json(&headers, body).await?;
+    let caller = caller.app();
+    let tenant = app::operations::tenant_of(&caller, req.tenant.as_deref())?;
+    state.admit(&tenant).await?;
+    let new = app::batches::NewBatch {
+        tenant,
+        kind: req.kind.unwrap_or_else(|| "doc_migration".into()),
+        source: req.source,
+        target: req.target,
+        instructions: req.instructions,
+        options: app::batches::options(&req.require.unwrap_or_default(), req.chunk_chars),
+        canary: req.canary,
+        pause_window: req.pause_window.unwrap_or(20),
+        pause_ratio: req.pause_ratio.unwrap_or(0.5),
+    };
+    let started = app::batches::start(
+        &state.app,
+        &caller,
+        new,
+        app::batches::CHUNK,
+        &app::batches::Quiet,
+    )
+    .await?;
+    let code = if started.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((code, Json(started.summary())).into_response())
+}
+
+/// `GET /v1/batches/{id}/report`: one line per document, enqueued or not.
+pub async fn report(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Params(id): Params<String>,
+) -> ApiResult<Json<app::batches::Report>> {
+    let id = parse_id(&id, "id")?;
+    Ok(Json(
+        app::batches::report(&state.app, &caller.app(), id).await?,
+    ))
 }
 
 /// `GET /v1/batches/{id}`: totals by status, rate, ETA, token usage, top failures.

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::auth::{Caller, Role};
 use super::problem::{ApiError, ApiResult};
-use super::{ApiState, Params, QueryParams, body, parse_id};
+use super::{ApiState, Params, QueryParams, body, page_limit, parse_id};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,15 +64,11 @@ pub async fn list(
     caller: Caller,
     QueryParams(q): QueryParams<FilterQuery>,
 ) -> ApiResult<Json<DeadLetterPage>> {
-    let limit = match q.limit.as_deref() {
-        None => 100,
-        Some(l) => l.parse::<i64>().unwrap_or(0),
-    };
     let page = app::dlq::list(
         &state.app,
         &caller.app(),
         q.query(),
-        limit,
+        page_limit(q.limit.as_deref()),
         q.after.as_deref(),
     )
     .await?;

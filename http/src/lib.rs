@@ -232,6 +232,15 @@ fn parse_id(s: &str, field: &str) -> Result<uuid::Uuid, ApiError> {
         .map_err(|e| ApiError::bad_request(e).field(field))
 }
 
+/// The page size a list route was asked for: 100 when not given; anything that is not a
+/// number is 0, which the application layer refuses naming `limit`.
+fn page_limit(limit: Option<&str>) -> i64 {
+    match limit {
+        None => 100,
+        Some(l) => l.parse::<i64>().unwrap_or(0),
+    }
+}
+
 /// The API's routes, from [`openapi::ROUTES`] (shared by `serve`, `dev` and the benchmark).
 pub fn router(state: Arc<ApiState>) -> Router {
     // Every route of the table and the console; event streams are exempt from the request

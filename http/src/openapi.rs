@@ -74,6 +74,15 @@ pub const ROUTES: &[Route] = &[
     ),
     r(
         "get",
+        "/v1/operations",
+        || get(operations::list),
+        "List and search the caller's operations (keyset pages, newest first; no inputs or results)",
+        Access::Producer,
+        None,
+        (200, "OperationPage"),
+    ),
+    r(
+        "get",
         "/v1/operations/{id}",
         || get(operations::show),
         "Read an operation",
@@ -199,6 +208,15 @@ pub const ROUTES: &[Route] = &[
         (200, "ActionResult"),
     ),
     r(
+        "post",
+        "/v1/batches",
+        || post(batches::start),
+        "Start a batch: one operation per document of a source store (idempotent: a re-run enqueues only what is missing; 201 created, 200 found again)",
+        Access::Operator,
+        Some("StartBatch"),
+        (201, "BatchStarted"),
+    ),
+    r(
         "get",
         "/v1/batches/{id}",
         || get(batches::show),
@@ -233,6 +251,15 @@ pub const ROUTES: &[Route] = &[
         Access::Operator,
         Some("ReasonRequest"),
         (200, "BatchResult"),
+    ),
+    r(
+        "get",
+        "/v1/batches/{id}/report",
+        || get(batches::report),
+        "A batch's per-document outcomes: its operation, status, error and written hash, or not_enqueued",
+        Access::Operator,
+        None,
+        (200, "BatchReport"),
     ),
     r(
         "get",
@@ -302,6 +329,33 @@ fn parameters(path: &str, method: &str) -> Vec<Value> {
             out.push(json!({ "name": h, "in": "header", "required": true, "schema": { "type": "string" } }));
         }
     }
+    if path == "/v1/operations" && method == "get" {
+        for q in operations::LIST_PARAMETERS {
+            let (schema, description) = match q {
+                "status" => (
+                    json!({ "type": "string" }),
+                    "One status or a comma-separated list; may repeat: any of them matches",
+                ),
+                "batch" => (json!({ "type": "string", "format": "uuid" }), "A batch id"),
+                "limit" => (
+                    json!({ "type": "integer", "minimum": 1, "maximum": app::page::MAX_PAGE }),
+                    "Page size (default 100)",
+                ),
+                "after" => (
+                    json!({ "type": "string" }),
+                    "The next_cursor of the previous page (opaque)",
+                ),
+                "tenant" => (json!({ "type": "string" }), "Admins only: one tenant"),
+                "kind" => (json!({ "type": "string" }), "A job kind"),
+                _ => (
+                    json!({ "type": "string" }),
+                    "RFC 3339, or an age such as 2h or 7d; after is inclusive, before exclusive",
+                ),
+            };
+            out.push(json!({ "name": q, "in": "query", "required": false,
+                "description": description, "schema": schema }));
+        }
+    }
     if path == "/v1/dlq" || path == "/v1/dlq/stats" {
         for q in ["tenant", "kind", "class", "since", "batch", "status"] {
             out.push(json!({ "name": q, "in": "query", "required": false, "schema": { "type": "string" } }));
@@ -331,7 +385,15 @@ fn operation(route: &Route) -> Value {
     };
     let mut responses =
         json!({ code.to_string(): { "description": "Success", "content": content } });
-    if route.path == "/v1/operations" || route.path.starts_with("/v1/webhooks/") {
+    let enqueues = route.method == "post"
+        && (route.path == "/v1/operations" || route.path.starts_with("/v1/webhooks/"));
+    if route.method == "post" && route.path == "/v1/batches" {
+        responses["200"] = json!({ "description": "The same batch, found again (only missing documents were enqueued)",
+            "content": { "application/json": { "schema": { "$ref": "#/components/schemas/BatchStarted" } } } });
+        responses["429"] = problem("Tenant over its queued limit; not started (Retry-After)");
+        responses["503"] = problem("Database or broker unavailable; not started (Retry-After)");
+    }
+    if enqueues {
         responses["200"] = json!({ "description": "Already accepted (same Idempotency-Key or webhook-id)",
             "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Accepted" } } } });
         responses["413"] = problem("Body larger than 1 MiB");
@@ -351,11 +413,16 @@ fn operation(route: &Route) -> Value {
     if route.path.contains('{') {
         responses["404"] = problem("No such id in the caller's tenant");
     }
+    let parameters = parameters(route.path, route.method);
+    let queried = parameters.iter().any(|p| p["in"] == "query");
+    if queried {
+        responses["400"] = problem("A query parameter is unknown, repeated or malformed");
+    }
     if route.body.is_some() || route.path.contains('{') {
         responses["400"] = problem("Malformed request");
         responses["422"] = problem("Well-formed but refused; `field` names what is wrong");
     }
-    if route.method == "post" && route.path != "/v1/operations" {
+    if route.method == "post" && route.path != "/v1/operations" && route.path != "/v1/batches" {
         responses["409"] =
             problem("The operation or dead letter is not in a state that allows this");
     }
@@ -363,7 +430,7 @@ fn operation(route: &Route) -> Value {
         "summary": route.summary,
         "operationId": format!("{}_{}", route.method, route.path.trim_start_matches('/')
             .replace(['/', '.'], "_").replace(['{', '}'], "")),
-        "parameters": parameters(route.path, route.method),
+        "parameters": parameters,
         "responses": responses,
     });
     match route.access {
@@ -378,7 +445,7 @@ fn operation(route: &Route) -> Value {
         _ => op["security"] = json!([]),
     }
     if let Some(body) = route.body {
-        op["requestBody"] = json!({ "required": route.path == "/v1/operations" || route.path.ends_with("/discard") || route.path.ends_with("/resolve"),
+        op["requestBody"] = json!({ "required": route.path == "/v1/operations" || route.path == "/v1/batches" || route.path.ends_with("/discard") || route.path.ends_with("/resolve"),
             "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{body}") } } } });
     }
     op
@@ -396,6 +463,7 @@ const REQUESTS: &[Describe] = &[
     SchemaGenerator::subschema_for::<dlq::ResolveRequest>,
     SchemaGenerator::subschema_for::<dlq::DiscardRequest>,
     SchemaGenerator::subschema_for::<batches::ReasonRequest>,
+    SchemaGenerator::subschema_for::<batches::StartBatch>,
 ];
 
 /// Every JSON answer of the API, described as it is written.
@@ -403,6 +471,7 @@ const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<Problem>,
     SchemaGenerator::subschema_for::<operations::Accepted>,
     SchemaGenerator::subschema_for::<OperationView>,
+    SchemaGenerator::subschema_for::<operations::OperationPage>,
     SchemaGenerator::subschema_for::<operations::Steps>,
     SchemaGenerator::subschema_for::<operations::SignalResult>,
     SchemaGenerator::subschema_for::<operations::CancelResult>,
@@ -412,6 +481,8 @@ const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<app::dlq::Acted>,
     SchemaGenerator::subschema_for::<app::batches::Overview>,
     SchemaGenerator::subschema_for::<batches::BatchResult>,
+    SchemaGenerator::subschema_for::<app::batches::StartedSummary>,
+    SchemaGenerator::subschema_for::<app::batches::Report>,
     SchemaGenerator::subschema_for::<meta::Health>,
     SchemaGenerator::subschema_for::<meta::Ready>,
 ];
@@ -479,6 +550,7 @@ mod tests {
 
     use agentq_core::db::batches::Failure;
     use agentq_core::db::dead_letters::{ActionView, DeadLetterView, StatRow};
+    use agentq_core::db::listing::Summary;
     use agentq_core::operation::{Lane, OperationId, Status, StepView};
     use agentq_core::state::{BatchStatus, DeadLetterStatus, Replay, StepKind, StepStatus};
     use axum::response::IntoResponse;
@@ -828,6 +900,30 @@ mod tests {
                 rabbitmq: (!done).into(),
             });
         }
+        for done in [true, false] {
+            let summary = |done: bool| Summary {
+                op_id: Uuid::new_v4(),
+                tenant: "acme".into(),
+                kind: "echo".into(),
+                status: if done { Status::Dead } else { Status::Queued },
+                attempt: 1,
+                max_attempts: 5,
+                created_at: Utc::now(),
+                updated_at: Utc::now(),
+                finished_at: done.then(Utc::now),
+                batch_id: done.then(Uuid::new_v4),
+                dedupe_key: done.then(|| "key-1".into()),
+                error_class: done.then(|| "non_retryable".into()),
+                waiting_for: (!done).then(|| "approval".into()),
+            };
+            c.answer(&operations::OperationPage {
+                items: vec![
+                    app::operations::listed(&summary(done)),
+                    app::operations::listed(&summary(!done)),
+                ],
+                next_cursor: done.then(|| "2026-01-01T00:00:00.000000Z/x".into()),
+            });
+        }
         c.answer(&operations::Steps {
             op_id: op,
             steps: vec![step(0), step(1)],
@@ -925,6 +1021,51 @@ mod tests {
         ] {
             c.answer(&batches::BatchResult { batch_id, outcome });
         }
+        for created in [true, false] {
+            c.answer(&app::batches::StartedSummary {
+                batch_id,
+                created,
+                status: if created {
+                    BatchStatus::Canary
+                } else {
+                    BatchStatus::Running
+                },
+                documents: 10,
+                enqueued: 3,
+                existing: 7,
+                refused: 0,
+            });
+        }
+        c.answer(&app::batches::Report {
+            batch_id,
+            documents: vec![
+                app::batches::ReportLine {
+                    doc_id: "a.md".into(),
+                    op_id: Some(Uuid::new_v4()),
+                    status: "succeeded".into(),
+                    attempt: Some(1),
+                    error_class: None,
+                    error_message: None,
+                    sha256: Some("ab".repeat(32)),
+                    finished_at: Some(Utc::now()),
+                },
+                app::batches::ReportLine {
+                    doc_id: "b.md".into(),
+                    op_id: None,
+                    status: "not_enqueued".into(),
+                    attempt: None,
+                    error_class: None,
+                    error_message: None,
+                    sha256: None,
+                    finished_at: None,
+                },
+            ],
+            totals: [
+                ("succeeded".to_string(), 1),
+                ("not_enqueued".to_string(), 1),
+            ]
+            .into(),
+        });
         let mut bad = serde_json::to_value(operation(true)).unwrap();
         bad["surprise"] = json!(1);
         assert!(!c.errors("Operation", &bad).is_empty(), "strict checks");
@@ -992,6 +1133,18 @@ mod tests {
             json!({ "reason": "x", "force": true }),
         ] {
             c.request::<DiscardRequest>(body);
+        }
+        for body in [
+            json!({ "source": "docs", "target": "out", "instructions": "do it" }),
+            json!({ "tenant": "acme", "kind": "doc_migration", "source": "docs", "target": "out",
+                    "instructions": "do it", "canary": 5, "pause_window": 10, "pause_ratio": 0.3,
+                    "require": ["Title:"], "chunk_chars": 2000 }),
+            json!({ "source": "docs", "target": "out" }),
+            json!({ "source": "docs", "target": "out", "instructions": "x", "canary": -1 }),
+            json!({ "source": "docs", "target": "out", "instructions": "x", "require": "Title:" }),
+            json!({ "source": "docs", "target": "out", "instructions": "x", "bogus": 1 }),
+        ] {
+            c.request::<batches::StartBatch>(body);
         }
         let unchecked: Vec<_> = names(REQUESTS)
             .into_iter()

@@ -1,4 +1,4 @@
-//! Operations: enqueue (with Idempotency-Key), read, journal, signals, cancel.
+//! Operations: enqueue (with Idempotency-Key), list and search, read, journal, signals, cancel.
 
 use std::sync::Arc;
 
@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::auth::{Caller, Role};
 use super::problem::{ApiError, ApiResult, request_id};
-use super::{ApiState, Params, body, parse_id};
+use super::{ApiState, Params, QueryParams, body, page_limit, parse_id};
 
 /// The body of `POST /v1/operations`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -211,6 +211,84 @@ pub fn accepted(op: OperationId, created: bool, status: Status) -> Response {
         response.headers_mut().insert(header::LOCATION, v);
     }
     response
+}
+
+/// One page of operations, newest first (no inputs, results or error messages).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct OperationPage {
+    pub items: Vec<app::operations::Listed>,
+    /// Pass it as `after` for the next page; none on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// The query parameters of `GET /v1/operations`; `status` may repeat (any of them matches).
+pub const LIST_PARAMETERS: [&str; 10] = [
+    "tenant",
+    "status",
+    "kind",
+    "batch",
+    "created_after",
+    "created_before",
+    "finished_after",
+    "finished_before",
+    "limit",
+    "after",
+];
+
+/// `GET /v1/operations`: one keyset page of the caller's operations, newest first, filtered.
+/// Every parameter but `status` is given at most once; an unknown, repeated or empty one is a
+/// 400 naming it, as is every value the application layer refuses.
+pub async fn list(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    QueryParams(pairs): QueryParams<Vec<(String, String)>>,
+) -> ApiResult<Json<OperationPage>> {
+    let mut q = app::operations::ListQuery::default();
+    let (mut limit, mut after) = (None, None);
+    for (name, value) in pairs {
+        let shown: String = name.chars().take(64).collect();
+        let refuse =
+            |why: &str| Err(ApiError::bad_request(format!("{shown:?} {why}")).field(&shown));
+        if value.is_empty() {
+            return refuse("is empty: give a value or leave the parameter out");
+        }
+        let slot = match name.as_str() {
+            "status" => {
+                q.status.push(value);
+                continue;
+            }
+            "tenant" => &mut q.tenant,
+            "kind" => &mut q.kind,
+            "batch" => &mut q.batch,
+            "created_after" => &mut q.created_after,
+            "created_before" => &mut q.created_before,
+            "finished_after" => &mut q.finished_after,
+            "finished_before" => &mut q.finished_before,
+            "limit" => &mut limit,
+            "after" => &mut after,
+            _ => {
+                return refuse(&format!(
+                    "is not a parameter of this route; it takes {}",
+                    LIST_PARAMETERS.join(", ")
+                ));
+            }
+        };
+        if slot.replace(value).is_some() {
+            return refuse("is given more than once; give it once");
+        }
+    }
+    let page = app::operations::list(
+        &state.app,
+        &caller.app(),
+        &q,
+        page_limit(limit.as_deref()),
+        after.as_deref(),
+    )
+    .await?;
+    Ok(Json(OperationPage {
+        items: page.items.iter().map(app::operations::listed).collect(),
+        next_cursor: page.next_cursor,
+    }))
 }
 
 /// `GET /v1/operations/{id}`.

@@ -332,6 +332,7 @@ fn bearer_routes(op: &str, dl: &str) -> Vec<Route> {
             "/v1/operations".into(),
             Some(json!({ "kind": "echo", "input": { "text": "hi" } })),
         ),
+        (Method::GET, "/v1/operations".into(), None),
         (Method::GET, format!("/v1/operations/{op}"), None),
         (Method::GET, format!("/v1/operations/{op}/steps"), None),
         (Method::GET, format!("/v1/operations/{op}/events"), None),
@@ -589,6 +590,12 @@ async fn api_another_tenants_ids_are_404_on_every_route_and_change_nothing() {
     assert_eq!(checked, 28);
 
     // Lists and stats show nothing of beta to alpha.
+    for token in [&alpha, &alpha_producer] {
+        let ops = api.get("/v1/operations", Some(token)).await.expect(200);
+        assert_eq!(ops["items"], json!([]), "alpha's operations: {ops}");
+    }
+    let ops = api.get("/v1/operations", Some(&beta)).await.expect(200);
+    assert_eq!(ops["items"].as_array().map(Vec::len), Some(2), "{ops}");
     let list = api.get("/v1/dlq", Some(&alpha)).await.expect(200);
     assert_eq!(list["items"], json!([]), "alpha's DLQ: {list}");
     let stats = api.get("/v1/dlq/stats", Some(&alpha)).await.expect(200);

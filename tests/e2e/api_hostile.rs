@@ -1042,6 +1042,19 @@ fn battery(
                 Some(json!({})),
             ),
             (Method::GET, format!("/v1/dlq/{id}"), operator, None),
+            (Method::GET, format!("/v1/batches/{id}"), operator, None),
+            (
+                Method::GET,
+                format!("/v1/batches/{id}/report"),
+                operator,
+                None,
+            ),
+            (
+                Method::POST,
+                format!("/v1/batches/{id}/pause"),
+                operator,
+                Some(json!({})),
+            ),
             (
                 Method::POST,
                 format!("/v1/dlq/{id}/retry"),
@@ -1385,6 +1398,151 @@ fn battery(
             operator,
         ));
     }
+    // The operations list: every bad parameter is a 400 naming it; another tenant a 403.
+    let uuid = random();
+    let long = "k".repeat(200);
+    for (query, param, status) in [
+        ("limit=abc", "limit", 400),
+        ("limit=-1", "limit", 400),
+        ("limit=0", "limit", 400),
+        ("limit=1001", "limit", 400),
+        ("limit=99999999999999999999", "limit", 400),
+        ("limit=1e3", "limit", 400),
+        ("limit=1&limit=2", "limit", 400),
+        ("after=garbage", "after", 400),
+        ("after=%27%20OR%201%3D1%20--", "after", 400),
+        (
+            &format!("after=0000-01-01T00:00:00Z/{uuid}") as &str,
+            "after",
+            400,
+        ),
+        (&format!("after=99999-01-01T00:00:00Z/{uuid}"), "after", 400),
+        (
+            &format!("after=2026-01-01T00:00:00Z/{uuid}&after=2026-01-01T00:00:00Z/{uuid}"),
+            "after",
+            400,
+        ),
+        ("created_after=0000-01-01T00:00:00Z", "created_after", 400),
+        (
+            "created_before=99999-01-01T00:00:00Z",
+            "created_before",
+            400,
+        ),
+        ("finished_after=yesterday", "finished_after", 400),
+        ("finished_before=100000000d", "finished_before", 400),
+        (
+            "created_after=99999999999999999999999d",
+            "created_after",
+            400,
+        ),
+        ("created_after=%27%20OR%201%3D1--", "created_after", 400),
+        (
+            "created_after=2026-01-02T00:00:00Z&created_before=2026-01-01T00:00:00Z",
+            "created_before",
+            400,
+        ),
+        ("finished_after=2h&finished_after=1h", "finished_after", 400),
+        ("status=nope", "status", 400),
+        ("status=QUEUED", "status", 400),
+        ("status=queued,nope", "status", 400),
+        ("status=queued,", "status", 400),
+        ("status=%27%20OR%20%271%27%3D%271", "status", 400),
+        ("status=", "status", 400),
+        ("batch=not-a-uuid", "batch", 400),
+        ("batch=%27%20OR%20%271%27%3D%271", "batch", 400),
+        ("kind=", "kind", 400),
+        (&format!("kind={long}"), "kind", 400),
+        ("kind=echo&kind=script", "kind", 400),
+        ("tenant_id=acme", "tenant_id", 400),
+        ("order=id", "order", 400),
+        ("limit", "limit", 400),
+        ("tenant=beta", "tenant", 403),
+        ("tenant=%27%20OR%201%3D1--", "tenant", 403),
+        ("tenant=acme&tenant=beta", "tenant", 400),
+    ] {
+        cases.push(
+            Case::new(
+                format!("GET /v1/operations?{}", truncate(query, 60)),
+                Method::GET,
+                format!("/v1/operations?{query}"),
+                producer,
+            )
+            .expect(status)
+            .mentions(param),
+        );
+    }
+    cases.push(
+        Case::new(
+            "GET /v1/operations with a NUL in the query",
+            Method::GET,
+            "/v1/operations?kind=a%00b",
+            producer,
+        )
+        .expect(400),
+    );
+    cases.push(
+        Case::new(
+            "GET /v1/operations?tenant=ops%27 as an admin",
+            Method::GET,
+            "/v1/operations?tenant=ops%27",
+            admin,
+        )
+        .expect(400)
+        .mentions("tenant"),
+    );
+    // Starting a batch: refused bodies create nothing.
+    for (body, status) in [
+        (json!({}), 422),
+        (
+            json!({ "source": 1, "target": "out", "instructions": "x" }),
+            422,
+        ),
+        (
+            json!({ "source": "' OR 1=1 --", "target": "out", "instructions": "x" }),
+            422,
+        ),
+        (
+            json!({ "source": "docs", "target": "out", "instructions": "x", "drop": true }),
+            422,
+        ),
+        (
+            json!({ "source": "docs", "target": "out", "instructions": "   " }),
+            422,
+        ),
+        (
+            json!({ "source": "docs", "target": "out", "instructions": "x", "pause_window": 0 }),
+            422,
+        ),
+        (
+            json!({ "source": "docs", "target": "out", "instructions": "x", "canary": 0 }),
+            422,
+        ),
+        (
+            json!({ "source": "docs", "target": "out", "instructions": "x", "tenant": "beta" }),
+            403,
+        ),
+        (json!([]), 422),
+    ] {
+        cases.push(
+            Case::new(
+                format!("POST /v1/batches {}", truncate(&body.to_string(), 60)),
+                Method::POST,
+                "/v1/batches",
+                operator,
+            )
+            .json(&body)
+            .expect(status),
+        );
+    }
+    let mut not_json = Case::new(
+        "POST /v1/batches not JSON",
+        Method::POST,
+        "/v1/batches",
+        operator,
+    )
+    .expect(400);
+    not_json.body = Body::Bytes(b"{source".to_vec());
+    cases.push(not_json);
     cases.push(Case::new(
         "GET /v1/dlq/stats?since=bogus",
         Method::GET,

@@ -13,10 +13,10 @@ use crate::fake_model::{FakeModel, Mode};
 use crate::harness::{DEADLINE, TestApp};
 
 /// A directory removed when dropped.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub PathBuf);
 
 impl TempDir {
-    fn new(tag: &str) -> Self {
+    pub(crate) fn new(tag: &str) -> Self {
         let p =
             std::env::temp_dir().join(format!("agentq-{tag}-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&p).unwrap();
@@ -35,7 +35,7 @@ fn sha(bytes: &[u8]) -> String {
 }
 
 /// Writes `n` documents (some multi-paragraph, in two subdirectories); returns path → content.
-fn write_docs(root: &Path, n: usize) -> BTreeMap<String, String> {
+pub(crate) fn write_docs(root: &Path, n: usize) -> BTreeMap<String, String> {
     let mut docs = BTreeMap::new();
     for i in 0..n {
         let kind = if i % 2 == 0 { "report" } else { "memo" };

@@ -8,6 +8,7 @@ mod access;
 mod api;
 mod api_backpressure;
 mod api_hostile;
+mod api_list;
 mod batch;
 mod console;
 mod crash_cost;

@@ -1,6 +1,6 @@
-//! SQL of the operator console's read views: the operations list (keyset pages), the overview
-//! counts and per-minute series, pending approvals, batches, payload reads and the audit row of
-//! a payload reveal.
+//! SQL of the operator console's read views: the overview counts and per-minute series,
+//! batches, payload reads and the audit row of a payload reveal. (Its operations list and
+//! pending approvals are `db::listing`, shared with the API and the CLI.)
 //!
 //! Every function takes the caller's tenant scope (`None` only for an admin) and filters by it,
 //! so the console, like the API, never shows another tenant's rows.
@@ -11,86 +11,6 @@ use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
 use uuid::Uuid;
 
 use super::Result;
-
-/// Which operations a console list shows.
-#[derive(Clone, Debug, Default)]
-pub struct OperationFilter {
-    /// The caller's scope (or, for an admin, the tenant asked for).
-    pub tenant: Option<String>,
-    pub status: Option<String>,
-    pub kind: Option<String>,
-    pub batch: Option<Uuid>,
-    /// Created at or after.
-    pub since: Option<DateTime<Utc>>,
-    /// Created before.
-    pub until: Option<DateTime<Utc>>,
-    /// Only operations waiting for this signal (pending approvals: `approval`).
-    pub waiting_for: Option<String>,
-}
-
-/// One row of the operations list (no input, result or error payloads: they stay on the
-/// operation page, behind "reveal").
-#[derive(Clone, Debug, FromRow)]
-pub struct OperationRow {
-    pub id: Uuid,
-    pub tenant_id: String,
-    pub kind: String,
-    pub status: String,
-    pub attempt: i32,
-    pub max_attempts: i32,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub finished_at: Option<DateTime<Utc>>,
-    pub error_class: Option<String>,
-    pub waiting_for: Option<String>,
-    pub batch_id: Option<Uuid>,
-}
-
-/// One keyset page of operations, newest first, after `(created_at, id)` of the previous page.
-pub async fn list_operations(
-    pool: &PgPool,
-    f: &OperationFilter,
-    limit: i64,
-    after: Option<(DateTime<Utc>, Uuid)>,
-) -> Result<Vec<OperationRow>> {
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(
-        "SELECT id, tenant_id, kind, status, attempt, max_attempts, created_at, updated_at,
-                finished_at, error_class, waiting_for, batch_id
-           FROM operations WHERE true",
-    );
-    if let Some(t) = &f.tenant {
-        q.push(" AND tenant_id = ").push_bind(t.clone());
-    }
-    if let Some(s) = &f.status {
-        q.push(" AND status = ").push_bind(s.clone());
-    }
-    if let Some(k) = &f.kind {
-        q.push(" AND kind = ").push_bind(k.clone());
-    }
-    if let Some(b) = f.batch {
-        q.push(" AND batch_id = ").push_bind(b);
-    }
-    if let Some(s) = f.since {
-        q.push(" AND created_at >= ").push_bind(s);
-    }
-    if let Some(u) = f.until {
-        q.push(" AND created_at < ").push_bind(u);
-    }
-    if let Some(w) = &f.waiting_for {
-        q.push(" AND status = 'waiting' AND waiting_for = ")
-            .push_bind(w.clone());
-    }
-    if let Some((at, id)) = after {
-        q.push(" AND (created_at, id) < (")
-            .push_bind(at)
-            .push(", ")
-            .push_bind(id)
-            .push(")");
-    }
-    q.push(" ORDER BY created_at DESC, id DESC LIMIT ")
-        .push_bind(limit);
-    Ok(q.build_query_as().fetch_all(pool).await?)
-}
 
 /// Operations by status, in `tenant` if given.
 pub async fn status_counts(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<(String, i64)>> {

@@ -15,6 +15,7 @@ pub mod fixtures;
 pub mod gauges;
 pub mod kv;
 pub mod ledger;
+pub mod listing;
 pub mod operations;
 pub mod steps;
 pub mod stores;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use agentq_app as app;
 use agentq_core::OperationId;
-use agentq_core::db::{self, console};
+use agentq_core::db::{self, console, listing};
 use axum::Form;
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, Query, State};
@@ -150,42 +150,47 @@ fn parse_time(s: &str, field: &str) -> UiResult<DateTime<Utc>> {
     })
 }
 
-/// `GET /ui/operations`: filters and keyset pages, newest first.
+/// `GET /ui/operations`: filters and keyset pages, newest first, through the same
+/// application flow as `GET /v1/operations` and `agentq list`.
 pub async fn operations(
     State(state): State<Arc<UiState>>,
     session: Session,
     Query(q): Query<ListQuery>,
 ) -> UiResult {
     let scope = session.caller.scope();
-    let filter = console::OperationFilter {
-        tenant: scope.map(String::from).or_else(|| non_empty(&q.tenant)),
-        status: non_empty(&q.status),
-        kind: non_empty(&q.kind),
-        batch: non_empty(&q.batch)
-            .map(|b| {
-                Uuid::parse_str(&b).map_err(|_| UiError::bad_request("batch is not a batch id"))
-            })
-            .transpose()?,
-        since: non_empty(&q.since)
-            .map(|s| parse_time(&s, "since"))
-            .transpose()?,
-        until: non_empty(&q.until)
-            .map(|s| parse_time(&s, "until"))
-            .transpose()?,
-        waiting_for: None,
+    // The console's own time forms (`datetime-local`, in UTC) as the RFC 3339 the flow reads.
+    let time = |v: &Option<String>, field: &str| {
+        non_empty(v)
+            .map(|s| parse_time(&s, field).map(|t| t.to_rfc3339()))
+            .transpose()
     };
-    let after = non_empty(&q.after)
-        .map(|a| {
-            app::dlq::parse_cursor(&a)
-                .ok_or_else(|| UiError::bad_request("after is not a cursor from a previous page"))
-        })
-        .transpose()?;
-    let rows = console::list_operations(&state.api.app.pool, &filter, PAGE, after).await?;
+    let query = app::operations::ListQuery {
+        tenant: if scope.is_none() {
+            non_empty(&q.tenant)
+        } else {
+            None
+        },
+        status: non_empty(&q.status).into_iter().collect(),
+        kind: non_empty(&q.kind),
+        batch: non_empty(&q.batch),
+        created_after: time(&q.since, "since")?,
+        created_before: time(&q.until, "until")?,
+        ..Default::default()
+    };
+    let page = app::operations::list(
+        &state.api.app,
+        &session.caller.app(),
+        &query,
+        PAGE,
+        non_empty(&q.after).as_deref(),
+    )
+    .await?;
+    let rows = page.items;
 
     let mut body = String::from("<h1>Operations</h1><form method=\"get\" class=\"filters\">");
     body.push_str("<label>status<select name=\"status\">");
     for s in STATUSES.iter().rev() {
-        let sel = if filter.status.as_deref().unwrap_or("") == *s {
+        let sel = if non_empty(&q.status).as_deref().unwrap_or("") == *s {
             " selected"
         } else {
             ""
@@ -209,15 +214,7 @@ pub async fn operations(
     body.push_str(&field("until", &q.until, "UTC"));
     body.push_str("<button type=\"submit\">Filter</button></form>");
     body.push_str(&operations_table(&rows));
-    if rows.len() as i64 == PAGE
-        && let Some(last) = rows.last()
-    {
-        let cursor = format!(
-            "{}/{}",
-            last.created_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-            last.id
-        );
+    if let Some(cursor) = page.next_cursor {
         let mut next = String::from("/ui/operations?");
         for (k, v) in [
             ("status", &q.status),
@@ -240,7 +237,7 @@ pub async fn operations(
     Ok(html::page(&session, "Operations", "/ui/operations", &body))
 }
 
-fn operations_table(rows: &[console::OperationRow]) -> String {
+fn operations_table(rows: &[listing::Summary]) -> String {
     if rows.is_empty() {
         return "<p class=\"muted\">No operations match.</p>".into();
     }
@@ -254,9 +251,9 @@ fn operations_table(rows: &[console::OperationRow]) -> String {
             "<tr><td><a class=\"mono\" href=\"/ui/operations/{id}\">{id}</a></td><td>{}</td>\
              <td>{}</td><td>{}{}</td><td class=\"num\">{}/{}</td><td>{}</td><td>{}</td><td>{}</td>\
              <td>{}</td></tr>",
-            esc(&r.tenant_id),
+            esc(&r.tenant),
             esc(&r.kind),
-            badge(&r.status),
+            badge(r.status.as_str()),
             r.waiting_for
                 .as_deref()
                 .map(|w| format!(" <span class=\"muted\">for {}</span>", esc(w)))
@@ -272,7 +269,7 @@ fn operations_table(rows: &[console::OperationRow]) -> String {
                     &b.to_string()[..8]
                 ))
                 .unwrap_or_default(),
-            id = r.id,
+            id = r.op_id,
         ));
     }
     t.push_str("</tbody></table>");
@@ -596,12 +593,12 @@ pub async fn cancel(
 
 /// `GET /ui/approvals`: operations waiting for an `approval` signal.
 pub async fn approvals(State(state): State<Arc<UiState>>, session: Session) -> UiResult {
-    let filter = console::OperationFilter {
+    let filter = listing::Filter {
         tenant: session.caller.scope().map(String::from),
         waiting_for: Some("approval".into()),
         ..Default::default()
     };
-    let rows = console::list_operations(&state.api.app.pool, &filter, 200, None).await?;
+    let rows = listing::list(&state.api.app.pool, &filter, 200, None).await?;
     let mut body = String::from("<h1>Pending approvals</h1>");
     if rows.is_empty() {
         body.push_str("<p class=\"muted\">Nothing waits for an approval.</p>");
@@ -614,11 +611,11 @@ pub async fn approvals(State(state): State<Arc<UiState>>, session: Session) -> U
             body.push_str(&format!(
                 "<tr data-op=\"{id}\"><td><a class=\"mono\" href=\"/ui/operations/{id}\">{id}</a></td>\
                  <td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                esc(&r.tenant_id),
+                esc(&r.tenant),
                 esc(&r.kind),
                 time(r.updated_at),
-                approval_forms(&session, r.id, "/ui/approvals"),
-                id = r.id
+                approval_forms(&session, r.op_id, "/ui/approvals"),
+                id = r.op_id
             ));
         }
         body.push_str("</tbody></table>");
