@@ -135,6 +135,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stores(cmd) => crate::access::stores(config, cmd).await,
         Command::Dlq(cmd) => crate::dlq::run(config, cmd).await,
         Command::Batch(cmd) => crate::batch::run(config, cmd).await,
+        Command::Schedules(cmd) => crate::schedules::run(config, cmd).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
         // `main` runs it before the runtime; here for completeness.
         Command::Probe { url, timeout_secs } => {

@@ -16,6 +16,7 @@ mod cli;
 mod commands;
 mod dlq;
 mod probe;
+mod schedules;
 mod wiring;
 
 use std::process::ExitCode;

@@ -8,6 +8,7 @@
 //! - [`operations`]: signal, approve / reject, cancel;
 //! - [`dlq`]: retry, resolve, discard one dead letter;
 //! - [`batches`]: start, pause, resume, cancel a batch, and its progress;
+//! - [`schedules`]: add, list, pause, resume, delete schedules (cron or interval firings);
 //! - [`time`]: times and durations as people type them.
 
 pub mod access;
@@ -16,6 +17,7 @@ pub mod caller;
 pub mod dlq;
 pub mod error;
 pub mod operations;
+pub mod schedules;
 pub mod time;
 
 use std::sync::Arc;

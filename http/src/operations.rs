@@ -8,7 +8,7 @@ use agentq_producer::EnqueueRequest;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
@@ -195,8 +195,8 @@ pub fn accepted(op: OperationId, created: bool, status: Status) -> Response {
     } else {
         StatusCode::OK
     };
-    let location = HeaderValue::from_str(&status_url);
-    let mut response = (
+    let location = status_url.clone();
+    let response = (
         code,
         Json(Accepted {
             op_id: op,
@@ -207,10 +207,7 @@ pub fn accepted(op: OperationId, created: bool, status: Status) -> Response {
         }),
     )
         .into_response();
-    if let Ok(v) = location {
-        response.headers_mut().insert(header::LOCATION, v);
-    }
-    response
+    super::with_location(response, &location)
 }
 
 /// `GET /v1/operations/{id}`.

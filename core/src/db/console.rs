@@ -20,6 +20,8 @@ pub struct OperationFilter {
     pub status: Option<String>,
     pub kind: Option<String>,
     pub batch: Option<Uuid>,
+    /// Fired by this schedule.
+    pub schedule: Option<Uuid>,
     /// Created at or after.
     pub since: Option<DateTime<Utc>>,
     /// Created before.
@@ -69,6 +71,9 @@ pub async fn list_operations(
     }
     if let Some(b) = f.batch {
         q.push(" AND batch_id = ").push_bind(b);
+    }
+    if let Some(s) = f.schedule {
+        q.push(" AND schedule_id = ").push_bind(s);
     }
     if let Some(s) = f.since {
         q.push(" AND created_at >= ").push_bind(s);

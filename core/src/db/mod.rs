@@ -16,6 +16,7 @@ pub mod gauges;
 pub mod kv;
 pub mod ledger;
 pub mod operations;
+pub mod schedules;
 pub mod steps;
 pub mod stores;
 pub mod timers;
