@@ -191,11 +191,13 @@ fn print_line(v: &ScheduleView) {
     let s = &v.schedule;
     let next = if s.paused {
         "paused".to_string()
-    } else if let Some(t) = v.next_firings.first() {
-        format!(
-            "next {}",
-            t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-        )
+    } else if !v.next_firings.is_empty() {
+        let at: Vec<String> = v
+            .next_firings
+            .iter()
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .collect();
+        format!("next {}", at.join(", "))
     } else {
         "no tick left".to_string()
     };
