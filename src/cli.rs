@@ -25,7 +25,7 @@ pub enum Command {
         #[arg(long)]
         concurrency: Option<u16>,
     },
-    /// Fire what is due: timers (sleeps, waits, timeouts), deadlines, expired leases, dispatch sweeps, retention, batch auto-pause.
+    /// Fire what is due: schedules, timers (sleeps, waits, timeouts), deadlines, expired leases, dispatch sweeps, retention, batch auto-pause.
     Scheduler,
     /// The quickstart: migrate, then run a worker, a scheduler and the HTTP API in this one process.
     Dev,
@@ -124,6 +124,10 @@ pub enum Command {
     /// Batch campaigns: one operation per document, with canary, pause, resume, cancel, report.
     #[command(subcommand)]
     Batch(crate::batch::BatchCommand),
+    /// Schedules: a kind and input fired as an operation on a cron expression (with a time
+    /// zone) or an interval: add, list, pause, resume, delete.
+    #[command(subcommand)]
+    Schedules(crate::schedules::SchedulesCommand),
     /// Benchmarks (e2e, batch, steps, durable-steps, inflight, timers, waiting, http) in a throwaway database and namespace.
     Bench(BenchArgs),
     /// Health check for containers without curl: GET URL; exit 0 on a 2xx answer, 1 otherwise.
@@ -182,6 +186,9 @@ pub struct ListArgs {
     /// Only the operations of this batch.
     #[arg(long)]
     pub batch: Option<String>,
+    /// Only the operations this schedule fired.
+    #[arg(long)]
+    pub schedule: Option<String>,
     /// Created at or after: RFC 3339, or a duration ago (30m, 2h, 7d).
     #[arg(long)]
     pub created_after: Option<String>,

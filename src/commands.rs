@@ -137,6 +137,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq(cmd) => crate::dlq::run(config, cmd).await,
         Command::Batch(cmd) => crate::batch::run(config, cmd).await,
         Command::Versions(args) => crate::versions::run(config, args).await,
+        Command::Schedules(cmd) => crate::schedules::run(config, cmd).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
         // `main` runs it before the runtime; here for completeness.
         Command::Probe { url, timeout_secs } => {
@@ -321,6 +322,7 @@ async fn list(config: &Config, args: ListArgs) -> anyhow::Result<()> {
         status: args.status,
         kind: args.kind,
         batch: args.batch,
+        schedule: args.schedule,
         created_after: args.created_after,
         created_before: args.created_before,
         finished_after: args.finished_after,

@@ -17,6 +17,7 @@ mod cli;
 mod commands;
 mod dlq;
 mod probe;
+mod schedules;
 mod versions;
 mod wiring;
 

@@ -9,6 +9,7 @@
 //! - [`dlq`]: list, retry, resolve, discard one dead letter;
 //! - [`page`]: keyset pages and their cursors;
 //! - [`batches`]: start, pause, resume, cancel a batch, and its progress;
+//! - [`schedules`]: add, list, pause, resume, delete schedules (cron or interval firings);
 //! - [`time`]: times and durations as people type them;
 //! - [`versions`]: the versions report, and upgrading an operation to another version.
 
@@ -19,6 +20,7 @@ pub mod dlq;
 pub mod error;
 pub mod operations;
 pub mod page;
+pub mod schedules;
 pub mod time;
 pub mod versions;
 

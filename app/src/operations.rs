@@ -212,6 +212,8 @@ pub struct ListQuery {
     pub kind: Option<String>,
     /// A batch id.
     pub batch: Option<String>,
+    /// A schedule id: the operations it fired.
+    pub schedule: Option<String>,
     pub created_after: Option<String>,
     pub created_before: Option<String>,
     /// Only finished operations match a finished range.
@@ -260,6 +262,18 @@ pub fn list_filter(caller: &Caller, query: &ListQuery) -> Result<listing::Filter
             })
         })
         .transpose()?;
+    let schedule = query
+        .schedule
+        .as_deref()
+        .map(|b| {
+            uuid::Uuid::parse_str(b).map_err(|_| {
+                AppError::malformed(
+                    "schedule",
+                    format!("schedule {b:?} is not a schedule id (a UUID)"),
+                )
+            })
+        })
+        .transpose()?;
     let time = |v: &Option<String>, field: &'static str| {
         v.as_deref()
             .map(|s| crate::time::parse_since(s, field).map_err(|e| AppError::malformed(field, e)))
@@ -270,6 +284,7 @@ pub fn list_filter(caller: &Caller, query: &ListQuery) -> Result<listing::Filter
         statuses,
         kind: query.kind.clone(),
         batch,
+        schedule,
         created_after: time(&query.created_after, "created_after")?,
         created_before: time(&query.created_before, "created_before")?,
         finished_after: time(&query.finished_after, "finished_after")?,

@@ -14,25 +14,17 @@ pub fn parse_moment(s: &str, what: &str, ahead: bool) -> Result<DateTime<Utc>, S
         let t = t.with_timezone(&Utc);
         return if in_range(t) { Ok(t) } else { Err(far()) };
     }
-    let bad = || format!("{what} {s:?}: use RFC 3339 or a duration like 90s, 30m, 2h, 7d");
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: i64 = num.parse().map_err(|_| {
-        if !num.is_empty() && num.chars().all(|c| c.is_ascii_digit()) {
-            far()
-        } else {
-            bad()
+    let secs = match seconds(s) {
+        Some(Ok(secs)) => secs,
+        Some(Err(())) => return Err(far()),
+        None => {
+            return Err(format!(
+                "{what} {s:?}: use RFC 3339 or a duration like 90s, 30m, 2h, 7d"
+            ));
         }
-    })?;
-    let unit_secs = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86400,
-        _ => return Err(bad()),
     };
     let now = Utc::now();
-    n.checked_mul(unit_secs)
-        .and_then(chrono::Duration::try_seconds)
+    chrono::Duration::try_seconds(secs)
         .and_then(|d| {
             if ahead {
                 now.checked_add_signed(d)
@@ -42,6 +34,40 @@ pub fn parse_moment(s: &str, what: &str, ahead: bool) -> Result<DateTime<Utc>, S
         })
         .filter(|t| in_range(*t))
         .ok_or_else(far)
+}
+
+/// A duration as typed (`90s`, `30m`, `2h`, `7d`) in seconds: `None` when it is not one,
+/// `Some(Err(()))` when its number overflows.
+fn seconds(s: &str) -> Option<Result<i64, ()>> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let unit_secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return None,
+    };
+    if num.is_empty() {
+        return None;
+    }
+    Some(
+        num.parse::<i64>()
+            .ok()
+            .and_then(|n| n.checked_mul(unit_secs))
+            .ok_or(()),
+    )
+}
+
+/// A duration as people type it (`90s`, `30m`, `2h`, `7d`), in seconds; `what` names the flag
+/// or field in the error.
+pub fn parse_duration(s: &str, what: &str) -> Result<i64, String> {
+    match seconds(s.trim()) {
+        Some(Ok(secs)) => Ok(secs),
+        Some(Err(())) => Err(format!("{what} {s:?} is too long")),
+        None => Err(format!(
+            "{what} {s:?}: use a duration like 90s, 30m, 2h, 7d"
+        )),
+    }
 }
 
 /// A point in the past: RFC 3339, or a duration ago (30m, 2h, 7d).
@@ -68,6 +94,23 @@ mod tests {
         ] {
             let e = parse_since(s, "--since").unwrap_err();
             assert!(e.contains(says) && e.starts_with("--since"), "{s:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn durations_are_whole_units() {
+        assert_eq!(parse_duration("90s", "--every"), Ok(90));
+        assert_eq!(parse_duration("2h", "--every"), Ok(7200));
+        assert_eq!(parse_duration(" 7d ", "--every"), Ok(604_800));
+        for (s, says) in [
+            ("1.5h", "use a duration"),
+            ("h", "use a duration"),
+            ("10", "use a duration"),
+            ("-1s", "use a duration"),
+            ("99999999999999999999d", "too long"),
+        ] {
+            let e = parse_duration(s, "--every").unwrap_err();
+            assert!(e.contains(says) && e.starts_with("--every"), "{s:?}: {e}");
         }
     }
 }

@@ -6,6 +6,8 @@
 //! - [`config`]: environment variables and flags, with working local defaults;
 //! - [`db`]: the only module that contains SQL;
 //! - [`broker`]: the only module that imports `lapin`;
+//! - [`schedule`]: schedules' ticks (cron in a time zone, or an interval) and what a
+//!   scheduler does with the due ones, pure;
 //! - [`dispatch`]: publishing pointers for committed operations and recording that they were sent;
 //! - [`metrics`]: the Prometheus registry; every metric name declared once;
 //! - [`health`]: the progress marks behind a worker's and a scheduler's `GET /healthz`;
@@ -22,6 +24,7 @@ pub mod metrics;
 pub mod operation;
 pub mod origins;
 pub mod retry;
+pub mod schedule;
 pub mod state;
 pub mod telemetry;
 pub mod version;

@@ -122,6 +122,9 @@ metrics! {
         "Model tokens used, by operation kind and type (prompt, completion).";
     TIMER_LAG = "agentq_timer_lag_seconds", Histogram, [], LAG_BUCKETS,
         "Time from a sleep's or wait's due time to the scheduler waking it.";
+    /// Counted by the scheduler's firing pass.
+    SCHEDULE_TICKS = "agentq_schedule_ticks_total", Counter, ["kind", "outcome"], NO_BUCKETS,
+        "Schedule ticks a scheduler handled, by kind and outcome (fired; skipped_overlap: the previous firing was unfinished; missed: older than the catch-up window).";
     /// Database gauge, read at scrape time.
     OPERATIONS_BY_STATUS = "agentq_operations", Gauge, ["status"], NO_BUCKETS,
         "Operations by status (read from PostgreSQL at scrape time).";

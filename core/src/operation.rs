@@ -135,6 +135,13 @@ impl FromStr for Lane {
     }
 }
 
+impl TryFrom<String> for Lane {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
 impl fmt::Display for Lane {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -184,6 +191,9 @@ pub struct OperationView {
     /// The `x-request-id` of the HTTP request that created it, if any.
     #[serde(default)]
     pub request_id: Option<String>,
+    /// The schedule that fired it, if any (kept after the schedule is deleted).
+    #[serde(default)]
+    pub schedule_id: Option<Uuid>,
 }
 
 /// One journal entry as shown by `agentq steps` (outputs are shown; they are the user's data).
@@ -295,17 +305,18 @@ pub fn is_approval_signal(name: &str) -> bool {
     APPROVAL_SIGNALS.contains(&name)
 }
 
-/// Dedupe-key prefixes agentq derives itself: a webhook delivery's `webhook:{source}:{id}`
-/// and a batch document's `batch:{batch}:{doc}`.
-pub const DERIVED_KEY_PREFIXES: [&str; 2] = ["webhook:", "batch:"];
+/// Dedupe-key prefixes agentq derives itself: a webhook delivery's `webhook:{source}:{id}`,
+/// a batch document's `batch:{batch}:{doc}` and a schedule firing's `schedule:{id}:{tick}`.
+pub const DERIVED_KEY_PREFIXES: [&str; 3] = ["webhook:", "batch:", "schedule:"];
 
 /// Refuses a dedupe key a producer chose (`--key`, `Idempotency-Key`) that falls in a namespace
-/// agentq derives keys in, so a producer can never take the key of a genuine webhook delivery
-/// or batch document before it arrives.
+/// agentq derives keys in, so a producer can never take the key of a genuine webhook delivery,
+/// batch document or schedule firing before it arrives.
 pub fn check_producer_key(key: &str) -> Result<(), String> {
     match DERIVED_KEY_PREFIXES.iter().find(|p| key.starts_with(*p)) {
         Some(p) => Err(format!(
-            "keys starting with {p:?} are agentq's own (webhook deliveries and batch documents); choose another key"
+            "keys starting with {p:?} are agentq's own (webhook deliveries, batch documents and \
+             schedule firings); choose another key"
         )),
         None => Ok(()),
     }
@@ -391,6 +402,7 @@ mod tests {
     fn producer_keys_stay_out_of_the_derived_namespaces() {
         assert!(check_producer_key("webhook:tracker:evt_2").is_err());
         assert!(check_producer_key("batch:b:doc").is_err());
+        assert!(check_producer_key("schedule:s:2026-01-01T00:00:00Z").is_err());
         assert!(check_producer_key("order-42").is_ok());
         assert!(check_producer_key("my-webhook:1").is_ok());
     }

@@ -2,7 +2,7 @@
 //! decisions over them.
 //!
 //! Every state agentq stores as text is an enum here ([`Status`], [`StepStatus`], [`Replay`],
-//! [`StepKind`], [`DeadLetterStatus`], [`BatchStatus`], [`ErrorClass`]): each has `as_str`,
+//! [`StepKind`], [`DeadLetterStatus`], [`BatchStatus`], [`Overlap`], [`ErrorClass`]): each has `as_str`,
 //! a `FromStr` that refuses an unknown string (never a default), serde as that string, a JSON
 //! Schema listing the strings (the HTTP API's document), and sqlx `Type`/`Encode`/`Decode` as
 //! PostgreSQL `text`, so a corrupt value in a row is a decoding error where it is read, never a
@@ -297,6 +297,20 @@ text_enum! {
 }
 
 text_enum! {
+    /// What a schedule does with a tick that comes while the operation of its previous firing
+    /// is unfinished (`schedules.overlap`).
+    pub enum Overlap ("overlap policy") {
+        /// Do not fire it (counted as skipped).
+        Skip = "skip",
+        /// Keep it, at most one such tick, and fire it once the previous operation ends; more
+        /// are skipped.
+        BufferOne = "buffer_one",
+        /// Fire it regardless.
+        Allow = "allow",
+    }
+}
+
+text_enum! {
     /// Why an attempt or an operation failed: every class agentq writes to
     /// `operations.error_class` and `dead_letters.class`. Stable names; README.md has a line on
     /// each (a test checks).
@@ -407,6 +421,7 @@ mod tests {
         round_trips(StepKind::ALL, StepKind::NAMES);
         round_trips(DeadLetterStatus::ALL, DeadLetterStatus::NAMES);
         round_trips(BatchStatus::ALL, BatchStatus::NAMES);
+        round_trips(Overlap::ALL, Overlap::NAMES);
         round_trips(ErrorClass::ALL, ErrorClass::NAMES);
         round_trips(DlqAction::ALL, DlqAction::NAMES);
         assert_eq!(
@@ -433,6 +448,7 @@ mod tests {
         let initial = include_str!("../../migrations/20261130000001_initial.sql");
         let batches = include_str!("../../migrations/20261130000009_batches.sql");
         let versions = include_str!("../../migrations/20261130000013_kind_versions.sql");
+        let schedules = include_str!("../../migrations/20261130000014_schedules.sql");
         let sorted = |mut v: Vec<String>| {
             v.sort();
             v
@@ -465,6 +481,10 @@ mod tests {
         assert_eq!(
             sorted(checked_names(batches, "status")),
             names(BatchStatus::NAMES)
+        );
+        assert_eq!(
+            sorted(checked_names(schedules, "overlap")),
+            names(Overlap::NAMES)
         );
     }
 

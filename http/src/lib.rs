@@ -1,6 +1,6 @@
 //! agentq-http: the HTTP API and the operator console (`agentq serve`). Producers enqueue,
-//! read, signal and cancel; senders deliver signed webhooks; operators work the DLQ and
-//! batches; monitors probe health, readiness and metrics. Handlers parse, call the application
+//! read, signal and cancel; senders deliver signed webhooks; operators work the DLQ, batches
+//! and schedules; monitors probe health, readiness and metrics. Handlers parse, call the application
 //! layer (`agentq-app`, the same functions as the CLI) and render.
 //!
 //! Invariants kept here: every route that takes an id filters by the caller's tenant
@@ -16,6 +16,7 @@ pub mod meta;
 pub mod openapi;
 mod operations;
 mod problem;
+mod schedules;
 mod ui;
 mod webhooks;
 
@@ -223,6 +224,16 @@ fn nul_refused(what: &str) -> ApiError {
     ApiError::bad_request(format!(
         "{what} contains an encoded NUL character (%00); remove it"
     ))
+}
+
+/// `response` with a `Location` header pointing at `url` (none when `url` cannot be a header).
+fn with_location(mut response: Response, url: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(url) {
+        response
+            .headers_mut()
+            .insert(axum::http::header::LOCATION, v);
+    }
+    response
 }
 
 /// Parses an id from the path (an operation or dead letter id: a UUID).

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::routing::{MethodRouter, get, post};
+use axum::routing::{MethodRouter, delete, get, post};
 
 use agentq_app as app;
 use agentq_core::operation::OperationView;
@@ -16,7 +16,7 @@ use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
 
 use crate::problem::Problem;
-use crate::{ApiState, batches, dlq, events, meta, operations, webhooks};
+use crate::{ApiState, batches, dlq, events, meta, operations, schedules, webhooks};
 
 /// Who may call a route.
 #[derive(Clone, Copy)]
@@ -263,6 +263,60 @@ pub const ROUTES: &[Route] = &[
     ),
     r(
         "get",
+        "/v1/schedules",
+        || get(schedules::list),
+        "List schedules with their next firings (an admin may pass ?tenant=)",
+        Access::Operator,
+        None,
+        (200, "ScheduleList"),
+    ),
+    r(
+        "post",
+        "/v1/schedules",
+        || post(schedules::create),
+        "Add a schedule: a kind and input fired as an operation on a cron expression (with an IANA time zone) or an interval; the input is checked against the kind first (audited)",
+        Access::Operator,
+        Some("CreateSchedule"),
+        (201, "Schedule"),
+    ),
+    r(
+        "get",
+        "/v1/schedules/{id}",
+        || get(schedules::show),
+        "A schedule with its next firings and counts",
+        Access::Operator,
+        None,
+        (200, "Schedule"),
+    ),
+    r(
+        "delete",
+        "/v1/schedules/{id}",
+        || delete(schedules::delete),
+        "Delete a schedule (its operations stay; audited)",
+        Access::Operator,
+        None,
+        (200, "Schedule"),
+    ),
+    r(
+        "post",
+        "/v1/schedules/{id}/pause",
+        || post(schedules::pause),
+        "Pause a schedule: nothing fires until it is resumed (audited)",
+        Access::Operator,
+        None,
+        (200, "Schedule"),
+    ),
+    r(
+        "post",
+        "/v1/schedules/{id}/resume",
+        || post(schedules::resume),
+        "Resume a paused schedule from its first tick after now (audited)",
+        Access::Operator,
+        None,
+        (200, "Schedule"),
+    ),
+    r(
+        "get",
         "/healthz",
         || get(meta::healthz),
         "Liveness",
@@ -337,6 +391,10 @@ fn parameters(path: &str, method: &str) -> Vec<Value> {
                     "One status or a comma-separated list; may repeat: any of them matches",
                 ),
                 "batch" => (json!({ "type": "string", "format": "uuid" }), "A batch id"),
+                "schedule" => (
+                    json!({ "type": "string", "format": "uuid" }),
+                    "A schedule id: the operations it fired",
+                ),
                 "limit" => (
                     json!({ "type": "integer", "minimum": 1, "maximum": app::page::MAX_PAGE }),
                     "Page size (default 100)",
@@ -355,6 +413,9 @@ fn parameters(path: &str, method: &str) -> Vec<Value> {
             out.push(json!({ "name": q, "in": "query", "required": false,
                 "description": description, "schema": schema }));
         }
+    }
+    if path == "/v1/schedules" && method == "get" {
+        out.push(json!({ "name": "tenant", "in": "query", "required": false, "schema": { "type": "string" } }));
     }
     if path == "/v1/dlq" || path == "/v1/dlq/stats" {
         for q in ["tenant", "kind", "class", "since", "batch", "status"] {
@@ -423,8 +484,9 @@ fn operation(route: &Route) -> Value {
         responses["422"] = problem("Well-formed but refused; `field` names what is wrong");
     }
     if route.method == "post" && route.path != "/v1/operations" && route.path != "/v1/batches" {
-        responses["409"] =
-            problem("The operation or dead letter is not in a state that allows this");
+        responses["409"] = problem(
+            "The operation, dead letter, batch or schedule is not in a state that allows this (or the name is taken)",
+        );
     }
     let mut op = json!({
         "summary": route.summary,
@@ -445,7 +507,7 @@ fn operation(route: &Route) -> Value {
         _ => op["security"] = json!([]),
     }
     if let Some(body) = route.body {
-        op["requestBody"] = json!({ "required": route.path == "/v1/operations" || route.path == "/v1/batches" || route.path.ends_with("/discard") || route.path.ends_with("/resolve"),
+        op["requestBody"] = json!({ "required": route.path == "/v1/operations" || route.path == "/v1/batches" || route.path == "/v1/schedules" || route.path.ends_with("/discard") || route.path.ends_with("/resolve"),
             "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{body}") } } } });
     }
     op
@@ -464,6 +526,7 @@ const REQUESTS: &[Describe] = &[
     SchemaGenerator::subschema_for::<dlq::DiscardRequest>,
     SchemaGenerator::subschema_for::<batches::ReasonRequest>,
     SchemaGenerator::subschema_for::<batches::StartBatch>,
+    SchemaGenerator::subschema_for::<app::schedules::NewSchedule>,
 ];
 
 /// Every JSON answer of the API, described as it is written.
@@ -483,6 +546,8 @@ const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<batches::BatchResult>,
     SchemaGenerator::subschema_for::<app::batches::StartedSummary>,
     SchemaGenerator::subschema_for::<app::batches::Report>,
+    SchemaGenerator::subschema_for::<app::schedules::ScheduleView>,
+    SchemaGenerator::subschema_for::<schedules::ScheduleList>,
     SchemaGenerator::subschema_for::<meta::Health>,
     SchemaGenerator::subschema_for::<meta::Ready>,
 ];
@@ -552,7 +617,9 @@ mod tests {
     use agentq_core::db::dead_letters::{ActionView, DeadLetterView, StatRow};
     use agentq_core::db::listing::Summary;
     use agentq_core::operation::{Lane, OperationId, Status, StepView};
-    use agentq_core::state::{BatchStatus, DeadLetterStatus, Replay, StepKind, StepStatus};
+    use agentq_core::state::{
+        BatchStatus, DeadLetterStatus, Overlap, Replay, StepKind, StepStatus,
+    };
     use axum::response::IntoResponse;
     use chrono::Utc;
     use schemars::JsonSchema;
@@ -808,6 +875,7 @@ mod tests {
             dedupe_key: some("key-1"),
             ordering_key: some("order-1"),
             request_id: some("req-1"),
+            schedule_id: done.then(Uuid::new_v4),
         }
     }
 
@@ -852,6 +920,43 @@ mod tests {
             note: op.map(|_| "fixed".into()),
             batch_id: op,
             raw_bytes: poison.then_some(12),
+        }
+    }
+
+    /// A schedule as the application layer fills it: a cron one or an interval one.
+    fn schedule(cron: bool) -> app::schedules::ScheduleView {
+        let now = Utc::now();
+        app::schedules::ScheduleView {
+            schedule: agentq_core::db::schedules::Schedule {
+                schedule_id: Uuid::new_v4(),
+                tenant: "acme".into(),
+                name: "nightly".into(),
+                kind: "echo".into(),
+                lane: Lane::Interactive,
+                priority: 0,
+                max_attempts: 5,
+                cron: cron.then(|| "0 9 * * *".into()),
+                time_zone: cron.then(|| "Europe/Berlin".into()),
+                interval_secs: (!cron).then_some(60),
+                overlap: if cron {
+                    Overlap::BufferOne
+                } else {
+                    Overlap::Skip
+                },
+                catchup_window_secs: 3600,
+                paused: !cron,
+                next_tick: Some(now),
+                buffered_tick: cron.then_some(now),
+                last_tick: cron.then_some(now),
+                last_op_id: cron.then(Uuid::new_v4),
+                fired: 3,
+                skipped_overlap: 1,
+                skipped_missed: 0,
+                created_by: "token:agq_ab".into(),
+                created_at: now,
+                updated_at: now,
+            },
+            next_firings: if cron { vec![now, now] } else { Vec::new() },
         }
     }
 
@@ -1066,6 +1171,12 @@ mod tests {
             ]
             .into(),
         });
+        let schedules: Vec<app::schedules::ScheduleView> =
+            [true, false].into_iter().map(schedule).collect();
+        for s in &schedules {
+            c.answer(s);
+        }
+        c.answer(&schedules::ScheduleList { items: schedules });
         let mut bad = serde_json::to_value(operation(true)).unwrap();
         bad["surprise"] = json!(1);
         assert!(!c.errors("Operation", &bad).is_empty(), "strict checks");
@@ -1126,6 +1237,22 @@ mod tests {
             json!({ "happened": "yes" }),
         ] {
             c.request::<ResolveRequest>(body);
+        }
+        for body in [
+            json!({ "name": "n", "kind": "echo", "input": { "text": "hi" }, "interval_secs": 60 }),
+            json!({ "name": "n", "kind": "echo", "input": null, "cron": "0 9 * * *",
+                    "time_zone": "Europe/Berlin", "overlap": "buffer_one",
+                    "catchup_window_secs": 600, "lane": "batch", "priority": 2,
+                    "max_attempts": 3, "paused": true, "tenant": "acme" }),
+            json!({ "name": "n", "kind": "echo", "input": 1, "overlap": null, "cron": null }),
+            json!({ "name": "n", "kind": "echo" }),
+            json!({ "kind": "echo", "input": 1 }),
+            json!({ "name": "n", "kind": "echo", "input": 1, "overlap": "sometimes" }),
+            json!({ "name": "n", "kind": "echo", "input": 1, "interval_secs": "60" }),
+            json!({ "name": "n", "kind": "echo", "input": 1, "paused": "yes" }),
+            json!({ "name": "n", "kind": "echo", "input": 1, "zzz": 1 }),
+        ] {
+            c.request::<app::schedules::NewSchedule>(body);
         }
         for body in [
             json!({ "reason": "duplicate" }),

@@ -8,7 +8,7 @@ use agentq_producer::EnqueueRequest;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
@@ -195,8 +195,8 @@ pub fn accepted(op: OperationId, created: bool, status: Status) -> Response {
     } else {
         StatusCode::OK
     };
-    let location = HeaderValue::from_str(&status_url);
-    let mut response = (
+    let location = status_url.clone();
+    let response = (
         code,
         Json(Accepted {
             op_id: op,
@@ -207,10 +207,7 @@ pub fn accepted(op: OperationId, created: bool, status: Status) -> Response {
         }),
     )
         .into_response();
-    if let Ok(v) = location {
-        response.headers_mut().insert(header::LOCATION, v);
-    }
-    response
+    super::with_location(response, &location)
 }
 
 /// One page of operations, newest first (no inputs, results or error messages).
@@ -222,11 +219,12 @@ pub struct OperationPage {
 }
 
 /// The query parameters of `GET /v1/operations`; `status` may repeat (any of them matches).
-pub const LIST_PARAMETERS: [&str; 10] = [
+pub const LIST_PARAMETERS: [&str; 11] = [
     "tenant",
     "status",
     "kind",
     "batch",
+    "schedule",
     "created_after",
     "created_before",
     "finished_after",
@@ -260,6 +258,7 @@ pub async fn list(
             "tenant" => &mut q.tenant,
             "kind" => &mut q.kind,
             "batch" => &mut q.batch,
+            "schedule" => &mut q.schedule,
             "created_after" => &mut q.created_after,
             "created_before" => &mut q.created_before,
             "finished_after" => &mut q.finished_after,

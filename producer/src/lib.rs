@@ -168,10 +168,7 @@ impl Producer {
         conn: &mut PgConnection,
         req: EnqueueRequest,
     ) -> Result<Pending, Error> {
-        let (op, needs) = self.validate(req)?;
-        if let Some(why) = stores::refusal(conn, &op.tenant, &needs).await? {
-            return Err(invalid("/input", why));
-        }
+        let op = self.prepare(conn, req).await?;
         match db::insert_operation(conn, &op).await? {
             Inserted::Created { id, epoch } => Ok(Pending {
                 enqueued: Enqueued {
@@ -209,6 +206,21 @@ impl Producer {
                 })
             }
         }
+    }
+
+    /// Checks `req` as an enqueue does (the kind, the input against it and the stores it
+    /// names, keys, sizes and limits) without writing anything; returns the operation an
+    /// enqueue would insert (a schedule keeps it and fires copies of it).
+    pub async fn prepare(
+        &self,
+        conn: &mut PgConnection,
+        req: EnqueueRequest,
+    ) -> Result<NewOperation, Error> {
+        let (op, needs) = self.validate(req)?;
+        if let Some(why) = stores::refusal(conn, &op.tenant, &needs).await? {
+            return Err(invalid("/input", why));
+        }
+        Ok(op)
     }
 
     /// Publishes the pointer of a committed [`Pending`] operation.
@@ -415,6 +427,7 @@ impl Producer {
             deadline: req.deadline,
             request_id: req.request_id,
             traceparent: req.traceparent,
+            schedule_id: None,
         };
         Ok((op, requires.stores))
     }

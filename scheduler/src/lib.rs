@@ -1,5 +1,9 @@
 //! agentq-scheduler: fires what is due.
 //!
+//! - schedules: each due tick of a schedule becomes an ordinary operation (dedupe key
+//!   `schedule:<id>:<tick>`), the schedule's next tick moved on in the same transaction as the
+//!   inserts, the rows locked `FOR UPDATE SKIP LOCKED`: any number of schedulers fire a tick
+//!   exactly once (`db::schedules::fire_due`); their pointers are published after the commit;
 //! - timers: sleeping operations whose wake time came and waiting ones whose timeout passed (or
 //!   whose signal arrived) go back to `queued` and are dispatched at once;
 //! - deadlines: queued, sleeping or waiting operations past their deadline become dead
@@ -73,6 +77,10 @@ pub struct Settings {
     pub retention_days: u32,
     /// How often retention runs.
     pub retention_every: Duration,
+    /// Schedules handled per firing pass.
+    pub schedule_batch: i64,
+    /// Ticks one schedule fires per pass at most (a catch-up continues on the next pass).
+    pub fire_per_schedule: usize,
 }
 
 impl Default for Settings {
@@ -87,6 +95,8 @@ impl Default for Settings {
             restart_limit: 3,
             retention_days: 30,
             retention_every: Duration::from_secs(60),
+            schedule_batch: 100,
+            fire_per_schedule: 50,
         }
     }
 }
@@ -143,6 +153,10 @@ impl Scheduler {
         let mut last_retention = Instant::now() - self.settings.retention_every;
         loop {
             let mut busy = false;
+            match self.fire_schedules().await {
+                Ok(n) => busy |= n as i64 >= self.settings.schedule_batch,
+                Err(e) => tracing::warn!(error = %e, "firing schedules failed"),
+            }
             match self.wake().await {
                 Ok(n) => busy |= n as i64 >= self.settings.wake_batch,
                 Err(e) => tracing::warn!(error = %e, "waking due timers failed"),
@@ -227,6 +241,46 @@ impl Scheduler {
             });
         }
         Ok(n)
+    }
+
+    /// One firing pass of the schedules: fires their due ticks as operations (committed with
+    /// the schedules' next ticks), then publishes the new operations' pointers as a producer
+    /// does (a failed publish is the sweeper's). Returns how many schedules it handled.
+    pub async fn fire_schedules(&self) -> anyhow::Result<usize> {
+        let fired = db::within(db::schedules::fire_due(
+            &self.pool,
+            self.settings.schedule_batch,
+            self.settings.fire_per_schedule,
+        ))
+        .await?;
+        let mut targets = Vec::new();
+        for f in &fired {
+            if f.missed > 0 {
+                tracing::warn!(
+                    schedule_id = %f.schedule_id, missed = f.missed,
+                    "ticks older than the schedule's catch-up window were skipped"
+                );
+            }
+            for (outcome, n) in [
+                ("fired", f.created.len() as i64),
+                ("skipped_overlap", f.skipped_overlap),
+                ("missed", f.missed),
+            ] {
+                if n > 0 {
+                    metrics::SCHEDULE_TICKS.add(&[&f.kind, outcome], n as f64);
+                }
+            }
+            for d in &f.created {
+                metrics::OPERATIONS_ENQUEUED.inc(&[&d.kind]);
+                targets.push(Target::from(d.clone()));
+            }
+        }
+        let dispatcher = &self.dispatcher;
+        let failed = send_all(targets, |t| async move { dispatcher.dispatch(&t).await }).await;
+        if let Some((_, e)) = failed.first() {
+            tracing::warn!(error = %e, n = failed.len(), "publishing fired operations failed; the sweeper will publish them");
+        }
+        Ok(fired.len())
     }
 
     /// One pass of the deadline loop; returns how many operations it stopped.

@@ -22,6 +22,7 @@ mod hostile_producer;
 mod metrics;
 mod models;
 mod real_model;
+mod schedules;
 mod timers;
 mod traces;
 mod usecase_webhook;

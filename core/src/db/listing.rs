@@ -14,8 +14,7 @@ use uuid::Uuid;
 use super::Result;
 use crate::state::Status;
 
-/// Which operations a list shows; every part optional. (A `schedule` filter belongs here
-/// when schedules exist.)
+/// Which operations a list shows; every part optional.
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
     /// The caller's scope (or, for an admin, the tenant asked for).
@@ -24,6 +23,8 @@ pub struct Filter {
     pub statuses: Vec<Status>,
     pub kind: Option<String>,
     pub batch: Option<Uuid>,
+    /// Fired by this schedule.
+    pub schedule: Option<Uuid>,
     /// Created at or after.
     pub created_after: Option<DateTime<Utc>>,
     /// Created before.
@@ -84,6 +85,9 @@ pub async fn list(
     }
     if let Some(b) = f.batch {
         q.push(" AND batch_id = ").push_bind(b);
+    }
+    if let Some(s) = f.schedule {
+        q.push(" AND schedule_id = ").push_bind(s);
     }
     for (column, op, at) in [
         ("created_at", ">=", f.created_after),

@@ -17,6 +17,7 @@ pub mod kv;
 pub mod ledger;
 pub mod listing;
 pub mod operations;
+pub mod schedules;
 pub mod steps;
 pub mod stores;
 pub mod timers;

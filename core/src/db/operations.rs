@@ -34,6 +34,8 @@ pub struct NewOperation {
     pub deadline: Option<DateTime<Utc>>,
     pub request_id: Option<String>,
     pub traceparent: Option<String>,
+    /// The schedule that fired it (`db::schedules::fire_due`).
+    pub schedule_id: Option<Uuid>,
 }
 
 /// The outcome of [`insert_operation`].
@@ -55,8 +57,9 @@ pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Res
     let row: Option<(Uuid, i64)> = sqlx::query_as(
         "INSERT INTO operations (id, tenant_id, kind, lane, priority, input, input_sha256,
                                  dedupe_key, ordering_key, batch_id, max_attempts, run_at,
-                                 deadline, request_id, traceparent)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE($12, now()), $13, $14, $15)
+                                 deadline, request_id, traceparent, schedule_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE($12, now()), $13, $14, $15,
+                 $16)
          ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
          RETURNING id, epoch",
     )
@@ -75,6 +78,7 @@ pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Res
     .bind(op.deadline)
     .bind(&op.request_id)
     .bind(&op.traceparent)
+    .bind(op.schedule_id)
     .fetch_optional(&mut *conn)
     .await?;
     if let Some((id, epoch)) = row {
@@ -122,6 +126,7 @@ struct OperationRow {
     dedupe_key: Option<String>,
     ordering_key: Option<String>,
     request_id: Option<String>,
+    schedule_id: Option<Uuid>,
 }
 
 impl From<OperationRow> for OperationView {
@@ -149,6 +154,7 @@ impl From<OperationRow> for OperationView {
             dedupe_key: r.dedupe_key,
             ordering_key: r.ordering_key,
             request_id: r.request_id,
+            schedule_id: r.schedule_id,
         }
     }
 }
@@ -163,7 +169,7 @@ pub async fn find_operation(
         "SELECT o.id, o.tenant_id, o.kind, o.kind_version, o.version_parked, o.lane, o.status, o.attempt, o.max_attempts, o.restarts,
                 o.run_at, o.created_at, o.updated_at, o.finished_at, o.result, o.error_class,
                 o.error_message, o.batch_id, o.dedupe_key, o.ordering_key, o.waiting_for,
-                o.request_id
+                o.request_id, o.schedule_id
            FROM operations o
           WHERE o.id = $1 AND ($2::text IS NULL OR o.tenant_id = $2)",
     )

@@ -84,20 +84,21 @@ pub fn badge(status: &str) -> String {
     let class = match status {
         "succeeded" | "resolved" | "retried" => "ok",
         "dead" | "open" | "crash_loop" => "bad",
-        "running" | "queued" | "canary" => "busy",
+        "running" | "queued" | "canary" | "active" => "busy",
         "waiting" | "sleeping" | "paused" => "wait",
         _ => "muted",
     };
     format!("<span class=\"badge {class}\">{}</span>", esc(status))
 }
 
-const NAV: [(&str, &str); 6] = [
+const NAV: [(&str, &str); 7] = [
     ("/ui", "Overview"),
     ("/ui/operations", "Operations"),
     ("/ui/dlq", "Dead letters"),
     ("/ui/approvals", "Approvals"),
     ("/ui/batches", "Batches"),
     ("/ui/versions", "Versions"),
+    ("/ui/schedules", "Schedules"),
 ];
 
 /// A full console page for `session`, with `active` highlighted in the navigation.

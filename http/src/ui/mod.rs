@@ -1,6 +1,7 @@
 //! The operator console at `/ui`: server-rendered HTML pages over the same application layer
 //! as the CLI and the JSON API (`agentq_app::operations::decide`, `agentq_app::dlq::act`,
-//! `agentq_app::batches::pause` / `resume`), so the three never disagree.
+//! `agentq_app::batches::pause` / `resume`, `agentq_app::schedules`), so the three never
+//! disagree.
 //!
 //! Invariants kept here:
 //! - A session is a random id in an HttpOnly, SameSite=Strict cookie, mapped in memory to the
@@ -15,6 +16,7 @@
 mod dlq;
 mod html;
 mod pages;
+mod schedules;
 mod session;
 
 use std::sync::Arc;
@@ -61,6 +63,10 @@ pub fn router<S>(api: Arc<ApiState>) -> Router<S> {
         .route("/ui/batches/{id}/pause", post(pages::pause))
         .route("/ui/batches/{id}/resume", post(pages::resume))
         .route("/ui/batches/{id}/cancel", post(pages::cancel_batch))
+        .route("/ui/schedules", get(schedules::list))
+        .route("/ui/schedules/{id}/pause", post(schedules::pause))
+        .route("/ui/schedules/{id}/resume", post(schedules::resume))
+        .route("/ui/schedules/{id}/delete", post(schedules::delete))
         .route("/ui/dlq", get(dlq::inbox))
         .route("/ui/dlq/{id}/retry", post(dlq::retry))
         .route("/ui/dlq/{id}/resolve", post(dlq::resolve))

@@ -1,5 +1,6 @@
 //! The console's pages other than the DLQ: overview, operations (list and one operation, with
-//! the audited payload reveal), pending approvals, and batches with pause / resume.
+//! the audited payload reveal), pending approvals, and batches with pause / resume (the
+//! Schedules page is `schedules.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,12 +35,12 @@ const STATUSES: [&str; 9] = [
 /// Operations per page of the list.
 const PAGE: i64 = 50;
 
-fn parse_uuid(s: &str, what: &str) -> UiResult<Uuid> {
+pub(super) fn parse_uuid(s: &str, what: &str) -> UiResult<Uuid> {
     Uuid::parse_str(s.trim()).map_err(|_| UiError::not_found(format!("no {what} {s}")))
 }
 
 /// Where to go after an action: a console path from the form, else `default`.
-fn back(fields: &Fields, default: &str) -> Response {
+pub(super) fn back(fields: &Fields, default: &str) -> Response {
     let next = fields
         .get("next")
         .filter(|n| n.starts_with("/ui") && !n.contains("//") && !n.contains('\\'))
@@ -121,6 +122,7 @@ pub struct ListQuery {
     kind: Option<String>,
     tenant: Option<String>,
     batch: Option<String>,
+    schedule: Option<String>,
     since: Option<String>,
     until: Option<String>,
     after: Option<String>,
@@ -173,6 +175,7 @@ pub async fn operations(
         status: non_empty(&q.status).into_iter().collect(),
         kind: non_empty(&q.kind),
         batch: non_empty(&q.batch),
+        schedule: non_empty(&q.schedule),
         created_after: time(&q.since, "since")?,
         created_before: time(&q.until, "until")?,
         ..Default::default()
@@ -210,6 +213,7 @@ pub async fn operations(
         body.push_str(&field("tenant", &q.tenant, "all"));
     }
     body.push_str(&field("batch", &q.batch, "batch id"));
+    body.push_str(&field("schedule", &q.schedule, "schedule id"));
     body.push_str(&field("since", &q.since, "2h or 2026-01-31T12:00"));
     body.push_str(&field("until", &q.until, "UTC"));
     body.push_str("<button type=\"submit\">Filter</button></form>");
@@ -221,6 +225,7 @@ pub async fn operations(
             ("kind", &q.kind),
             ("tenant", &q.tenant),
             ("batch", &q.batch),
+            ("schedule", &q.schedule),
             ("since", &q.since),
             ("until", &q.until),
         ] {
