@@ -31,6 +31,7 @@ pub const AGENTQ_TABLES: &[&str] = &[
     "operation_steps_superseded",
     "operations",
     "operator_actions",
+    "schedules",
     "signals",
     "stores",
     "webhook_secrets",

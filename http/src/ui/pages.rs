@@ -161,9 +161,18 @@ pub async fn operations(
 ) -> UiResult {
     let scope = session.caller.scope();
     // The console's own time forms (`datetime-local`, in UTC) as the RFC 3339 the flow reads.
+    // A time outside what the flow takes is refused here, naming the console's own field.
     let time = |v: &Option<String>, field: &str| {
         non_empty(v)
-            .map(|s| parse_time(&s, field).map(|t| t.to_rfc3339()))
+            .map(|s| {
+                let t = parse_time(&s, field)?;
+                if !(1970..=9999).contains(&chrono::Datelike::year(&t)) {
+                    return Err(UiError::bad_request(format!(
+                        "{field} is out of range: give a time in the years 1970 to 9999"
+                    )));
+                }
+                Ok(t.to_rfc3339())
+            })
             .transpose()
     };
     let query = app::operations::ListQuery {
