@@ -32,8 +32,8 @@ pub struct VersionLine {
     pub oldest_waiting_since: Option<DateTime<Utc>>,
     /// When the oldest unfinished one was created.
     pub oldest_created_at: Option<DateTime<Utc>>,
-    /// Operations are pinned to it but no live worker runs it: they wait until one does or an
-    /// operator upgrades them.
+    /// Operations wait on it and no live worker runs it (for the not-run-yet line: no live
+    /// worker runs the kind at all): they wait until one does or an operator upgrades them.
     pub unserved: bool,
     /// No unfinished operation runs on it: its code may be deleted.
     pub retirable: bool,
@@ -124,10 +124,16 @@ pub async fn report(app: &App, caller: &Caller, kind: Option<&str>) -> Result<Re
                     .filter_map(|l| l.version.as_deref()),
             )
             .map(str::to_string);
+            // Operations not run yet wait only if no live worker runs the kind at all.
+            let kind_served = by_version.values().any(|l| l.live_workers > 0);
             let mut versions: Vec<VersionLine> = by_version
                 .into_values()
                 .map(|mut l| {
-                    l.unserved = l.version.is_some() && l.live_workers == 0 && !l.retirable;
+                    let served = match l.version {
+                        Some(_) => l.live_workers > 0,
+                        None => kind_served,
+                    };
+                    l.unserved = !served && !l.retirable;
                     l
                 })
                 .collect();

@@ -423,14 +423,17 @@ pub async fn upgrade(
 }
 
 /// Per kind, the unfinished operations (queued, sleeping, waiting) pinned to a version no live
-/// worker runs: the gauge behind the `AgentqVersionWithoutWorker` alert.
+/// worker runs, and the parked ones not run yet of a kind no live worker runs at all: the
+/// gauge behind the `AgentqVersionWithoutWorker` alert.
 pub async fn without_live_worker(pool: &PgPool) -> Result<Vec<(String, i64)>> {
     let rows = sqlx::query_as(
         "SELECT o.kind, count(*) FROM operations o
-          WHERE o.status IN ('queued', 'sleeping', 'waiting') AND o.kind_version IS NOT NULL
+          WHERE o.status IN ('queued', 'sleeping', 'waiting')
+            AND (o.kind_version IS NOT NULL OR o.version_parked)
             AND NOT EXISTS (
                 SELECT 1 FROM workers w, unnest(w.kinds, w.versions) AS v(kind, version)
-                 WHERE w.live_until > now() AND v.kind = o.kind AND v.version = o.kind_version)
+                 WHERE w.live_until > now() AND v.kind = o.kind
+                   AND (o.kind_version IS NULL OR v.version = o.kind_version))
           GROUP BY o.kind",
     )
     .fetch_all(pool)
