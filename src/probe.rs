@@ -59,11 +59,13 @@ fn status_of(url: &str, timeout: Duration) -> anyhow::Result<u16> {
         (None, None) => bail!("the host resolves to no address"),
     };
     stream.set_write_timeout(Some(left()))?;
-    write!(
-        stream,
+    // One buffer, one write: `write!` on a socket sends each formatted piece on its own.
+    let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: agentq-probe\r\nConnection: close\r\n\r\n"
-    )
-    .context("sending the request")?;
+    );
+    stream
+        .write_all(request.as_bytes())
+        .context("sending the request")?;
     // Only the status line is read: `HTTP/1.1 200 OK`.
     let mut head = Vec::new();
     let mut buf = [0u8; 256];
@@ -98,9 +100,15 @@ mod tests {
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let mut conn = conn.unwrap();
-                let mut request = [0u8; 1024];
-                let n = conn.read(&mut request).unwrap();
-                assert!(request[..n].starts_with(b"GET /healthz HTTP/1.1\r\n"));
+                // The request may arrive in pieces: read up to the blank line ending its head.
+                let mut request = Vec::new();
+                let mut buf = [0u8; 256];
+                while !request.ends_with(b"\r\n\r\n") {
+                    let n = conn.read(&mut buf).unwrap();
+                    assert!(n > 0, "the probe closed before its request ended");
+                    request.extend_from_slice(&buf[..n]);
+                }
+                assert!(request.starts_with(b"GET /healthz HTTP/1.1\r\n"));
                 conn.write_all(answer.as_bytes()).unwrap();
             }
         });
