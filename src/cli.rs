@@ -158,7 +158,13 @@ pub struct EnqueueArgs {
     /// Operations with the same ordering key run one at a time, in creation order.
     #[arg(long)]
     pub ordering_key: Option<String>,
-    /// interactive or batch.
+    /// With --concurrency-limit: the tenant's operations sharing this key run at most that many at once.
+    #[arg(long)]
+    pub concurrency_key: Option<String>,
+    /// How many operations of --concurrency-key may run at once (1-1000).
+    #[arg(long)]
+    pub concurrency_limit: Option<i32>,
+    /// interactive or batch: interactive work never waits behind batch work.
     #[arg(long, default_value = "interactive")]
     pub lane: Lane,
     /// Attempts before the operation goes to the DLQ (default AGENTQ_MAX_ATTEMPTS).

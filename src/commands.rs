@@ -247,6 +247,8 @@ async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {
         input,
         dedupe_key: args.key,
         ordering_key: args.ordering_key,
+        concurrency_key: args.concurrency_key,
+        concurrency_limit: args.concurrency_limit,
         lane: args.lane,
         max_attempts: args.max_attempts,
         deadline,

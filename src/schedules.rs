@@ -79,8 +79,6 @@ pub struct AddArgs {
     pub catch_up: String,
     #[arg(long, default_value = "interactive")]
     pub lane: Lane,
-    #[arg(long, default_value_t = 0)]
-    pub priority: i16,
     /// Attempts of each firing's operation (default AGENTQ_MAX_ATTEMPTS).
     #[arg(long)]
     pub max_attempts: Option<i32>,
@@ -107,7 +105,6 @@ pub async fn run(config: Config, cmd: SchedulesCommand) -> anyhow::Result<()> {
                 overlap,
                 catch_up,
                 lane,
-                priority,
                 max_attempts,
                 paused,
                 actor,
@@ -132,7 +129,6 @@ pub async fn run(config: Config, cmd: SchedulesCommand) -> anyhow::Result<()> {
                 ),
                 catchup_window_secs: Some(duration(&catch_up, "--catch-up")?),
                 lane: Some(lane),
-                priority: Some(priority),
                 max_attempts,
                 paused,
             };

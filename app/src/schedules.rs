@@ -52,7 +52,6 @@ pub struct NewSchedule {
     pub catchup_window_secs: Option<i64>,
     /// `interactive` unless said otherwise
     pub lane: Option<Lane>,
-    pub priority: Option<i16>,
     #[schemars(range(min = 1, max = 1000))]
     pub max_attempts: Option<i32>,
     /// Add it paused (it fires once resumed)
@@ -178,7 +177,6 @@ pub async fn add(app: &App, caller: &Caller, new: NewSchedule) -> Result<Schedul
                     kind: new.kind,
                     input: new.input,
                     lane: new.lane.unwrap_or_default(),
-                    priority: new.priority.unwrap_or(0),
                     max_attempts: new.max_attempts,
                     ..EnqueueRequest::default()
                 },

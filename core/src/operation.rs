@@ -188,6 +188,11 @@ pub struct OperationView {
     pub dedupe_key: Option<String>,
     /// Operations sharing it run one at a time, in order.
     pub ordering_key: Option<String>,
+    /// Operations of its tenant sharing it run at most `concurrency_limit` at once.
+    #[serde(default)]
+    pub concurrency_key: Option<String>,
+    #[serde(default)]
+    pub concurrency_limit: Option<i32>,
     /// The `x-request-id` of the HTTP request that created it, if any.
     #[serde(default)]
     pub request_id: Option<String>,

@@ -31,9 +31,12 @@ pub struct CreateOperation {
     tenant: Option<String>,
     /// Operations sharing it run one at a time, in order
     ordering_key: Option<String>,
-    /// `interactive` unless said otherwise
+    /// With `concurrency_limit`: the tenant's operations sharing it run at most that many at once
+    concurrency_key: Option<String>,
+    #[schemars(range(min = 1, max = 1000))]
+    concurrency_limit: Option<i32>,
+    /// `interactive` unless said otherwise; interactive work never waits behind batch work
     lane: Option<Lane>,
-    priority: Option<i16>,
     #[schemars(range(min = 1, max = 1000))]
     max_attempts: Option<i32>,
     /// Not started before this instant
@@ -162,6 +165,7 @@ pub async fn create(
         ));
     }
     let fingerprint = input_sha256(&value);
+    no_priority(&value)?;
     let req: CreateOperation = body::decode(value)?;
     let tenant = app::operations::tenant_of(&caller.app(), req.tenant.as_deref())
         .map_err(|e| ApiError::from(e).field("/tenant"))?;
@@ -173,8 +177,9 @@ pub async fn create(
         input: req.input,
         dedupe_key: key,
         ordering_key: req.ordering_key,
+        concurrency_key: req.concurrency_key,
+        concurrency_limit: req.concurrency_limit,
         lane: req.lane.unwrap_or_default(),
-        priority: req.priority.unwrap_or(0),
         max_attempts: req.max_attempts,
         run_at: req.run_at,
         deadline: req.deadline,
@@ -185,6 +190,18 @@ pub async fn create(
     };
     let enqueued = app::operations::enqueue(&state.app, &caller.app(), enqueue).await?;
     Ok(accepted(enqueued.op_id, enqueued.created, enqueued.status))
+}
+
+/// Refuses the `priority` field agentq once accepted and never acted on, saying what acts.
+fn no_priority(body: &Value) -> ApiResult<()> {
+    if body.get("priority").is_some() {
+        return Err(ApiError::unprocessable(
+            "there is no priority field: what runs first is chosen by the lane (\"interactive\" \
+             never waits behind \"batch\"); drop \"priority\" and set \"lane\"",
+        )
+        .field("/priority"));
+    }
+    Ok(())
 }
 
 /// The answer to an accepted enqueue: 202 + Location the first time, 200 for a repeat.

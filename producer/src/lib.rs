@@ -22,6 +22,8 @@ use uuid::Uuid;
 pub const MAX_INPUT_BYTES: usize = 1024 * 1024;
 /// Longest accepted dedupe or ordering key.
 pub const MAX_KEY_LEN: usize = 256;
+/// The largest concurrency limit a key may have (as the `operations` table checks).
+pub const MAX_CONCURRENCY_LIMIT: i32 = 1000;
 
 /// What a caller asks to run.
 #[derive(Clone, Debug, Default)]
@@ -33,8 +35,12 @@ pub struct EnqueueRequest {
     pub dedupe_key: Option<String>,
     /// Operations sharing an ordering key run one at a time, in creation order.
     pub ordering_key: Option<String>,
+    /// With `concurrency_limit`: operations of the tenant sharing this key run at most that
+    /// many at once (claimed oldest first; one waiting for a signal or a sleep holds no slot).
+    pub concurrency_key: Option<String>,
+    pub concurrency_limit: Option<i32>,
+    /// Which queue and which worker slots it takes: `interactive` never waits behind `batch`.
     pub lane: Lane,
-    pub priority: i16,
     /// Attempts before the operation is dead; `None` → the configured default.
     pub max_attempts: Option<i32>,
     /// Do not start before this time.
@@ -67,7 +73,8 @@ pub enum Error {
     #[error("{message}")]
     Invalid {
         /// The request field at fault, as the HTTP API names it (`/kind`, `/input`,
-        /// `/ordering_key`, `Idempotency-Key`, `/max_attempts`, `/deadline`, `/tenant`).
+        /// `/ordering_key`, `/concurrency_key`, `/concurrency_limit`, `Idempotency-Key`,
+        /// `/max_attempts`, `/deadline`, `/tenant`).
         field: &'static str,
         message: String,
     },
@@ -386,6 +393,7 @@ impl Producer {
         for (what, field, key) in [
             ("dedupe key", "Idempotency-Key", &req.dedupe_key),
             ("ordering key", "/ordering_key", &req.ordering_key),
+            ("concurrency key", "/concurrency_key", &req.concurrency_key),
         ] {
             if let Some(k) = key
                 && (k.is_empty() || k.len() > MAX_KEY_LEN)
@@ -396,6 +404,33 @@ impl Producer {
                         "{what} must be 1-{MAX_KEY_LEN} characters (got {})",
                         k.len()
                     ),
+                ));
+            }
+        }
+        match (&req.concurrency_key, req.concurrency_limit) {
+            (None, None) => {}
+            (Some(_), Some(n)) if (1..=MAX_CONCURRENCY_LIMIT).contains(&n) => {}
+            (Some(_), Some(n)) => {
+                return Err(invalid(
+                    "/concurrency_limit",
+                    format!(
+                        "a concurrency limit must be between 1 and {MAX_CONCURRENCY_LIMIT} \
+                         (got {n})"
+                    ),
+                ));
+            }
+            (Some(_), None) => {
+                return Err(invalid(
+                    "/concurrency_limit",
+                    "a concurrency key needs a concurrency limit: how many of its operations \
+                     may run at once (1 or more)",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "/concurrency_key",
+                    "a concurrency limit needs a concurrency key: the operations it limits are \
+                     the tenant's that share the key",
                 ));
             }
         }
@@ -417,10 +452,11 @@ impl Producer {
             input_sha256: req.fingerprint.unwrap_or_else(|| input_sha256(&req.input)),
             kind: req.kind,
             lane: req.lane,
-            priority: req.priority,
             input: req.input,
             dedupe_key: req.dedupe_key,
             ordering_key: req.ordering_key,
+            concurrency_key: req.concurrency_key,
+            concurrency_limit: req.concurrency_limit,
             batch_id: req.batch_id,
             max_attempts,
             run_at: req.run_at,

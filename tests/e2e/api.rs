@@ -847,27 +847,27 @@ async fn api_an_operation_created_over_http_runs_to_success_and_reads_back() {
             &token,
             &json!({
                 "kind": "echo", "input": { "text": "later" }, "tenant": "acme",
-                "ordering_key": "customer-9", "lane": "batch", "priority": 5, "max_attempts": 2,
+                "ordering_key": "customer-9", "lane": "batch", "max_attempts": 2,
+                "concurrency_key": "account-3", "concurrency_limit": 4,
                 "run_at": run_at.to_rfc3339(), "deadline": deadline.to_rfc3339(),
             }),
         )
         .await;
-    let (lane, priority, ordering_key, stored_run_at, stored_deadline): (
+    let (lane, ordering_key, stored_run_at, stored_deadline): (
         String,
-        i16,
         Option<String>,
         chrono::DateTime<chrono::Utc>,
         Option<chrono::DateTime<chrono::Utc>>,
     ) = sqlx::query_as(
-        "SELECT lane, priority, ordering_key, run_at, deadline FROM operations WHERE id = $1::uuid",
+        "SELECT lane, ordering_key, run_at, deadline FROM operations WHERE id = $1::uuid",
     )
     .bind(&later)
     .fetch_one(&app.pool)
     .await
     .expect("the operation row");
     assert_eq!(
-        (lane.as_str(), priority, ordering_key.as_deref()),
-        ("batch", 5, Some("customer-9"))
+        (lane.as_str(), ordering_key.as_deref()),
+        ("batch", Some("customer-9"))
     );
     assert!((stored_run_at - run_at).num_seconds().abs() <= 1);
     assert!(stored_deadline.is_some_and(|d| (d - deadline).num_seconds().abs() <= 1));
@@ -875,6 +875,10 @@ async fn api_an_operation_created_over_http_runs_to_success_and_reads_back() {
         .get(&format!("/v1/operations/{later}"), Some(&token))
         .await
         .expect(200);
+    assert_eq!(
+        (&v["concurrency_key"], &v["concurrency_limit"]),
+        (&json!("account-3"), &json!(4))
+    );
     assert_eq!(
         (&v["status"], &v["max_attempts"]),
         (&json!("queued"), &json!(2)),

@@ -672,6 +672,23 @@ fn battery(
                 json!(99_999_999_999i64),
                 json!(-99_999_999_999i64),
                 json!(40_000),
+                // There is no priority field: even a well-formed one is refused, naming it.
+                json!(1),
+                json!(0),
+            ],
+        ),
+        (
+            "concurrency_key",
+            vec![json!(1), json!(true), json!([]), json!({ "k": 1 })],
+        ),
+        (
+            "concurrency_limit",
+            vec![
+                json!("3"),
+                json!(1.5),
+                json!(true),
+                json!(1e20),
+                json!(99_999_999_999i64),
             ],
         ),
         (
@@ -709,6 +726,42 @@ fn battery(
             ],
         ),
     ];
+    // A concurrency key and its limit come together, each within its range.
+    let long_key = "k".repeat(257);
+    for (pair, field) in [
+        (
+            json!({ "concurrency_key": "acct", "concurrency_limit": 0 }),
+            "concurrency_limit",
+        ),
+        (
+            json!({ "concurrency_key": "acct", "concurrency_limit": -1 }),
+            "concurrency_limit",
+        ),
+        (
+            json!({ "concurrency_key": "acct", "concurrency_limit": 1001 }),
+            "concurrency_limit",
+        ),
+        (json!({ "concurrency_key": "acct" }), "concurrency_limit"),
+        (json!({ "concurrency_limit": 2 }), "concurrency_key"),
+        (
+            json!({ "concurrency_key": "", "concurrency_limit": 2 }),
+            "concurrency_key",
+        ),
+        (
+            json!({ "concurrency_key": long_key, "concurrency_limit": 2 }),
+            "concurrency_key",
+        ),
+    ] {
+        let mut body = valid.clone();
+        for (k, v) in pair.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        cases.push(
+            Case::create(format!("{pair}"), producer, body.to_string())
+                .expect(422)
+                .mentions(field),
+        );
+    }
     for (field, values) in wrong {
         for v in values {
             let mut body = valid.clone();
@@ -1212,7 +1265,7 @@ fn battery(
     }
     reused.push(json!({ "kind": "script", "input": { "steps": [{ "work_ms": 1 }] } }));
     reused.push(json!({ "kind": "echo", "input": { "text": "original" }, "lane": "batch" }));
-    reused.push(json!({ "kind": "echo", "input": { "text": "original" }, "priority": 3 }));
+    reused.push(json!({ "kind": "echo", "input": { "text": "original" }, "concurrency_key": "a", "concurrency_limit": 2 }));
     for body in reused {
         let mut c = Case::create(
             format!("reused key with {body}"),

@@ -19,6 +19,7 @@ mod fake_model;
 mod flows;
 mod foundation;
 mod hostile_producer;
+mod limits;
 mod metrics;
 mod models;
 mod real_model;

@@ -23,11 +23,13 @@ pub struct NewOperation {
     pub tenant: String,
     pub kind: String,
     pub lane: Lane,
-    pub priority: i16,
     pub input: Value,
     pub input_sha256: String,
     pub dedupe_key: Option<String>,
     pub ordering_key: Option<String>,
+    /// With `concurrency_limit`: at most that many operations of the key run at once.
+    pub concurrency_key: Option<String>,
+    pub concurrency_limit: Option<i32>,
     pub batch_id: Option<Uuid>,
     pub max_attempts: i32,
     pub run_at: Option<DateTime<Utc>>,
@@ -55,11 +57,12 @@ pub enum Inserted {
 /// Takes a connection so it can run inside the caller's own transaction.
 pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Result<Inserted> {
     let row: Option<(Uuid, i64)> = sqlx::query_as(
-        "INSERT INTO operations (id, tenant_id, kind, lane, priority, input, input_sha256,
-                                 dedupe_key, ordering_key, batch_id, max_attempts, run_at,
-                                 deadline, request_id, traceparent, schedule_id)
+        "INSERT INTO operations (id, tenant_id, kind, lane, concurrency_limit, input,
+                                 input_sha256, dedupe_key, ordering_key, batch_id, max_attempts,
+                                 run_at, deadline, request_id, traceparent, schedule_id,
+                                 concurrency_key)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE($12, now()), $13, $14, $15,
-                 $16)
+                 $16, $17)
          ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
          RETURNING id, epoch",
     )
@@ -67,7 +70,7 @@ pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Res
     .bind(&op.tenant)
     .bind(&op.kind)
     .bind(op.lane.as_str())
-    .bind(op.priority)
+    .bind(op.concurrency_limit)
     .bind(&op.input)
     .bind(&op.input_sha256)
     .bind(&op.dedupe_key)
@@ -79,6 +82,7 @@ pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Res
     .bind(&op.request_id)
     .bind(&op.traceparent)
     .bind(op.schedule_id)
+    .bind(&op.concurrency_key)
     .fetch_optional(&mut *conn)
     .await?;
     if let Some((id, epoch)) = row {
@@ -125,6 +129,8 @@ struct OperationRow {
     batch_id: Option<Uuid>,
     dedupe_key: Option<String>,
     ordering_key: Option<String>,
+    concurrency_key: Option<String>,
+    concurrency_limit: Option<i32>,
     request_id: Option<String>,
     schedule_id: Option<Uuid>,
 }
@@ -153,6 +159,8 @@ impl From<OperationRow> for OperationView {
             batch_id: r.batch_id,
             dedupe_key: r.dedupe_key,
             ordering_key: r.ordering_key,
+            concurrency_key: r.concurrency_key,
+            concurrency_limit: r.concurrency_limit,
             request_id: r.request_id,
             schedule_id: r.schedule_id,
         }
@@ -169,7 +177,7 @@ pub async fn find_operation(
         "SELECT o.id, o.tenant_id, o.kind, o.kind_version, o.version_parked, o.lane, o.status, o.attempt, o.max_attempts, o.restarts,
                 o.run_at, o.created_at, o.updated_at, o.finished_at, o.result, o.error_class,
                 o.error_message, o.batch_id, o.dedupe_key, o.ordering_key, o.waiting_for,
-                o.request_id, o.schedule_id
+                o.concurrency_key, o.concurrency_limit, o.request_id, o.schedule_id
            FROM operations o
           WHERE o.id = $1 AND ($2::text IS NULL OR o.tenant_id = $2)",
     )
@@ -206,8 +214,8 @@ pub struct Claimed {
 
 /// Claims every operation of `ids` that is queued and due, in one committed statement: status
 /// `running`, a new epoch, the next attempt and a lease for `owner`. Ids that are running
-/// elsewhere, finished, not yet due, behind an unfinished operation of their ordering key, or
-/// unknown are simply not returned.
+/// elsewhere, finished, not yet due, behind an unfinished operation of their ordering key, over
+/// their concurrency key's limit, or unknown are simply not returned.
 pub async fn claim_operations(
     pool: &PgPool,
     ids: &[Uuid],
@@ -223,10 +231,49 @@ pub async fn claim_operations(
             -- over queued rows can serve it. Right after a bulk enqueue the planner's row
             -- estimates for those indexes are stale (hundreds, not the 100k queued), and it
             -- would scan the whole backlog bitmap per claim, O(backlog) instead of O(batch).
-            SELECT id FROM operations
+            -- The columns read below are the locked (latest) row versions'.
+            SELECT id, tenant_id, kind, kind_version, ordering_key, concurrency_key,
+                   concurrency_limit, created_at, batch_id
+              FROM operations
              WHERE id = ANY($1) AND COALESCE(status, '') = 'queued' AND run_at <= now()
              ORDER BY id
                FOR UPDATE
+         ), startable AS (
+            SELECT o.* FROM locked o
+             -- Only a worker that runs the operation's version (or, for one not run yet, the
+             -- newest live version of its kind) may claim it.
+             WHERE ",
+        super::versions::runnable_sql!(),
+        "
+               -- Ordering keys: only the oldest unfinished operation of its key may start.
+               AND (o.ordering_key IS NULL OR NOT EXISTS (
+                       SELECT 1 FROM operations p
+                        WHERE p.tenant_id = o.tenant_id AND p.ordering_key = o.ordering_key
+                          AND p.status NOT IN ",
+        terminal_sql!(),
+        "
+                          AND (p.created_at, p.id) < (o.created_at, o.id)))
+               -- A paused or cancelled batch starts nothing; resuming re-dispatches its queue.
+               AND NOT in_stopped_batch(o.batch_id)
+         ), counters AS (
+            -- Concurrency keys: lock the batch's counters (after its operations, in key order,
+            -- like every other statement that takes both) and read how many run now.
+            SELECT c.tenant_id, c.key, c.running FROM concurrency_keys c
+             WHERE (c.tenant_id, c.key) IN (SELECT tenant_id, concurrency_key FROM startable
+                                             WHERE concurrency_key IS NOT NULL)
+             ORDER BY c.tenant_id, c.key
+               FOR UPDATE
+         ), admitted AS (
+            -- A key's operations start oldest first while the key stays under its limit.
+            SELECT s.id FROM (
+                SELECT o.id, o.concurrency_key IS NULL AS free, o.concurrency_limit,
+                       row_number() OVER (PARTITION BY o.tenant_id, o.concurrency_key
+                                          ORDER BY o.created_at, o.id) AS nth,
+                       c.running
+                  FROM startable o
+                  LEFT JOIN counters c
+                    ON c.tenant_id = o.tenant_id AND c.key = o.concurrency_key) s
+             WHERE s.free OR s.running + s.nth <= s.concurrency_limit
          )
          UPDATE operations o
             SET status = 'running', epoch = o.epoch + 1, attempt = o.attempt + 1,
@@ -236,23 +283,8 @@ pub async fn claim_operations(
                 kind_version = COALESCE(o.kind_version,
                     (SELECT p.version FROM unnest($4::text[], $5::text[]) AS p(kind, version)
                       WHERE p.kind = o.kind LIMIT 1))
-           FROM locked
-          WHERE o.id = locked.id AND COALESCE(o.status, '') = 'queued' AND o.run_at <= now()
-            -- Only a worker that runs the operation's version (or, for one not run yet, the
-            -- newest live version of its kind) may claim it.
-            AND ",
-        super::versions::runnable_sql!(),
-        "
-            -- Ordering keys: only the oldest unfinished operation of its key may start.
-            AND (o.ordering_key IS NULL OR NOT EXISTS (
-                    SELECT 1 FROM operations p
-                     WHERE p.tenant_id = o.tenant_id AND p.ordering_key = o.ordering_key
-                       AND p.status NOT IN ",
-        terminal_sql!(),
-        "
-                       AND (p.created_at, p.id) < (o.created_at, o.id)))
-            -- A paused or cancelled batch starts nothing; resuming re-dispatches its queue.
-            AND NOT in_stopped_batch(o.batch_id)
+           FROM admitted
+          WHERE o.id = admitted.id
       RETURNING o.id, o.tenant_id, o.kind, o.kind_version, o.upgrade_through, o.input,
                 o.epoch, o.attempt, o.max_attempts, o.restarts, o.deadline, o.request_id,
                 o.traceparent,

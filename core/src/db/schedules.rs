@@ -29,7 +29,6 @@ pub struct Schedule {
     pub kind: String,
     #[sqlx(try_from = "String")]
     pub lane: Lane,
-    pub priority: i16,
     pub max_attempts: i32,
     /// Its cron expression, or null for an interval
     pub cron: Option<String>,
@@ -59,8 +58,7 @@ pub struct Schedule {
     pub updated_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "id AS schedule_id, tenant_id AS tenant, name, kind, lane, priority,
-    max_attempts, cron, time_zone, interval_secs, overlap, catchup_secs AS catchup_window_secs,
+const COLUMNS: &str = "id AS schedule_id, tenant_id AS tenant, name, kind, lane, max_attempts, cron, time_zone, interval_secs, overlap, catchup_secs AS catchup_window_secs,
     paused, next_tick, buffered_tick, last_tick, last_op_id, fired, skipped_overlap,
     skipped_missed, created_by, created_at, updated_at";
 
@@ -68,7 +66,7 @@ const COLUMNS: &str = "id AS schedule_id, tenant_id AS tenant, name, kind, lane,
 pub struct NewSchedule<'a> {
     pub id: Uuid,
     pub name: &'a str,
-    /// The operation as an enqueue would insert it (tenant, kind, input, lane, priority,
+    /// The operation as an enqueue would insert it (tenant, kind, input, lane,
     /// attempts); each firing inserts a copy with its own id and dedupe key.
     pub op: &'a NewOperation,
     pub spec: &'a Spec,
@@ -88,10 +86,10 @@ pub async fn create(pool: &PgPool, s: &NewSchedule<'_>, actor: &str) -> Result<O
     let mut tx = pool.begin().await?;
     let next = s.spec.next_after(now(&mut tx).await?);
     let created: Option<Schedule> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO schedules (id, tenant_id, name, kind, input, lane, priority, max_attempts,
+        "INSERT INTO schedules (id, tenant_id, name, kind, input, lane, max_attempts,
                                 cron, time_zone, interval_secs, overlap, catchup_secs, paused,
                                 next_tick, created_by)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
          ON CONFLICT (tenant_id, name) DO NOTHING
          RETURNING {COLUMNS}"
     )))
@@ -101,7 +99,6 @@ pub async fn create(pool: &PgPool, s: &NewSchedule<'_>, actor: &str) -> Result<O
     .bind(&s.op.kind)
     .bind(&s.op.input)
     .bind(s.op.lane.as_str())
-    .bind(s.op.priority)
     .bind(s.op.max_attempts)
     .bind(s.spec.cron_expr())
     .bind(s.spec.zone_name())
@@ -253,7 +250,6 @@ struct Due {
     input: Value,
     #[sqlx(try_from = "String")]
     lane: Lane,
-    priority: i16,
     max_attempts: i32,
     cron: Option<String>,
     time_zone: Option<String>,
@@ -287,7 +283,7 @@ pub struct Fired {
 pub async fn fire_due(pool: &PgPool, limit: i64, max_fire: usize) -> Result<Vec<Fired>> {
     let mut tx = pool.begin().await?;
     let due: Vec<Due> = sqlx::query_as(concat!(
-        "SELECT s.id, s.tenant_id, s.kind, s.input, s.lane, s.priority, s.max_attempts, s.cron,
+        "SELECT s.id, s.tenant_id, s.kind, s.input, s.lane, s.max_attempts, s.cron,
                 s.time_zone, s.interval_secs, s.overlap, s.catchup_secs, s.next_tick,
                 s.buffered_tick, now() AS now,
                 EXISTS (SELECT 1 FROM operations o
@@ -330,11 +326,12 @@ pub async fn fire_due(pool: &PgPool, limit: i64, max_fire: usize) -> Result<Vec<
                 tenant: d.tenant_id.clone(),
                 kind: d.kind.clone(),
                 lane,
-                priority: d.priority,
                 input: d.input.clone(),
                 input_sha256: sha.clone(),
                 dedupe_key: Some(schedule::firing_key(d.id, *tick)),
                 ordering_key: None,
+                concurrency_key: None,
+                concurrency_limit: None,
                 batch_id: None,
                 max_attempts: d.max_attempts,
                 run_at: None,

@@ -24,6 +24,7 @@ pub const AGENTQ_TABLES: &[&str] = &[
     "api_tokens",
     "batch_outcomes",
     "batches",
+    "concurrency_keys",
     "dead_letters",
     "ledger_effects",
     "operation_events",

@@ -370,6 +370,18 @@ async fn operation_page(state: &UiState, session: &Session, id: &str, revealed: 
     if let Some(w) = &op.waiting_for {
         body.push_str(&format!("<dt>waiting for</dt><dd>signal {}</dd>", esc(w)));
     }
+    if let Some(k) = &op.ordering_key {
+        body.push_str(&format!(
+            "<dt>ordering key</dt><dd class=\"mono\">{}</dd>",
+            esc(k)
+        ));
+    }
+    if let (Some(k), Some(n)) = (&op.concurrency_key, op.concurrency_limit) {
+        body.push_str(&format!(
+            "<dt>concurrency key</dt><dd><span class=\"mono\">{}</span> (at most {n} at once)</dd>",
+            esc(k)
+        ));
+    }
     if let Some(b) = op.batch_id {
         body.push_str(&format!(
             "<dt>batch</dt><dd><a class=\"mono\" href=\"/ui/operations?batch={b}\">{b}</a></dd>"
