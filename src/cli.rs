@@ -195,6 +195,9 @@ pub struct ListArgs {
     /// Only the operations this schedule fired.
     #[arg(long)]
     pub schedule: Option<String>,
+    /// Only the children this operation spawned.
+    #[arg(long)]
+    pub parent: Option<String>,
     /// Created at or after: RFC 3339, or a duration ago (30m, 2h, 7d).
     #[arg(long)]
     pub created_after: Option<String>,

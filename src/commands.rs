@@ -325,6 +325,7 @@ async fn list(config: &Config, args: ListArgs) -> anyhow::Result<()> {
         kind: args.kind,
         batch: args.batch,
         schedule: args.schedule,
+        parent: args.parent,
         created_after: args.created_after,
         created_before: args.created_before,
         finished_after: args.finished_after,

@@ -202,7 +202,7 @@ pub async fn steps(
 
 /// Which operations a caller asks for, as a user typed it (query parameters, CLI flags, form
 /// fields); every part optional. Times are RFC 3339 or an age (`2h`, `7d`); `*_after` is
-/// inclusive, `*_before` exclusive. (A `schedule` filter belongs here when schedules exist.)
+/// inclusive, `*_before` exclusive.
 #[derive(Clone, Debug, Default)]
 pub struct ListQuery {
     /// An admin's choice of tenant; a non-admin may name only its own.
@@ -214,6 +214,8 @@ pub struct ListQuery {
     pub batch: Option<String>,
     /// A schedule id: the operations it fired.
     pub schedule: Option<String>,
+    /// An operation id: the children it spawned.
+    pub parent: Option<String>,
     pub created_after: Option<String>,
     pub created_before: Option<String>,
     /// Only finished operations match a finished range.
@@ -253,27 +255,18 @@ pub fn list_filter(caller: &Caller, query: &ListQuery) -> Result<listing::Filter
             format!("kind must be 1-{MAX_NAME} characters"),
         ));
     }
-    let batch = query
-        .batch
-        .as_deref()
-        .map(|b| {
-            uuid::Uuid::parse_str(b).map_err(|_| {
-                AppError::malformed("batch", format!("batch {b:?} is not a batch id (a UUID)"))
+    let id = |v: &Option<String>, field: &'static str, what: &str| {
+        v.as_deref()
+            .map(|s| {
+                uuid::Uuid::parse_str(s).map_err(|_| {
+                    AppError::malformed(field, format!("{field} {s:?} is not {what} (a UUID)"))
+                })
             })
-        })
-        .transpose()?;
-    let schedule = query
-        .schedule
-        .as_deref()
-        .map(|b| {
-            uuid::Uuid::parse_str(b).map_err(|_| {
-                AppError::malformed(
-                    "schedule",
-                    format!("schedule {b:?} is not a schedule id (a UUID)"),
-                )
-            })
-        })
-        .transpose()?;
+            .transpose()
+    };
+    let batch = id(&query.batch, "batch", "a batch id")?;
+    let schedule = id(&query.schedule, "schedule", "a schedule id")?;
+    let parent = id(&query.parent, "parent", "an operation id")?;
     let time = |v: &Option<String>, field: &'static str| {
         v.as_deref()
             .map(|s| crate::time::parse_since(s, field).map_err(|e| AppError::malformed(field, e)))
@@ -285,6 +278,7 @@ pub fn list_filter(caller: &Caller, query: &ListQuery) -> Result<listing::Filter
         kind: query.kind.clone(),
         batch,
         schedule,
+        parent,
         created_after: time(&query.created_after, "created_after")?,
         created_before: time(&query.created_before, "created_before")?,
         finished_after: time(&query.finished_after, "finished_after")?,

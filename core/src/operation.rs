@@ -199,6 +199,9 @@ pub struct OperationView {
     /// The schedule that fired it, if any (kept after the schedule is deleted).
     #[serde(default)]
     pub schedule_id: Option<Uuid>,
+    /// The operation that spawned it (`ctx.spawn`), if any.
+    #[serde(default)]
+    pub parent_id: Option<Uuid>,
 }
 
 /// One journal entry as shown by `agentq steps` (outputs are shown; they are the user's data).
@@ -311,8 +314,17 @@ pub fn is_approval_signal(name: &str) -> bool {
 }
 
 /// Dedupe-key prefixes agentq derives itself: a webhook delivery's `webhook:{source}:{id}`,
-/// a batch document's `batch:{batch}:{doc}` and a schedule firing's `schedule:{id}:{tick}`.
-pub const DERIVED_KEY_PREFIXES: [&str; 3] = ["webhook:", "batch:", "schedule:"];
+/// a batch document's `batch:{batch}:{doc}`, a schedule firing's `schedule:{id}:{tick}` and a
+/// child operation's `child:{the spawn step's idempotency key}`.
+pub const DERIVED_KEY_PREFIXES: [&str; 4] = ["webhook:", "batch:", "schedule:", "child:"];
+
+/// Largest accepted input, serialized (inputs are stored in Postgres, not sent to the broker):
+/// an enqueue's and a spawned child's.
+pub const MAX_INPUT_BYTES: usize = 1024 * 1024;
+
+/// What a parent parked on `ctx.join` waits for (`operations.waiting_for`): not a signal name
+/// (those have no parentheses), so no signal can wake or resolve a join.
+pub const JOIN_WAIT: &str = "(children)";
 
 /// Refuses a dedupe key a producer chose (`--key`, `Idempotency-Key`) that falls in a namespace
 /// agentq derives keys in, so a producer can never take the key of a genuine webhook delivery,
@@ -320,8 +332,8 @@ pub const DERIVED_KEY_PREFIXES: [&str; 3] = ["webhook:", "batch:", "schedule:"];
 pub fn check_producer_key(key: &str) -> Result<(), String> {
     match DERIVED_KEY_PREFIXES.iter().find(|p| key.starts_with(*p)) {
         Some(p) => Err(format!(
-            "keys starting with {p:?} are agentq's own (webhook deliveries, batch documents and \
-             schedule firings); choose another key"
+            "keys starting with {p:?} are agentq's own (webhook deliveries, batch documents, \
+             schedule firings and child operations); choose another key"
         )),
         None => Ok(()),
     }

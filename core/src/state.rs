@@ -265,6 +265,10 @@ text_enum! {
         Custom = "custom",
         /// A `ctx.patched` marker: the code that recorded the journal had the patch.
         Patch = "patch",
+        /// A `ctx.spawn`: its output is the child operation's id.
+        Spawn = "spawn",
+        /// A `ctx.join`: parks until the children finish; its output is how each ended.
+        Join = "join",
     }
 }
 
@@ -447,7 +451,7 @@ mod tests {
     fn the_enums_name_what_the_schema_allows() {
         let initial = include_str!("../../migrations/20261130000001_initial.sql");
         let batches = include_str!("../../migrations/20261130000009_batches.sql");
-        let versions = include_str!("../../migrations/20261130000013_kind_versions.sql");
+        let children = include_str!("../../migrations/20261130000017_child_operations.sql");
         let schedules = include_str!("../../migrations/20261130000014_schedules.sql");
         let sorted = |mut v: Vec<String>| {
             v.sort();
@@ -458,9 +462,9 @@ mod tests {
             sorted(checked_names(initial, "status")),
             names(Status::NAMES)
         );
-        // Migration 13 added `patch` to the journal's kinds.
+        // Migration 13 added `patch` to the journal's kinds, 17 `spawn` and `join`.
         assert_eq!(
-            sorted(checked_names(versions, "kind")),
+            sorted(checked_names(children, "kind")),
             names(StepKind::NAMES)
         );
         assert_eq!(

@@ -877,6 +877,7 @@ mod tests {
             concurrency_key: some("account-7"),
             concurrency_limit: Some(3),
             request_id: some("req-1"),
+            parent_id: done.then(Uuid::new_v4),
             schedule_id: done.then(Uuid::new_v4),
         }
     }
@@ -921,6 +922,7 @@ mod tests {
             resolved_at: op.map(|_| Utc::now()),
             note: op.map(|_| "fixed".into()),
             batch_id: op,
+            parent_id: op,
             raw_bytes: poison.then_some(12),
         }
     }

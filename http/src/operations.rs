@@ -236,12 +236,13 @@ pub struct OperationPage {
 }
 
 /// The query parameters of `GET /v1/operations`; `status` may repeat (any of them matches).
-pub const LIST_PARAMETERS: [&str; 11] = [
+pub const LIST_PARAMETERS: [&str; 12] = [
     "tenant",
     "status",
     "kind",
     "batch",
     "schedule",
+    "parent",
     "created_after",
     "created_before",
     "finished_after",
@@ -276,6 +277,7 @@ pub async fn list(
             "kind" => &mut q.kind,
             "batch" => &mut q.batch,
             "schedule" => &mut q.schedule,
+            "parent" => &mut q.parent,
             "created_after" => &mut q.created_after,
             "created_before" => &mut q.created_before,
             "finished_after" => &mut q.finished_after,

@@ -130,6 +130,12 @@ pub enum ScriptStep {
         #[serde(default)]
         times: Option<i32>,
     },
+    /// `{"spawn": "kind", "input": …}`: starts a child operation ([`JobContext::spawn`]);
+    /// its output names the child.
+    Spawn { spawn: String, input: Value },
+    /// `{"join": true}`: waits for every child spawned since the last join
+    /// ([`JobContext::join`]); its output lists how each ended.
+    Join { join: bool },
     /// `{"patched": "change-id", "then": [steps], "else": [steps]}`: runs `then` where
     /// [`JobContext::patched`] says the change applies, `else` where the operation's journal
     /// was recorded before it.
@@ -186,18 +192,35 @@ pub async fn script(ctx: JobContext, input: ScriptInput) -> Result<Value, JobErr
         .unwrap_or_else(|| ctx.info().version.clone());
     let steps = variants.remove(&variant).unwrap_or(steps);
     let mut outputs = Vec::with_capacity(steps.len());
-    run_steps(&ctx, steps, &mut outputs).await?;
+    run_steps(&ctx, steps, &mut outputs, &mut Vec::new()).await?;
     Ok(json!({ "steps": outputs.len(), "outputs": outputs }))
 }
 
-/// Runs `steps` in order, pushing each one's output.
+/// Runs `steps` in order, pushing each one's output; `spawned` holds the children spawned
+/// since the last join.
 fn run_steps<'a>(
     ctx: &'a JobContext,
     steps: Vec<ScriptStep>,
     outputs: &'a mut Vec<Value>,
+    spawned: &'a mut Vec<uuid::Uuid>,
 ) -> BoxFuture<'a, Result<(), JobError>> {
     Box::pin(async move {
         for step in steps {
+            match step {
+                ScriptStep::Spawn { spawn, input } => {
+                    let child = ctx.spawn(&spawn, input).await?;
+                    spawned.push(child);
+                    outputs.push(json!({ "spawned": child }));
+                    continue;
+                }
+                ScriptStep::Join { join: true } => {
+                    let children = ctx.join(spawned).await?;
+                    spawned.clear();
+                    outputs.push(json!({ "children": children }));
+                    continue;
+                }
+                _ => {}
+            }
             if let ScriptStep::Patched {
                 patched,
                 then,
@@ -206,7 +229,13 @@ fn run_steps<'a>(
             {
                 let applies = ctx.patched(&patched)?;
                 outputs.push(json!({ "patched": patched, "applies": applies }));
-                run_steps(ctx, if applies { then } else { otherwise }, outputs).await?;
+                run_steps(
+                    ctx,
+                    if applies { then } else { otherwise },
+                    outputs,
+                    spawned,
+                )
+                .await?;
                 continue;
             }
             outputs.push(run_step(ctx, step).await?);
@@ -334,7 +363,10 @@ async fn run_step(ctx: &JobContext, step: ScriptStep) -> Result<Value, JobError>
             }
             json!({ "panicked": false })
         }
-        ScriptStep::Patched { .. } => unreachable!("run_steps runs patched steps"),
+        ScriptStep::Join { join: false } => json!({ "joined": false }),
+        ScriptStep::Patched { .. } | ScriptStep::Spawn { .. } | ScriptStep::Join { .. } => {
+            unreachable!("run_steps runs patched, spawn and join steps")
+        }
     };
     Ok(out)
 }

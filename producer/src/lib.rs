@@ -18,8 +18,7 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-/// Largest accepted input, serialized (inputs are stored in Postgres, not sent to the broker).
-pub const MAX_INPUT_BYTES: usize = 1024 * 1024;
+pub use agentq_core::operation::MAX_INPUT_BYTES;
 /// Longest accepted dedupe or ordering key.
 pub const MAX_KEY_LEN: usize = 256;
 /// The largest concurrency limit a key may have (as the `operations` table checks).
@@ -464,6 +463,7 @@ impl Producer {
             request_id: req.request_id,
             traceparent: req.traceparent,
             schedule_id: None,
+            parent_id: None,
         };
         Ok((op, requires.stores))
     }

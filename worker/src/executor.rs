@@ -30,7 +30,7 @@ use crate::versions::Versions;
 pub(crate) struct Shared {
     /// What its job's context uses: the pool, the model gate, the journal writer.
     pub(crate) services: Arc<Services>,
-    pub(crate) registry: Registry,
+    pub(crate) registry: Arc<Registry>,
     /// What the claim statement takes from this worker, by the versions it runs.
     pub(crate) versions: Versions,
     pub(crate) leases: Leases,
@@ -185,8 +185,15 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
             }
         },
         Err(e) => match e.failure() {
-            // The lease was lost: this worker writes nothing more for the operation.
-            None => return,
+            // The lease was lost (the heartbeat found out, or a fenced write was refused): this
+            // worker writes nothing more for the operation.
+            None => {
+                // The heartbeat logs what it finds; a refused write is logged here.
+                if ctx.write_was_refused() {
+                    tracing::warn!(op_id = %op.id, epoch = op.epoch, "lease lost: a fenced write was refused; stopping the operation");
+                }
+                return;
+            }
             Some(failure) => {
                 let (written, labels) = fail(shared, op, e, failure, failed_step, &steps).await;
                 finished = Some(labels);

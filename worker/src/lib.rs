@@ -38,7 +38,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use context::{JobContext, OperationInfo, SignalOutcome};
+pub use context::{ChildOutcome, JobContext, OperationInfo, SignalOutcome};
 pub use error::JobError;
 pub use model::{LocalModel, ModelClient, ModelRequest, ModelResponse};
 pub use registry::Registry;
@@ -96,6 +96,15 @@ impl Worker {
         let versions = Versions::new(registry.versions());
         let model = Arc::new(gate::ModelGate::new(model, settings.gate.clone()));
         let http_allow = Arc::new(settings.http_allow.clone());
+        let (amqp_url, names) = (
+            settings.amqp_url.clone(),
+            agentq_core::broker::Names::new(&settings.namespace),
+        );
+        let registry = Arc::new(registry);
+        let check_child: context::ChildCheck = {
+            let registry = registry.clone();
+            Box::new(move |kind, input| registry.requires(kind, input))
+        };
         Self {
             settings,
             shared: Arc::new(Shared {
@@ -104,6 +113,10 @@ impl Worker {
                     http_allow,
                     model,
                     journal: GroupCommit::new(),
+                    check_child,
+                    children: std::sync::OnceLock::new(),
+                    amqp_url,
+                    names,
                 }),
                 registry,
                 versions,

@@ -37,6 +37,8 @@ pub struct DeadLetterView {
     pub resolved_at: Option<DateTime<Utc>>,
     pub note: Option<String>,
     pub batch_id: Option<Uuid>,
+    /// The operation that spawned its operation (`ctx.spawn`), whose join sees it dead.
+    pub parent_id: Option<Uuid>,
     /// Bytes of the raw message kept (poison messages only).
     pub raw_bytes: Option<i32>,
 }
@@ -82,7 +84,7 @@ impl Filter {
 
 const VIEW_COLUMNS: &str = "SELECT d.id, d.op_id, d.tenant_id AS tenant, d.kind, d.class, d.reason,
         d.attempts, d.failed_step, d.created_at, d.status, d.resolved_by, d.resolved_at, d.note,
-        o.batch_id, octet_length(d.raw_message) AS raw_bytes
+        o.batch_id, o.parent_id, octet_length(d.raw_message) AS raw_bytes
    FROM dead_letters d LEFT JOIN operations o ON o.id = d.op_id";
 
 fn list_query(

@@ -25,6 +25,8 @@ pub struct Filter {
     pub batch: Option<Uuid>,
     /// Fired by this schedule.
     pub schedule: Option<Uuid>,
+    /// Spawned by this operation (its children).
+    pub parent: Option<Uuid>,
     /// Created at or after.
     pub created_after: Option<DateTime<Utc>>,
     /// Created before.
@@ -88,6 +90,9 @@ pub async fn list(
     }
     if let Some(s) = f.schedule {
         q.push(" AND schedule_id = ").push_bind(s);
+    }
+    if let Some(p) = f.parent {
+        q.push(" AND parent_id = ").push_bind(p);
     }
     for (column, op, at) in [
         ("created_at", ">=", f.created_after),

@@ -7,6 +7,7 @@
 
 pub mod access;
 pub mod batches;
+pub mod children;
 pub mod console;
 pub mod dead_letters;
 pub mod docs;

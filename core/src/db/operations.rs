@@ -38,6 +38,8 @@ pub struct NewOperation {
     pub traceparent: Option<String>,
     /// The schedule that fired it (`db::schedules::fire_due`).
     pub schedule_id: Option<Uuid>,
+    /// The operation that spawned it (`db::children::spawn`).
+    pub parent_id: Option<Uuid>,
 }
 
 /// The outcome of [`insert_operation`].
@@ -60,9 +62,9 @@ pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Res
         "INSERT INTO operations (id, tenant_id, kind, lane, concurrency_limit, input,
                                  input_sha256, dedupe_key, ordering_key, batch_id, max_attempts,
                                  run_at, deadline, request_id, traceparent, schedule_id,
-                                 concurrency_key)
+                                 concurrency_key, parent_id)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE($12, now()), $13, $14, $15,
-                 $16, $17)
+                 $16, $17, $18)
          ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
          RETURNING id, epoch",
     )
@@ -83,6 +85,7 @@ pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Res
     .bind(&op.traceparent)
     .bind(op.schedule_id)
     .bind(&op.concurrency_key)
+    .bind(op.parent_id)
     .fetch_optional(&mut *conn)
     .await?;
     if let Some((id, epoch)) = row {
@@ -133,6 +136,7 @@ struct OperationRow {
     concurrency_limit: Option<i32>,
     request_id: Option<String>,
     schedule_id: Option<Uuid>,
+    parent_id: Option<Uuid>,
 }
 
 impl From<OperationRow> for OperationView {
@@ -163,6 +167,7 @@ impl From<OperationRow> for OperationView {
             concurrency_limit: r.concurrency_limit,
             request_id: r.request_id,
             schedule_id: r.schedule_id,
+            parent_id: r.parent_id,
         }
     }
 }
@@ -177,7 +182,8 @@ pub async fn find_operation(
         "SELECT o.id, o.tenant_id, o.kind, o.kind_version, o.version_parked, o.lane, o.status, o.attempt, o.max_attempts, o.restarts,
                 o.run_at, o.created_at, o.updated_at, o.finished_at, o.result, o.error_class,
                 o.error_message, o.batch_id, o.dedupe_key, o.ordering_key, o.waiting_for,
-                o.concurrency_key, o.concurrency_limit, o.request_id, o.schedule_id
+                o.concurrency_key, o.concurrency_limit, o.request_id, o.schedule_id,
+                o.parent_id
            FROM operations o
           WHERE o.id = $1 AND ($2::text IS NULL OR o.tenant_id = $2)",
     )

@@ -339,6 +339,7 @@ pub async fn fire_due(pool: &PgPool, limit: i64, max_fire: usize) -> Result<Vec<
                 request_id: None,
                 traceparent: None,
                 schedule_id: Some(d.id),
+                parent_id: None,
             };
             match super::insert_operation(&mut tx, &op).await? {
                 Inserted::Created { id, epoch } => {

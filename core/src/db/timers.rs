@@ -14,6 +14,22 @@ use super::steps::{bind_journal, journal_cte};
 use super::{Dispatch, Result, StepWrite};
 use crate::state::{Status, can_transition, terminal_sql};
 
+/// The CTE `step` completing a parked step (a wait, a join) with `decided.output` once it is
+/// decided, fenced by `lease` (the operation held at epoch `$2`); the step is `$3`.
+macro_rules! park_decided_cte {
+    () => {
+        "step AS (
+            UPDATE operation_steps st
+               SET status = 'completed', output = decided.output, completed_at = now(), epoch = $2
+              FROM decided, lease
+             WHERE st.op_id = lease.id AND st.seq = $3 AND st.status = 'started'
+               AND decided.output IS NOT NULL
+         RETURNING st.output
+         )"
+    };
+}
+pub(crate) use park_decided_cte;
+
 /// Parks a running operation: `sleeping` until `run_at`, or `waiting` for the signal
 /// `waiting_for` until `run_at` (its timeout). Pending journal rows are written in the same
 /// statement. Returns false when the lease was lost.
@@ -74,7 +90,7 @@ pub async fn resolve_wait(
     name: &str,
     deadline: DateTime<Utc>,
 ) -> Result<Wait> {
-    let row: (bool, Option<Value>) = sqlx::query_as(
+    let row: (bool, Option<Value>) = sqlx::query_as(concat!(
         "WITH lease AS (
             SELECT id FROM operations WHERE id = $1 AND epoch = $2 AND status = 'running'
                FOR SHARE
@@ -92,16 +108,11 @@ pub async fn resolve_wait(
                           FROM sig)
                      WHEN now() >= $5 THEN jsonb_build_object('timed_out', true, 'signal', $4::text)
                    END AS output
-         ), step AS (
-            UPDATE operation_steps st
-               SET status = 'completed', output = decided.output, completed_at = now(), epoch = $2
-              FROM decided, lease
-             WHERE st.op_id = lease.id AND st.seq = $3 AND st.status = 'started'
-               AND decided.output IS NOT NULL
-         RETURNING st.output
-         )
-         SELECT EXISTS (SELECT 1 FROM lease), (SELECT output FROM step)",
-    )
+         ), ",
+        park_decided_cte!(),
+        "
+         SELECT EXISTS (SELECT 1 FROM lease), (SELECT output FROM step)"
+    ))
     .bind(id)
     .bind(epoch)
     .bind(seq)
@@ -128,7 +139,8 @@ pub enum Wait {
 }
 
 /// Wakes up to `limit` sleeping or waiting operations that are due (wake time or timeout), and
-/// waiting ones whose signal has arrived (a signal that raced the wait's start): back to
+/// waiting ones whose signal has arrived (a signal that raced the wait's start) or whose joined
+/// children have all finished: back to
 /// `queued` with `dispatched_at` NULL: the caller publishes their pointers and marks them
 /// dispatched after the broker confirms (`Dispatcher::dispatch`), as a producer does. If the
 /// caller dies in between, the dispatch sweeper publishes them once the grace period after
@@ -136,7 +148,7 @@ pub enum Wait {
 /// without a pointer until the broker's queue ran empty). The attempt counter is given back
 /// (the claim counts it again): a wake-up is not a new attempt.
 pub async fn wake_due(pool: &PgPool, limit: i64) -> Result<Vec<Woken>> {
-    let rows = sqlx::query_as(
+    let rows = sqlx::query_as(concat!(
         "WITH timed AS (
             SELECT id FROM operations
              WHERE status IN ('sleeping', 'waiting') AND run_at <= now()
@@ -149,8 +161,19 @@ pub async fn wake_due(pool: &PgPool, limit: i64) -> Result<Vec<Woken>> {
              WHERE o.status = 'waiting'
              LIMIT $1
                FOR UPDATE OF o SKIP LOCKED
+         ), joined AS (
+            -- Parents parked on ctx.join whose children have all finished (the partial index
+            -- operations_joining holds only parked parents).
+            SELECT o.id FROM operations o
+             WHERE o.status = 'waiting' AND o.waiting_for = '(children)'
+               AND NOT EXISTS (SELECT 1 FROM operations c
+                                WHERE c.id = ANY(o.joining) AND c.status NOT IN ",
+        terminal_sql!(),
+        ")
+             LIMIT $1
+               FOR UPDATE OF o SKIP LOCKED
          ), due AS (
-            SELECT id FROM timed UNION SELECT id FROM signalled
+            SELECT id FROM timed UNION SELECT id FROM signalled UNION SELECT id FROM joined
          )
          UPDATE operations o
             SET status = 'queued', waiting_for = NULL, attempt = o.attempt - 1,
@@ -161,8 +184,8 @@ pub async fn wake_due(pool: &PgPool, limit: i64) -> Result<Vec<Woken>> {
            FROM due
           WHERE o.id = due.id AND o.status IN ('sleeping', 'waiting')
       RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch, o.run_at AS due_at,
-                o.updated_at AS woken_at",
-    )
+                o.updated_at AS woken_at"
+    ))
     .bind(limit)
     .fetch_all(pool)
     .await?;
@@ -244,8 +267,8 @@ const EXPIRE_DEADLINES: &str = "WITH expired AS (
          SELECT id, kind FROM dead";
 
 /// Deletes up to `limit` finished operations (with their journals and signals) that finished
-/// more than `days` ago; a dead one still waiting for a human (open dead letter) is kept. Their
-/// dedupe keys become reusable.
+/// more than `days` ago; a dead one still waiting for a human (open dead letter) is kept, and
+/// so is a child whose parent is unfinished. Their dedupe keys become reusable.
 pub async fn delete_expired(pool: &PgPool, days: u32, limit: i64) -> Result<u64> {
     let n = sqlx::query(concat!(
         "DELETE FROM operations WHERE id IN (
@@ -255,6 +278,11 @@ pub async fn delete_expired(pool: &PgPool, days: u32, limit: i64) -> Result<u64>
         "
                AND o.finished_at < now() - make_interval(days => $1)
                AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.op_id = o.id AND d.status = 'open')
+               -- A child stays while its parent is unfinished: the parent's join reads it.
+               AND NOT EXISTS (SELECT 1 FROM operations p
+                                WHERE p.id = o.parent_id AND p.status NOT IN ",
+        terminal_sql!(),
+        ")
              ORDER BY o.finished_at
              LIMIT $2
                FOR UPDATE SKIP LOCKED)"

@@ -144,7 +144,16 @@ fn item_row(session: &Session, d: &dead_letters::DeadLetterView) -> String {
         d.op_id.map(|o| o.to_string()).unwrap_or_default(),
         &id.to_string()[..8],
         d.op_id
-            .map(|o| format!("<a class=\"mono\" href=\"/ui/operations/{o}\">{o}</a>"))
+            .map(|o| {
+                let parent = d.parent_id.map_or(String::new(), |p| {
+                    format!(
+                        "<br><span class=\"muted\">child of \
+                         <a class=\"mono\" href=\"/ui/operations/{p}\">{}</a></span>",
+                        &p.to_string()[..8]
+                    )
+                });
+                format!("<a class=\"mono\" href=\"/ui/operations/{o}\">{o}</a>{parent}")
+            })
             .unwrap_or_else(|| "broker message".into()),
         esc(d.tenant.as_deref().unwrap_or("")),
         d.attempts,

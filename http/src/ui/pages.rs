@@ -123,6 +123,7 @@ pub struct ListQuery {
     tenant: Option<String>,
     batch: Option<String>,
     schedule: Option<String>,
+    parent: Option<String>,
     since: Option<String>,
     until: Option<String>,
     after: Option<String>,
@@ -185,6 +186,7 @@ pub async fn operations(
         kind: non_empty(&q.kind),
         batch: non_empty(&q.batch),
         schedule: non_empty(&q.schedule),
+        parent: non_empty(&q.parent),
         created_after: time(&q.since, "since")?,
         created_before: time(&q.until, "until")?,
         ..Default::default()
@@ -223,6 +225,7 @@ pub async fn operations(
     }
     body.push_str(&field("batch", &q.batch, "batch id"));
     body.push_str(&field("schedule", &q.schedule, "schedule id"));
+    body.push_str(&field("parent", &q.parent, "operation id"));
     body.push_str(&field("since", &q.since, "2h or 2026-01-31T12:00"));
     body.push_str(&field("until", &q.until, "UTC"));
     body.push_str("<button type=\"submit\">Filter</button></form>");
@@ -235,6 +238,7 @@ pub async fn operations(
             ("tenant", &q.tenant),
             ("batch", &q.batch),
             ("schedule", &q.schedule),
+            ("parent", &q.parent),
             ("since", &q.since),
             ("until", &q.until),
         ] {
@@ -370,6 +374,11 @@ async fn operation_page(state: &UiState, session: &Session, id: &str, revealed: 
     if let Some(w) = &op.waiting_for {
         body.push_str(&format!("<dt>waiting for</dt><dd>signal {}</dd>", esc(w)));
     }
+    if let Some(p) = op.parent_id {
+        body.push_str(&format!(
+            "<dt>parent</dt><dd><a class=\"mono\" href=\"/ui/operations/{p}\">{p}</a></dd>"
+        ));
+    }
     if let Some(k) = &op.ordering_key {
         body.push_str(&format!(
             "<dt>ordering key</dt><dd class=\"mono\">{}</dd>",
@@ -407,6 +416,34 @@ async fn operation_page(state: &UiState, session: &Session, id: &str, revealed: 
         body.push_str(
             "<p><a href=\"/ui/dlq\">This operation is dead: act on it in the dead-letter inbox</a></p>",
         );
+    }
+
+    // Its children, grandchildren…: depth first, in the order they were spawned.
+    let (tree, more) = db::children::descendants(pool, op_id, 200).await?;
+    if !tree.is_empty() {
+        body.push_str(&format!(
+            "<h2>Children</h2><p><a href=\"/ui/operations?parent={op_id}\">List its children</a></p>\
+             <ul class=\"tree\">"
+        ));
+        for n in &tree {
+            body.push_str(&format!(
+                "<li style=\"margin-left:{}em\"><a class=\"mono\" href=\"/ui/operations/{id}\">{short}</a> \
+                 {} {}{}</li>",
+                (n.depth - 1) * 2,
+                esc(&n.kind),
+                badge(n.status.as_str()),
+                n.error_class
+                    .as_deref()
+                    .map(|c| format!(" {}", badge(c)))
+                    .unwrap_or_default(),
+                id = n.id,
+                short = &n.id.to_string()[..8],
+            ));
+        }
+        body.push_str("</ul>");
+        if more {
+            body.push_str("<p class=\"muted\">The first 200 are shown.</p>");
+        }
     }
 
     body.push_str("<h2>Payloads</h2>");
