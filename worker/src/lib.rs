@@ -255,6 +255,11 @@ impl Worker {
         // Every execution has had its writes answered: nothing is waiting on the writers.
         completer.abort();
         journal.abort();
+        // Spawned children's dispatch marks still queued are written (unwritten ones are only
+        // published again by the sweeper: a harmless duplicate).
+        if let Some(children) = self.shared.services.children.get() {
+            children.close().await;
+        }
         Ok(())
     }
 
