@@ -203,3 +203,59 @@ async fn cancelling_a_parent_cancels_its_children_waiting_and_running() {
     assert!(running.error_message.unwrap_or_default().contains("cancel"));
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_spawn_is_checked_as_an_enqueue_and_a_misfit_stores_no_child() {
+    let mut app = TestApp::start().await;
+    // The triage input below is well-formed (its callback allowed): only its kind is refused.
+    app.set_env("AGENTQ_AGENT_HTTP_ALLOW", "http://127.0.0.1:9");
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    // Each parent's only spawn is refused for a different reason; it dies saying which, and
+    // no child exists. The input is checked when the parent runs the step, not at enqueue:
+    // a spawn's input is just JSON to the parent's own check.
+    for (input, says) in [
+        (
+            json!({ "spawn": "no_such_kind", "input": {} }),
+            "unknown kind",
+        ),
+        (
+            json!({ "spawn": "script", "input": { "steps": "not a list" } }),
+            "does not fit kind",
+        ),
+        (
+            json!({ "spawn": "triage", "input": {
+                "event": {}, "source": "tracker", "webhook_id": "evt_1",
+                "config": { "callback_url": "http://127.0.0.1:9/hook" } } }),
+            "only for the deliveries of a webhook source",
+        ),
+        (
+            json!({ "spawn": "doc_migration", "input": {
+                "doc_id": "a", "source": { "store": "someone-elses" },
+                "target": { "store": "mine" }, "instructions": "copy" } }),
+            "tenant t1 has no store \"someone-elses\"",
+        ),
+    ] {
+        let parent = app.enqueue_script(json!([input]), &[]);
+        let dead = app.wait_status(&parent, "dead", DEADLINE).await;
+        assert_eq!(dead.error_class.as_deref(), Some("non_retryable"));
+        let message = dead.error_message.unwrap_or_default();
+        assert!(message.contains(says), "{says:?} not in {message:?}");
+        assert!(children_of(&app, &parent).await.is_empty());
+    }
+    // A producer may not take the key namespace children are stored under.
+    let out = app.agentq(&[
+        "enqueue",
+        "--tenant",
+        "t1",
+        "--kind",
+        "echo",
+        "--input",
+        r#"{"text":"x"}"#,
+        "--key",
+        "child:0123",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("child"));
+    app.cleanup().await;
+}

@@ -215,11 +215,11 @@ pub async fn inbox(
     filter: &super::dead_letters::Filter,
     limit: i64,
 ) -> Result<Vec<InboxItem>> {
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(
-        "SELECT d.id, d.op_id, d.tenant_id AS tenant, d.kind, d.class, d.reason, d.attempts,
-                d.failed_step, d.created_at, d.status, d.resolved_by, d.resolved_at, d.note,
-                o.batch_id, octet_length(d.raw_message) AS raw_bytes, ",
-    );
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(concat!(
+        "SELECT ",
+        super::dead_letters::view_fields!(),
+        ", "
+    ));
     q.push(super::dead_letters::FINGERPRINT)
         .push(" AS fingerprint FROM dead_letters d LEFT JOIN operations o ON o.id = d.op_id");
     q.push(" WHERE d.status = ").push_bind(filter.status());

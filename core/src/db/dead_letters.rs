@@ -82,10 +82,22 @@ impl Filter {
     }
 }
 
-const VIEW_COLUMNS: &str = "SELECT d.id, d.op_id, d.tenant_id AS tenant, d.kind, d.class, d.reason,
-        d.attempts, d.failed_step, d.created_at, d.status, d.resolved_by, d.resolved_at, d.note,
-        o.batch_id, o.parent_id, octet_length(d.raw_message) AS raw_bytes
-   FROM dead_letters d LEFT JOIN operations o ON o.id = d.op_id";
+/// The columns of a [`DeadLetterView`], over `dead_letters d LEFT JOIN operations o`: every
+/// query that reads one (here and the console's inbox) selects exactly these.
+macro_rules! view_fields {
+    () => {
+        "d.id, d.op_id, d.tenant_id AS tenant, d.kind, d.class, d.reason, d.attempts,
+         d.failed_step, d.created_at, d.status, d.resolved_by, d.resolved_at, d.note,
+         o.batch_id, o.parent_id, octet_length(d.raw_message) AS raw_bytes"
+    };
+}
+pub(crate) use view_fields;
+
+const VIEW_COLUMNS: &str = concat!(
+    "SELECT ",
+    view_fields!(),
+    " FROM dead_letters d LEFT JOIN operations o ON o.id = d.op_id"
+);
 
 fn list_query(
     filter: &Filter,
