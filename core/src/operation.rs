@@ -322,6 +322,19 @@ pub const DERIVED_KEY_PREFIXES: [&str; 4] = ["webhook:", "batch:", "schedule:", 
 /// an enqueue's and a spawned child's.
 pub const MAX_INPUT_BYTES: usize = 1024 * 1024;
 
+/// Refuses an input larger than [`MAX_INPUT_BYTES`] serialized: an enqueue's and a spawn's
+/// check.
+pub fn check_input_size(input: &serde_json::Value) -> Result<(), String> {
+    let size = serde_json::to_vec(input).map_or(usize::MAX, |v| v.len());
+    if size > MAX_INPUT_BYTES {
+        return Err(format!(
+            "input is {size} bytes; the limit is {MAX_INPUT_BYTES} (store large documents \
+             elsewhere and pass a reference)"
+        ));
+    }
+    Ok(())
+}
+
 /// What a parent parked on `ctx.join` waits for (`operations.waiting_for`): not a signal name
 /// (those have no parentheses), so no signal can wake or resolve a join.
 pub const JOIN_WAIT: &str = "(children)";

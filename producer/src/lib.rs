@@ -377,18 +377,7 @@ impl Producer {
                 ),
             ));
         }
-        let size = serde_json::to_vec(&req.input)
-            .map(|v| v.len())
-            .unwrap_or(usize::MAX);
-        if size > MAX_INPUT_BYTES {
-            return Err(invalid(
-                "/input",
-                format!(
-                    "input is {size} bytes; the limit is {MAX_INPUT_BYTES} (store large documents \
-                 elsewhere and pass a reference)"
-                ),
-            ));
-        }
+        agentq_core::operation::check_input_size(&req.input).map_err(|e| invalid("/input", e))?;
         for (what, field, key) in [
             ("dedupe key", "Idempotency-Key", &req.dedupe_key),
             ("ordering key", "/ordering_key", &req.ordering_key),

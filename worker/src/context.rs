@@ -285,13 +285,7 @@ impl Services {
                 "the kind runs only for the deliveries of a webhook source".into(),
             ));
         }
-        let size = serde_json::to_vec(input).map_or(usize::MAX, |v| v.len());
-        if size > agentq_core::operation::MAX_INPUT_BYTES {
-            return Err(refuse(format!(
-                "the input is {size} bytes; the limit is {}",
-                agentq_core::operation::MAX_INPUT_BYTES
-            )));
-        }
+        agentq_core::operation::check_input_size(input).map_err(refuse)?;
         if !requires.stores.is_empty() {
             let refusal = db::within(async {
                 let mut conn = self.pool.acquire().await?;
