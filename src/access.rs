@@ -4,8 +4,9 @@
 //! (directories, tables) a tenant's operations may read or write. All audited. The flows are
 //! `agentq_app::access`; this module parses flags and prints.
 
+use crate::wiring::Deployment;
 use agentq_app::access;
-use agentq_core::{Config, db};
+use agentq_core::db;
 use clap::Subcommand;
 use serde_json::json;
 
@@ -133,7 +134,7 @@ pub enum StoresCommand {
     },
 }
 
-pub async fn tokens(config: Config, cmd: TokensCommand) -> anyhow::Result<()> {
+pub async fn tokens(config: Deployment, cmd: TokensCommand) -> anyhow::Result<()> {
     match cmd {
         TokensCommand::Create {
             tenant,
@@ -189,7 +190,7 @@ pub async fn tokens(config: Config, cmd: TokensCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn webhooks(config: Config, cmd: WebhooksCommand) -> anyhow::Result<()> {
+pub async fn webhooks(config: Deployment, cmd: WebhooksCommand) -> anyhow::Result<()> {
     match cmd {
         WebhooksCommand::Add {
             tenant,
@@ -297,7 +298,7 @@ fn store_json(s: &db::stores::Store) -> serde_json::Value {
     })
 }
 
-pub async fn stores(config: Config, cmd: StoresCommand) -> anyhow::Result<()> {
+pub async fn stores(config: Deployment, cmd: StoresCommand) -> anyhow::Result<()> {
     match cmd {
         StoresCommand::Add {
             tenant,

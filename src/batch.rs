@@ -8,12 +8,12 @@
 //! from tenant, kind, source, target and instructions) and enqueues only what is missing, so a
 //! crash or Ctrl-C midway loses nothing and duplicates nothing.
 
+use crate::wiring::Deployment;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use agentq_app::{self as app, batches::Progress};
-use agentq_core::Config;
 use agentq_core::state::BatchStatus;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -151,7 +151,7 @@ impl Progress for Bar {
     }
 }
 
-pub async fn run(config: Config, cmd: BatchCommand) -> anyhow::Result<()> {
+pub async fn run(config: Deployment, cmd: BatchCommand) -> anyhow::Result<()> {
     match cmd {
         BatchCommand::Start(args) => start(config, args).await,
         BatchCommand::Status { batch, watch, json } => {
@@ -224,7 +224,7 @@ pub async fn run(config: Config, cmd: BatchCommand) -> anyhow::Result<()> {
     }
 }
 
-async fn start(config: Config, args: StartArgs) -> anyhow::Result<()> {
+async fn start(config: Deployment, args: StartArgs) -> anyhow::Result<()> {
     let instructions = std::fs::read(&args.instructions)
         .map_err(|e| {
             refuse(format!(
@@ -322,7 +322,7 @@ fn csv_field(s: &str) -> String {
 }
 
 async fn report(
-    config: Config,
+    config: Deployment,
     batch: &str,
     format: &str,
     out: Option<PathBuf>,

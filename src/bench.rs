@@ -3,14 +3,15 @@
 //! `bench_jobs`, `bench_scenarios`, `bench_http` and `bench_durable`; what they share
 //! (processes, commit counting, percentiles, the report) in `bench_common`.
 
+use crate::wiring::Deployment;
 use agentq_core::broker::{self, Names};
-use agentq_core::{Config, db};
+use agentq_core::db;
 use anyhow::Context;
 
 use crate::cli::{BenchArgs, Scenario};
 use crate::wiring::Refused;
 
-pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
+pub async fn run(mut config: Deployment, args: BenchArgs) -> anyhow::Result<()> {
     if args.jobs == 0 || args.producers == 0 || args.concurrency == 0 || args.workers == Some(0) {
         return Err(Refused(
             "--jobs, --producers, --concurrency and --workers must be above 0".into(),
@@ -53,7 +54,7 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
     outcome
 }
 
-async fn cleanup(config: &Config) {
+async fn cleanup(config: &Deployment) {
     if let Err(e) = db::drop_database(&config.database_url).await {
         eprintln!("warning: dropping the benchmark database: {e}");
     }

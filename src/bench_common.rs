@@ -3,9 +3,10 @@
 //! commit counting from `pg_stat_database`, percentiles, and the report format (a table, then
 //! one JSON line).
 
+use crate::wiring::Deployment;
 use std::time::Duration;
 
-use agentq_core::{Config, db};
+use agentq_core::db;
 use anyhow::Context;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -80,7 +81,7 @@ impl Proc {
     /// Starts `agentq <role> <args>` with the bench's configuration (and the model provider's,
     /// when one is set).
     pub(crate) fn spawn(
-        config: &Config,
+        config: &Deployment,
         role: &'static str,
         args: &[String],
     ) -> anyhow::Result<Self> {
@@ -123,7 +124,7 @@ impl Proc {
     }
 
     /// `agentq worker --concurrency C`.
-    pub(crate) fn worker(config: &Config, concurrency: u16) -> anyhow::Result<Self> {
+    pub(crate) fn worker(config: &Deployment, concurrency: u16) -> anyhow::Result<Self> {
         Self::spawn(
             config,
             "worker",
@@ -168,7 +169,7 @@ pub(crate) async fn stop_all(pool: &PgPool, procs: Vec<Proc>) -> (Vec<(&'static 
 
 /// Commits counted by `pg_stat_database` for the benchmark database. Read it from a fresh
 /// pool with every other session gone: backends report their counts when they exit.
-pub(crate) async fn commits_now(config: &Config) -> anyhow::Result<i64> {
+pub(crate) async fn commits_now(config: &Deployment) -> anyhow::Result<i64> {
     let pool = wiring::connect(config).await?;
     let n = db::commit_count(&pool).await?;
     pool.close().await;

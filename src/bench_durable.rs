@@ -12,11 +12,12 @@
 //!    once: model calls sent, journaled, sent again per kill, and sent again although already
 //!    journaled (checked against the journal as each repeated call arrives; must be 0).
 
+use crate::wiring::Deployment;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use agentq_core::{Config, db};
+use agentq_core::db;
 use agentq_producer::EnqueueRequest;
 use anyhow::Context;
 use chrono::Utc;
@@ -59,7 +60,7 @@ impl Phase {
 }
 
 async fn phase(
-    config: &Config,
+    config: &Deployment,
     args: &BenchArgs,
     step: Value,
     model_latency_ms: Option<u64>,
@@ -92,7 +93,11 @@ struct CrashCost {
     resent_journaled: usize,
 }
 
-async fn crash_cost(config: &Config, args: &BenchArgs, latency: u64) -> anyhow::Result<CrashCost> {
+async fn crash_cost(
+    config: &Deployment,
+    args: &BenchArgs,
+    latency: u64,
+) -> anyhow::Result<CrashCost> {
     let mut config = config.clone();
     // Short leases so a killed worker's operations come back in seconds; every kill may hit
     // the same operation without it being taken for a crash loop.
@@ -164,7 +169,7 @@ async fn crash_cost(config: &Config, args: &BenchArgs, latency: u64) -> anyhow::
     })
 }
 
-pub async fn durable_steps(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn durable_steps(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
     let k = args.steps;
     let latency = args.model_latency_ms.unwrap_or(MODEL_LATENCY_MS);
     eprintln!("no-op steps…");

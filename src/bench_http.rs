@@ -7,13 +7,14 @@
 //! clients and the server share the CPU (and the figures include both). No worker runs: the
 //! operations stay queued, which is what enqueue leaves behind anyway.
 
+use crate::wiring::Deployment;
 use std::collections::{BTreeMap, HashSet};
 use std::future::IntoFuture;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use agentq_core::{Config, db};
+use agentq_core::db;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
@@ -170,7 +171,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// `agentq bench --scenario http`: see the module docs.
-pub async fn http(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn http(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
     if args.connections == 0 || args.duration_secs == 0 {
         return Err(Refused("--connections and --duration-secs must be above 0".into()).into());
     }

@@ -6,11 +6,12 @@
 //! (`done`). `commits/job` is `pg_stat_database.xact_commit` over the run, minus the bench's own
 //! progress queries, divided by the jobs; it includes the scheduler's passes during the run.
 
+use crate::wiring::Deployment;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use agentq_core::{Config, db};
+use agentq_core::db;
 use agentq_producer::EnqueueRequest;
 use anyhow::Context;
 use chrono::{DateTime, Utc};
@@ -130,7 +131,7 @@ pub(crate) fn bar(len: usize, msg: &'static str) -> ProgressBar {
 /// Runs `jobs` operations of `kind` (input `input(i)`) through child-process workers and a
 /// scheduler, and measures them.
 pub(crate) async fn run_jobs(
-    config: &Config,
+    config: &Deployment,
     args: &BenchArgs,
     kind: &str,
     input: Arc<dyn Fn(usize) -> Value + Send + Sync>,
@@ -330,7 +331,7 @@ fn echo(i: usize) -> Value {
 }
 
 /// `e2e` (alias `throughput`): one-by-one enqueue from concurrent producers, `echo`, end to end.
-pub async fn e2e(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn e2e(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
     let m = run_jobs(
         config,
         args,
@@ -378,7 +379,7 @@ pub async fn e2e(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// `batch`: `enqueue_many` in chunks of 1,000, then the workers drain the backlog.
-pub async fn batch(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn batch(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
     let m = run_jobs(config, args, "echo", Arc::new(echo), Enqueue::Batched, None).await?;
     let drain = m.drain().as_secs_f64();
     let run = percentiles(m.run());
@@ -422,7 +423,7 @@ pub async fn batch(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
 /// `steps`: a `script` of ten safe `work_ms: 0` steps against one of a single step; each
 /// 10-step run (running → finished) minus the median 1-step run, over nine, is one sample of a
 /// step's cost (the journal row, its key, the replay bookkeeping).
-pub async fn steps(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn steps(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
     let program = |n: usize| -> Arc<dyn Fn(usize) -> Value + Send + Sync> {
         let steps: Vec<Value> = (0..n).map(|_| json!({ "work_ms": 0 })).collect();
         let input = json!({ "steps": steps });
@@ -490,7 +491,7 @@ pub async fn steps(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
 
 /// `inflight`: every model call answered by a fake provider after `--model-latency-ms`: how
 /// many operations a worker keeps in flight, and what they cost in memory.
-pub async fn inflight(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn inflight(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
     let latency = args.model_latency_ms.unwrap_or(INFLIGHT_LATENCY_MS);
     let m = run_jobs(
         config,

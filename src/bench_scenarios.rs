@@ -1,11 +1,12 @@
 //! `agentq bench --scenario timers|waiting`: the scheduler at scale and the cost of waiting,
 //! with the scheduler and the worker as child processes of the bench.
 
+use crate::wiring::Deployment;
 use std::time::{Duration, Instant};
 
 use agentq_core::broker::{self, Names};
+use agentq_core::db;
 use agentq_core::operation::Lane;
-use agentq_core::{Config, db};
 use agentq_producer::EnqueueRequest;
 use chrono::Utc;
 use indicatif::ProgressBar;
@@ -18,7 +19,7 @@ use crate::wiring;
 
 /// 1M sleepers far in the future, then `due_per_sec` coming due each second for `due_secs`:
 /// wake lag (due → queued and dispatched), idle CPU of the scheduler, and the due-query plan.
-pub async fn timers(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn timers(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
     let pool = wiring::connect(config).await?;
     eprintln!("inserting {} sleepers…", args.sleepers);
     let far = Utc::now() + chrono::Duration::days(30);
@@ -156,7 +157,7 @@ pub async fn timers(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// A worker process's memory with 0 and with `waiting` operations waiting for approval.
-pub async fn waiting(config: &Config, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn waiting(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
     let pool = wiring::connect(config).await?;
     let worker = Proc::spawn(config, "worker", &[])?;
     let shutdown = CancellationToken::new();

@@ -118,6 +118,17 @@ pub enum Command {
     /// Drain the dead-letter queue: list, show, stats, retry, resolve, discard.
     #[command(subcommand)]
     Dlq(crate::dlq::DlqCommand),
+    /// The kinds this binary runs (versions, input schema, webhook-only) and the tools an agent may name.
+    Kinds {
+        /// One kind: print its whole input schema.
+        kind: Option<String>,
+        /// Print one JSON object (`{"kinds": […], "tools": […]}`, or the one kind).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay recorded journals against this binary's code (nothing is called or written): would
+    /// a deploy of it replay the operations that wait today?
+    Replay(crate::replay::ReplayArgs),
     /// Versions of kinds: which ones live workers run, the unfinished operations on each, and
     /// `upgrade` to move operations to another version.
     Versions(crate::versions::VersionsArgs),

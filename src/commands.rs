@@ -3,7 +3,7 @@
 
 use agentq_app::operations::Signalled;
 use agentq_core::operation::{OperationId, OperationView, StepView};
-use agentq_core::{Config, db, telemetry};
+use agentq_core::{db, telemetry};
 use agentq_producer::EnqueueRequest;
 use anyhow::Context;
 use sqlx::PgPool;
@@ -11,13 +11,19 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Cli, Command, EnqueueArgs, ListArgs};
 use crate::wiring::{
-    app, cli_app, cli_error, connect, done, flag_error_app, parse_moment, parse_time, refuse,
-    scheduler, shutdown_on_signal, worker,
+    Deployment, app, cli_app, cli_error, connect, done, flag_error_app, parse_moment, parse_time,
+    refuse, scheduler, shutdown_on_signal, worker,
 };
 
 /// The user's input was refused: exit code 2, nothing was changed.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    let config = cli.config;
+pub async fn run(
+    cli: Cli,
+    registry: std::sync::Arc<agentq_worker::Registry>,
+) -> anyhow::Result<()> {
+    let config = Deployment {
+        config: cli.config,
+        registry,
+    };
     config.validate().map_err(refuse)?;
     // Process-wide settings of the two clients, before anything connects.
     agentq_core::broker::set_quorum_size(config.quorum_size());
@@ -137,6 +143,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq(cmd) => crate::dlq::run(config, cmd).await,
         Command::Batch(cmd) => crate::batch::run(config, cmd).await,
         Command::Versions(args) => crate::versions::run(config, args).await,
+        Command::Kinds { kind, json } => crate::kinds::run(config, kind, json).await,
+        Command::Replay(args) => crate::replay::run(config, args).await,
         Command::Schedules(cmd) => crate::schedules::run(config, cmd).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
         // `main` runs it before the runtime; here for completeness.
@@ -147,7 +155,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// A pool for `config`, with an error that says what to do when the database is missing.
-async fn dev(config: Config) -> anyhow::Result<()> {
+async fn dev(config: Deployment) -> anyhow::Result<()> {
     db::migrate(&config.database_url)
         .await
         .context("migrating the database")?;
@@ -189,7 +197,7 @@ async fn dev(config: Config) -> anyhow::Result<()> {
 /// gauges would be the same from every one of them. `/healthz` answers 503 when one of
 /// `progress` is stale.
 async fn with_metrics(
-    config: &Config,
+    config: &Deployment,
     pool: Option<PgPool>,
     progress: Vec<std::sync::Arc<agentq_core::health::Progress>>,
     run: impl std::future::Future<Output = anyhow::Result<()>>,
@@ -210,7 +218,7 @@ async fn with_metrics(
     ran.and(served)
 }
 
-async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {
+async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
     let input: serde_json::Value = serde_json::from_str(&args.input).map_err(|e| {
         refuse(format!(
             "--input is not valid JSON ({e}); pass an object such as '{{\"text\":\"hi\"}}'"
@@ -274,14 +282,14 @@ async fn enqueue(config: Config, args: EnqueueArgs) -> anyhow::Result<()> {
 }
 
 /// The operation `op`, through the application layer (the CLI acts as an admin).
-async fn find(config: &Config, op: &str) -> anyhow::Result<OperationView> {
+async fn find(config: &Deployment, op: &str) -> anyhow::Result<OperationView> {
     let op = agentq_app::operations::parse_id(op).map_err(cli_error)?;
     let (app, caller) = cli_app(config, &None).await?;
     let found = agentq_app::operations::find(&app, &caller, op).await;
     done(app, found).await
 }
 
-async fn status(config: Config, op: &str, json: bool) -> anyhow::Result<()> {
+async fn status(config: Deployment, op: &str, json: bool) -> anyhow::Result<()> {
     let v = find(&config, op).await?;
     if json {
         println!("{}", serde_json::to_string(&v)?);
@@ -318,7 +326,7 @@ async fn status(config: Config, op: &str, json: bool) -> anyhow::Result<()> {
 }
 
 /// `agentq list`: one page of `agentq_app::operations::list`, the flow of `GET /v1/operations`.
-async fn list(config: &Config, args: ListArgs) -> anyhow::Result<()> {
+async fn list(config: &Deployment, args: ListArgs) -> anyhow::Result<()> {
     let query = agentq_app::operations::ListQuery {
         tenant: args.tenant,
         status: args.status,
@@ -365,7 +373,7 @@ async fn list(config: &Config, args: ListArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn steps(config: Config, op: &str, json: bool) -> anyhow::Result<()> {
+async fn steps(config: Deployment, op: &str, json: bool) -> anyhow::Result<()> {
     let op = agentq_app::operations::parse_id(op).map_err(cli_error)?;
     let (app, caller) = cli_app(&config, &None).await?;
     let listed = agentq_app::operations::steps(&app, &caller, op).await;
@@ -418,7 +426,7 @@ fn signalled(op: OperationId, name: &str, sent: &Signalled, json: bool) {
 
 /// `agentq approve` / `reject`: the approval convention of the application layer.
 async fn approval(
-    config: &Config,
+    config: &Deployment,
     op: &str,
     approved: bool,
     actor: Option<String>,
@@ -434,7 +442,7 @@ async fn approval(
 }
 
 async fn signal(
-    config: &Config,
+    config: &Deployment,
     op: &str,
     name: &str,
     payload: serde_json::Value,
@@ -455,7 +463,7 @@ async fn signal(
 }
 
 async fn cancel(
-    config: &Config,
+    config: &Deployment,
     op: &str,
     actor: &Option<String>,
     reason: Option<&str>,

@@ -1,8 +1,8 @@
 //! `agentq dlq …`: the operators' tools for the dead-letter queue. Everything reads and writes
 //! Postgres through `core::db::dead_letters`; every action is audited there.
 
+use crate::wiring::Deployment;
 use agentq_app as app;
-use agentq_core::Config;
 use agentq_core::db::dead_letters::{self, Filter};
 use agentq_core::operation::OperationId;
 use clap::{Args, Subcommand};
@@ -147,7 +147,7 @@ fn flag_error(e: app::AppError) -> anyhow::Error {
     cli_error(flag_error_app(e))
 }
 
-pub async fn run(config: Config, cmd: DlqCommand) -> anyhow::Result<()> {
+pub async fn run(config: Deployment, cmd: DlqCommand) -> anyhow::Result<()> {
     match cmd {
         DlqCommand::List {
             filter,
@@ -285,7 +285,7 @@ fn report(json: bool, id: Uuid, done: &str, op: Option<Uuid>, error: Option<Stri
 }
 
 async fn bulk_action(
-    config: &Config,
+    config: &Deployment,
     ids: &[String],
     filter: &FilterArgs,
     bulk: &BulkArgs,
@@ -366,7 +366,7 @@ enum Kind {
     Discard,
 }
 
-async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
+async fn show(config: &Deployment, id: &str, json: bool) -> anyhow::Result<()> {
     let id = parse_ids(&[id.to_string()])?[0];
     let (app, caller) = cli_app(config, &None).await?;
     let found = app::dlq::find(&app, &caller, id).await;

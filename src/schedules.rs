@@ -3,8 +3,8 @@
 //! flows are `agentq_app::schedules` (the API and the console call the same); this module
 //! parses flags and prints.
 
+use crate::wiring::Deployment;
 use agentq_app::schedules::{self, Control, NewSchedule, ScheduleView};
-use agentq_core::Config;
 use agentq_core::operation::Lane;
 use agentq_core::state::Overlap;
 use clap::{Args, Subcommand};
@@ -91,7 +91,7 @@ pub struct AddArgs {
     pub json: bool,
 }
 
-pub async fn run(config: Config, cmd: SchedulesCommand) -> anyhow::Result<()> {
+pub async fn run(config: Deployment, cmd: SchedulesCommand) -> anyhow::Result<()> {
     match cmd {
         SchedulesCommand::Add(args) => {
             let AddArgs {
@@ -161,7 +161,7 @@ pub async fn run(config: Config, cmd: SchedulesCommand) -> anyhow::Result<()> {
 }
 
 async fn control(
-    config: &Config,
+    config: &Deployment,
     id: &str,
     actor: &Option<String>,
     json: bool,

@@ -3,8 +3,8 @@
 //! upgrade`: move operations to another version, one `agentq_app::versions::upgrade` per
 //! operation at a chosen rate, after an optional dry run.
 
+use crate::wiring::Deployment;
 use agentq_app as app;
-use agentq_core::Config;
 use agentq_core::db::versions::UpgradeFilter;
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -55,14 +55,14 @@ pub struct UpgradeArgs {
     pub bulk: BulkArgs,
 }
 
-pub async fn run(config: Config, args: VersionsArgs) -> anyhow::Result<()> {
+pub async fn run(config: Deployment, args: VersionsArgs) -> anyhow::Result<()> {
     match args.command {
         None => report(&config, args.kind.as_deref(), args.json).await,
         Some(VersionsCommand::Upgrade(up)) => upgrade(&config, up).await,
     }
 }
 
-async fn report(config: &Config, kind: Option<&str>, json: bool) -> anyhow::Result<()> {
+async fn report(config: &Deployment, kind: Option<&str>, json: bool) -> anyhow::Result<()> {
     let (app, caller) = cli_app(config, &None).await?;
     let report = done(
         app.clone(),
@@ -128,7 +128,7 @@ async fn report(config: &Config, kind: Option<&str>, json: bool) -> anyhow::Resu
     Ok(())
 }
 
-async fn upgrade(config: &Config, up: UpgradeArgs) -> anyhow::Result<()> {
+async fn upgrade(config: &Deployment, up: UpgradeArgs) -> anyhow::Result<()> {
     let rate = crate::bulk::parse_rate(&up.bulk.rate)?;
     let to = app::versions::parse_version("to", &up.to).map_err(cli_error)?;
     let ids = up

@@ -1,8 +1,13 @@
-//! What the subcommands share: connecting, building the crates (worker, scheduler, producer,
-//! the application layer) from the configuration, the acting operator's name, refusals (exit
-//! code 2), time parsing, shutdown on a signal, polling with a deadline. Imports no other module
-//! of the binary, so the subcommand modules can all use it without a cycle.
+//! What the subcommands share: the [`Deployment`] (configuration and registry) every role is
+//! built from, connecting, building the crates (worker, scheduler, producer, the application
+//! layer), the acting operator's name, refusals (exit code 2), time parsing, shutdown on a
+//! signal, polling with a deadline. Imports no other module of the crate, so the subcommand
+//! modules can all use it without a cycle.
+//!
+//! Invariant kept here: every role of a process is built from the one registry its `main`
+//! handed to [`crate::main`]; nothing reads a global registry.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,10 +15,33 @@ use agentq_core::broker::Names;
 use agentq_core::dispatch::Dispatcher;
 use agentq_core::{Config, db};
 use agentq_producer::Producer;
-use agentq_worker::{LocalModel, ModelClient, Worker};
+use agentq_worker::{LocalModel, ModelClient, Registry, Worker};
 use anyhow::Context;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+
+/// What every subcommand is built from: the configuration (flags and environment) and the
+/// deployment's registry, the kinds and tools its binary runs. It reads as its configuration
+/// (`deployment.database_url`).
+#[derive(Clone)]
+pub struct Deployment {
+    pub config: Config,
+    pub registry: Arc<Registry>,
+}
+
+impl Deref for Deployment {
+    type Target = Config;
+
+    fn deref(&self) -> &Config {
+        &self.config
+    }
+}
+
+impl DerefMut for Deployment {
+    fn deref_mut(&mut self) -> &mut Config {
+        &mut self.config
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -71,8 +99,12 @@ pub fn model_client(config: &Config) -> anyhow::Result<Arc<dyn ModelClient>> {
     Ok(Arc::new(client))
 }
 
-/// A worker for `config`.
-pub fn worker(config: &Config, pool: PgPool, concurrency: Option<u16>) -> anyhow::Result<Worker> {
+/// A worker running the deployment's registry.
+pub fn worker(
+    config: &Deployment,
+    pool: PgPool,
+    concurrency: Option<u16>,
+) -> anyhow::Result<Worker> {
     let settings = agentq_worker::Settings {
         amqp_url: config.amqp_url.clone(),
         namespace: config.namespace.clone(),
@@ -91,13 +123,13 @@ pub fn worker(config: &Config, pool: PgPool, concurrency: Option<u16>) -> anyhow
     Ok(Worker::new(
         settings,
         pool,
-        agentq_kinds::registry(),
+        Registry::clone(&config.registry),
         model_client(config)?,
     ))
 }
 
-/// A scheduler for `config`.
-pub fn scheduler(config: &Config, pool: PgPool) -> agentq_scheduler::Scheduler {
+/// A scheduler, its metrics started at zero for the deployment's kinds.
+pub fn scheduler(config: &Deployment, pool: PgPool) -> agentq_scheduler::Scheduler {
     let dispatcher = Arc::new(Dispatcher::new(
         pool.clone(),
         &config.amqp_url,
@@ -110,13 +142,13 @@ pub fn scheduler(config: &Config, pool: PgPool) -> agentq_scheduler::Scheduler {
         retention_days: config.retention_days,
         ..Default::default()
     };
-    agentq_scheduler::start_counters_at_zero(&agentq_kinds::registry().kinds());
+    agentq_scheduler::start_counters_at_zero(&config.registry.kind_names());
     agentq_scheduler::Scheduler::new(settings, pool, dispatcher, &config.namespace)
 }
 
 /// The application layer over `pool`: a producer and a dispatcher named `role`, and the
 /// deployment's settings. Close `app.dispatcher` when done.
-pub fn app(config: &Config, pool: PgPool, role: &str) -> agentq_app::App {
+pub fn app(config: &Deployment, pool: PgPool, role: &str) -> agentq_app::App {
     let (producer, dispatcher) = producer(config, pool.clone(), role);
     agentq_app::App::new(
         pool,
@@ -128,18 +160,20 @@ pub fn app(config: &Config, pool: PgPool, role: &str) -> agentq_app::App {
     )
 }
 
-/// A producer accepting the built-in kinds, checking inputs against their types.
-pub fn producer(config: &Config, pool: PgPool, role: &str) -> (Producer, Arc<Dispatcher>) {
-    let registry = agentq_kinds::registry();
+/// A producer accepting the deployment's kinds, checking inputs against their types.
+pub fn producer(config: &Deployment, pool: PgPool, role: &str) -> (Producer, Arc<Dispatcher>) {
     let dispatcher = Arc::new(Dispatcher::new(
         pool.clone(),
         &config.amqp_url,
         Names::new(&config.namespace),
         role,
     ));
-    let kinds = registry.kinds();
-    let producer = Producer::new(pool, dispatcher.clone(), kinds, config.max_attempts)
-        .with_input_check(Arc::new(move |kind, input| registry.requires(kind, input)));
+    let producer = Producer::new(
+        pool,
+        dispatcher.clone(),
+        config.registry.clone(),
+        config.max_attempts,
+    );
     (producer, dispatcher)
 }
 
@@ -173,7 +207,7 @@ pub(crate) fn flag_error_app(e: agentq_app::AppError) -> agentq_app::AppError {
 /// The application layer for one command, acting as the operator named by `--as` (else the OS
 /// user), with a dispatcher closed by [`done`].
 pub(crate) async fn cli_app(
-    config: &Config,
+    config: &Deployment,
     actor: &Option<String>,
 ) -> anyhow::Result<(agentq_app::App, agentq_app::Caller)> {
     let pool = connect(config).await?;

@@ -94,7 +94,9 @@ pub async fn add_source(
         None => json!({}),
     };
     match app.producer.check_input(kind, &sample) {
-        Err(e) if e.starts_with("unknown kind") => return Err(AppError::invalid("--kind", e)),
+        Err(agentq_producer::Error::Invalid { field, message }) if field == "/kind" => {
+            return Err(AppError::invalid("--kind", message));
+        }
         Err(e) if config.is_some() => {
             return Err(AppError::invalid(
                 "--config",
@@ -106,12 +108,23 @@ pub async fn add_source(
         }
         _ => {}
     }
-    // The built-in kind configured by its source: its deliveries cannot run without one.
-    if config.is_none() && kind == "triage" {
+    // A kind that runs only for webhook deliveries reads its source's config: its deliveries
+    // cannot run without one.
+    let webhook_only = app
+        .producer
+        .catalog()
+        .kinds()
+        .into_iter()
+        .any(|k| k.name == kind && k.webhook_only);
+    if config.is_none() && webhook_only {
         return Err(AppError::invalid(
             "--config",
-            "kind triage needs --config '{\"callback_url\": \"https://…\"}' (and optionally \
-             \"labels\": [\"bug\", \"question\", …])",
+            format!(
+                "kind {kind:?} runs only for webhook deliveries and reads its source's \
+                 configuration: give --config (for triage '{{\"callback_url\": \"https://…\"}}', \
+                 optionally with \"labels\": [\"bug\", \"question\", …]; `agentq kinds` shows \
+                 each kind's input)"
+            ),
         ));
     }
     let secret = Secret::generate().expose();

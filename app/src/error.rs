@@ -8,10 +8,7 @@ pub enum AppError {
     /// A value the caller gave is wrong (HTTP 422): `field` names it as the HTTP API does
     /// (`/input`, `name`, `/reason`), `message` says what to change.
     #[error("{message}")]
-    Invalid {
-        field: &'static str,
-        message: String,
-    },
+    Invalid { field: String, message: String },
     /// A value the caller gave cannot even be read (HTTP 400): a malformed id or name.
     #[error("{message}")]
     Malformed {
@@ -46,9 +43,9 @@ impl From<sqlx::Error> for AppError {
 }
 
 impl AppError {
-    pub fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
         AppError::Invalid {
-            field,
+            field: field.to_string(),
             message: message.into(),
         }
     }

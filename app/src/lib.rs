@@ -5,6 +5,7 @@
 //! parse, call and render, so they cannot disagree.
 //!
 //! - [`access`]: tokens, webhook sources, stores (an admin's, audited);
+//! - [`kinds`]: the deployment's kinds and tools, with the versions live workers run;
 //! - [`operations`]: enqueue, find, list and search, signal, approve / reject, cancel;
 //! - [`dlq`]: list, retry, resolve, discard one dead letter;
 //! - [`page`]: keyset pages and their cursors;
@@ -18,6 +19,7 @@ pub mod batches;
 pub mod caller;
 pub mod dlq;
 pub mod error;
+pub mod kinds;
 pub mod operations;
 pub mod page;
 pub mod schedules;

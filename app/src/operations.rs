@@ -185,6 +185,30 @@ pub async fn find(
         .ok_or_else(|| not_found(op))
 }
 
+/// What an operation recorded: its row, its input and its journal, for `agentq replay` to
+/// replay against other code. An operator's (the input is the producer's data); nothing here
+/// prints the input.
+pub struct Recorded {
+    pub operation: agentq_core::operation::OperationView,
+    pub input: serde_json::Value,
+    pub steps: Vec<agentq_core::operation::StepView>,
+}
+
+/// `op`'s row, input and journal, within the caller's tenant.
+pub async fn recorded(app: &App, caller: &Caller, op: OperationId) -> Result<Recorded> {
+    caller.require(Role::Operator)?;
+    let operation = find(app, caller, op).await?;
+    let input = db::operation_input(&app.pool, op.0)
+        .await?
+        .ok_or_else(|| not_found(op))?;
+    let steps = db::list_steps(&app.pool, op.0, caller.scope()).await?;
+    Ok(Recorded {
+        operation,
+        input,
+        steps,
+    })
+}
+
 /// The journal of `op` as the caller may see it, oldest step first.
 pub async fn steps(
     app: &App,

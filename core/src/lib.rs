@@ -11,6 +11,7 @@
 //! - [`dispatch`]: publishing pointers for committed operations and recording that they were sent;
 //! - [`metrics`]: the Prometheus registry; every metric name declared once;
 //! - [`health`]: the progress marks behind a worker's and a scheduler's `GET /healthz`;
+//! - [`kinds`]: the catalog of a deployment's kinds and tools, and the check of an input;
 //! - [`telemetry`]: logging and tracing set-up, OTLP export, W3C `traceparent` propagation
 //!   (never logs or traces inputs, prompts, outputs or secrets);
 //! - [`version`]: kind versions, checked and in natural order.
@@ -20,6 +21,7 @@ pub mod config;
 pub mod db;
 pub mod dispatch;
 pub mod health;
+pub mod kinds;
 pub mod metrics;
 pub mod operation;
 pub mod origins;

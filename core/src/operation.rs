@@ -414,6 +414,15 @@ pub struct Requires {
     pub stores: Vec<Need>,
     /// The kind runs only for webhook deliveries ([`Origin::Webhook`]).
     pub webhook_only: bool,
+    /// The tools it names (an `agent`'s `tools` and `approval`): each must be registered.
+    pub tools: Vec<ToolRef>,
+}
+
+/// A tool an input names, and where (a JSON Pointer into the input, for the error message).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ToolRef {
+    pub pointer: String,
+    pub name: String,
 }
 
 /// The idempotency key of a step: hex SHA-256 of `op_id ‖ seq ‖ name`, stable across retries.

@@ -12,6 +12,7 @@ mod batches;
 mod body;
 mod dlq;
 mod events;
+mod kinds;
 pub mod meta;
 pub mod openapi;
 mod operations;

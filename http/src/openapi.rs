@@ -10,13 +10,14 @@ use axum::Json;
 use axum::routing::{MethodRouter, delete, get, post};
 
 use agentq_app as app;
+use agentq_core::kinds::Catalog;
 use agentq_core::operation::OperationView;
 use schemars::Schema;
 use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
 
 use crate::problem::Problem;
-use crate::{ApiState, batches, dlq, events, meta, operations, schedules, webhooks};
+use crate::{ApiState, batches, dlq, events, kinds, meta, operations, schedules, webhooks};
 
 /// Who may call a route.
 #[derive(Clone, Copy)]
@@ -116,6 +117,15 @@ pub const ROUTES: &[Route] = &[
         Access::Producer,
         Some("AnyJson"),
         (202, "SignalResult"),
+    ),
+    r(
+        "get",
+        "/v1/kinds",
+        || get(kinds::list),
+        "The deployment's kinds (versions, whether only webhook deliveries create them, the JSON Schema of their input, the versions live workers run) and the tools an agent may name",
+        Access::Producer,
+        None,
+        (200, "Kinds"),
     ),
     r(
         "post",
@@ -550,6 +560,7 @@ const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<schedules::ScheduleList>,
     SchemaGenerator::subschema_for::<meta::Health>,
     SchemaGenerator::subschema_for::<meta::Ready>,
+    SchemaGenerator::subschema_for::<app::kinds::Kinds>,
 ];
 
 /// JSON Schema 2020-12 (OpenAPI 3.1's dialect), shared schemas under `#/components/schemas/`.
@@ -604,9 +615,87 @@ pub fn spec() -> Value {
     })
 }
 
-/// `GET /openapi.json`.
-pub async fn document() -> Json<Value> {
-    Json(spec())
+/// The document with the deployment's kinds linked in: each kind's input schema under
+/// `components.schemas` as `KindInput.<kind>` (its own definitions beside it as
+/// `KindInput.<kind>.<Type>`), and `CreateOperation` requiring, for each `kind`, an `input`
+/// that fits that kind's schema.
+pub fn spec_for(catalog: &dyn Catalog) -> Value {
+    let mut doc = spec();
+    let mut conditions = Vec::new();
+    let schemas = doc["components"]["schemas"]
+        .as_object_mut()
+        .expect("components.schemas is an object");
+    for kind in catalog.kinds() {
+        let name = format!("KindInput.{}", kind.name);
+        let (schema, defs) = lift_definitions(kind.input_schema, &name);
+        schemas.extend(defs);
+        schemas.insert(name.clone(), schema);
+        conditions.push(json!({
+            "if": { "properties": { "kind": { "const": kind.name } }, "required": ["kind"] },
+            "then": { "properties": { "input": { "$ref": format!("#/components/schemas/{name}") } } }
+        }));
+    }
+    if let Some(create) = schemas.get_mut("CreateOperation") {
+        let mut linked = std::mem::take(create);
+        linked["properties"]["input"]["description"] = json!(
+            "The job's input (≤ 1 MiB), fitting its kind's schema: components.schemas.KindInput.<kind>, also served by GET /v1/kinds"
+        );
+        let mut all_of = vec![linked];
+        all_of.extend(conditions);
+        *create = json!({ "allOf": all_of });
+    }
+    doc
+}
+
+/// A kind's input schema as a component: its `$defs` moved out beside it under
+/// `<name>.<Type>`, and its references to them rewritten to point there.
+fn lift_definitions(mut schema: Value, name: &str) -> (Value, Map<String, Value>) {
+    let defs = schema
+        .as_object_mut()
+        .and_then(|o| {
+            o.remove("$schema");
+            o.remove("$defs")
+        })
+        .and_then(|d| match d {
+            Value::Object(m) => Some(m),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let rewrite = |mut v: Value| {
+        point_refs_at(&mut v, name);
+        v
+    };
+    let lifted = defs
+        .into_iter()
+        .map(|(def, v)| (format!("{name}.{def}"), rewrite(v)))
+        .collect();
+    (rewrite(schema), lifted)
+}
+
+/// Rewrites every `"$ref": "#/$defs/X"` inside `v` to `"#/components/schemas/<name>.X"`.
+fn point_refs_at(v: &mut Value, name: &str) {
+    match v {
+        Value::Object(map) => {
+            for (key, child) in map.iter_mut() {
+                if key == "$ref"
+                    && let Some(def) = child.as_str().and_then(|r| r.strip_prefix("#/$defs/"))
+                {
+                    *child = json!(format!("#/components/schemas/{name}.{def}"));
+                } else {
+                    point_refs_at(child, name);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|i| point_refs_at(i, name)),
+        _ => {}
+    }
+}
+
+/// `GET /openapi.json`: the document, with this deployment's kinds linked in.
+pub async fn document(
+    axum::extract::State(state): axum::extract::State<Arc<ApiState>>,
+) -> Json<Value> {
+    Json(spec_for(state.app.producer.catalog().as_ref()))
 }
 
 #[cfg(test)]

@@ -1,32 +1,34 @@
 //! The `agent` kind: the worker's agent loop ([`JobContext::agent`]) from JSON
-//! ([`AgentInput`]), with the built-in tools `kv_put`, `kv_get`, `ledger` and `http_get`, any of
-//! them behind a human's approval.
+//! ([`AgentInput`]), with any tools the deployment registered
+//! ([`Registry::register_tool`](agentq_worker::Registry::register_tool)): the built-in
+//! `kv_put`, `kv_get`, `ledger` and `http_get`, and a deployment's own, any of them behind a
+//! human's approval. An input naming a tool nobody registered is refused at enqueue.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentq_core::operation::{Requires, ToolRef};
 use agentq_worker::agent::{AgentOutcome, AgentSpec};
 use agentq_worker::context::check_park;
 use agentq_worker::model::{Message, Role, ToolChoice};
-use agentq_worker::{JobContext, JobError, Replay, Tool};
+use agentq_worker::tool::with_approval;
+use agentq_worker::{JobContext, JobError, Tool};
 use serde::{Deserialize, Serialize};
-
-use crate::tools::{HttpGet, Kv, Ledger};
 
 /// Input of `agent`. A `tool_choice` naming a tool must name one of `tools` (checked when the
 /// input is read, so at enqueue).
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, try_from = "Fields")]
 pub struct AgentInput {
     #[serde(default = "default_system")]
     pub system: String,
     pub user: String,
-    /// Built-in tools it may use.
+    /// The registered tools it may use (`agentq kinds` lists them).
     #[serde(default)]
-    pub tools: Vec<AgentTool>,
+    pub tools: Vec<String>,
     /// Tools whose every call waits for an `approval` signal first.
     #[serde(default)]
-    pub approval: Vec<AgentTool>,
+    pub approval: Vec<String>,
     #[serde(default = "default_max_turns")]
     pub max_turns: u32,
     /// Seconds an approval may take (default 72 h, at most
@@ -43,23 +45,32 @@ pub struct AgentInput {
 }
 
 /// What [`AgentInput`] is read from, before the check across its fields.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Fields {
+    /// The system message (default: a careful assistant that uses its tools).
     #[serde(default = "default_system")]
     system: String,
+    /// The user's message: the task.
     user: String,
+    /// The registered tools it may use (`agentq kinds` lists them).
     #[serde(default)]
-    tools: Vec<AgentTool>,
+    tools: Vec<String>,
+    /// Tools whose every call waits for an `approval` signal first.
     #[serde(default)]
-    approval: Vec<AgentTool>,
+    approval: Vec<String>,
+    /// Model turns before the operation fails (default 8).
     #[serde(default = "default_max_turns")]
     max_turns: u32,
+    /// Seconds an approval may take (default 72 h, at most 100 years); a call not approved in
+    /// time is reported to the model as refused.
     #[serde(
         default = "default_approval_timeout",
         deserialize_with = "approval_timeout"
     )]
     approval_timeout_s: u64,
+    /// `auto`, `required`, `none` or the name of one of `tools`: the model's `tool_choice`
+    /// until it has called a tool.
     #[serde(default)]
     tool_choice: Option<AgentToolChoice>,
 }
@@ -89,42 +100,20 @@ impl TryFrom<Fields> for AgentInput {
 }
 
 /// The `tool_choice` of an [`AgentInput`].
-#[derive(Debug, Deserialize, Serialize, Clone, Copy, PartialEq)]
+#[derive(Debug, Deserialize, Serialize, Clone, PartialEq, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum AgentToolChoice {
     Mode(ChoiceMode),
-    Tool(AgentTool),
+    Tool(String),
 }
 
 /// `tool_choice` modes.
-#[derive(Debug, Deserialize, Serialize, Clone, Copy, PartialEq)]
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ChoiceMode {
     Auto,
     Required,
     None,
-}
-
-impl AgentTool {
-    /// The tool's name as the model sees it.
-    pub fn name(self) -> &'static str {
-        match self {
-            AgentTool::KvPut => "kv_put",
-            AgentTool::KvGet => "kv_get",
-            AgentTool::Ledger => "ledger",
-            AgentTool::HttpGet => "http_get",
-        }
-    }
-}
-
-/// The built-in tools of the `agent` kind.
-#[derive(Debug, Deserialize, Serialize, Clone, Copy, PartialEq)]
-#[serde(rename_all = "snake_case")]
-pub enum AgentTool {
-    KvPut,
-    KvGet,
-    Ledger,
-    HttpGet,
 }
 
 fn default_system() -> String {
@@ -146,34 +135,41 @@ fn approval_timeout<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Er
     Ok(secs)
 }
 
-/// Runs the agent loop with the built-in tools the input names.
+/// What an agent input needs beyond its shape: every tool it names registered.
+pub fn requires(input: &AgentInput) -> Requires {
+    let named = |list: &'static str, names: &[String]| {
+        names
+            .iter()
+            .enumerate()
+            .map(move |(i, name)| ToolRef {
+                pointer: format!("/{list}/{i}"),
+                name: name.clone(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut tools = named("tools", &input.tools);
+    tools.extend(named("approval", &input.approval));
+    Requires {
+        tools,
+        ..Requires::default()
+    }
+}
+
+/// Runs the agent loop with the registered tools the input names.
 pub async fn agent(ctx: JobContext, input: AgentInput) -> Result<AgentOutcome, JobError> {
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     for name in &input.tools {
-        let approval = input.approval.contains(name);
-        let tool: Arc<dyn Tool> = match name {
-            AgentTool::KvPut | AgentTool::KvGet => Arc::new(Kv {
-                pool: ctx.pool().clone(),
-                tenant: ctx.info().tenant.clone(),
-                put: *name == AgentTool::KvPut,
-                approval,
-            }),
-            AgentTool::Ledger => Arc::new(Ledger {
-                pool: ctx.pool().clone(),
-                op_id: ctx.info().op_id.0,
-                name: "ledger".into(),
-                label: "agent".into(),
-                replay: Replay::Unsafe,
-                after_ms: 0,
-                reconcile: true,
-                approval,
-            }),
-            AgentTool::HttpGet => Arc::new(HttpGet {
-                allow: ctx.http_allow(),
-                approval,
-            }),
-        };
-        tools.push(tool);
+        let tool = ctx.registered_tool(name).ok_or_else(|| {
+            JobError::NonRetryable(format!(
+                "tool {name:?} is not registered on this worker: deploy a worker whose binary \
+                 registers it, then `agentq dlq retry` this operation"
+            ))
+        })?;
+        tools.push(if input.approval.contains(name) {
+            with_approval(tool)
+        } else {
+            tool
+        });
     }
     ctx.agent(AgentSpec {
         system: input.system,
@@ -186,7 +182,7 @@ pub async fn agent(ctx: JobContext, input: AgentInput) -> Result<AgentOutcome, J
             AgentToolChoice::Mode(ChoiceMode::Auto) => ToolChoice::Auto,
             AgentToolChoice::Mode(ChoiceMode::Required) => ToolChoice::Required,
             AgentToolChoice::Mode(ChoiceMode::None) => ToolChoice::None,
-            AgentToolChoice::Tool(t) => ToolChoice::Tool(t.name().to_string()),
+            AgentToolChoice::Tool(t) => ToolChoice::Tool(t),
         }),
     })
     .await

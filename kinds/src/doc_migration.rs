@@ -51,7 +51,7 @@ how sure you are that the result is correct and complete.";
 
 /// Input of `doc_migration`, checked in full at enqueue (a bad one is refused, exit code 2),
 /// the stores it names included: the tenant must have them (see [`requires`]).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "RawInput")]
 pub struct DocMigrationInput {
     /// The document's identity: a path relative to the source store's directory, or the row
@@ -85,12 +85,12 @@ pub fn requires(input: &DocMigrationInput) -> Requires {
                 access: Access::Write,
             },
         ],
-        webhook_only: false,
+        ..Requires::default()
     }
 }
 
 /// Checks of the migrated text.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Validate {
     /// Strings the output must contain; a missing one fails the document (non-retryable).
@@ -101,7 +101,7 @@ pub struct Validate {
     pub min_ratio: Option<f64>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawInput {
     doc_id: String,
@@ -118,13 +118,18 @@ struct RawInput {
 
 /// `{"store": NAME}`. The fields of the inputs before stores (`dir`, `table`, `id_column`,
 /// `body_column`) are recognised only to say what to do instead.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawStore {
+    /// The name of a store an admin registered for the tenant (`agentq stores add`).
     store: Option<String>,
+    #[schemars(skip)]
     dir: Option<Value>,
+    #[schemars(skip)]
     table: Option<Value>,
+    #[schemars(skip)]
     id_column: Option<Value>,
+    #[schemars(skip)]
     body_column: Option<Value>,
 }
 
@@ -152,7 +157,7 @@ impl RawStore {
     }
 }
 
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawReview {
     timeout_ms: Option<u64>,
@@ -1073,7 +1078,8 @@ mod tests {
             "instructions": "Convert to Markdown.",
         });
         input(good.clone()).unwrap();
-        let needs = registry().requires("doc_migration", &good).unwrap();
+        let needs =
+            agentq_core::kinds::Catalog::requires(&registry(), "doc_migration", &good).unwrap();
         assert_eq!(
             needs.stores,
             vec![

@@ -6,7 +6,7 @@ use agentq_worker::{JobContext, JobError};
 use serde::{Deserialize, Serialize};
 
 /// Input of `echo`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EchoInput {
     pub text: String,

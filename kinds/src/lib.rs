@@ -4,9 +4,10 @@
 //!
 //! - [`echo`]: input `{"text": …}`; one model step; output `{"text": …}`.
 //! - [`script`]: a small JSON program for demos, smoke tests, benchmarks and crash tests.
-//! - [`agent`]: the agent loop from JSON, with the built-in tools `kv_put`, `kv_get` (a
-//!   key-value table per tenant), `ledger` (an unsafe side effect with reconcile) and
-//!   `http_get` (`tools`).
+//! - [`agent`]: the agent loop from JSON, with any registered tool: the built-in `kv_put`,
+//!   `kv_get` (a key-value table per tenant), `ledger` (an unsafe side effect with reconcile)
+//!   and `http_get` (`tools`, registered by [`register_builtin`] as a deployment registers its
+//!   own), and a deployment's.
 //! - `triage` (`triage.rs`): the webhook-triggered kind: summarize and classify an event, then
 //!   post the result to the source's callback once.
 //! - `doc_migration` (`doc_migration.rs`): one document of a migration, chunked through the
@@ -16,7 +17,6 @@
 //! Invariant kept here: a kind takes host resources (tables, directories, URLs) only from what
 //! an operator registered or allowed, never from its input.
 
-use agentq_core::operation::Requires;
 use agentq_worker::Registry;
 
 pub mod agent;
@@ -27,24 +27,45 @@ pub mod script;
 mod tools;
 mod triage;
 
-/// Registers the built-in kinds (`echo`, `script`, `agent`, `triage`, `doc_migration`) in `r`,
-/// next to a deployment's own kinds.
+/// Registers the built-in kinds (`echo`, `script`, `agent`, `triage`, `doc_migration`) and
+/// tools (`kv_put`, `kv_get`, `ledger`, `http_get`) in `r`, next to a deployment's own.
 pub fn register_builtin(r: &mut Registry) {
-    r.register("echo", echo::echo);
+    r.register("echo", echo::echo)
+        .describe("Sends its text to the model and returns the answer: a smoke test.");
     for version in script_versions() {
-        r.register_version("script", &version, script::script);
+        r.register_version("script", &version, script::script)
+            .describe(
+                "A small JSON program of work, tool calls, model calls, sleeps, waits, spawns and \
+             failures: for demos, tests and benchmarks.",
+            );
     }
-    r.register("agent", agent::agent);
+    register_agent(r);
+    tools::register(r);
     // triage's configuration comes from its webhook source: a producer cannot supply one.
-    r.register_requiring("triage", triage::triage, |_| Requires {
-        webhook_only: true,
-        ..Requires::default()
-    });
-    r.register_requiring(
-        "doc_migration",
-        doc_migration::doc_migration,
-        doc_migration::requires,
-    );
+    r.register("triage", triage::triage)
+        .webhook_only()
+        .describe(
+            "Summarizes and labels a webhook delivery, then posts the result to the source's \
+             callback once.",
+        );
+    r.register("doc_migration", doc_migration::doc_migration)
+        .requires(doc_migration::requires)
+        .describe(
+            "Migrates one document from a source store to a target store through the model, \
+             validated, reviewed by a human on low confidence, written idempotently.",
+        );
+}
+
+/// Registers the `agent` kind alone: the agent loop over the tools `r` registers (none of the
+/// built-in ones unless [`register_builtin`] registers them too). For a deployment that offers
+/// only its own tools to its agents.
+pub fn register_agent(r: &mut Registry) {
+    r.register("agent", agent::agent)
+        .requires(agent::requires)
+        .describe(
+            "The agent loop: model turns and calls of the registered tools it names, any of \
+             them behind a human's approval.",
+        );
 }
 
 /// Test hook: the versions of `script` a worker registers, comma-separated (default `1`), so

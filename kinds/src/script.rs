@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::tools::Ledger;
 
 /// Input of `script`: the steps to run, in order.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, try_from = "ScriptProgram")]
 pub struct ScriptInput {
     pub steps: Vec<ScriptStep>,
@@ -31,7 +31,7 @@ pub struct ScriptInput {
 pub const VARIANT_VAR: &str = "AGENTQ_SCRIPT_VARIANT";
 
 /// `script`'s input as written, before its durations are checked.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ScriptProgram {
     steps: Vec<ScriptStep>,
@@ -76,7 +76,7 @@ fn check_durations(at: &str, steps: &[ScriptStep]) -> Result<(), String> {
 }
 
 /// One instruction of a `script` program.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(untagged, deny_unknown_fields)]
 pub enum ScriptStep {
     /// `{"work_ms": N, "deferred": bool}`: a replay-safe step taking N ms of wall time,
@@ -148,14 +148,14 @@ pub enum ScriptStep {
 }
 
 /// Tools a script may call.
-#[derive(Debug, Deserialize, Serialize, Clone, Copy)]
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolName {
     Ledger,
 }
 
 /// `safe` or `unsafe`.
-#[derive(Debug, Deserialize, Serialize, Clone, Copy, PartialEq)]
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ReplayName {
     Safe,
@@ -163,7 +163,7 @@ pub enum ReplayName {
 }
 
 /// What a script's wait does when its timeout passes first.
-#[derive(Debug, Deserialize, Serialize, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnTimeout {
     #[default]
@@ -172,7 +172,7 @@ pub enum OnTimeout {
 }
 
 /// Failure classes a script can simulate.
-#[derive(Debug, Deserialize, Serialize, Clone, Copy)]
+#[derive(Debug, Deserialize, Serialize, Clone, Copy, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FailClass {
     Retryable,
@@ -274,8 +274,6 @@ async fn run_step(ctx: &JobContext, step: ScriptStep) -> Result<Value, JobError>
             reconcile,
         } => {
             let ledger = Ledger {
-                pool: ctx.pool().clone(),
-                op_id: ctx.info().op_id.0,
                 name: format!("ledger:{label}"),
                 label,
                 replay: if replay == ReplayName::Safe {
@@ -285,7 +283,6 @@ async fn run_step(ctx: &JobContext, step: ScriptStep) -> Result<Value, JobError>
                 },
                 after_ms,
                 reconcile,
-                approval: false,
             };
             ctx.tool(&ledger, json!({})).await?
         }

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use agentq_worker::model::{Message, ModelRequest, Role};
-use agentq_worker::{JobContext, JobError, Reconciled, Replay, Tool};
+use agentq_worker::{JobContext, JobError, Reconciled, Replay, Tool, ToolContext};
 
 /// Labels a source without `labels` in its config classifies into.
 const DEFAULT_LABELS: [&str; 4] = ["bug", "feature", "question", "other"];
@@ -40,7 +40,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Input of `triage`, as the webhook route builds it for a source with a config.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TriageInput {
     /// The delivery's JSON body.
@@ -53,7 +53,7 @@ pub struct TriageInput {
 }
 
 /// A `triage` source's configuration (`agentq webhooks add --config`).
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TriageConfig {
     /// Where the result is POSTed; its host must be in `AGENTQ_AGENT_HTTP_ALLOW`.
@@ -65,9 +65,9 @@ pub struct TriageConfig {
 
 /// An `http://` or `https://` URL with a host: checked when the source is added and when a
 /// delivery is enqueued, so a bad one never reaches a worker.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(try_from = "String", into = "String")]
-pub struct CallbackUrl(Url);
+pub struct CallbackUrl(#[schemars(with = "String")] Url);
 
 impl TryFrom<String> for CallbackUrl {
     type Error = String;
@@ -90,7 +90,7 @@ impl From<CallbackUrl> for String {
 }
 
 /// The labels of a source: 1–100 non-empty names of at most 64 characters.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(try_from = "Vec<String>", into = "Vec<String>")]
 pub struct Labels(Vec<String>);
 
@@ -321,7 +321,8 @@ impl Tool for Callback {
         "POST the triage result to the source's callback URL."
     }
 
-    async fn call(&self, args: &Value, key: &str) -> Result<Value, JobError> {
+    async fn call(&self, cx: &ToolContext<'_>, args: &Value) -> Result<Value, JobError> {
+        let key = cx.idempotency_key();
         let url = self.allowed_url()?;
         let host = url.host_str().unwrap_or_default().to_string();
         let client = Self::client()?;
@@ -354,7 +355,8 @@ impl Tool for Callback {
         Ok(json!({ "status": status.as_u16(), "body": answer_body(response).await }))
     }
 
-    async fn reconcile(&self, _args: &Value, key: &str) -> Result<Reconciled, JobError> {
+    async fn reconcile(&self, cx: &ToolContext<'_>, _args: &Value) -> Result<Reconciled, JobError> {
+        let key = cx.idempotency_key();
         let mut url = self.allowed_url()?;
         let host = url.host_str().unwrap_or_default().to_string();
         url.query_pairs_mut().append_pair("idempotency_key", key);

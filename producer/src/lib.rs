@@ -5,12 +5,12 @@
 //! and an operation is committed before its pointer is published, so a crash between the two
 //! leaves a row the scheduler's dispatch sweeper publishes later: never a lost job.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use agentq_core::db::stores::{self, Need};
 use agentq_core::db::{self, Inserted, NewOperation};
 use agentq_core::dispatch::{Dispatcher, Target};
+use agentq_core::kinds::{self, Catalog};
 use agentq_core::metrics;
 use agentq_core::operation::{Lane, OperationId, Origin, Requires, Status, TenantId, input_sha256};
 use chrono::{DateTime, Utc};
@@ -73,8 +73,9 @@ pub enum Error {
     Invalid {
         /// The request field at fault, as the HTTP API names it (`/kind`, `/input`,
         /// `/ordering_key`, `/concurrency_key`, `/concurrency_limit`, `Idempotency-Key`,
-        /// `/max_attempts`, `/deadline`, `/tenant`).
-        field: &'static str,
+        /// `/max_attempts`, `/deadline`, `/tenant`), or a JSON Pointer into the input
+        /// (`/input/steps/0/work_ms`).
+        field: String,
         message: String,
     },
     /// The dedupe key already names an operation with a different input; nothing was written.
@@ -95,9 +96,9 @@ impl Error {
     }
 }
 
-fn invalid(field: &'static str, message: impl Into<String>) -> Error {
+fn invalid(field: &str, message: impl Into<String>) -> Error {
     Error::Invalid {
-        field,
+        field: field.to_string(),
         message: message.into(),
     }
 }
@@ -120,42 +121,31 @@ pub struct Pending {
     target: Option<Target>,
 }
 
-/// Checks an input against its kind before anything is written (e.g. the worker registry's
-/// typed decoding), returning what is wrong, or what the input requires beyond its shape (the
-/// producer checks that too: the tenant's stores, the origin).
-pub type InputCheck = Arc<dyn Fn(&str, &Value) -> Result<Requires, String> + Send + Sync>;
-
 /// The enqueue API. Cheap to clone; share one per process.
 #[derive(Clone)]
 pub struct Producer {
     pool: PgPool,
     dispatcher: Arc<Dispatcher>,
-    kinds: Arc<BTreeSet<String>>,
-    check: Option<InputCheck>,
+    /// The deployment's kinds, each input checked against them before anything is written.
+    catalog: Arc<dyn Catalog>,
     default_max_attempts: i32,
 }
 
 impl Producer {
-    /// A producer that accepts the job kinds in `kinds` (what the workers can run).
+    /// A producer that accepts the job kinds of `catalog` (the deployment's registry: what its
+    /// workers run), checking each input against its kind.
     pub fn new(
         pool: PgPool,
         dispatcher: Arc<Dispatcher>,
-        kinds: impl IntoIterator<Item = String>,
+        catalog: Arc<dyn Catalog>,
         default_max_attempts: i32,
     ) -> Self {
         Self {
             pool,
             dispatcher,
-            kinds: Arc::new(kinds.into_iter().collect()),
-            check: None,
+            catalog,
             default_max_attempts,
         }
-    }
-
-    /// Refuses inputs that `check` rejects, before anything is written.
-    pub fn with_input_check(mut self, check: InputCheck) -> Self {
-        self.check = Some(check);
-        self
     }
 
     /// Stores the operation and publishes its pointer. A publish failure is not an error: the
@@ -315,41 +305,36 @@ impl Producer {
     }
 
     /// Checks `input` against `kind` as an enqueue would (the kind is known, the input fits),
-    /// without writing anything; returns what it requires beyond its shape.
-    pub fn check_input(&self, kind: &str, input: &Value) -> Result<Requires, String> {
-        if !self.kinds.contains(kind) {
-            let known: Vec<&str> = self.kinds().collect();
-            return Err(format!(
-                "unknown kind {kind:?}; this deployment runs: {}",
-                known.join(", ")
+    /// without writing anything; returns what it requires beyond its shape, or what is wrong
+    /// and where (a JSON Pointer from the request's root: `/kind`, `/input/steps/0`).
+    pub fn check_input(&self, kind: &str, input: &Value) -> Result<Requires, Error> {
+        if !self.catalog.has_kind(kind) {
+            return Err(invalid(
+                "/kind",
+                format!(
+                    "unknown kind {kind:?}; this deployment runs: {} (`agentq kinds` shows each \
+                     one's input)",
+                    kinds::names(self.catalog.as_ref())
+                ),
             ));
         }
-        match &self.check {
-            Some(check) => check(kind, input),
-            None => Ok(Requires::default()),
-        }
+        self.catalog
+            .requires(kind, input)
+            .map_err(|e| Error::Invalid {
+                field: format!("/input{}", e.pointer),
+                message: format!("input does not fit kind {kind:?}: {e}"),
+            })
     }
 
-    /// The job kinds this producer accepts.
-    pub fn kinds(&self) -> impl Iterator<Item = &str> {
-        self.kinds.iter().map(String::as_str)
+    /// The deployment's kinds and tools.
+    pub fn catalog(&self) -> &Arc<dyn Catalog> {
+        &self.catalog
     }
 
     /// The operation to insert and the stores its input names (checked by the caller against
     /// the tenant's, in the database).
     fn validate(&self, req: EnqueueRequest) -> Result<(NewOperation, Vec<Need>), Error> {
         let tenant = TenantId::parse(&req.tenant).map_err(|e| invalid("/tenant", e))?;
-        if !self.kinds.contains(&req.kind) {
-            let known: Vec<&str> = self.kinds().collect();
-            return Err(invalid(
-                "/kind",
-                format!(
-                    "unknown kind {:?}; this deployment runs: {}",
-                    req.kind,
-                    known.join(", ")
-                ),
-            ));
-        }
         if let Some(at) = agentq_core::operation::nul_at(&req.input) {
             return Err(invalid(
                 "/input",
@@ -363,10 +348,7 @@ impl Producer {
                 ),
             ));
         }
-        let requires = match &self.check {
-            Some(check) => check(&req.kind, &req.input).map_err(|e| invalid("/input", e))?,
-            None => Requires::default(),
-        };
+        let requires = self.check_input(&req.kind, &req.input)?;
         if requires.webhook_only && req.origin != Origin::Webhook {
             return Err(invalid(
                 "/kind",

@@ -178,8 +178,12 @@ async fn a_three_node_cluster_loses_the_workers_node_then_the_queues_leader() {
             agentq_core::broker::Names::new(&namespace),
             "cluster-producer",
         ));
-        let producer =
-            agentq_producer::Producer::new(pool.clone(), dispatcher.clone(), ["script".into()], 3);
+        let producer = agentq_producer::Producer::new(
+            pool.clone(),
+            dispatcher.clone(),
+            std::sync::Arc::new(agentq_kinds::registry()),
+            3,
+        );
         tokio::spawn(async move {
             for i in 0..OPERATIONS {
                 // Paced so that the run spans the kills: ~100 operations a second.

@@ -540,8 +540,12 @@ async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
             agentq_core::broker::Names::new(&namespace),
             "chaos-producer",
         ));
-        let producer =
-            agentq_producer::Producer::new(pool.clone(), dispatcher.clone(), ["script".into()], 3);
+        let producer = agentq_producer::Producer::new(
+            pool.clone(),
+            dispatcher.clone(),
+            std::sync::Arc::new(agentq_kinds::registry()),
+            3,
+        );
         let (n, window) = (size.operations, size.window);
         tokio::spawn(async move {
             let mut rng = Lcg(seed);

@@ -18,7 +18,7 @@ use crate::harness::{DEADLINE, TestApp, running_app};
 
 /// Enqueues `n` echo operations per tenant in one statement each (library producer).
 async fn enqueue(app: &TestApp, tenant: &str, n: usize, batch: Option<Uuid>) -> Vec<Uuid> {
-    let (producer, dispatcher) = app.producer(["echo".to_string()]);
+    let (producer, dispatcher) = app.producer();
     let reqs = (0..n)
         .map(|i| EnqueueRequest {
             tenant: tenant.into(),
@@ -297,7 +297,7 @@ async fn api_list_walks_every_operation_exactly_once_while_new_ones_arrive() {
     }
     let stop = tokio_util::sync::CancellationToken::new();
     let inserter = {
-        let (producer, dispatcher) = app.producer(["echo".to_string()]);
+        let (producer, dispatcher) = app.producer();
         let stop = stop.clone();
         tokio::spawn(async move {
             let mut added = 0;

@@ -377,7 +377,7 @@ async fn the_job_function_runs_only_after_running_is_committed() {
             })
         }
     });
-    let kinds = registry.kinds();
+    let kinds = registry.clone();
     let worker = Worker::new(
         agentq_worker::Settings {
             amqp_url: app.amqp_url.clone(),
@@ -397,7 +397,7 @@ async fn the_job_function_runs_only_after_running_is_committed() {
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(worker.run(shutdown.clone()));
 
-    let (producer, dispatcher) = app.producer(kinds);
+    let (producer, dispatcher) = app.producer_with(kinds);
     let op = producer
         .enqueue(EnqueueRequest {
             tenant: "t1".into(),
@@ -427,7 +427,7 @@ async fn an_operation_committed_but_never_published_still_completes() {
     let mut app = TestApp::start().await;
     // The producer commits the row and "crashes" before publishing: enqueue_in writes the row
     // in our transaction, we commit, and the pointer is never sent.
-    let (producer, dispatcher) = app.producer(["echo".to_string()]);
+    let (producer, dispatcher) = app.producer();
     let mut tx = app.pool.begin().await.unwrap();
     let pending = producer
         .enqueue_in(
@@ -548,7 +548,7 @@ async fn lost_pointers_are_republished_but_a_backlog_is_left_alone() {
 async fn a_sweep_that_never_commits_leaves_its_rows_due_and_a_concurrent_one_skips_them() {
     let app = TestApp::start().await;
     // Three operations whose producer "crashed" before publishing: committed, no pointer.
-    let (producer, dispatcher) = app.producer(["echo".to_string()]);
+    let (producer, dispatcher) = app.producer();
     let mut tx = app.pool.begin().await.unwrap();
     for i in 0..3 {
         let pending = producer

@@ -272,17 +272,32 @@ impl TestApp {
         ))
     }
 
-    /// A library producer accepting `kinds`, and its dispatcher (close it when done).
-    pub fn producer<I: IntoIterator<Item = String>>(
+    /// A library producer accepting the built-in kinds, and its dispatcher (close it when
+    /// done).
+    pub fn producer(
         &self,
-        kinds: I,
+    ) -> (
+        agentq_producer::Producer,
+        std::sync::Arc<agentq_core::dispatch::Dispatcher>,
+    ) {
+        self.producer_with(agentq_kinds::registry())
+    }
+
+    /// A library producer accepting the kinds of `registry`, and its dispatcher.
+    pub fn producer_with(
+        &self,
+        registry: agentq_worker::Registry,
     ) -> (
         agentq_producer::Producer,
         std::sync::Arc<agentq_core::dispatch::Dispatcher>,
     ) {
         let dispatcher = self.dispatcher();
-        let producer =
-            agentq_producer::Producer::new(self.pool.clone(), dispatcher.clone(), kinds, 3);
+        let producer = agentq_producer::Producer::new(
+            self.pool.clone(),
+            dispatcher.clone(),
+            std::sync::Arc::new(registry),
+            3,
+        );
         (producer, dispatcher)
     }
 
@@ -294,7 +309,7 @@ impl TestApp {
         lane: agentq_core::Lane,
         inputs: impl IntoIterator<Item = Value>,
     ) -> Vec<uuid::Uuid> {
-        let (producer, dispatcher) = self.producer([kind.to_string()]);
+        let (producer, dispatcher) = self.producer();
         let mut ids = Vec::new();
         for input in inputs {
             let e = producer

@@ -442,7 +442,7 @@ async fn schedules_refuse_bad_input_and_another_tenants_id_writing_nothing() {
         ),
         (with(json!({ "cron": "0 9 * * *" })), "/cron"),
         (with(json!({ "kind": "nope" })), "/kind"),
-        (with(json!({ "input": { "txt": 1 } })), "/input"),
+        (with(json!({ "input": { "txt": 1 } })), "/input/txt"),
         (with(json!({ "name": "has space" })), "/name"),
         (
             with(json!({ "catchup_window_secs": -1 })),

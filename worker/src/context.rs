@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use agentq_core::db::{self, JournalEntry, StepWrite};
 use agentq_core::dispatch::{Dispatcher, Target};
 use agentq_core::metrics;
-use agentq_core::operation::{OperationId, step_idempotency_key};
+use agentq_core::operation::step_idempotency_key;
 
 use agentq_core::origins::Origins;
 use agentq_core::state::replay::{Recorded, Resume, resume};
@@ -44,8 +44,9 @@ use tokio_util::sync::CancellationToken;
 use crate::error::JobError;
 use crate::gate::ModelGate;
 use crate::group_commit::GroupCommit;
+pub use crate::info::OperationInfo;
 use crate::model::{ModelRequest, ModelResponse};
-use crate::tool::{Reconciled, Replay, Tool};
+use crate::tool::{Reconciled, Replay, Tool, ToolContext};
 
 /// Asks a tool whether a call with this idempotency key already happened.
 type Reconcile<'a> =
@@ -208,28 +209,6 @@ fn spawn_pause() -> Option<Duration> {
 pub(crate) type ChildCheck =
     Box<dyn Fn(&str, &Value) -> Result<agentq_core::operation::Requires, String> + Send + Sync>;
 
-/// Facts about the claimed operation that a job may read.
-#[derive(Clone, Debug)]
-pub struct OperationInfo {
-    /// The operation's id, the same on every run: a key for a kind's own idempotent writes.
-    pub op_id: OperationId,
-    /// The tenant the operation belongs to: a kind reads and writes only this tenant's data.
-    pub tenant: String,
-    /// The kind it was enqueued as.
-    pub kind: String,
-    /// The version of the kind it runs on: the one its first claim pinned (or an operator's
-    /// upgrade chose). Every run of the operation runs this version's function.
-    pub version: String,
-    /// The attempt counted against its retries (1 on the first); a sleep's or wait's wake-up,
-    /// an overload back-off, a crash restart and a shutdown give the attempt back.
-    pub attempt: i32,
-    /// The claim's fencing number, one more on every claim (so it also counts runs): every
-    /// write the context makes for this run carries it.
-    pub epoch: i64,
-    /// Stop (dead, `deadline_exceeded`) at the first step boundary after this.
-    pub deadline: Option<DateTime<Utc>>,
-}
-
 struct State {
     /// The journal as loaded at claim time, indexed by seq.
     journal: Vec<JournalEntry>,
@@ -264,11 +243,16 @@ pub(crate) struct Services {
     pub(crate) journal: GroupCommit<db::StepBatch>,
     /// Whether a child's kind and input fit (`ctx.spawn`).
     pub(crate) check_child: ChildCheck,
+    /// The deployment's registered tools ([`JobContext::registered_tool`]).
+    pub(crate) tools: std::collections::BTreeMap<String, Arc<dyn Tool>>,
     /// Publishes spawned children's pointers; opened on the first spawn.
     pub(crate) children: std::sync::OnceLock<Dispatcher>,
     /// Where `children` connects to.
     pub(crate) amqp_url: String,
     pub(crate) names: agentq_core::broker::Names,
+    /// Set only by the replay tester ([`crate::testing`]): the journal, waits and children live
+    /// in memory there instead of PostgreSQL, and it watches every step and tool call.
+    pub(crate) memory: Option<Arc<crate::testing::Memory>>,
 }
 
 impl Services {
@@ -286,7 +270,7 @@ impl Services {
             ));
         }
         agentq_core::operation::check_input_size(input).map_err(refuse)?;
-        if !requires.stores.is_empty() {
+        if !requires.stores.is_empty() && self.memory.is_none() {
             let refusal = db::within(async {
                 let mut conn = self.pool.acquire().await?;
                 db::stores::refusal(&mut conn, tenant, &requires.stores).await
@@ -399,6 +383,14 @@ impl JobContext {
     /// only to the addresses it checked).
     pub fn http_allow(&self) -> Arc<Origins> {
         self.inner.services.http_allow.clone()
+    }
+
+    /// The tool the deployment registered as `name`
+    /// ([`Registry::register_tool`](crate::Registry::register_tool)), to call with
+    /// [`JobContext::tool`]. `None` when this worker's binary registers no such tool: fail the
+    /// operation as non-retryable, naming it (the built-in `agent` kind does).
+    pub fn registered_tool(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        self.inner.services.tools.get(name).cloned()
     }
 
     /// The idempotency key of the step running now (`None` outside a step): stable across
@@ -550,7 +542,10 @@ impl JobContext {
         self.run_step_with(
             StepSpec::new(tool.name(), StepKind::Tool, tool.replay()),
             Some(Box::new(move |key: String| {
-                Box::pin(async move { tool.reconcile(&recover_args, &key).await })
+                Box::pin(async move {
+                    tool.reconcile(&self.tool_context(&key), &recover_args)
+                        .await
+                })
             })),
             |key| async move {
                 // The call's span names the tool and how it ended; never its arguments or result.
@@ -560,8 +555,17 @@ impl JobContext {
                     outcome = tracing::field::Empty,
                     otel.status_code = tracing::field::Empty,
                 );
-                let called =
-                    tracing::Instrument::instrument(tool.call(&args, &key), span.clone()).await;
+                if let Some(memory) = &self.inner.services.memory {
+                    memory.tool_called(&key, tool.name(), tool.replay())?;
+                }
+                let called = tracing::Instrument::instrument(
+                    tool.call(&self.tool_context(&key), &args),
+                    span.clone(),
+                )
+                .await;
+                if let (Some(memory), Ok(output)) = (&self.inner.services.memory, &called) {
+                    memory.tool_done(&key, output);
+                }
                 match &called {
                     Ok(_) => span.record("outcome", "ok"),
                     Err(e) => span
@@ -578,6 +582,17 @@ impl JobContext {
             },
         )
         .await
+    }
+
+    /// What a tool call of this operation knows: the step's key, the operation, the worker's
+    /// pool and origins.
+    fn tool_context<'a>(&'a self, key: &'a str) -> ToolContext<'a> {
+        ToolContext {
+            info: &self.inner.info,
+            key,
+            pool: &self.inner.services.pool,
+            http_allow: &self.inner.services.http_allow,
+        }
     }
 
     /// A durable sleep: the operation parks as `sleeping`, the worker lets go of it, and the
@@ -638,17 +653,20 @@ impl JobContext {
             }
         };
         let info = &self.inner.info;
-        match db::within(db::timers::resolve_wait(
-            &self.inner.services.pool,
-            info.op_id.0,
-            info.epoch,
-            seq,
-            name,
-            deadline,
-        ))
-        .await
-        .map_err(|e| JobError::retryable(format!("resolving a wait: {e}")))?
-        {
+        let resolved = match &self.inner.services.memory {
+            Some(memory) => memory.resolve_wait(seq, name, deadline),
+            None => db::within(db::timers::resolve_wait(
+                &self.inner.services.pool,
+                info.op_id.0,
+                info.epoch,
+                seq,
+                name,
+                deadline,
+            ))
+            .await
+            .map_err(|e| JobError::retryable(format!("resolving a wait: {e}")))?,
+        };
+        match resolved {
             db::timers::Wait::Resolved(output) => Ok(SignalOutcome::from_journal(&output)),
             db::timers::Wait::LeaseLost => {
                 self.inner.lost.store(true, Ordering::Release);
@@ -678,6 +696,9 @@ impl JobContext {
         let tenant = &self.inner.info.tenant;
         self.run_step_with(spec, None, |key| async move {
             services.check_spawn(tenant, kind, &input).await?;
+            if let Some(memory) = &services.memory {
+                return Ok((memory.spawn(&key, kind, &input), None));
+            }
             let sha = agentq_core::operation::input_sha256(&input);
             let spawned = db::within(db::children::spawn(
                 &services.pool,
@@ -747,16 +768,19 @@ impl JobContext {
             }
         }
         let info = &self.inner.info;
-        match db::within(db::children::resolve_join(
-            &self.inner.services.pool,
-            info.op_id.0,
-            info.epoch,
-            seq,
-            &ids,
-        ))
-        .await
-        .map_err(|e| JobError::retryable(format!("resolving a join: {e}")))?
-        {
+        let resolved = match &self.inner.services.memory {
+            Some(memory) => memory.resolve_join(seq, &ids),
+            None => db::within(db::children::resolve_join(
+                &self.inner.services.pool,
+                info.op_id.0,
+                info.epoch,
+                seq,
+                &ids,
+            ))
+            .await
+            .map_err(|e| JobError::retryable(format!("resolving a join: {e}")))?,
+        };
+        match resolved {
             db::children::Join::Resolved(output) => decode(Some(output)),
             db::children::Join::Pending => {
                 self.state().suspend =
@@ -783,6 +807,11 @@ impl JobContext {
         if resume(entry.as_ref().map(|e| recorded_as(e, name, kind)), false) == Resume::Diverged {
             self.rebase_or_diverge(seq, entry.as_ref(), name, kind)
                 .await?;
+        }
+        if let Some(memory) = &self.inner.services.memory
+            && entry.is_none()
+        {
+            memory.step_runs(seq, name, kind, Replay::Safe)?;
         }
         Ok((seq, step_idempotency_key(self.inner.info.op_id, seq, name)))
     }
@@ -1024,7 +1053,12 @@ impl JobContext {
                     ))
                 });
             }
-            (Resume::Reconcile, Some(ask)) => Some(ask(key.clone()).await?),
+            (Resume::Reconcile, Some(ask)) => {
+                if let Some(memory) = &self.inner.services.memory {
+                    memory.before_reconcile()?;
+                }
+                Some(ask(key.clone()).await?)
+            }
             // Nobody to ask: fail closed.
             (Resume::FailClosed | Resume::Reconcile, _) => Some(Reconciled::Unsupported),
         };
@@ -1060,6 +1094,9 @@ impl JobContext {
             }
         }
 
+        if let Some(memory) = &self.inner.services.memory {
+            memory.step_runs(seq, name, kind, replay)?;
+        }
         let started_at = Utc::now();
         let row = |status| spec.row(seq, &key, status, started_at);
 
@@ -1172,6 +1209,10 @@ impl JobContext {
             epoch: info.epoch,
             steps: rows,
         };
+        if let Some(memory) = &services.memory {
+            memory.write(write.steps);
+            return Ok(());
+        }
         let asked = Instant::now();
         match services.journal.write(&services.pool, write).await {
             Ok(true) => {

@@ -20,10 +20,12 @@ pub mod error;
 mod executor;
 pub mod gate;
 mod group_commit;
+mod info;
 mod lease;
 pub mod model;
 pub mod openai;
 pub mod registry;
+pub mod testing;
 pub mod tool;
 mod versions;
 
@@ -41,8 +43,9 @@ use tokio_util::task::TaskTracker;
 pub use context::{ChildOutcome, JobContext, OperationInfo, SignalOutcome};
 pub use error::JobError;
 pub use model::{LocalModel, ModelClient, ModelRequest, ModelResponse};
+pub use registry::KindOptions;
 pub use registry::Registry;
-pub use tool::{Reconciled, Replay, Tool};
+pub use tool::{Reconciled, Replay, Tool, ToolContext, TypedTool};
 
 use claim::Ended;
 use context::Services;
@@ -103,8 +106,9 @@ impl Worker {
         let registry = Arc::new(registry);
         let check_child: context::ChildCheck = {
             let registry = registry.clone();
-            Box::new(move |kind, input| registry.requires(kind, input))
+            Box::new(move |kind, input| registry.requires_or_why(kind, input))
         };
+        let tools = registry.tool_map();
         Self {
             settings,
             shared: Arc::new(Shared {
@@ -114,9 +118,11 @@ impl Worker {
                     model,
                     journal: GroupCommit::new(),
                     check_child,
+                    tools,
                     children: std::sync::OnceLock::new(),
                     amqp_url,
                     names,
+                    memory: None,
                 }),
                 registry,
                 versions,

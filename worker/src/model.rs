@@ -166,6 +166,39 @@ pub struct ModelResponse {
     pub tool_calls: Vec<ToolCall>,
 }
 
+impl ModelResponse {
+    /// A plain answer, as a scripted model in a test gives it
+    /// ([`testing::ModelScript`](crate::testing::ModelScript)).
+    pub fn text(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            model: "scripted".into(),
+            finish_reason: "stop".into(),
+            usage: Usage::default(),
+            tool_calls: Vec::new(),
+        }
+    }
+
+    /// An answer that calls the tool `name` with `arguments` (a JSON object), as a scripted
+    /// model in a test gives it.
+    pub fn tool_call(name: &str, arguments: serde_json::Value) -> Self {
+        Self {
+            content: String::new(),
+            model: "scripted".into(),
+            finish_reason: "tool_calls".into(),
+            usage: Usage::default(),
+            tool_calls: vec![ToolCall {
+                id: format!("call_{name}"),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: name.to_string(),
+                    arguments: arguments.to_string(),
+                },
+            }],
+        }
+    }
+}
+
 /// A classified model failure.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum ModelError {

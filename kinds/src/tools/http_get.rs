@@ -1,26 +1,40 @@
 //! The `http_get` tool: a GET of an allowed origin through [`crate::outbound`].
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use agentq_worker::{JobError, Replay, Tool};
+use agentq_worker::{JobError, Replay, ToolContext, TypedTool};
 use async_trait::async_trait;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
 use crate::outbound;
 
 /// Largest body `http_get` hands to the model.
 const HTTP_GET_CAP: usize = 64 * 1024;
 
-/// The `http_get` tool: GET a URL of an allowed origin (`AGENTQ_AGENT_HTTP_ALLOW`), body
-/// capped at 64 KiB while it streams, no redirects. Replay-safe (a GET).
-pub(crate) struct HttpGet {
-    pub(crate) allow: Arc<outbound::Origins>,
-    pub(crate) approval: bool,
+/// Arguments of `http_get`.
+#[derive(Deserialize, schemars::JsonSchema)]
+pub(crate) struct Args {
+    /// An absolute http(s) URL on an allowed origin.
+    url: String,
 }
 
+/// What `http_get` answers.
+#[derive(Serialize)]
+pub(crate) struct Fetched {
+    status: u16,
+    body: String,
+    truncated: bool,
+}
+
+/// The `http_get` tool: GET a URL of an allowed origin (`AGENTQ_AGENT_HTTP_ALLOW`), body
+/// capped at 64 KiB while it streams, no redirects. Replay-safe (a GET).
+pub(crate) struct HttpGet;
+
 #[async_trait]
-impl Tool for HttpGet {
+impl TypedTool for HttpGet {
+    type Args = Args;
+    type Output = Fetched;
+
     fn name(&self) -> &str {
         "http_get"
     }
@@ -33,23 +47,12 @@ impl Tool for HttpGet {
         "Fetch a URL (GET) from an allow-listed host; returns the status and the start of the body."
     }
 
-    fn parameters(&self) -> Value {
-        json!({ "type": "object", "properties": { "url": { "type": "string" } }, "required": ["url"] })
-    }
-
-    fn requires_approval(&self) -> bool {
-        self.approval
-    }
-
-    async fn call(&self, args: &Value, _key: &str) -> Result<Value, JobError> {
-        let url = args
-            .get("url")
-            .and_then(Value::as_str)
-            .ok_or_else(|| JobError::NonRetryable("`url` (a string) is required".into()))?;
-        let parsed = reqwest::Url::parse(url)
+    async fn call(&self, cx: &ToolContext<'_>, args: Args) -> Result<Fetched, JobError> {
+        let url = args.url;
+        let parsed = reqwest::Url::parse(&url)
             .map_err(|e| JobError::NonRetryable(format!("{url:?} is not a URL: {e}")))?;
         let host = parsed.host_str().unwrap_or_default().to_string();
-        self.allow
+        cx.http_allow()
             .check(&parsed)
             .map_err(|why| JobError::NonRetryable(format!("http_get refused {url:?}: {why}")))?;
         let client = outbound::Client::new(Duration::from_secs(20), None)
@@ -66,6 +69,10 @@ impl Tool for HttpGet {
             .await
             .map_err(|_| JobError::retryable(format!("reading from {host} failed")))?;
         let body = String::from_utf8_lossy(&bytes).into_owned();
-        Ok(json!({ "status": status, "body": body, "truncated": truncated }))
+        Ok(Fetched {
+            status,
+            body,
+            truncated,
+        })
     }
 }

@@ -1,25 +1,51 @@
 //! The `kv_put` / `kv_get` tools: a key-value table per tenant.
 
-use agentq_worker::{JobError, Replay, Tool};
+use agentq_worker::{JobError, Replay, ToolContext, TypedTool};
 use async_trait::async_trait;
-use serde_json::{Value, json};
-use sqlx::PgPool;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-/// The `kv_put` / `kv_get` tools: a key-value table per tenant. Both are replay-safe (an upsert
-/// and a read).
-pub(crate) struct Kv {
-    pub(crate) pool: PgPool,
-    /// Whose table: every key is read and written under this tenant.
-    pub(crate) tenant: String,
-    /// `kv_put` (true) or `kv_get`.
-    pub(crate) put: bool,
-    pub(crate) approval: bool,
+/// Arguments of `kv_put`.
+#[derive(Deserialize, schemars::JsonSchema)]
+pub(crate) struct PutArgs {
+    /// The key to store the value under.
+    key: String,
+    /// Any JSON value.
+    value: Value,
 }
 
+/// Arguments of `kv_get`.
+#[derive(Deserialize, schemars::JsonSchema)]
+pub(crate) struct GetArgs {
+    /// The key to read.
+    key: String,
+}
+
+#[derive(Serialize)]
+pub(crate) struct Stored {
+    ok: bool,
+}
+
+#[derive(Serialize)]
+pub(crate) struct Read {
+    value: Option<Value>,
+}
+
+fn unavailable(e: agentq_core::db::Error) -> JobError {
+    JobError::retryable(format!("kv unavailable: {e}"))
+}
+
+/// `kv_put`: stores a JSON value under a key in the operation's tenant's table. Replay-safe
+/// (an upsert).
+pub(crate) struct KvPut;
+
 #[async_trait]
-impl Tool for Kv {
+impl TypedTool for KvPut {
+    type Args = PutArgs;
+    type Output = Stored;
+
     fn name(&self) -> &str {
-        if self.put { "kv_put" } else { "kv_get" }
+        "kv_put"
     }
 
     fn replay(&self) -> Replay {
@@ -27,43 +53,42 @@ impl Tool for Kv {
     }
 
     fn description(&self) -> &str {
-        if self.put {
-            "Store a JSON value under a key."
-        } else {
-            "Read the JSON value stored under a key (null if none)."
-        }
+        "Store a JSON value under a key."
     }
 
-    fn parameters(&self) -> Value {
-        if self.put {
-            json!({ "type": "object", "properties": { "key": { "type": "string" }, "value": {} }, "required": ["key", "value"] })
-        } else {
-            json!({ "type": "object", "properties": { "key": { "type": "string" } }, "required": ["key"] })
-        }
+    async fn call(&self, cx: &ToolContext<'_>, args: PutArgs) -> Result<Stored, JobError> {
+        agentq_core::db::kv::put(cx.pool(), &cx.info().tenant, &args.key, &args.value)
+            .await
+            .map_err(unavailable)?;
+        Ok(Stored { ok: true })
+    }
+}
+
+/// `kv_get`: reads the value stored under a key in the operation's tenant's table (null if
+/// none). Replay-safe (a read).
+pub(crate) struct KvGet;
+
+#[async_trait]
+impl TypedTool for KvGet {
+    type Args = GetArgs;
+    type Output = Read;
+
+    fn name(&self) -> &str {
+        "kv_get"
     }
 
-    fn requires_approval(&self) -> bool {
-        self.approval
+    fn replay(&self) -> Replay {
+        Replay::Safe
     }
 
-    async fn call(&self, args: &Value, _key: &str) -> Result<Value, JobError> {
-        let key = args
-            .get("key")
-            .and_then(Value::as_str)
-            .ok_or_else(|| JobError::NonRetryable("`key` (a string) is required".into()))?;
-        let unavailable =
-            |e: agentq_core::db::Error| JobError::retryable(format!("kv unavailable: {e}"));
-        if self.put {
-            let value = args.get("value").cloned().unwrap_or(Value::Null);
-            agentq_core::db::kv::put(&self.pool, &self.tenant, key, &value)
-                .await
-                .map_err(unavailable)?;
-            Ok(json!({ "ok": true }))
-        } else {
-            let value = agentq_core::db::kv::get(&self.pool, &self.tenant, key)
-                .await
-                .map_err(unavailable)?;
-            Ok(json!({ "value": value }))
-        }
+    fn description(&self) -> &str {
+        "Read the JSON value stored under a key (null if none)."
+    }
+
+    async fn call(&self, cx: &ToolContext<'_>, args: GetArgs) -> Result<Read, JobError> {
+        let value = agentq_core::db::kv::get(cx.pool(), &cx.info().tenant, &args.key)
+            .await
+            .map_err(unavailable)?;
+        Ok(Read { value })
     }
 }

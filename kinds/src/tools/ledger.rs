@@ -4,16 +4,13 @@
 
 use std::time::Duration;
 
-use agentq_worker::{JobError, Reconciled, Replay, Tool};
+use agentq_worker::{JobError, Reconciled, Replay, Tool, ToolContext};
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use sqlx::PgPool;
-use uuid::Uuid;
 
-/// The `ledger` tool: a stand-in for an outside system with side effects.
+/// The `ledger` tool: a stand-in for an outside system with side effects, recording each
+/// effect under the operation's id and the step's idempotency key.
 pub(crate) struct Ledger {
-    pub(crate) pool: PgPool,
-    pub(crate) op_id: Uuid,
     /// The step name calls are journaled under.
     pub(crate) name: String,
     /// The effect's label; the agent's model passes it as the `label` argument instead.
@@ -23,7 +20,19 @@ pub(crate) struct Ledger {
     pub(crate) after_ms: u64,
     /// Whether recovery may ask the ledger if the effect happened.
     pub(crate) reconcile: bool,
-    pub(crate) approval: bool,
+}
+
+impl Ledger {
+    /// The `ledger` tool the `agent` kind offers: unsafe, reconciled, its label the model's.
+    pub(crate) fn for_agents() -> Self {
+        Ledger {
+            name: "ledger".into(),
+            label: "agent".into(),
+            replay: Replay::Unsafe,
+            after_ms: 0,
+            reconcile: true,
+        }
+    }
 }
 
 #[async_trait]
@@ -44,20 +53,16 @@ impl Tool for Ledger {
         json!({ "type": "object", "properties": { "label": { "type": "string" } }, "required": ["label"] })
     }
 
-    fn requires_approval(&self) -> bool {
-        self.approval
-    }
-
-    async fn call(&self, args: &Value, key: &str) -> Result<Value, JobError> {
+    async fn call(&self, cx: &ToolContext<'_>, args: &Value) -> Result<Value, JobError> {
         let label = args
             .get("label")
             .and_then(Value::as_str)
             .unwrap_or(&self.label);
         let id = agentq_core::db::ledger::record_effect(
-            &self.pool,
-            self.op_id,
+            cx.pool(),
+            cx.info().op_id.0,
             label,
-            key,
+            cx.idempotency_key(),
             self.replay == Replay::Safe,
         )
         .await
@@ -67,11 +72,11 @@ impl Tool for Ledger {
         Ok(json!({ "effect_id": id }))
     }
 
-    async fn reconcile(&self, _args: &Value, key: &str) -> Result<Reconciled, JobError> {
+    async fn reconcile(&self, cx: &ToolContext<'_>, _args: &Value) -> Result<Reconciled, JobError> {
         if !self.reconcile {
             return Ok(Reconciled::Unsupported);
         }
-        let found = agentq_core::db::ledger::find_effect(&self.pool, key)
+        let found = agentq_core::db::ledger::find_effect(cx.pool(), cx.idempotency_key())
             .await
             .map_err(|e| JobError::retryable(format!("ledger unavailable: {e}")))?;
         Ok(match found {

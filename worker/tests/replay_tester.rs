@@ -1,0 +1,338 @@
+//! The replay tester, used as a kind's author uses it: kinds written against the public SDK,
+//! a scripted model, fake and real tools. It must pass a kind that keeps every rule, and fail,
+//! naming the step, a kind that is nondeterministic, one whose unsafe step runs again after a
+//! crash, and one whose unsafe step cannot be reconciled.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentq_core::db::JournalEntry;
+use agentq_core::state::{StepKind, StepStatus};
+use agentq_worker::agent::AgentSpec;
+use agentq_worker::model::{Message, ModelRequest, Role};
+use agentq_worker::testing::{Check, ChildEnd, End, FakeTool, ModelScript, Tester, replay_journal};
+use agentq_worker::{
+    JobContext, JobError, ModelResponse, Reconciled, Registry, Replay, SignalOutcome, Tool,
+    ToolContext,
+};
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+/// A kind that uses every kind of step: a model call, a safe step, an unsafe tool with a
+/// reconcile, a sleep, a wait for a signal, two children and their join.
+async fn full(ctx: JobContext, input: Value) -> Result<Value, JobError> {
+    let answer = ctx.model("plan", ModelRequest::user("plan it")).await?;
+    let n = ctx
+        .step("count", Replay::Safe, |_key| async { Ok(3) })
+        .await?;
+    let refund = ctx.registered_tool("refund").expect("registered");
+    let refunded = ctx
+        .tool(refund.as_ref(), json!({ "cents": input["cents"] }))
+        .await?;
+    ctx.sleep(Duration::from_secs(3600)).await?;
+    let approved = match ctx
+        .wait_for_signal("approval", Duration::from_secs(60))
+        .await?
+    {
+        SignalOutcome::Received { payload, .. } => payload["approved"] == json!(true),
+        SignalOutcome::TimedOut => false,
+    };
+    let a = ctx.spawn("child", json!({ "n": 1 })).await?;
+    let b = ctx.spawn("child", json!({ "n": 2 })).await?;
+    let children = ctx.join(&[a, b]).await?;
+    Ok(json!({
+        "plan": answer.content,
+        "n": n,
+        "refunded": refunded,
+        "approved": approved,
+        "children": children.iter().filter(|c| c.succeeded()).count(),
+    }))
+}
+
+async fn child(_ctx: JobContext, input: Value) -> Result<Value, JobError> {
+    Ok(input)
+}
+
+fn registry() -> Registry {
+    let mut r = Registry::new();
+    r.register("full", full);
+    r.register("child", child);
+    r
+}
+
+fn refund_fake() -> FakeTool {
+    FakeTool::new(
+        "refund",
+        Replay::Unsafe,
+        |args| json!({ "refund": args["cents"] }),
+    )
+    .reconciles()
+}
+
+#[tokio::test]
+async fn a_kind_that_keeps_every_rule_passes_at_every_crash_point() {
+    let report = Tester::new(&registry(), "full", json!({ "cents": 500 }))
+        .model(ModelScript::replies([ModelResponse::text("refund it")]))
+        .fake_tool(refund_fake())
+        .signal("approval", json!({ "approved": true }))
+        .children(|_kind, input| ChildEnd::Succeeded(input.clone()))
+        .run()
+        .await;
+    report.assert_ok();
+    assert_eq!(
+        report.output(),
+        Some(&json!({
+            "plan": "refund it", "n": 3, "refunded": { "refund": 500 },
+            "approved": true, "children": 2
+        }))
+    );
+    let names: Vec<&str> = report.steps.iter().map(|s| s.1.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "plan",
+            "count",
+            "refund",
+            "sleep",
+            "signal:approval",
+            "spawn:child",
+            "spawn:child",
+            "join"
+        ]
+    );
+    // Before anything, after each write and after the refund's effect, at the least.
+    assert!(report.crash_points >= 10, "{report}");
+}
+
+#[tokio::test]
+async fn a_wait_without_its_signal_times_out_the_same_way_after_every_crash() {
+    let report = Tester::new(&registry(), "full", json!({ "cents": 1 }))
+        .fake_tool(refund_fake())
+        .run()
+        .await;
+    report.assert_ok();
+    assert_eq!(report.output().unwrap()["approved"], json!(false));
+}
+
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Branches on a counter the journal does not hold.
+async fn nondeterministic(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
+    ctx.step("first", Replay::Safe, |_| async { Ok(1) }).await?;
+    let name = if RUNS.fetch_add(1, Ordering::SeqCst) == 0 {
+        "fetch"
+    } else {
+        "fetch_v2"
+    };
+    ctx.step(name, Replay::Safe, |_| async { Ok(2) }).await?;
+    Ok(Value::Null)
+}
+
+#[tokio::test]
+async fn a_nondeterministic_kind_fails_naming_the_step() {
+    let mut r = Registry::new();
+    r.register("nd", nondeterministic);
+    let report = Tester::new(&r, "nd", json!({})).run().await;
+    assert!(!report.is_ok());
+    let found = report.found(Check::Nondeterminism);
+    assert!(!found.is_empty(), "{report}");
+    assert!(
+        report.to_string().contains("fetch"),
+        "the report names the step: {report}"
+    );
+}
+
+/// A payments API that records every charge, and a tool whose reconcile looks in the wrong
+/// place: it never finds the charge a crash interrupted.
+#[derive(Default)]
+struct Payments {
+    charges: Mutex<Vec<String>>,
+}
+
+struct Charge(Arc<Payments>);
+
+#[async_trait]
+impl Tool for Charge {
+    fn name(&self) -> &str {
+        "charge"
+    }
+
+    fn replay(&self) -> Replay {
+        Replay::Unsafe
+    }
+
+    async fn call(&self, cx: &ToolContext<'_>, _args: &Value) -> Result<Value, JobError> {
+        self.0
+            .charges
+            .lock()
+            .unwrap()
+            .push(cx.idempotency_key().to_string());
+        Ok(json!({ "charged": true }))
+    }
+
+    async fn reconcile(
+        &self,
+        _cx: &ToolContext<'_>,
+        _args: &Value,
+    ) -> Result<Reconciled, JobError> {
+        // The bug: it asks by a key of its own, which never matches.
+        Ok(Reconciled::NotHappened)
+    }
+}
+
+async fn charge_once(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
+    let tool = ctx.registered_tool("charge").expect("registered");
+    ctx.tool(tool.as_ref(), json!({})).await?;
+    ctx.step("receipt", Replay::Safe, |_| async {
+        Ok("sent".to_string())
+    })
+    .await?;
+    Ok(Value::Null)
+}
+
+#[tokio::test]
+async fn a_kind_whose_completed_step_runs_again_fails_naming_the_step() {
+    let payments = Arc::new(Payments::default());
+    let mut r = Registry::new();
+    r.register("charge_once", charge_once);
+    r.register_tool(Charge(payments.clone()));
+    let report = Tester::new(&r, "charge_once", json!({})).run().await;
+    let again = report.found(Check::RanAgain);
+    assert_eq!(again.len(), 1, "{report}");
+    assert_eq!(again[0].step, "charge");
+    assert_eq!(again[0].seq, Some(0));
+    assert!(
+        again[0].at.contains("after the effect of charge"),
+        "{report}"
+    );
+    // The real tool saw it: the charge that had happened was made again.
+    let charges = payments.charges.lock().unwrap().clone();
+    assert!(charges.len() > 1 && charges.iter().all(|k| k == &charges[0]));
+}
+
+async fn unreconciled(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
+    ctx.step("send_email", Replay::Unsafe, |_key| async {
+        Ok("sent".to_string())
+    })
+    .await?;
+    Ok(Value::Null)
+}
+
+#[tokio::test]
+async fn an_unsafe_step_without_a_reconcile_fails_naming_the_step() {
+    let mut r = Registry::new();
+    r.register("unreconciled", unreconciled);
+    let report = Tester::new(&r, "unreconciled", json!({})).run().await;
+    let found = report.found(Check::NoReconcile);
+    assert_eq!(found.len(), 1, "{report}");
+    assert_eq!(found[0].step, "send_email");
+    // The same tool with a reconcile passes.
+    let mut r = Registry::new();
+    r.register("charge_once", charge_once);
+    let fake = FakeTool::new("charge", Replay::Unsafe, |_| json!({ "charged": true })).reconciles();
+    Tester::new(&r, "charge_once", json!({}))
+        .fake_tool(fake)
+        .run()
+        .await
+        .assert_ok();
+}
+
+/// The agent loop with a registered tool behind an approval: a model that calls the tool,
+/// then answers.
+async fn support(ctx: JobContext, input: Value) -> Result<Value, JobError> {
+    let refund = ctx.registered_tool("refund").expect("registered");
+    let outcome = ctx
+        .agent(AgentSpec {
+            system: "You are support.".into(),
+            messages: vec![Message::text(
+                Role::User,
+                input["ask"].as_str().unwrap_or(""),
+            )],
+            tools: vec![agentq_worker::tool::with_approval(refund)],
+            max_turns: 4,
+            approval_timeout: Duration::from_secs(3600),
+            model: None,
+            tool_choice: None,
+        })
+        .await?;
+    Ok(json!({ "answer": outcome.answer, "calls": outcome.tool_calls }))
+}
+
+#[tokio::test]
+async fn the_agent_loop_with_an_approved_tool_holds_at_every_crash_point() {
+    let mut r = Registry::new();
+    r.register("support", support);
+    let report = Tester::new(&r, "support", json!({ "ask": "refund order 7" }))
+        .model(ModelScript::replies([
+            ModelResponse::tool_call("refund", json!({ "cents": 700 })),
+            ModelResponse::text("Refunded."),
+        ]))
+        .fake_tool(refund_fake())
+        .signal("approval", json!({ "approved": true }))
+        .run()
+        .await;
+    report.assert_ok();
+    assert_eq!(
+        report.output(),
+        Some(&json!({ "answer": "Refunded.", "calls": 1 }))
+    );
+}
+
+fn entry(seq: i32, name: &str, output: Value) -> JournalEntry {
+    JournalEntry {
+        seq,
+        name: name.into(),
+        kind: StepKind::Custom,
+        replay: Replay::Safe,
+        status: StepStatus::Completed,
+        output: Some(output),
+        error: None,
+        wake_at: None,
+    }
+}
+
+async fn v1(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
+    ctx.step("fetch", Replay::Safe, |_| async { Ok(1) }).await?;
+    ctx.step("summarize", Replay::Safe, |_| async { Ok(2) })
+        .await?;
+    Ok(Value::Null)
+}
+
+async fn v2(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
+    ctx.step("fetch", Replay::Safe, |_| async { Ok(1) }).await?;
+    ctx.step("classify", Replay::Safe, |_| async { Ok(2) })
+        .await?;
+    ctx.step("summarize", Replay::Safe, |_| async { Ok(3) })
+        .await?;
+    Ok(Value::Null)
+}
+
+#[tokio::test]
+async fn an_exported_journal_replays_against_new_code_without_running_anything() {
+    let mut r = Registry::new();
+    r.register_version("k", "1", v1);
+    r.register_version("k", "2", v2);
+    // Waiting after `fetch`: both versions agree so far.
+    let journal = vec![entry(0, "fetch", json!(1))];
+    let replay = replay_journal(&r, "k", "2", json!({}), journal).await;
+    assert!(replay.agrees(), "{:?}", replay.outcome);
+    // After `summarize` too: version 2 asks for `classify` where the journal has `summarize`.
+    let journal = vec![entry(0, "fetch", json!(1)), entry(1, "summarize", json!(2))];
+    let replay = replay_journal(&r, "k", "2", json!({}), journal.clone()).await;
+    match &replay.outcome {
+        End::Failed { class, message } => {
+            assert_eq!(class, "nondeterminism");
+            assert!(
+                message.contains("classify") && message.contains("summarize"),
+                "{message}"
+            );
+        }
+        other => panic!("expected nondeterminism, got {other:?}"),
+    }
+    assert!(
+        replay_journal(&r, "k", "1", json!({}), journal)
+            .await
+            .agrees()
+    );
+}
