@@ -252,7 +252,7 @@ pub(crate) struct Services {
     pub(crate) names: agentq_core::broker::Names,
     /// Set only by the replay tester ([`crate::testing`]): the journal, waits and children live
     /// in memory there instead of PostgreSQL, and it watches every step and tool call.
-    pub(crate) memory: Option<Arc<crate::testing::Memory>>,
+    pub(crate) memory: Option<Arc<dyn crate::store::Store>>,
 }
 
 impl Services {

@@ -25,6 +25,7 @@ mod lease;
 pub mod model;
 pub mod openai;
 pub mod registry;
+mod store;
 pub mod testing;
 pub mod tool;
 mod versions;

@@ -72,6 +72,7 @@ use crate::gate::{GateSettings, ModelGate};
 use crate::group_commit::GroupCommit;
 use crate::model::{ModelClient, ModelError, ModelRequest, ModelResponse};
 use crate::registry::Registry;
+use crate::store::Store;
 use crate::tool::{Reconciled, Replay, Tool, ToolContext};
 
 /// Attempts a run gets for retryable failures before the tester takes the failure as its end.
@@ -433,7 +434,7 @@ impl Tester {
             children: std::sync::OnceLock::new(),
             amqp_url: String::new(),
             names: agentq_core::broker::Names::new("replay-tester"),
-            memory: Some(memory.clone()),
+            memory: Some(memory.clone() as Arc<dyn Store>),
         })
     }
 
@@ -826,7 +827,7 @@ struct Scenario {
 
 /// The in-memory stand-in for an operation's rows in PostgreSQL during one run of the tester
 /// (the journal, its waits and joins), which also watches every step and effect.
-pub(crate) struct Memory {
+struct Memory {
     op_id: OperationId,
     /// Every child spawned in any run, by id: its kind and input.
     children: Arc<Mutex<BTreeMap<uuid::Uuid, (String, Value)>>>,
@@ -928,127 +929,6 @@ impl Memory {
                 wake_at: r.wake_at,
             })
             .collect()
-    }
-
-    /// A durable write of the journal (a flush, a suspend, the outcome's rows).
-    pub(crate) fn write(&self, rows: Vec<StepWrite>) {
-        if rows.is_empty() {
-            return;
-        }
-        let mut st = self.state();
-        for r in rows {
-            st.journal.insert(r.seq, r);
-        }
-        if st.recording {
-            let snapshot = st.journal.values().cloned().collect();
-            st.timeline.push(Event::Durable(snapshot));
-        }
-    }
-
-    /// A step about to run its body (or a park about to be recorded) at `seq`.
-    pub(crate) fn step_runs(
-        &self,
-        seq: i32,
-        name: &str,
-        kind: StepKind,
-        replay: Replay,
-    ) -> Result<(), JobError> {
-        let mut st = self.state();
-        if st.stop_at_end {
-            st.stopped = true;
-            return Err(JobError::Suspended);
-        }
-        st.seen.insert(seq, kind);
-        st.model_at = (kind == StepKind::Model).then_some(seq);
-        if kind == StepKind::Custom && replay == Replay::Unsafe {
-            // An unsafe step's body is its effect.
-            let key = step_idempotency_key(self.op_id, seq, name);
-            st.check_not_again(Some(seq), name, &key);
-            st.effect(name, &key, Value::Null);
-        }
-        Ok(())
-    }
-
-    /// A recovery about to ask a tool whether an unsafe call happened.
-    pub(crate) fn before_reconcile(&self) -> Result<(), JobError> {
-        let mut st = self.state();
-        if st.stop_at_end {
-            // Asking would reach the outside system: the journal replay stops here.
-            st.stopped = true;
-            return Err(JobError::Suspended);
-        }
-        Ok(())
-    }
-
-    /// An unsafe or safe tool about to be called with the step's key.
-    pub(crate) fn tool_called(
-        &self,
-        key: &str,
-        name: &str,
-        replay: Replay,
-    ) -> Result<(), JobError> {
-        let mut st = self.state();
-        if replay == Replay::Unsafe {
-            let seq = st.seen.keys().next_back().copied();
-            st.check_not_again(seq, name, key);
-        }
-        st.tool_step = name.to_string();
-        Ok(())
-    }
-
-    /// A tool call returned `output`: its effect happened.
-    pub(crate) fn tool_done(&self, key: &str, output: &Value) {
-        let mut st = self.state();
-        let name = std::mem::take(&mut st.tool_step);
-        st.effect(&name, key, output.clone());
-    }
-
-    /// A child spawned with the step's key: its id, the same in every run.
-    pub(crate) fn spawn(&self, key: &str, kind: &str, input: &Value) -> uuid::Uuid {
-        let id = child_id(key);
-        self.children
-            .lock()
-            .expect("children")
-            .insert(id, (kind.to_string(), input.clone()));
-        id
-    }
-
-    /// Decides a wait as `db::timers::resolve_wait` does: a decision made since it parked
-    /// completes its step (durably, with the decision as output).
-    pub(crate) fn resolve_wait(
-        &self,
-        seq: i32,
-        _name: &str,
-        _deadline: chrono::DateTime<Utc>,
-    ) -> db::timers::Wait {
-        let mut st = self.state();
-        if st.stop_at_end {
-            st.stopped = true;
-            return db::timers::Wait::Pending;
-        }
-        match st.waits.remove(&seq) {
-            Some(output) => {
-                st.complete(seq, output.clone());
-                db::timers::Wait::Resolved(output)
-            }
-            None => db::timers::Wait::Pending,
-        }
-    }
-
-    /// Decides a join as `db::children::resolve_join` does.
-    pub(crate) fn resolve_join(&self, seq: i32, _ids: &[uuid::Uuid]) -> db::children::Join {
-        let mut st = self.state();
-        if st.stop_at_end {
-            st.stopped = true;
-            return db::children::Join::Pending;
-        }
-        match st.joins.remove(&seq) {
-            Some(output) => {
-                st.complete(seq, output.clone());
-                db::children::Join::Resolved(output)
-            }
-            None => db::children::Join::Pending,
-        }
     }
 
     /// The scheduler's wake-up of a sleep: its wake time has come.
@@ -1163,6 +1043,124 @@ impl Memory {
         let mut st = self.state();
         let timeline = std::mem::take(&mut st.timeline);
         (timeline, st.journal.values().cloned().collect())
+    }
+}
+
+impl Store for Memory {
+    /// A durable write of the journal (a flush, a suspend, the outcome's rows).
+    fn write(&self, rows: Vec<StepWrite>) {
+        if rows.is_empty() {
+            return;
+        }
+        let mut st = self.state();
+        for r in rows {
+            st.journal.insert(r.seq, r);
+        }
+        if st.recording {
+            let snapshot = st.journal.values().cloned().collect();
+            st.timeline.push(Event::Durable(snapshot));
+        }
+    }
+
+    /// A step about to run its body (or a park about to be recorded) at `seq`.
+    fn step_runs(
+        &self,
+        seq: i32,
+        name: &str,
+        kind: StepKind,
+        replay: Replay,
+    ) -> Result<(), JobError> {
+        let mut st = self.state();
+        if st.stop_at_end {
+            st.stopped = true;
+            return Err(JobError::Suspended);
+        }
+        st.seen.insert(seq, kind);
+        st.model_at = (kind == StepKind::Model).then_some(seq);
+        if kind == StepKind::Custom && replay == Replay::Unsafe {
+            // An unsafe step's body is its effect.
+            let key = step_idempotency_key(self.op_id, seq, name);
+            st.check_not_again(Some(seq), name, &key);
+            st.effect(name, &key, Value::Null);
+        }
+        Ok(())
+    }
+
+    /// A recovery about to ask a tool whether an unsafe call happened.
+    fn before_reconcile(&self) -> Result<(), JobError> {
+        let mut st = self.state();
+        if st.stop_at_end {
+            // Asking would reach the outside system: the journal replay stops here.
+            st.stopped = true;
+            return Err(JobError::Suspended);
+        }
+        Ok(())
+    }
+
+    /// An unsafe or safe tool about to be called with the step's key.
+    fn tool_called(&self, key: &str, name: &str, replay: Replay) -> Result<(), JobError> {
+        let mut st = self.state();
+        if replay == Replay::Unsafe {
+            let seq = st.seen.keys().next_back().copied();
+            st.check_not_again(seq, name, key);
+        }
+        st.tool_step = name.to_string();
+        Ok(())
+    }
+
+    /// A tool call returned `output`: its effect happened.
+    fn tool_done(&self, key: &str, output: &Value) {
+        let mut st = self.state();
+        let name = std::mem::take(&mut st.tool_step);
+        st.effect(&name, key, output.clone());
+    }
+
+    /// A child spawned with the step's key: its id, the same in every run.
+    fn spawn(&self, key: &str, kind: &str, input: &Value) -> uuid::Uuid {
+        let id = child_id(key);
+        self.children
+            .lock()
+            .expect("children")
+            .insert(id, (kind.to_string(), input.clone()));
+        id
+    }
+
+    /// Decides a wait as `db::timers::resolve_wait` does: a decision made since it parked
+    /// completes its step (durably, with the decision as output).
+    fn resolve_wait(
+        &self,
+        seq: i32,
+        _name: &str,
+        _deadline: chrono::DateTime<Utc>,
+    ) -> db::timers::Wait {
+        let mut st = self.state();
+        if st.stop_at_end {
+            st.stopped = true;
+            return db::timers::Wait::Pending;
+        }
+        match st.waits.remove(&seq) {
+            Some(output) => {
+                st.complete(seq, output.clone());
+                db::timers::Wait::Resolved(output)
+            }
+            None => db::timers::Wait::Pending,
+        }
+    }
+
+    /// Decides a join as `db::children::resolve_join` does.
+    fn resolve_join(&self, seq: i32, _ids: &[uuid::Uuid]) -> db::children::Join {
+        let mut st = self.state();
+        if st.stop_at_end {
+            st.stopped = true;
+            return db::children::Join::Pending;
+        }
+        match st.joins.remove(&seq) {
+            Some(output) => {
+                st.complete(seq, output.clone());
+                db::children::Join::Resolved(output)
+            }
+            None => db::children::Join::Pending,
+        }
     }
 }
 
