@@ -73,7 +73,7 @@ pub use agentq_worker::context::check_park;
 pub use agentq_worker::{
     ChildOutcome, JobContext, JobError, KindOptions, LocalModel, ModelClient, ModelRequest,
     ModelResponse, OperationInfo, Reconciled, Registry, Replay, SignalOutcome, Tool, ToolContext,
-    TypedTool, model, testing,
+    TypedTool, agent, model, testing, tool,
 };
 
 /// Output piped into a reader that stopped (`agentq dlq list | head`) ends the process quietly

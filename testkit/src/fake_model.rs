@@ -51,6 +51,19 @@ pub enum Mode {
     /// An agent of `turns` model turns, each answered after `latency`: turn t < turns - 1 calls
     /// `kv_put` with key `t{t}`, the last answers.
     AgentTurns { turns: usize, latency: Duration },
+    /// 200 with the completion a test's function makes of the request body (build it with
+    /// [`completion`] or [`tool_call`]; [`tool_results_in`] says how far the agent got).
+    Script(Script),
+}
+
+/// A test's function from a completion request to its answer.
+#[derive(Clone)]
+pub struct Script(pub Arc<dyn Fn(&Value) -> Value + Send + Sync>);
+
+impl std::fmt::Debug for Script {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Script")
+    }
 }
 
 /// Called with every completion request's body as it arrives, before the answer.
@@ -173,8 +186,12 @@ pub fn last_user(body: &[u8]) -> String {
 }
 
 fn tool_results(body: &[u8]) -> usize {
-    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    v["messages"]
+    tool_results_in(&serde_json::from_slice(body).unwrap_or(Value::Null))
+}
+
+/// How many tool results a completion request carries: how many tool calls the agent made.
+pub fn tool_results_in(request: &Value) -> usize {
+    request["messages"]
         .as_array()
         .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count())
 }
@@ -196,7 +213,8 @@ pub fn assistant_turns(body: &[u8]) -> usize {
         .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count())
 }
 
-fn tool_call(id: &str, name: &str, args: Value) -> Value {
+/// A completion that calls the tool `name` with `args`, in OpenAI's shape.
+pub fn tool_call(id: &str, name: &str, args: Value) -> Value {
     json!({
         "id": "chatcmpl-fake", "model": "fake-model",
         "choices": [{ "index": 0, "finish_reason": "tool_calls", "message": {
@@ -207,7 +225,8 @@ fn tool_call(id: &str, name: &str, args: Value) -> Value {
     })
 }
 
-fn completion(text: &str) -> Value {
+/// A completion answering `text`, in OpenAI's shape.
+pub fn completion(text: &str) -> Value {
     json!({
         "id": "chatcmpl-fake", "object": "chat.completion", "model": "fake-model",
         "choices": [{ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": "stop" }],
@@ -292,6 +311,10 @@ async fn serve(
                 }
             };
             respond(&mut socket, ok(reply), &text).await
+        }
+        Mode::Script(Script(f)) => {
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            respond(&mut socket, ok(f(&request)), &text).await
         }
         Mode::Obey => {
             let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -405,7 +428,11 @@ async fn respond(socket: &mut TcpStream, mode: Mode, text: &str) -> std::io::Res
             socket.write_all(chunk("an answer").as_bytes()).await?;
             socket.flush().await?;
         }
-        Mode::Agent | Mode::AgentHttp(_) | Mode::AgentTurns { .. } | Mode::Obey => {
+        Mode::Agent
+        | Mode::AgentHttp(_)
+        | Mode::AgentTurns { .. }
+        | Mode::Obey
+        | Mode::Script(_) => {
             unreachable!("answered in serve")
         }
         Mode::StreamTrickle => {

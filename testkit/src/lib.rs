@@ -188,6 +188,20 @@ impl World {
         })
     }
 
+    /// Runs `agentq ARGS`, expects success and parses each line of stdout as a JSON value.
+    pub fn agentq_json_lines(&self, args: &[&str]) -> Vec<Value> {
+        let out = self.agentq_ok(args);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| {
+                    panic!("agentq {args:?} printed a line that is no JSON ({e}): {l}")
+                })
+            })
+            .collect()
+    }
+
     /// Starts a long-running `agentq ARGS` process (killed at cleanup); returns its index.
     pub fn spawn(&mut self, args: &[&str]) -> usize {
         let child = self

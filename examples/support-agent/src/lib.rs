@@ -1,0 +1,111 @@
+//! support-agent: a worked example of a deployment's own kind on agentq.
+//!
+//! The `support` kind answers a customer about an order with the agent loop and two tools of
+//! its own:
+//! - `lookup_order` (safe): reads the order from the deployment's own table
+//!   (`support_orders`, see `schema.sql`), scoped to the operation's tenant;
+//! - `refund` (unsafe): refunds through the payments API (`SUPPORT_PAYMENTS_URL`) with the
+//!   step's idempotency key, and after a crash asks the API whether that refund happened
+//!   (reconcile) instead of refunding again.
+//!
+//! Both tools are registered for the deployment, so the built-in `agent` kind may name them
+//! too (`"tools": ["lookup_order", "refund"]`). `src/main.rs` hands the registry to
+//! `agentq::main`, which gives the binary every agentq subcommand.
+
+mod tools;
+
+use std::time::Duration;
+
+use agentq::model::{Message, Role};
+use agentq::{AgentSpec, JobContext, JobError, Registry};
+use serde::{Deserialize, Serialize};
+
+pub use tools::{LookupOrder, Refund, Refunded};
+
+/// What the deployment is configured with.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The payments API the `refund` tool calls: `POST {url}/refunds`, and
+    /// `GET {url}/refunds?idempotency_key=K` to reconcile. Its origin must also be in
+    /// `AGENTQ_AGENT_HTTP_ALLOW`.
+    pub payments_url: reqwest::Url,
+}
+
+impl Settings {
+    /// From the environment: `SUPPORT_PAYMENTS_URL` (default `http://127.0.0.1:9090`).
+    pub fn from_env() -> Result<Self, String> {
+        let raw = std::env::var("SUPPORT_PAYMENTS_URL")
+            .unwrap_or_else(|_| "http://127.0.0.1:9090".into());
+        let payments_url = reqwest::Url::parse(&raw)
+            .map_err(|e| format!("SUPPORT_PAYMENTS_URL {raw:?} is not a URL: {e}"))?;
+        Ok(Self { payments_url })
+    }
+}
+
+/// Registers the `support` kind and its tools.
+pub fn register(registry: &mut Registry, settings: Settings) {
+    registry
+        .register_tool(LookupOrder)
+        .register_tool(Refund::new(settings.payments_url));
+    registry.register("support", support).describe(
+        "Answers a customer about an order: looks the order up, refunds it when that is \
+         what the customer needs (with a human's approval if asked), and replies.",
+    );
+}
+
+/// Input of `support`.
+#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SupportInput {
+    /// The order the customer writes about, e.g. `A-1001`.
+    pub order_id: String,
+    /// What the customer wrote.
+    pub message: String,
+    /// Every refund waits for a human's approval first (`agentq approve OP`).
+    #[serde(default)]
+    pub approve_refunds: bool,
+}
+
+/// What `support` returns.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct SupportReply {
+    /// The reply to send the customer.
+    pub reply: String,
+    /// Tool calls the agent made.
+    pub tool_calls: u32,
+}
+
+const SYSTEM: &str = "You are a support agent for an online shop. Look the order up before \
+anything else. Refund only an order that exists, at most its total, and only when the \
+customer asks for their money back. Then answer the customer in two sentences.";
+
+/// The `support` kind: the agent loop over `lookup_order` and `refund`.
+pub async fn support(ctx: JobContext, input: SupportInput) -> Result<SupportReply, JobError> {
+    let tool = |name: &str| {
+        ctx.registered_tool(name).ok_or_else(|| {
+            JobError::NonRetryable(format!("this worker registers no tool {name:?}"))
+        })
+    };
+    let mut refund = tool("refund")?;
+    if input.approve_refunds {
+        refund = agentq::tool::with_approval(refund);
+    }
+    let outcome = ctx
+        .agent(AgentSpec {
+            system: SYSTEM.into(),
+            messages: vec![Message::text(
+                Role::User,
+                format!("Order {}: {}", input.order_id, input.message),
+            )],
+            tools: vec![tool("lookup_order")?, refund],
+            max_turns: 6,
+            approval_timeout: Duration::from_secs(72 * 3600),
+            model: None,
+            tool_choice: None,
+        })
+        .await?;
+    Ok(SupportReply {
+        reply: outcome.answer,
+        tool_calls: outcome.tool_calls,
+    })
+}
