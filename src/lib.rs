@@ -68,6 +68,11 @@ use std::sync::Arc;
 use clap::Parser;
 
 pub use agentq_kinds as builtin;
+/// For tools: `#[agentq::async_trait]` on an `impl TypedTool` or `impl Tool`.
+pub use async_trait::async_trait;
+/// The sqlx agentq's pools are of ([`ToolContext::pool`], [`JobContext::pool`]): query your own
+/// tables with it, no second version of sqlx to keep in step.
+pub use sqlx;
 pub use agentq_worker::agent::{AgentOutcome, AgentSpec};
 pub use agentq_worker::context::check_park;
 pub use agentq_worker::{

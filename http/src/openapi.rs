@@ -1372,4 +1372,68 @@ mod tests {
             .collect();
         assert!(unchecked.is_empty(), "no sample of {unchecked:?}");
     }
+
+    /// A deployment of one kind whose input schema has definitions of its own.
+    struct OneKind;
+
+    impl Catalog for OneKind {
+        fn kinds(&self) -> Vec<agentq_core::kinds::KindInfo> {
+            vec![agentq_core::kinds::KindInfo {
+                name: "order".into(),
+                versions: vec!["1".into()],
+                webhook_only: false,
+                description: String::new(),
+                input_schema: json!({
+                    "$schema": "https://json-schema.org/draft/2020-12/schema",
+                    "type": "object",
+                    "properties": { "items": { "type": "array", "items": { "$ref": "#/$defs/Item" } } },
+                    "required": ["items"],
+                    "$defs": { "Item": { "type": "object", "properties": { "qty": { "type": "integer" } },
+                                         "required": ["qty"] } }
+                }),
+            }]
+        }
+
+        fn has_kind(&self, kind: &str) -> bool {
+            kind == "order"
+        }
+
+        fn tools(&self) -> Vec<agentq_core::kinds::ToolInfo> {
+            Vec::new()
+        }
+
+        fn requires(
+            &self,
+            _kind: &str,
+            _input: &Value,
+        ) -> Result<agentq_core::operation::Requires, agentq_core::kinds::InputError> {
+            Ok(Default::default())
+        }
+    }
+
+    #[test]
+    fn the_served_document_links_each_kinds_input_to_the_enqueue_body() {
+        let doc = spec_for(&OneKind);
+        let schemas = &doc["components"]["schemas"];
+        assert!(schemas["KindInput.order"].is_object());
+        assert_eq!(
+            schemas["KindInput.order"]["properties"]["items"]["items"]["$ref"],
+            "#/components/schemas/KindInput.order.Item"
+        );
+        assert!(schemas["KindInput.order.Item"].is_object());
+        let root = json!({
+            "$ref": "#/components/schemas/CreateOperation",
+            "components": { "schemas": schemas },
+        });
+        let validator = jsonschema::options()
+            .with_draft(jsonschema::Draft::Draft202012)
+            .build(&root)
+            .unwrap();
+        let fits = json!({ "kind": "order", "input": { "items": [{ "qty": 2 }] } });
+        assert!(validator.is_valid(&fits));
+        let misfit = json!({ "kind": "order", "input": { "items": [{ "qty": "two" }] } });
+        assert!(!validator.is_valid(&misfit));
+        // Another kind's input is not checked against this one's schema.
+        assert!(validator.is_valid(&json!({ "kind": "echo", "input": { "items": 1 } })));
+    }
 }

@@ -398,6 +398,7 @@ async fn console_refuses_producers_forged_forms_and_other_tenants_and_hides_payl
         "/ui/dlq".to_string(),
         "/ui/approvals".to_string(),
         "/ui/batches".to_string(),
+        "/ui/kinds".to_string(),
     ];
     let mut csrf = String::new();
     for p in &pages {
@@ -409,6 +410,9 @@ async fn console_refuses_producers_forged_forms_and_other_tenants_and_hides_payl
         );
         csrf = csrf_of(&body);
     }
+    // The Kinds page shows what the binary runs: its kinds with their schemas, and the tools.
+    let (_, kinds) = ui.get("/ui/kinds").await;
+    assert!(kinds.contains("data-kind=\"echo\"") && kinds.contains("data-tool=\"kv_put\""));
     assert_eq!(
         count_sql(
             &app,

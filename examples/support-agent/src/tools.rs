@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use agentq::builtin::outbound;
-use agentq::{JobError, Reconciled, Replay, ToolContext, TypedTool};
-use async_trait::async_trait;
+use agentq::sqlx;
+use agentq::{JobError, Reconciled, Replay, ToolContext, TypedTool, async_trait};
 use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
 

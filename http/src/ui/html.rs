@@ -91,7 +91,7 @@ pub fn badge(status: &str) -> String {
     format!("<span class=\"badge {class}\">{}</span>", esc(status))
 }
 
-const NAV: [(&str, &str); 7] = [
+const NAV: [(&str, &str); 8] = [
     ("/ui", "Overview"),
     ("/ui/operations", "Operations"),
     ("/ui/dlq", "Dead letters"),
@@ -99,6 +99,7 @@ const NAV: [(&str, &str); 7] = [
     ("/ui/batches", "Batches"),
     ("/ui/versions", "Versions"),
     ("/ui/schedules", "Schedules"),
+    ("/ui/kinds", "Kinds"),
 ];
 
 /// A full console page for `session`, with `active` highlighted in the navigation.

@@ -15,6 +15,7 @@
 
 mod dlq;
 mod html;
+mod kinds;
 mod pages;
 mod schedules;
 mod session;
@@ -60,6 +61,7 @@ pub fn router<S>(api: Arc<ApiState>) -> Router<S> {
         .route("/ui/approvals", get(pages::approvals))
         .route("/ui/batches", get(pages::batches))
         .route("/ui/versions", get(pages::versions))
+        .route("/ui/kinds", get(kinds::list))
         .route("/ui/batches/{id}/pause", post(pages::pause))
         .route("/ui/batches/{id}/resume", post(pages::resume))
         .route("/ui/batches/{id}/cancel", post(pages::cancel_batch))
