@@ -10,7 +10,7 @@
 //!
 //! Invariant kept here: the terminal set ([`Status::is_terminal`]) and the legal operation
 //! transitions ([`can_transition`]) are written once; SQL that needs the terminal set takes it
-//! from [`terminal_sql!`], which a test compares with [`Status::is_terminal`].
+//! from `terminal_sql!`, which a test compares with [`Status::is_terminal`].
 //!
 //! Where each decision lives:
 //! - what a failed attempt leads to: [`failure::after_failure`], pure; called by
@@ -185,7 +185,7 @@ text_enum! {
 
 impl Status {
     /// True when nothing will move the operation again without a human. The one list of
-    /// terminal statuses ([`terminal_sql!`] is its SQL form).
+    /// terminal statuses (`terminal_sql!` is its SQL form).
     pub const fn is_terminal(self) -> bool {
         matches!(
             self,

@@ -4,7 +4,7 @@
 //! layer (`agentq-app`, the same functions as the CLI) and render.
 //!
 //! Invariants kept here: every route that takes an id filters by the caller's tenant
-//! ([`auth::Caller::scope`]); bad input is answered 4xx before anything is written; a request
+//! (`auth::Caller::scope`); bad input is answered 4xx before anything is written; a request
 //! that cannot be stored is answered 429/503 "not started", never accepted and dropped.
 
 mod auth;

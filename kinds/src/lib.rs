@@ -70,7 +70,7 @@ pub fn register_agent(r: &mut Registry) {
 
 /// Test hook: the versions of `script` a worker registers, comma-separated (default `1`), so
 /// that tests run workers of different versions of one kind; with
-/// [`script::VARIANT_VAR`](script::VARIANT_VAR) and the input's `variants` a test chooses each
+/// [`script::VARIANT_VAR`] and the input's `variants` a test chooses each
 /// version's steps. A version that is not valid is left out with a warning.
 pub const SCRIPT_VERSIONS_VAR: &str = "AGENTQ_SCRIPT_VERSIONS";
 

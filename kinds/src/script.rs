@@ -1,5 +1,5 @@
 //! The `script` kind: a small JSON program for demos, smoke tests, benchmarks and crash tests
-//! (its format is in the README and on [`ScriptStep`]): work, `ledger` tool calls, model calls,
+//! (its format is in docs/kinds.md and on [`ScriptStep`]): work, `ledger` tool calls, model calls,
 //! sleeps, waits for signals, and scripted failures and panics.
 
 use std::collections::BTreeMap;

@@ -311,6 +311,51 @@ struct Inner {
 }
 
 /// The handle a job function receives. Cheap to clone; all clones share one journal cursor.
+///
+/// Every call is a step of the operation's journal: on a restart the function runs again from
+/// the top and each completed step returns its recorded output instead of running again (see
+/// the module docs for what is durable when).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use agentq_worker::model::ModelRequest;
+/// use agentq_worker::testing::{ModelScript, Tester};
+/// use agentq_worker::{JobContext, JobError, ModelResponse, Registry, Replay, SignalOutcome};
+///
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct Review {
+///     doc: String,
+/// }
+///
+/// async fn review(ctx: JobContext, input: Review) -> Result<String, JobError> {
+///     // A model call: journaled with its token usage, never repeated once recorded.
+///     let summary = ctx.model("summarize", ModelRequest::user(input.doc)).await?;
+///     // Pure work worth keeping: a replay-safe step.
+///     let words = ctx
+///         .step("count", Replay::Safe, |_key| async { Ok(summary.content.split_whitespace().count()) })
+///         .await?;
+///     // Park until a human answers (holding no worker), at most a day.
+///     match ctx.wait_for_signal("approval", Duration::from_secs(86_400)).await? {
+///         SignalOutcome::Received { payload, .. } if payload["approved"] == true => {
+///             Ok(format!("approved: {words} words"))
+///         }
+///         _ => Err(JobError::NonRetryable("not approved".into())),
+///     }
+/// }
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let mut registry = Registry::new();
+/// registry.register("review", review);
+/// let report = Tester::new(&registry, "review", serde_json::json!({ "doc": "a long text" }))
+///     .model(ModelScript::replies([ModelResponse::text("short text")]))
+///     .signal("approval", serde_json::json!({ "approved": true }))
+///     .run()
+///     .await;
+/// report.assert_ok();
+/// assert_eq!(report.output(), Some(&serde_json::json!("approved: 2 words")));
+/// # });
+/// ```
 #[derive(Clone)]
 pub struct JobContext {
     inner: Arc<Inner>,

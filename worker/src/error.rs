@@ -9,6 +9,28 @@ use agentq_core::state::failure::Failure;
 use chrono::{DateTime, Utc};
 
 /// How a job (or one of its steps) failed. The class decides what happens next.
+///
+/// Class a failure by what the next attempt can change, and, for a side effect, by whether it
+/// may have happened:
+///
+/// ```
+/// use agentq_worker::JobError;
+///
+/// /// How a payments API's answer fails a refund.
+/// fn refund_failed(status: u16) -> JobError {
+///     match status {
+///         // Refused before acting: nothing happened, send it again later.
+///         429 | 503 => JobError::no_effect(format!("payments answered {status}")),
+///         // Will not change on retry: to the dead-letter queue, for a human.
+///         400..=499 => JobError::NonRetryable(format!("payments refused the refund ({status})")),
+///         // May have been applied: the step is journaled `unknown` and reconciled next time.
+///         _ => JobError::retryable(format!("payments answered {status}")),
+///     }
+/// }
+///
+/// assert!(matches!(refund_failed(503), JobError::NoEffect(_)));
+/// assert_eq!(refund_failed(502).class(), "retryable");
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
     /// Transient: retry the operation later (job-level retries are data, not loops).

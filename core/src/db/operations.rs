@@ -353,7 +353,7 @@ pub struct Completion {
 /// Finishes many running operations with their results and pending journal rows in one
 /// statement (one commit), each fenced by its own epoch and status. Returns the ids written;
 /// an id missing from it lost its lease (nothing was written for it).
-/// The journal upsert is [`journal_cte!`]'s, joined on each row's operation instead of one.
+/// The journal upsert is `journal_cte!`'s, joined on each row's operation instead of one.
 pub async fn complete_operations(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Uuid>> {
     let ids: Vec<Uuid> = batch.iter().map(|c| c.id).collect();
     let epochs: Vec<i64> = batch.iter().map(|c| c.epoch).collect();
