@@ -68,11 +68,6 @@ use std::sync::Arc;
 use clap::Parser;
 
 pub use agentq_kinds as builtin;
-/// For tools: `#[agentq::async_trait]` on an `impl TypedTool` or `impl Tool`.
-pub use async_trait::async_trait;
-/// The sqlx agentq's pools are of ([`ToolContext::pool`], [`JobContext::pool`]): query your own
-/// tables with it, no second version of sqlx to keep in step.
-pub use sqlx;
 pub use agentq_worker::agent::{AgentOutcome, AgentSpec};
 pub use agentq_worker::context::check_park;
 pub use agentq_worker::{
@@ -80,6 +75,11 @@ pub use agentq_worker::{
     ModelResponse, OperationInfo, Reconciled, Registry, Replay, SignalOutcome, Tool, ToolContext,
     TypedTool, agent, model, testing, tool,
 };
+/// For tools: `#[agentq::async_trait]` on an `impl TypedTool` or `impl Tool`.
+pub use async_trait::async_trait;
+/// The sqlx agentq's pools are of ([`ToolContext::pool`], [`JobContext::pool`]): query your own
+/// tables with it, no second version of sqlx to keep in step.
+pub use sqlx;
 
 /// Output piped into a reader that stopped (`agentq dlq list | head`) ends the process quietly
 /// with 141, as SIGPIPE would, instead of a panic and a backtrace (Rust ignores SIGPIPE, so

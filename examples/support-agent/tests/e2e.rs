@@ -7,9 +7,9 @@ mod common;
 
 use std::sync::Arc;
 
+use agentq::sqlx;
 use agentq_testkit::fake_model::{FakeModel, Mode, Script, completion, tool_call, tool_results_in};
 use agentq_testkit::{DEADLINE, World};
-use agentq::sqlx;
 use serde_json::{Value, json};
 
 use common::Payments;
