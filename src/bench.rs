@@ -26,6 +26,19 @@ pub async fn run(mut config: Deployment, args: BenchArgs) -> anyhow::Result<()> 
         ))
         .into());
     }
+    // The scenarios run the built-in kinds: a binary whose registry lacks them says so first.
+    let missing: Vec<&str> = ["echo", "script", "agent"]
+        .into_iter()
+        .filter(|k| config.registry.newest(k).is_none())
+        .collect();
+    if !missing.is_empty() {
+        return Err(Refused(format!(
+            "the benchmarks run agentq's built-in kinds, and this binary's registry lacks {}: \
+             register them (`agentq::builtin::register_builtin`) or run `agentq bench`",
+            missing.join(", ")
+        ))
+        .into());
+    }
     let tag = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
     config.database_url = db::with_database(&config.database_url, &format!("agentq_bench_{tag}"))?;
     config.namespace = format!("agentq-bench-{tag}");

@@ -87,7 +87,41 @@ impl ToolContext<'_> {
 }
 
 /// A tool over JSON values. Most tools are easier to write as a [`TypedTool`], which is a
-/// `Tool` too.
+/// `Tool` too; write a `Tool` when its arguments have no fixed shape, or when a kind builds the
+/// tool per operation with a configuration of its own (and calls it with
+/// [`JobContext::tool`](crate::JobContext::tool) instead of registering it).
+///
+/// ```
+/// use agentq_worker::{JobError, Reconciled, Replay, Tool, ToolContext};
+/// use async_trait::async_trait;
+/// use serde_json::{Value, json};
+///
+/// /// Posts to a webhook the kind's input names, once per step.
+/// struct Notify {
+///     url: String,
+/// }
+///
+/// #[async_trait]
+/// impl Tool for Notify {
+///     fn name(&self) -> &str {
+///         "notify"
+///     }
+///     fn replay(&self) -> Replay {
+///         Replay::Unsafe // a second notification would be wrong
+///     }
+///     async fn call(&self, cx: &ToolContext<'_>, args: &Value) -> Result<Value, JobError> {
+///         // Send `args` to self.url with `Idempotency-Key: cx.idempotency_key()` here.
+///         Ok(json!({ "sent_to": self.url, "key": cx.idempotency_key() }))
+///     }
+///     async fn reconcile(&self, cx: &ToolContext<'_>, _args: &Value) -> Result<Reconciled, JobError> {
+///         // Ask the receiver whether it got `cx.idempotency_key()`; it did here.
+///         Ok(Reconciled::Happened(json!({ "sent_to": self.url, "key": cx.idempotency_key() })))
+///     }
+/// }
+///
+/// let tool = Notify { url: "https://hooks.example/x".into() };
+/// assert_eq!(tool.replay(), Replay::Unsafe);
+/// ```
 #[async_trait]
 pub trait Tool: Send + Sync {
     /// The name the model calls it by and its steps are journaled under: 1–64 letters, digits,

@@ -37,6 +37,14 @@ async fn world(model: &FakeModel, payments: &Payments) -> World {
     world
 }
 
+/// [`world`] with a scheduler and a worker running.
+async fn running(model: &FakeModel, payments: &Payments) -> World {
+    let mut world = world(model, payments).await;
+    world.spawn(&["scheduler"]);
+    world.spawn(&["worker"]);
+    world
+}
+
 /// The model of the support agent: look the order up, refund what it costs, answer; for the
 /// built-in `agent` kind (offered only `lookup_order`): look up, then answer with what it read.
 fn model_script() -> Mode {
@@ -67,6 +75,14 @@ fn model_script() -> Mode {
     })))
 }
 
+/// Enqueues an operation through the binary's CLI; its id.
+fn enqueue(world: &World, tenant: &str, kind: &str, input: &str) -> String {
+    let out = world.agentq_json(&[
+        "enqueue", "--tenant", tenant, "--kind", kind, "--input", input, "--json",
+    ]);
+    out["op_id"].as_str().unwrap().to_string()
+}
+
 fn support_input() -> String {
     json!({ "order_id": "A-1001", "message": "It arrived broken; I want my money back." })
         .to_string()
@@ -80,17 +96,7 @@ async fn a_refund_a_sigkill_interrupts_after_its_effect_happens_exactly_once() {
     let mut world = world(&model, &payments).await;
     world.spawn(&["scheduler"]);
     let worker = world.spawn(&["worker"]);
-    let out = world.agentq_json(&[
-        "enqueue",
-        "--tenant",
-        "acme",
-        "--kind",
-        "support",
-        "--input",
-        &support_input(),
-        "--json",
-    ]);
-    let op = out["op_id"].as_str().unwrap().to_string();
+    let op = enqueue(&world, "acme", "support", &support_input());
 
     // The refund reached the payments API; the worker waits for its answer, its journal holds
     // the refund step as `started`. Kill it there.
@@ -252,40 +258,16 @@ async fn every_front_door_accepts_the_deployments_kind_and_lists_it() {
 async fn the_built_in_agent_calls_the_deployments_own_tool_within_its_tenant() {
     let model = FakeModel::start(model_script()).await;
     let payments = Payments::start(true).await;
-    let mut world = world(&model, &payments).await;
-    world.spawn(&["scheduler"]);
-    world.spawn(&["worker"]);
+    let world = running(&model, &payments).await;
     let input = json!({ "user": "What is the status of order A-1001?", "tools": ["lookup_order"] });
-    let ours = world.agentq_json(&[
-        "enqueue",
-        "--tenant",
-        "acme",
-        "--kind",
-        "agent",
-        "--input",
-        &input.to_string(),
-        "--json",
-    ]);
-    let theirs = world.agentq_json(&[
-        "enqueue",
-        "--tenant",
-        "other",
-        "--kind",
-        "agent",
-        "--input",
-        &input.to_string(),
-        "--json",
-    ]);
+    let ours = enqueue(&world, "acme", "agent", &input.to_string());
+    let theirs = enqueue(&world, "other", "agent", &input.to_string());
     let answer = |v: &Value| v["answer"].as_str().unwrap_or_default().to_string();
-    let ours = world
-        .wait_status(ours["op_id"].as_str().unwrap(), "succeeded", DEADLINE)
-        .await;
+    let ours = world.wait_status(&ours, "succeeded", DEADLINE).await;
     assert!(answer(&ours.result.unwrap()).contains("\"customer\":\"Ada\""));
     // Another tenant's agent asking for the same order finds nothing: the tool reads only the
     // operation's tenant's rows.
-    let theirs = world
-        .wait_status(theirs["op_id"].as_str().unwrap(), "succeeded", DEADLINE)
-        .await;
+    let theirs = world.wait_status(&theirs, "succeeded", DEADLINE).await;
     assert!(answer(&theirs.result.unwrap()).contains("\"found\":false"));
     // A tool nobody registered is refused at enqueue, naming it.
     let unknown = world.agentq(&[
@@ -310,20 +292,8 @@ async fn the_built_in_agent_calls_the_deployments_own_tool_within_its_tenant() {
 async fn replay_checks_a_recorded_journal_against_this_binary() {
     let model = FakeModel::start(model_script()).await;
     let payments = Payments::start(true).await;
-    let mut world = world(&model, &payments).await;
-    world.spawn(&["scheduler"]);
-    world.spawn(&["worker"]);
-    let out = world.agentq_json(&[
-        "enqueue",
-        "--tenant",
-        "acme",
-        "--kind",
-        "support",
-        "--input",
-        &support_input(),
-        "--json",
-    ]);
-    let op = out["op_id"].as_str().unwrap().to_string();
+    let world = running(&model, &payments).await;
+    let op = enqueue(&world, "acme", "support", &support_input());
     world.wait_status(&op, "succeeded", DEADLINE).await;
     // From the database: this binary replays its own journal.
     let replayed = world.agentq_json(&["replay", &op, "--json"]);
