@@ -386,8 +386,15 @@ async fn steps(config: Deployment, op: &str, json: bool) -> anyhow::Result<()> {
                 .completed_at
                 .map(|c| format!("{} ms", (c - s.started_at).num_milliseconds()))
                 .unwrap_or_else(|| "-".into());
+            // A parked step says when it wakes (a sleep) or gives up (a wait's timeout).
+            let wakes = match (s.status, s.wake_at) {
+                (agentq_core::state::StepStatus::Started, Some(at)) => {
+                    format!("  until {}", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                }
+                _ => String::new(),
+            };
             println!(
-                "{:>3}  {:<20} {:<7} {:<7} {:<10} {:>8}  key {}",
+                "{:>3}  {:<20} {:<7} {:<7} {:<10} {:>8}  key {}{wakes}",
                 s.seq,
                 s.name,
                 s.kind,

@@ -84,15 +84,26 @@ pub async fn run(config: Deployment, args: ReplayArgs) -> anyhow::Result<()> {
             );
         }
     }
+    let of = |n: usize| if n == 1 { "operation" } else { "operations" };
     if diverged > 0 {
+        let advice = match &args.to_version {
+            Some(v) => format!(
+                "upgrading them to version {v} would stop them as nondeterminism; upgrade only \
+                 the ones that agree, or put the change behind ctx.patched"
+            ),
+            None => "a deploy of this build would stop them as nondeterminism: give the changed \
+                     kind a new version (keeping the old one registered) or put the change behind \
+                     ctx.patched"
+                .into(),
+        };
         anyhow::bail!(
-            "{diverged} of {} operations would not replay on this code: bump the kind's version \
-             (keep the old one registered) or put the change behind ctx.patched",
-            results.len()
+            "{diverged} of {} {} would not replay on this code: {advice}",
+            results.len(),
+            of(results.len())
         );
     }
     if !args.json {
-        eprintln!("{} operations replay on this code", results.len());
+        eprintln!("{} {} replay on this code", results.len(), of(results.len()));
     }
     Ok(())
 }

@@ -716,13 +716,14 @@ impl Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.violations.len();
         writeln!(
             f,
-            "replay tester: {} steps, {}, {} crash points replayed, {} problems",
+            "replay tester: {} steps, {}, {} crash points replayed, {n} {}",
             self.steps.len(),
             self.outcome,
             self.crash_points,
-            self.violations.len()
+            if n == 1 { "problem" } else { "problems" }
         )?;
         for v in &self.violations {
             writeln!(f, "  {v}")?;
