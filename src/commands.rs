@@ -389,7 +389,10 @@ async fn steps(config: Deployment, op: &str, json: bool) -> anyhow::Result<()> {
             // A parked step says when it wakes (a sleep) or gives up (a wait's timeout).
             let wakes = match (s.status, s.wake_at) {
                 (agentq_core::state::StepStatus::Started, Some(at)) => {
-                    format!("  until {}", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                    format!(
+                        "  until {}",
+                        at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    )
                 }
                 _ => String::new(),
             };

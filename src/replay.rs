@@ -103,7 +103,11 @@ pub async fn run(config: Deployment, args: ReplayArgs) -> anyhow::Result<()> {
         );
     }
     if !args.json {
-        eprintln!("{} {} replay on this code", results.len(), of(results.len()));
+        eprintln!(
+            "{} {} replay on this code",
+            results.len(),
+            of(results.len())
+        );
     }
     Ok(())
 }

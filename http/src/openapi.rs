@@ -1269,6 +1269,24 @@ mod tests {
             c.answer(s);
         }
         c.answer(&schedules::ScheduleList { items: schedules });
+        let kinds = app::kinds::Kinds {
+            kinds: OneKind
+                .kinds()
+                .into_iter()
+                .map(|kind| app::kinds::KindView {
+                    kind,
+                    live_versions: vec!["1".into()],
+                })
+                .collect(),
+            tools: vec![agentq_core::kinds::ToolInfo {
+                name: "refund".into(),
+                description: "Refund an order.".into(),
+                parameters: json!({ "type": "object" }),
+                replay: Replay::Unsafe,
+                requires_approval: true,
+            }],
+        };
+        c.answer(&kinds);
         let mut bad = serde_json::to_value(operation(true)).unwrap();
         bad["surprise"] = json!(1);
         assert!(!c.errors("Operation", &bad).is_empty(), "strict checks");
