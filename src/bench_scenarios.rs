@@ -25,6 +25,18 @@ pub async fn timers(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()>
     let far = Utc::now() + chrono::Duration::days(30);
     db::fixtures::insert_sleepers(&pool, args.sleepers, far, 1.0).await?;
 
+    let join_reads = if args.join_parents > 0 {
+        eprintln!(
+            "inserting {} parents parked on joins over {} children each…",
+            args.join_parents, args.join_children
+        );
+        db::fixtures::insert_join_parents(&pool, args.join_parents, args.join_children).await?;
+        // Warm, then time: the read as it is, and as it was before join counts.
+        db::fixtures::time_join_reads(&pool).await?;
+        Some(db::fixtures::time_join_reads(&pool).await?)
+    } else {
+        None
+    };
     let scheduler = Proc::spawn(config, "scheduler", &[])?;
 
     // Idle: nothing due. Let it settle, then measure its CPU over 5 s.
@@ -148,6 +160,21 @@ pub async fn timers(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()>
             json!(plan.contains("Index Scan")),
         )
         .rss(&peaks);
+    if let Some((count, scan)) = join_reads {
+        r.val("join parents", "join_parents", json!(args.join_parents))
+            .val(
+                "children per join",
+                "join_children",
+                json!(args.join_children),
+            )
+            .num("join sweep read ms (counts, now)", "join_read_ms", count, 1)
+            .num(
+                "join sweep read ms (each child checked, before)",
+                "join_read_scan_ms",
+                scan,
+                1,
+            );
+    }
     println!("  due-timer query plan:");
     for line in plan.lines() {
         println!("    {line}");

@@ -271,6 +271,13 @@ pub struct BenchArgs {
     /// timers: seconds during which operations come due.
     #[arg(long, default_value_t = 10)]
     pub due_secs: i64,
+    /// timers: parents parked on a join as well (another tenant's), each over --join-children
+    /// unfinished children: the wake sweep's cost with them, and its read timed two ways.
+    #[arg(long, default_value_t = 0)]
+    pub join_parents: i64,
+    /// timers: unfinished children each of --join-parents joins.
+    #[arg(long, default_value_t = 15_000)]
+    pub join_children: i64,
     /// waiting: operations left waiting for approval.
     #[arg(long, default_value_t = 50_000)]
     pub waiting: usize,

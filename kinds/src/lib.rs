@@ -152,6 +152,29 @@ mod tests {
             r.check_input("script", &json!({ "steps": [{ "sleep": 5 }] }))
                 .is_err()
         );
+        // A step holds a worker slot for at most an hour.
+        let long = r
+            .check_input(
+                "script",
+                &json!({ "steps": [{ "work_ms": 1 }, { "work_ms": 1_000_000_000_000_000u64 }] }),
+            )
+            .unwrap_err();
+        assert!(
+            long.contains("steps[1].work_ms") && long.contains("1 hour"),
+            "{long}"
+        );
+        let slow = r
+            .check_input(
+                "script",
+                &json!({ "steps": [{ "tool": "ledger", "replay": "safe", "label": "x",
+                                     "after_ms": 3_600_001 }] }),
+            )
+            .unwrap_err();
+        assert!(slow.contains("steps[0].after_ms"), "{slow}");
+        assert!(
+            r.check_input("script", &json!({ "steps": [{ "work_ms": 3_600_000 }] }))
+                .is_ok()
+        );
         assert!(
             r.check_input("agent", &json!({ "user": "hi", "tools": ["kv_put"] }))
                 .is_ok()

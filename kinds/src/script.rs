@@ -54,10 +54,27 @@ impl TryFrom<ScriptProgram> for ScriptInput {
     }
 }
 
-/// Checks every sleep's and wait's length of `steps` (and of patched branches), naming the
-/// field.
+/// The longest a script step may hold its worker slot (`work_ms`, a ledger call's `after_ms`):
+/// one hour. A script is for tests and demos; a longer step would only hold a slot.
+pub const MAX_STEP_MS: u64 = 3_600_000;
+
+/// Checks every sleep's and wait's length of `steps` (and of patched branches), and how long
+/// each step holds a slot, naming the field.
 fn check_durations(at: &str, steps: &[ScriptStep]) -> Result<(), String> {
     for (i, step) in steps.iter().enumerate() {
+        let held = match step {
+            ScriptStep::Work { work_ms, .. } => Some(("work_ms", *work_ms)),
+            ScriptStep::Tool { after_ms, .. } => Some(("after_ms", *after_ms)),
+            _ => None,
+        };
+        if let Some((field, ms)) = held
+            && ms > MAX_STEP_MS
+        {
+            return Err(format!(
+                "{at}[{i}].{field}: {ms} ms is longer than a script step may hold a worker, \
+                 1 hour ({MAX_STEP_MS} ms)"
+            ));
+        }
         let (field, ms) = match step {
             ScriptStep::Sleep { sleep_ms } => ("sleep_ms", *sleep_ms),
             ScriptStep::WaitSignal { timeout_ms, .. } => ("timeout_ms", *timeout_ms),

@@ -7,7 +7,7 @@
 //! - timers: sleeping operations whose wake time came and waiting ones whose timeout passed (or
 //!   whose signal arrived) go back to `queued` and are dispatched at once;
 //! - deadlines: queued, sleeping or waiting operations past their deadline become dead
-//!   (`deadline_exceeded`);
+//!   (`deadline_exceeded`); running ones are flagged for their worker to stop;
 //! - retention: finished operations older than the retention period are deleted in batches;
 //! - the reaper: `running` operations whose lease expired (the worker died or hung) go back to
 //!   `queued` with `restarts + 1` and are dispatched at once, or to `dead` as `crash_loop` once
@@ -206,11 +206,13 @@ impl Scheduler {
         Ok(())
     }
 
-    /// One pass of the timer loop: wakes what is due and hands the pointers to a background
-    /// publish (each marked dispatched once confirmed; one this scheduler never confirms is
-    /// published by the sweeper after the grace period), so the next batch is woken while this one's
-    /// confirms are still coming back; at most [`PUBLISHES_IN_FLIGHT`] batches publish at once.
-    /// Returns how many it woke.
+    /// One pass of the timer loop: wakes what is due (committed), then hands the woken rows to
+    /// a background publish that locks them, publishes their pointers and marks the confirmed
+    /// ones in that transaction (`Dispatcher::publish_locked`, as the sweeps do): the sweeper
+    /// skips them meanwhile, so a burst whose confirms lag past its grace period is published
+    /// once, and one this scheduler never confirms is the sweeper's after the grace period. The
+    /// next batch is woken while this one's confirms are still coming back; at most
+    /// [`PUBLISHES_IN_FLIGHT`] batches publish at once. Returns how many it woke.
     pub async fn wake(&self) -> anyhow::Result<usize> {
         let permit = self.in_flight.clone().acquire_owned().await?;
         let woken = db::within(db::timers::wake_due(&self.pool, self.settings.wake_batch)).await?;
@@ -220,22 +222,25 @@ impl Scheduler {
             metrics::TIMER_LAG.observe(&[], lag.max(0.0));
         }
         if n > 0 {
-            let targets: Vec<Target> = woken
-                .iter()
-                .map(|w| Target::from(db::Dispatch::from(w)))
-                .collect();
-            let dispatcher = self.dispatcher.clone();
+            let ids: Vec<uuid::Uuid> = woken.iter().map(|w| w.id).collect();
+            let (dispatcher, pool) = (self.dispatcher.clone(), self.pool.clone());
             tokio::spawn(async move {
-                // Published and then marked, so nothing is taken: a failure needs no undo.
-                let dispatcher = &dispatcher;
-                let failed =
-                    send_all(targets, |t| async move { dispatcher.dispatch(&t).await }).await;
-                if let Some((_, e)) = failed.first() {
-                    tracing::warn!(
-                        error = %e,
-                        n = failed.len(),
+                // Locked, published, marked, released: a failure anywhere leaves the rows
+                // unmarked for the sweeper, nothing to undo.
+                let published = match db::within(db::lock_woken(&pool, &ids)).await {
+                    Ok(locked) => dispatcher.publish_locked(locked).await,
+                    Err(e) => Err(e),
+                };
+                match published {
+                    Ok(p) if p.failed > 0 => tracing::warn!(
+                        error = ?p.error, n = p.failed,
                         "dispatching woken operations failed; the sweeper will publish them"
-                    );
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "dispatching woken operations failed; the sweeper will publish them"
+                    ),
                 }
                 drop(permit);
             });
@@ -293,6 +298,18 @@ impl Scheduler {
         for (id, kind) in &expired {
             tracing::info!(op_id = %id, "operation is dead: deadline_exceeded");
             count_death(kind, ErrorClass::DeadlineExceeded);
+        }
+        // Running ones are stopped by their worker (which writes the outcome).
+        let flagged = db::within(db::timers::stop_running_past_deadline(
+            &self.pool,
+            self.settings.batch,
+        ))
+        .await?;
+        if flagged > 0 {
+            tracing::info!(
+                n = flagged,
+                "asked workers to stop running operations past their deadline"
+            );
         }
         Ok(expired.len())
     }

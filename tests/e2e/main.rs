@@ -10,6 +10,7 @@ mod api_backpressure;
 mod api_hostile;
 mod api_list;
 mod batch;
+mod capacity;
 mod children;
 mod console;
 mod crash_cost;

@@ -337,11 +337,11 @@ async fn two_schedulers_wake_20000_sleepers_exactly_once_and_never_early() {
     ] {
         sqlx::query(sql).execute(&app.pool).await.unwrap();
     }
-    // Production's grace period, not the harness's 1 s: a wake publishes and then marks its
-    // rows (the marks batched), and under this burst on a loaded 2-core machine the marks of
-    // some rows landed more than 1 s after their wake, so the sweeper published a second,
-    // harmless pointer for them (11 of 20,000 in one CI run). The grace is what keeps the
-    // sweeper off rows whose own publish is in flight.
+    // Production's grace period. A wake locks the rows it woke while it publishes and marks
+    // them, so the sweeper cannot take them however late the marks land under this burst
+    // (when a wake published first and marked later, a CI run on a loaded machine found 202
+    // rows still unmarked after 5 s, and so published twice; with the lock, runs with a grace
+    // of 1 s and four extra busy processes published each exactly once).
     app.set_env("AGENTQ_DISPATCH_GRACE_SECS", "5");
     app.spawn(&["scheduler"]);
     app.spawn(&["scheduler"]);

@@ -228,6 +228,9 @@ struct State {
     /// Set by an operator's upgrade: where the code first asks for another step than the
     /// journal recorded at or before this position, the journal is rebased there.
     upgrade_through: Option<i32>,
+    /// The `unknown` row of the unsafe step whose call is in flight: written if the run is
+    /// stopped in the middle of it (a cancel, a deadline), since its effect may have happened.
+    in_flight: Option<StepWrite>,
 }
 
 /// What every job's context shares with its worker: only what steps use (the context never
@@ -306,8 +309,8 @@ struct Inner {
     state: Mutex<State>,
     lost: AtomicBool,
     stop: CancellationToken,
-    /// Set by the heartbeat when an operator asked to cancel this operation.
-    cancel: Arc<AtomicBool>,
+    /// Fired by the heartbeat when the operation must stop (a cancel, a passed deadline).
+    cancel: CancellationToken,
 }
 
 /// The handle a job function receives. Cheap to clone; all clones share one journal cursor.
@@ -368,7 +371,7 @@ impl JobContext {
         journal: Vec<JournalEntry>,
         upgrade_through: Option<i32>,
         stop: CancellationToken,
-        cancel: Arc<AtomicBool>,
+        cancel: CancellationToken,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -384,6 +387,7 @@ impl JobContext {
                     current_key: None,
                     suspend: None,
                     upgrade_through,
+                    in_flight: None,
                 }),
                 lost: AtomicBool::new(false),
                 stop,
@@ -1154,11 +1158,23 @@ impl JobContext {
             self.flush().await?;
         }
 
-        self.state().current_key = Some(key.clone());
+        {
+            let mut st = self.state();
+            st.current_key = Some(key.clone());
+            if replay == Replay::Unsafe {
+                let mut unknown = row(StepStatus::Unknown);
+                unknown.error = Some("stopped during its call (a cancel or a deadline); its effect may have happened".into());
+                st.in_flight = Some(unknown);
+            }
+        }
         let ran = Instant::now();
         let outcome = f(key.clone()).await;
         metrics::STEP_DURATION.observe(&[kind.as_str()], ran.elapsed().as_secs_f64());
-        self.state().current_key = None;
+        {
+            let mut st = self.state();
+            st.current_key = None;
+            st.in_flight = None;
+        }
         match outcome {
             Ok((value, usage)) => {
                 let output = serde_json::to_value(&value).map_err(|e| {
@@ -1224,13 +1240,13 @@ impl JobContext {
         if self.inner.lost.load(Ordering::Acquire) || self.inner.stop.is_cancelled() {
             return Err(JobError::LeaseLost);
         }
-        if self.inner.cancel.load(Ordering::Acquire) {
-            return Err(JobError::Cancelled);
-        }
         if let Some(deadline) = self.inner.info.deadline
             && Utc::now() >= deadline
         {
             return Err(JobError::DeadlineExceeded(deadline));
+        }
+        if self.inner.cancel.is_cancelled() {
+            return Err(JobError::Cancelled);
         }
         Ok(())
     }
@@ -1287,11 +1303,18 @@ impl JobContext {
         }
     }
 
-    /// The rows to write with the final transition, and the step that failed (if any).
+    /// The rows to write with the final transition, and the step that failed (if any). A run
+    /// stopped during an unsafe step's call adds that step as `unknown`: the next run of the
+    /// operation (an operator's retry) reconciles it, as after a crash, never runs it blindly.
     pub(crate) fn take_pending(&self) -> (Vec<StepWrite>, Option<i32>) {
         let mut st = self.state();
         st.pending_since = None;
         st.pending_durable = false;
+        if let Some(unknown) = st.in_flight.take() {
+            st.failed_step = Some(unknown.seq);
+            st.pending.retain(|r| r.seq != unknown.seq);
+            st.pending.push(unknown);
+        }
         (std::mem::take(&mut st.pending), st.failed_step)
     }
 }

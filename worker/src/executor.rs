@@ -6,7 +6,6 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use agentq_core::db::{self, Claimed, FailTo, StepWrite};
 use agentq_core::metrics;
@@ -50,7 +49,7 @@ pub(crate) async fn execute(
     shared: Arc<Shared>,
     op: Claimed,
     stop: CancellationToken,
-    cancel: Arc<AtomicBool>,
+    cancel: CancellationToken,
 ) {
     let (id, epoch, kind) = (op.id, op.epoch, op.kind.clone());
     let started = std::time::Instant::now();
@@ -74,7 +73,12 @@ pub(crate) async fn execute(
     shared.leases.release(id, epoch);
 }
 
-async fn run(shared: &Arc<Shared>, op: Claimed, stop: CancellationToken, cancel: Arc<AtomicBool>) {
+async fn run(
+    shared: &Arc<Shared>,
+    op: Claimed,
+    stop: CancellationToken,
+    cancel: CancellationToken,
+) {
     let journal = if op.has_journal {
         match db::within(db::load_journal(shared.pool(), op.id)).await {
             Ok(j) => j,
@@ -102,7 +106,7 @@ async fn run(shared: &Arc<Shared>, op: Claimed, stop: CancellationToken, cancel:
         journal,
         op.upgrade_through,
         stop.clone(),
-        cancel,
+        cancel.clone(),
     );
     let outcome = match shared.registry.handler(&op.kind, &op.kind_version) {
         _ if op.deadline.is_some_and(|d| d <= chrono::Utc::now()) => Err(
@@ -114,15 +118,43 @@ async fn run(shared: &Arc<Shared>, op: Claimed, stop: CancellationToken, cancel:
         ))),
         Some(handler) => {
             let job = AssertUnwindSafe(handler(ctx.clone(), op.input.clone())).catch_unwind();
+            // A cancel or a deadline stops the job where it is, mid-step if need be: its future
+            // is dropped at its next await, and an unsafe step in flight is journaled `unknown`
+            // (`JobContext::take_pending`), to be reconciled if the operation ever runs again.
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => Err(JobError::LeaseLost),
+                _ = cancel.cancelled() => Err(interrupted(op.deadline)),
+                d = deadline_passes(op.deadline) => Err(JobError::DeadlineExceeded(d)),
                 r = job => r.unwrap_or_else(|panic| Err(JobError::Panicked(panic_message(&panic)))),
             }
         }
     };
     record_outcome(&outcome);
     settle(shared, &op, &ctx, outcome).await;
+}
+
+/// Why a running job was told to stop: its deadline, if that has passed (the scheduler flags
+/// running operations past their deadline), else a cancel.
+fn interrupted(deadline: Option<chrono::DateTime<chrono::Utc>>) -> JobError {
+    match deadline {
+        Some(d) if d <= chrono::Utc::now() => JobError::DeadlineExceeded(d),
+        _ => JobError::Cancelled,
+    }
+}
+
+/// Resolves when `deadline` passes (never without one).
+async fn deadline_passes(
+    deadline: Option<chrono::DateTime<chrono::Utc>>,
+) -> chrono::DateTime<chrono::Utc> {
+    match deadline {
+        Some(d) => {
+            let left = (d - chrono::Utc::now()).to_std().unwrap_or_default();
+            tokio::time::sleep(left).await;
+            d
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// Notes how the attempt ended on the operation span (a class, never an error message).

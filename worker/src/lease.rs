@@ -7,7 +7,6 @@
 //! (self-fencing), because another worker may already own those operations.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,7 +19,7 @@ use uuid::Uuid;
 struct Held {
     epoch: i64,
     stop: CancellationToken,
-    cancel: Arc<AtomicBool>,
+    cancel: CancellationToken,
     /// Its final write is under way: the heartbeat leaves it alone (that write is fenced
     /// itself, and would otherwise race the renewal into a false "lease lost").
     settling: bool,
@@ -62,11 +61,12 @@ impl Leases {
         self.active.lock().expect("leases lock")
     }
 
-    /// Starts tracking a claimed operation. The token fires when the lease is lost; the flag is
-    /// set when a heartbeat learns an operator asked to cancel it.
-    pub(crate) fn hold(&self, id: Uuid, epoch: i64) -> (CancellationToken, Arc<AtomicBool>) {
+    /// Starts tracking a claimed operation. `stop` fires when the lease is lost; `cancel` when
+    /// a heartbeat learns that the operation must stop: an operator (or its parent, or its
+    /// batch) cancelled it, or the scheduler found its deadline past.
+    pub(crate) fn hold(&self, id: Uuid, epoch: i64) -> (CancellationToken, CancellationToken) {
         let stop = CancellationToken::new();
-        let cancel = Arc::new(AtomicBool::new(false));
+        let cancel = CancellationToken::new();
         self.map().insert(
             id,
             Held {
@@ -153,7 +153,7 @@ impl Leases {
                     let map = self.map();
                     for (id, cancel) in &kept {
                         if *cancel && let Some(h) = map.get(id) {
-                            h.cancel.store(true, Ordering::Release);
+                            h.cancel.cancel();
                         }
                     }
                 }

@@ -51,7 +51,6 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use agentq_core::db::{self, JournalEntry, StepWrite};
@@ -498,7 +497,7 @@ async fn drive(
             memory.entries(),
             None,
             CancellationToken::new(),
-            Arc::new(AtomicBool::new(false)),
+            CancellationToken::new(),
         );
         let outcome = AssertUnwindSafe(handler(ctx.clone(), input.clone()))
             .catch_unwind()

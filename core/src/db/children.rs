@@ -80,8 +80,13 @@ pub enum Join {
 }
 
 /// Decides the join step `seq` of `id` over `children`, once: if every child has finished,
-/// the step completes with how each ended; otherwise the children are recorded in `joining`
-/// for the wake sweep. Fenced by the epoch.
+/// the step completes with how each ended; otherwise the children are recorded in `joining`,
+/// and how many are unfinished in `join_pending`, for the wake sweep. Fenced by the epoch.
+///
+/// Two statements in one transaction: the first locks the parent, the second counts its
+/// children with a snapshot taken after that lock. A child finishing locks its parent too
+/// (migration 18's trigger), so it either committed before the count (and is counted as
+/// finished) or waits for this transaction and then counts itself down: none is missed.
 pub async fn resolve_join(
     pool: &PgPool,
     id: Uuid,
@@ -89,6 +94,19 @@ pub async fn resolve_join(
     seq: i32,
     children: &[Uuid],
 ) -> Result<Join> {
+    let mut tx = pool.begin().await?;
+    let locked: Option<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM operations WHERE id = $1 AND epoch = $2 AND status = 'running'
+            FOR NO KEY UPDATE",
+    )
+    .bind(id)
+    .bind(epoch)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if locked.is_none() {
+        tx.rollback().await?;
+        return Ok(Join::LeaseLost);
+    }
     let (held, output, found): (bool, Option<Value>, Vec<Uuid>) = sqlx::query_as(concat!(
         "WITH lease AS (
             SELECT id FROM operations WHERE id = $1 AND epoch = $2 AND status = 'running'
@@ -112,7 +130,11 @@ pub async fn resolve_join(
          ), ",
         super::timers::park_decided_cte!(),
         ", mark AS (
-            UPDATE operations o SET joining = $4
+            UPDATE operations o
+               SET joining = $4,
+                   join_pending = (SELECT count(*) FROM kids WHERE status NOT IN ",
+        crate::state::terminal_sql!(),
+        ")
               FROM lease
              WHERE o.id = lease.id AND NOT EXISTS (SELECT 1 FROM step)
          RETURNING o.id
@@ -124,8 +146,9 @@ pub async fn resolve_join(
     .bind(epoch)
     .bind(seq)
     .bind(children)
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
+    tx.commit().await?;
     if !held {
         return Ok(Join::LeaseLost);
     }

@@ -512,6 +512,8 @@ pub async fn act(
                     "UPDATE operations o
                         SET status = 'queued', attempt = 0, restarts = 0, run_at = now(),
                             dispatched_at = NULL, finished_at = NULL, updated_at = now(),
+                            -- An operator retrying it decided it runs: a passed deadline is lifted.
+                            deadline = CASE WHEN deadline <= now() THEN NULL ELSE deadline END,
                             input = COALESCE($2, input), input_sha256 = COALESCE($3, input_sha256),
                             version_parked = false,
                             kind_version = COALESCE($4, kind_version),

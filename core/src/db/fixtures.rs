@@ -29,6 +29,67 @@ pub async fn insert_sleepers(
     Ok(rows)
 }
 
+/// Inserts `parents` operations of tenant `noisy` parked on a join over `children` unfinished
+/// (sleeping, not due) children each, counted as `ctx.join` counts them.
+pub async fn insert_join_parents(pool: &PgPool, parents: i64, children: i64) -> Result<u64> {
+    let mut tx = pool.begin().await?;
+    let inserted = sqlx::query(
+        "WITH parents AS (
+            INSERT INTO operations (id, tenant_id, kind, input, input_sha256, status, attempt,
+                                    epoch, run_at, waiting_for)
+            SELECT gen_random_uuid(), 'noisy', 'script', '{\"steps\":[]}', 'bench', 'waiting', 1, 1,
+                   now() + interval '100 years', '(children)'
+              FROM generate_series(1, $1)
+         RETURNING id
+         )
+         INSERT INTO operations (id, tenant_id, kind, input, input_sha256, status, attempt, epoch,
+                                 run_at, parent_id)
+         SELECT gen_random_uuid(), 'noisy', 'echo', '{\"text\":\"x\"}', 'bench', 'sleeping', 1, 1,
+                now() + interval '30 days', p.id
+           FROM parents p, generate_series(1, $2)",
+    )
+    .bind(parents)
+    .bind(children)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    sqlx::query(
+        "UPDATE operations o SET joining = k.ids, join_pending = cardinality(k.ids)
+           FROM (SELECT parent_id, array_agg(id) AS ids FROM operations
+                  WHERE parent_id IS NOT NULL AND tenant_id = 'noisy' GROUP BY parent_id) k
+          WHERE o.id = k.parent_id",
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    sqlx::query("ANALYZE operations").execute(pool).await?;
+    Ok(inserted)
+}
+
+/// Times the wake sweep's read of parents whose joins are done, in ms: as it is now (a count
+/// per parked parent) and as it was before migration 18 (every joined child checked on every
+/// pass, the statement kept here for this comparison only). Neither wakes anything.
+pub async fn time_join_reads(pool: &PgPool) -> Result<(f64, f64)> {
+    let count = "SELECT o.id FROM operations o
+                  WHERE o.status = 'waiting' AND o.waiting_for = '(children)'
+                    AND o.join_pending <= 0 LIMIT 500";
+    let scan = concat!(
+        "SELECT o.id FROM operations o
+          WHERE o.status = 'waiting' AND o.waiting_for = '(children)'
+            AND NOT EXISTS (SELECT 1 FROM operations c
+                             WHERE c.id = ANY(o.joining) AND c.status NOT IN ",
+        crate::state::terminal_sql!(),
+        ") LIMIT 500"
+    );
+    let mut ms = [0.0; 2];
+    for (i, sql) in [count, scan].into_iter().enumerate() {
+        let started = std::time::Instant::now();
+        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await?;
+        ms[i] = started.elapsed().as_secs_f64() * 1000.0;
+    }
+    Ok((ms[0], ms[1]))
+}
+
 /// Woken operations so far, and for each the wake lag in ms (woken − due).
 pub async fn wake_lags(pool: &PgPool, since: DateTime<Utc>) -> Result<Vec<f64>> {
     let lags = sqlx::query_scalar(

@@ -578,6 +578,21 @@ pub async fn lock_undispatched(pool: &PgPool, grace: Duration, limit: i64) -> Re
     Locked::lock(pool, query).await
 }
 
+/// Locks the operations `ids` a wake just queued that are still queued and unmarked, for their
+/// publish: while the pointers go out, the sweeper skips these rows (so a burst whose confirms
+/// lag past its grace period is not published twice), and a claim of one waits for the marks.
+/// Rows locked elsewhere are skipped (they stay unmarked, and the sweeper publishes them).
+pub async fn lock_woken(pool: &PgPool, ids: &[Uuid]) -> Result<Locked> {
+    let query = sqlx::query_as(
+        "SELECT id, tenant_id, kind, lane, epoch, traceparent FROM operations
+          WHERE id = ANY($1) AND status = 'queued' AND dispatched_at IS NULL
+          ORDER BY id
+          FOR UPDATE SKIP LOCKED",
+    )
+    .bind(ids);
+    Locked::lock(pool, query).await
+}
+
 /// Locks up to `limit` due, queued operations of `lane` whose pointer was confirmed more than
 /// `stale` ago. Only called when the lane's queue is empty, so these pointers were lost (a
 /// broker reset, a purged queue): republishing them cannot flood a legitimate backlog.

@@ -162,14 +162,18 @@ pub async fn wake_due(pool: &PgPool, limit: i64) -> Result<Vec<Woken>> {
              LIMIT $1
                FOR UPDATE OF o SKIP LOCKED
          ), joined AS (
-            -- Parents parked on ctx.join whose children have all finished (the partial index
-            -- operations_joining holds only parked parents).
+            -- Parents parked on ctx.join whose joined children have all finished: their count
+            -- (`join_pending`, kept by a trigger) is zero. The partial index operations_joining
+            -- holds only parked parents; no child is read.
             SELECT o.id FROM operations o
              WHERE o.status = 'waiting' AND o.waiting_for = '(children)'
-               AND NOT EXISTS (SELECT 1 FROM operations c
-                                WHERE c.id = ANY(o.joining) AND c.status NOT IN ",
+               AND (o.join_pending <= 0
+                    -- A parent whose join was decided before counts existed (migration 18).
+                    OR (o.join_pending IS NULL
+                        AND NOT EXISTS (SELECT 1 FROM operations c
+                                         WHERE c.id = ANY(o.joining) AND c.status NOT IN ",
         terminal_sql!(),
-        ")
+        ")))
              LIMIT $1
                FOR UPDATE OF o SKIP LOCKED
          ), due AS (
@@ -265,6 +269,28 @@ const EXPIRE_DEADLINES: &str = "WITH expired AS (
             ON CONFLICT (op_id) WHERE status = 'open' DO NOTHING
          )
          SELECT id, kind FROM dead";
+
+/// Asks the workers of up to `limit` running operations past their deadline to stop them
+/// (`cancel_requested`: the next heartbeat interrupts the job, which ends it as
+/// `deadline_exceeded` because the deadline has passed). A worker stops them at the deadline by
+/// itself; this covers one whose timer did not (a clock set back, a stalled process), and its
+/// heartbeat stops them within a third of a lease. Returns how many it flagged. Reads the
+/// running operations through the reaper's index (at most one per worker slot).
+pub async fn stop_running_past_deadline(pool: &PgPool, limit: i64) -> Result<u64> {
+    let n = sqlx::query(
+        "UPDATE operations SET cancel_requested = true
+          WHERE id IN (SELECT id FROM operations
+                        WHERE status = 'running' AND lease_expires_at IS NOT NULL
+                          AND deadline < now() AND NOT cancel_requested
+                        LIMIT $1
+                          FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(limit)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(n)
+}
 
 /// Deletes up to `limit` finished operations (with their journals and signals) that finished
 /// more than `days` ago; a dead one still waiting for a human (open dead letter) is kept, and
