@@ -176,11 +176,11 @@ pub async fn http(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
         return Err(Refused("--connections and --duration-secs must be above 0".into()).into());
     }
     let mut config = config.clone();
-    // With no worker draining them, a 20 s run at a few thousand requests/s queues more than
-    // the default admission limit (AGENTQ_TENANT_MAX_QUEUED, 100,000), after which every
-    // request is a 429. This scenario measures enqueue, so the limit is lifted; 429s would
+    // With no worker draining them, a 20 s run at a few thousand requests/s stores more than
+    // the default cap of unfinished operations (AGENTQ_TENANT_MAX_UNFINISHED, 100,000), after
+    // which every request is a 429. This scenario measures enqueue, so the limit is lifted; 429s would
     // still be counted under their status.
-    config.tenant_max_queued = i64::MAX / 2;
+    config.tenant_max_unfinished = i64::MAX / 2;
     let pool = wiring::connect(&config).await?;
     let (_, token) = db::access::create_token(&pool, TENANT, "producer", "bench")
         .await

@@ -198,7 +198,7 @@ fn print_line(v: &ScheduleView) {
         "no tick left".to_string()
     };
     println!(
-        "{} {:<16} {:<24} {:<12} {} overlap {} · {next} · fired {}, skipped {} (overlap) {} (missed)",
+        "{} {:<16} {:<24} {:<12} {} overlap {} · {next} · fired {}, skipped {} (overlap) {} (missed) {} (tenant at its cap)",
         s.schedule_id,
         s.tenant,
         s.name,
@@ -208,5 +208,6 @@ fn print_line(v: &ScheduleView) {
         s.fired,
         s.skipped_overlap,
         s.skipped_missed,
+        s.skipped_capacity,
     );
 }

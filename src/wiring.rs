@@ -119,6 +119,10 @@ pub fn worker(
             ..Default::default()
         },
         http_allow: config.agent_http_allow().map_err(refuse)?,
+        spawn_limits: agentq_worker::context::SpawnLimits {
+            max_children: config.max_children,
+            tenant_max_unfinished: config.tenant_max_unfinished,
+        },
     };
     Ok(Worker::new(
         settings,
@@ -140,6 +144,7 @@ pub fn scheduler(config: &Deployment, pool: PgPool) -> agentq_scheduler::Schedul
         dispatch_grace: Duration::from_secs(config.dispatch_grace_secs),
         restart_limit: config.restart_limit,
         retention_days: config.retention_days,
+        tenant_max_unfinished: config.tenant_max_unfinished,
         ..Default::default()
     };
     agentq_scheduler::start_counters_at_zero(&config.registry.kind_names());
@@ -156,6 +161,12 @@ pub fn app(config: &Deployment, pool: PgPool, role: &str) -> agentq_app::App {
         dispatcher,
         agentq_app::Settings {
             producer_may_approve: config.producer_may_approve,
+            limits: agentq_app::capacity::Limits {
+                tenant_max_unfinished: config.tenant_max_unfinished,
+                max_children: config.max_children,
+                tenant_max_schedules: config.tenant_max_schedules,
+                schedule_min_interval: Duration::from_secs(config.schedule_min_interval_secs),
+            },
         },
     )
 }

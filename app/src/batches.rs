@@ -197,6 +197,9 @@ pub async fn fill(
     if missing.is_empty() {
         return Ok(filled);
     }
+    // Every document is an operation of the tenant: all of them fit under its cap, or none
+    // is enqueued.
+    crate::capacity::admit(app, &batch.tenant, missing.len() as i64).await?;
     progress.start(missing.len() as u64);
     let pause_after = std::env::var(TEST_PAUSE_AFTER_CHUNKS)
         .ok()
@@ -361,6 +364,27 @@ pub async fn start(
         return Err(AppError::invalid(
             "--source",
             format!("--source {:?} has no documents", new.source),
+        ));
+    }
+    // A document's input as `fill` builds it: the kind must take it (a kind that cannot take
+    // documents is refused here, before anything is stored).
+    let mut sample = json!({
+        "doc_id": docs[0],
+        "source": source,
+        "target": target,
+        "instructions": new.instructions,
+    });
+    for (k, v) in &new.options {
+        sample[k] = v.clone();
+    }
+    if let Err(e) = app.producer.check_input(&new.kind, &sample) {
+        return Err(AppError::invalid(
+            "kind",
+            format!(
+                "kind {:?} cannot take a batch's documents ({e}); a batch's kind reads \
+                 {{\"doc_id\", \"source\", \"target\", \"instructions\", …}}, as doc_migration does",
+                new.kind
+            ),
         ));
     }
     let id = batch_id(&new.tenant, &new.kind, &source, &target, &new.instructions);

@@ -261,6 +261,21 @@ async fn patched_input(app: &App, d: &DeadLetterView, patch: &Value) -> Result<(
         .await?
         .ok_or_else(|| refuse(format!("operation {op} is gone")))?;
     merge_patch(&mut input, patch);
+    // Checked as an enqueue is (kind, input, size), before the retry is accepted.
+    if let Some(kind) = &d.kind {
+        app.producer
+            .check_input(kind, &input)
+            .map_err(crate::operations::refused_enqueue)
+            .map_err(|e| match e {
+                AppError::Invalid { field, message } => AppError::Invalid {
+                    field: field.replacen("/input", "/patch_input", 1),
+                    message: format!("the patched input does not fit: {message}"),
+                },
+                other => other,
+            })?;
+        agentq_core::operation::check_input_size(&input)
+            .map_err(|e| AppError::invalid("/patch_input", e))?;
+    }
     let sha = input_sha256(&input);
     Ok((input, sha))
 }

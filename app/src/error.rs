@@ -28,6 +28,13 @@ pub enum AppError {
          key, or send the same input to get that operation back"
     )]
     KeyReused { key: String, op_id: uuid::Uuid },
+    /// A cap of the caller's tenant is reached (HTTP 429 with `Retry-After` when waiting helps,
+    /// CLI exit 2): nothing was started. The message names the cap and its setting.
+    #[error("{message}")]
+    Busy {
+        message: String,
+        retry_after_secs: u64,
+    },
     /// The caller's role does not allow the act (HTTP 403).
     #[error("{0}")]
     Forbidden(String),

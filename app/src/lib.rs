@@ -5,6 +5,7 @@
 //! parse, call and render, so they cannot disagree.
 //!
 //! - [`access`]: tokens, webhook sources, stores (an admin's, audited);
+//! - [`capacity`]: the caps of a tenant every way an operation is born goes through;
 //! - [`kinds`]: the deployment's kinds and tools, with the versions live workers run;
 //! - [`operations`]: enqueue, find, list and search, signal, approve / reject, cancel;
 //! - [`dlq`]: list, retry, resolve, discard one dead letter;
@@ -17,6 +18,7 @@
 pub mod access;
 pub mod batches;
 pub mod caller;
+pub mod capacity;
 pub mod dlq;
 pub mod error;
 pub mod kinds;
@@ -43,6 +45,8 @@ pub struct App {
     pub producer: Producer,
     pub dispatcher: Arc<Dispatcher>,
     pub settings: Settings,
+    /// Tenants' counts of unfinished operations, cached for [`capacity::admit`].
+    pub counts: Arc<capacity::Counts>,
 }
 
 /// The deployment's choices the flows apply.
@@ -50,6 +54,8 @@ pub struct App {
 pub struct Settings {
     /// A producer token may send the approval signals (`AGENTQ_PRODUCER_MAY_APPROVE`).
     pub producer_may_approve: bool,
+    /// The caps of a tenant.
+    pub limits: capacity::Limits,
 }
 
 impl App {
@@ -64,6 +70,7 @@ impl App {
             producer,
             dispatcher,
             settings,
+            counts: Arc::default(),
         }
     }
 }

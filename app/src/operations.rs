@@ -417,6 +417,7 @@ pub async fn enqueue(
     if req.deadline.is_some_and(|d| d <= now) {
         return Err(AppError::invalid("/deadline", "deadline is in the past"));
     }
+    crate::capacity::admit(app, &req.tenant, 1).await?;
     app.producer.enqueue(req).await.map_err(refused_enqueue)
 }
 

@@ -160,6 +160,18 @@ pub async fn add(app: &App, caller: &Caller, new: NewSchedule) -> Result<Schedul
     let tenant = tenant_of(caller, new.tenant.as_deref())?;
     check_name(&new.name)?;
     let spec = spec(&new)?;
+    let gap_field = if new.cron.is_some() {
+        "/cron"
+    } else {
+        "/interval_secs"
+    };
+    crate::capacity::check_schedules(
+        app,
+        &tenant,
+        spec.shortest_gap(chrono::Utc::now()),
+        gap_field,
+    )
+    .await?;
     let catchup = ticks::check_catchup(
         new.catchup_window_secs
             .unwrap_or(ticks::DEFAULT_CATCHUP_SECS),
@@ -205,8 +217,8 @@ pub async fn add(app: &App, caller: &Caller, new: NewSchedule) -> Result<Schedul
 /// The schedules the caller may see (an admin may name one tenant), by tenant and name.
 pub async fn list(app: &App, caller: &Caller, tenant: Option<&str>) -> Result<Vec<ScheduleView>> {
     caller.require(Role::Operator)?;
-    let scope = caller.scope().or(tenant);
-    let rows = schedules::list(&app.pool, scope, LIST_LIMIT).await?;
+    let scope = caller.tenant_filter(tenant)?;
+    let rows = schedules::list(&app.pool, scope.as_deref(), LIST_LIMIT).await?;
     Ok(rows.into_iter().map(view).collect())
 }
 

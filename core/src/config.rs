@@ -182,14 +182,46 @@ pub struct Config {
     #[arg(long, env = "AGENTQ_METRICS_ADDR", global = true)]
     pub metrics_addr: Option<String>,
 
-    /// Most operations a tenant may have queued before `POST /v1/operations` answers 429.
+    /// Most unfinished operations (queued, running, sleeping, waiting) a tenant may have,
+    /// however they are created: an enqueue (CLI, API, webhook) or a batch past it is refused
+    /// (429 / exit 2), a spawn parks its parent until the count falls, a schedule's firing is
+    /// skipped.
     #[arg(
         long,
-        env = "AGENTQ_TENANT_MAX_QUEUED",
+        env = "AGENTQ_TENANT_MAX_UNFINISHED",
         default_value_t = 100_000,
         global = true
     )]
-    pub tenant_max_queued: i64,
+    pub tenant_max_unfinished: i64,
+
+    /// Most children one operation may spawn (`ctx.spawn`); a spawn past it fails the parent
+    /// (non-retryable).
+    #[arg(
+        long,
+        env = "AGENTQ_MAX_CHILDREN",
+        default_value_t = 10_000,
+        global = true
+    )]
+    pub max_children: i64,
+
+    /// Most schedules a tenant may have.
+    #[arg(
+        long,
+        env = "AGENTQ_TENANT_MAX_SCHEDULES",
+        default_value_t = 100,
+        global = true
+    )]
+    pub tenant_max_schedules: i64,
+
+    /// Shortest time between two firings of a schedule, in seconds (an interval, or the
+    /// closest two ticks of a cron expression).
+    #[arg(
+        long,
+        env = "AGENTQ_SCHEDULE_MIN_INTERVAL_SECS",
+        default_value_t = 10,
+        global = true
+    )]
+    pub schedule_min_interval_secs: u64,
 
     /// Event streams (`GET …/events`) one token may hold open at once; more answer 429.
     #[arg(
@@ -304,6 +336,15 @@ impl Config {
         self.agent_http_allow()?;
         if self.db_pool < 2 {
             return Err("AGENTQ_DB_POOL must be at least 2".into());
+        }
+        for (name, value) in [
+            ("AGENTQ_TENANT_MAX_UNFINISHED", self.tenant_max_unfinished),
+            ("AGENTQ_MAX_CHILDREN", self.max_children),
+            ("AGENTQ_TENANT_MAX_SCHEDULES", self.tenant_max_schedules),
+        ] {
+            if value < 1 {
+                return Err(format!("{name} must be at least 1 (got {value})"));
+            }
         }
         Ok(())
     }

@@ -124,7 +124,7 @@ metrics! {
         "Time from a sleep's or wait's due time to the scheduler waking it.";
     /// Counted by the scheduler's firing pass.
     SCHEDULE_TICKS = "agentq_schedule_ticks_total", Counter, ["kind", "outcome"], NO_BUCKETS,
-        "Schedule ticks a scheduler handled, by kind and outcome (fired; skipped_overlap: the previous firing was unfinished; missed: older than the catch-up window).";
+        "Schedule ticks a scheduler handled, by kind and outcome (fired; skipped_overlap: the previous firing was unfinished; missed: older than the catch-up window; skipped_capacity: the tenant had its cap of unfinished operations).";
     /// Database gauge, read at scrape time.
     OPERATIONS_BY_STATUS = "agentq_operations", Gauge, ["status"], NO_BUCKETS,
         "Operations by status (read from PostgreSQL at scrape time).";

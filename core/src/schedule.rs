@@ -116,6 +116,32 @@ impl Spec {
         }
     }
 
+    /// The shortest time between two of its ticks: the interval, or for a cron expression the
+    /// closest two of its next 64 ticks after `now` (enough to meet any second- or minute-level
+    /// pattern a limit is for).
+    pub fn shortest_gap(&self, now: DateTime<Utc>) -> std::time::Duration {
+        let secs = match self {
+            Spec::Interval { secs } => *secs,
+            Spec::Cron { .. } => {
+                let mut shortest = i64::MAX;
+                let mut t = now;
+                let mut previous: Option<DateTime<Utc>> = None;
+                for _ in 0..64 {
+                    let Some(next) = self.next_after(t) else {
+                        break;
+                    };
+                    if let Some(p) = previous {
+                        shortest = shortest.min((next - p).num_seconds());
+                    }
+                    previous = Some(next);
+                    t = next;
+                }
+                shortest
+            }
+        };
+        std::time::Duration::from_secs(secs.max(0) as u64)
+    }
+
     /// The first tick strictly after `t`, or `None` when there is none before the year 10000.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let next = match self {
@@ -312,6 +338,15 @@ mod tests {
             .iter()
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
             .collect()
+    }
+
+    #[test]
+    fn the_shortest_gap_is_the_interval_or_the_closest_cron_ticks() {
+        let secs = |s: &Spec| s.shortest_gap(now()).as_secs();
+        assert_eq!(secs(&Spec::interval(90).unwrap()), 90);
+        assert_eq!(secs(&cron("*/5 * * * * *", "UTC")), 5);
+        assert_eq!(secs(&cron("0,1 * * * *", "UTC")), 60);
+        assert_eq!(secs(&cron("30 2 * * *", "Europe/Berlin")), 86_400);
     }
 
     #[test]

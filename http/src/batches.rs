@@ -83,7 +83,7 @@ pub async fn start(
     let req: StartBatch = body::json(&headers, body).await?;
     let caller = caller.app();
     let tenant = app::operations::tenant_of(&caller, req.tenant.as_deref())?;
-    state.admit(&tenant).await?;
+    state.admit().await?;
     let new = app::batches::NewBatch {
         tenant,
         kind: req.kind.unwrap_or_else(|| "doc_migration".into()),

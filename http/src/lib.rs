@@ -21,7 +21,6 @@ mod schedules;
 mod ui;
 mod webhooks;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,7 +43,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest single header value, and all headers together.
 const MAX_HEADER_BYTES: usize = 8 * 1024;
 const MAX_HEADERS_BYTES: usize = 32 * 1024;
-/// How long a tenant's queued count or the broker's health is trusted before re-checking.
+/// How long the broker's health is trusted before re-checking.
 const PROBE_TTL: Duration = Duration::from_secs(1);
 
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -61,26 +60,15 @@ pub(crate) fn traceparent() -> Option<String> {
         .or_else(|| INCOMING_TRACEPARENT.try_with(Clone::clone).ok().flatten())
 }
 
-/// A tenant's cached queued count.
-struct Queued {
-    at: Instant,
-    n: i64,
-    /// A request is counting anew; the others keep using `n` meanwhile.
-    refreshing: bool,
-}
-
 /// What every handler shares.
 pub struct ApiState {
     /// The application layer every handler calls, with the pool, producer and dispatcher.
     app: agentq_app::App,
     /// JSON keys the console redacts in revealed payloads (`AGENTQ_CONSOLE_REDACT`).
     redact_keys: Vec<String>,
-    /// Admission control: most queued operations a tenant may have before 429.
-    tenant_max_queued: i64,
     /// Open event streams, per token and in all (`AGENTQ_STREAMS_PER_TOKEN`, `AGENTQ_STREAMS_MAX`),
     /// and the one poller they share.
     streams: events::Streams,
-    queued: Mutex<HashMap<String, Queued>>,
     broker: Mutex<Option<(Instant, bool)>>,
     metrics: meta::Metrics,
     shutdown: CancellationToken,
@@ -104,62 +92,9 @@ impl ApiState {
         up
     }
 
-    /// A tenant's queued count, at most [`PROBE_TTL`] old. One request refreshes a stale count
-    /// while the others use the previous value (a count under load costs tens of ms, and every
-    /// request running its own made the API scan the same index hundreds of times a second).
-    async fn queued_count(&self, tenant: &str) -> Result<i64, ApiError> {
-        let stale = {
-            let mut cache = self.queued.lock().expect("queued cache lock");
-            match cache.get_mut(tenant) {
-                Some(c) if c.at.elapsed() < PROBE_TTL || c.refreshing => return Ok(c.n),
-                Some(c) => {
-                    c.refreshing = true;
-                    Some(c.n)
-                }
-                None => None,
-            }
-        };
-        let counted =
-            agentq_core::db::events::queued_count(&self.app.pool, tenant, self.tenant_max_queued)
-                .await;
-        let mut cache = self.queued.lock().expect("queued cache lock");
-        match counted {
-            Ok(n) => {
-                cache.insert(
-                    tenant.to_string(),
-                    Queued {
-                        at: Instant::now(),
-                        n,
-                        refreshing: false,
-                    },
-                );
-                Ok(n)
-            }
-            Err(e) => {
-                if let Some(c) = cache.get_mut(tenant) {
-                    c.refreshing = false;
-                }
-                match stale {
-                    Some(n) => Ok(n),
-                    None => Err(e.into()),
-                }
-            }
-        }
-    }
-
-    /// Refuses new work for `tenant` when it is over its queued limit or a service is down.
-    async fn admit(&self, tenant: &str) -> Result<(), ApiError> {
-        let queued = self.queued_count(tenant).await?;
-        if queued > self.tenant_max_queued {
-            return Err(ApiError::busy(
-                format!(
-                    "tenant {tenant:?} has more than {} operations queued; this one was not \
-                     started: retry after the backlog drains",
-                    self.tenant_max_queued
-                ),
-                5,
-            ));
-        }
+    /// Refuses new work while the broker is unreachable (the tenant's caps are the application
+    /// layer's, `agentq_app::capacity`, which the flows apply).
+    async fn admit(&self) -> Result<(), ApiError> {
         if !self.broker_up().await {
             return Err(ApiError::unavailable(
                 "the message broker is unavailable; the request was not started: retry later",
@@ -416,7 +351,6 @@ async fn observe(State(state): State<Arc<ApiState>>, req: Request, next: Next) -
 pub fn state(config: &Config, app: agentq_app::App, shutdown: CancellationToken) -> Arc<ApiState> {
     Arc::new(ApiState {
         app,
-        tenant_max_queued: config.tenant_max_queued,
         streams: events::Streams::new(config.streams_per_token, config.streams_max),
         redact_keys: config
             .console_redact
@@ -426,7 +360,6 @@ pub fn state(config: &Config, app: agentq_app::App, shutdown: CancellationToken)
             .map(|k| k.trim().to_string())
             .filter(|k| !k.is_empty())
             .collect(),
-        queued: Mutex::new(HashMap::new()),
         broker: Mutex::new(None),
         metrics: meta::Metrics,
         shutdown,

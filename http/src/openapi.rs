@@ -1044,6 +1044,7 @@ mod tests {
                 fired: 3,
                 skipped_overlap: 1,
                 skipped_missed: 0,
+                skipped_capacity: 2,
                 created_by: "token:agq_ab".into(),
                 created_at: now,
                 updated_at: now,

@@ -170,7 +170,7 @@ pub async fn create(
     let tenant = app::operations::tenant_of(&caller.app(), req.tenant.as_deref())
         .map_err(|e| ApiError::from(e).field("/tenant"))?;
     let key = idempotency_key(&headers)?;
-    state.admit(&tenant).await?;
+    state.admit().await?;
     let enqueue = EnqueueRequest {
         tenant,
         kind: req.kind,

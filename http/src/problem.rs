@@ -162,6 +162,17 @@ impl From<agentq_app::AppError> for ApiError {
             E::NotFound(m) => ApiError::not_found(m).field("id"),
             E::Conflict(m) => ApiError::conflict(m),
             E::Forbidden(m) => ApiError::forbidden(m),
+            E::Busy {
+                message,
+                retry_after_secs,
+            } => {
+                let mut busy = ApiError::busy(message, retry_after_secs);
+                // A cap that waiting does not lift (a count of schedules) says no time.
+                if retry_after_secs == 0 {
+                    busy.retry_after = None;
+                }
+                busy
+            }
             E::KeyReused { key, op_id } => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency-key-reused",

@@ -94,7 +94,8 @@ pub async fn deliver(
         }),
         None => event,
     };
-    state.admit(&target.tenant).await?;
+    state.admit().await?;
+    agentq_app::capacity::admit(&state.app, &target.tenant, 1).await?;
     let enqueued = state
         .app
         .producer

@@ -216,6 +216,18 @@ impl Producer {
         if let Some(why) = stores::refusal(conn, &op.tenant, &needs).await? {
             return Err(invalid("/input", why));
         }
+        if let (Some(key), Some(wanted)) = (&op.concurrency_key, op.concurrency_limit)
+            && let Some(kept) = db::concurrency_key_limit(conn, &op.tenant, key, wanted).await?
+        {
+            return Err(invalid(
+                "/concurrency_limit",
+                format!(
+                    "concurrency key {key:?} has the limit {kept} while operations of it are \
+                     unfinished; this one asks for {wanted}: send {kept}, or use another key \
+                     (a key takes a new limit once none of its operations is unfinished)"
+                ),
+            ));
+        }
         Ok(op)
     }
 

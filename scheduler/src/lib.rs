@@ -81,6 +81,9 @@ pub struct Settings {
     pub schedule_batch: i64,
     /// Ticks one schedule fires per pass at most (a catch-up continues on the next pass).
     pub fire_per_schedule: usize,
+    /// Unfinished operations a tenant may have: a schedule whose tenant has them fires nothing
+    /// (`AGENTQ_TENANT_MAX_UNFINISHED`).
+    pub tenant_max_unfinished: i64,
 }
 
 impl Default for Settings {
@@ -97,6 +100,7 @@ impl Default for Settings {
             retention_every: Duration::from_secs(60),
             schedule_batch: 100,
             fire_per_schedule: 50,
+            tenant_max_unfinished: 100_000,
         }
     }
 }
@@ -256,6 +260,7 @@ impl Scheduler {
             &self.pool,
             self.settings.schedule_batch,
             self.settings.fire_per_schedule,
+            self.settings.tenant_max_unfinished,
         ))
         .await?;
         let mut targets = Vec::new();
@@ -266,10 +271,17 @@ impl Scheduler {
                     "ticks older than the schedule's catch-up window were skipped"
                 );
             }
+            if f.skipped_capacity > 0 {
+                tracing::warn!(
+                    schedule_id = %f.schedule_id, skipped = f.skipped_capacity,
+                    "ticks not fired: the schedule's tenant has its cap of unfinished operations"
+                );
+            }
             for (outcome, n) in [
                 ("fired", f.created.len() as i64),
                 ("skipped_overlap", f.skipped_overlap),
                 ("missed", f.missed),
+                ("skipped_capacity", f.skipped_capacity),
             ] {
                 if n > 0 {
                     metrics::SCHEDULE_TICKS.add(&[&f.kind, outcome], n as f64);

@@ -115,6 +115,8 @@ impl World {
             .env("AGENTQ_NAMESPACE", &self.namespace)
             .env("AGENTQ_DISPATCH_GRACE_SECS", "1")
             .env("AGENTQ_LEASE_TTL_SECS", "6")
+            // Tests fire schedules every second (production's shortest interval is 10 s).
+            .env("AGENTQ_SCHEDULE_MIN_INTERVAL_SECS", "1")
             .env("RUST_LOG", "warn");
         for (k, v) in &self.env {
             cmd.env(k, v);

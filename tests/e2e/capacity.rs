@@ -75,3 +75,379 @@ async fn an_unsafe_call_a_deadline_interrupts_is_reconciled_not_rerun() {
     assert!(done.result.is_some());
     app.cleanup().await;
 }
+
+// ---------------------------------------------------------------- caps that count everything
+
+/// Puts `n` sleeping operations of tenant t1 in place (unfinished, holding no worker): the
+/// tenant's count of unfinished operations, before the test's own.
+async fn sleepers(app: &crate::harness::TestApp, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|_| app.enqueue_script(json!([{ "sleep_ms": 3_600_000 }]), &[]))
+        .collect()
+}
+
+/// A world whose tenants may have 3 unfinished operations, 2 children each, 1 schedule.
+async fn capped() -> crate::harness::TestApp {
+    let mut app = crate::harness::TestApp::start().await;
+    app.set_env("AGENTQ_TENANT_MAX_UNFINISHED", "3");
+    app.set_env("AGENTQ_MAX_CHILDREN", "2");
+    app.set_env("AGENTQ_TENANT_MAX_SCHEDULES", "1");
+    app
+}
+
+#[tokio::test]
+async fn the_unfinished_cap_refuses_cli_api_webhook_and_batch_enqueues_and_counts_sleepers() {
+    let mut app = capped().await;
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let held = sleepers(&app, 3).await;
+    for op in &held {
+        app.wait_status(op, "sleeping", DEADLINE).await;
+    }
+    // CLI: exit 2, naming the cap; nothing stored.
+    let before = app.operation_count().await;
+    let out = app.agentq(&[
+        "enqueue",
+        "--tenant",
+        "t1",
+        "--kind",
+        "echo",
+        "--input",
+        r#"{"text":"x"}"#,
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("AGENTQ_TENANT_MAX_UNFINISHED"), "{stderr}");
+    // API: 429 with Retry-After.
+    let (_, base) = app.serve().await;
+    let token = app.token("t1", "producer");
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("{base}/v1/operations"))
+        .bearer_auth(&token)
+        .json(&json!({ "kind": "echo", "input": { "text": "x" } }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "5");
+    // A webhook delivery: 429, the sender retries it later.
+    let added = app.agentq_json(&[
+        "webhooks", "add", "--tenant", "t1", "--source", "crm", "--kind", "echo", "--json",
+    ]);
+    let secret = agentq_core::webhook::Secret::parse(added["secret"].as_str().unwrap()).unwrap();
+    let body = json!({ "text": "hello" }).to_string();
+    let ts = chrono::Utc::now().timestamp();
+    let r = http
+        .post(format!("{base}/v1/webhooks/crm"))
+        .header("content-type", "application/json")
+        .header("webhook-id", "evt_1")
+        .header("webhook-timestamp", ts.to_string())
+        .header(
+            "webhook-signature",
+            secret.sign("evt_1", ts, body.as_bytes()),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    // A batch: refused as a whole (exit 2), nothing enqueued.
+    let src = tempfile_dir("src");
+    std::fs::write(src.join("a.md"), "Title: A\nbody").unwrap();
+    let dst = tempfile_dir("dst");
+    let instructions = src.join("instructions.txt");
+    std::fs::write(&instructions, "Keep it.").unwrap();
+    let (s, d) = (
+        app.dir_store("t1", &src, "read"),
+        app.dir_store("t1", &dst, "write"),
+    );
+    let out = app.agentq(&[
+        "batch",
+        "start",
+        "--tenant",
+        "t1",
+        "--source",
+        &s,
+        "--target",
+        &d,
+        "--instructions",
+        instructions.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(app.operation_count().await, before, "nothing was stored");
+    // Finished operations free the count: cancel two sleepers, and an enqueue passes again
+    // (the API's count is at most a second old).
+    for op in &held[..2] {
+        app.agentq_ok(&["cancel", op]);
+    }
+    app.wait_until("an enqueue to pass again", DEADLINE, || async {
+        let r = http
+            .post(format!("{base}/v1/operations"))
+            .bearer_auth(&token)
+            .json(&json!({ "kind": "echo", "input": { "text": "x" } }))
+            .send()
+            .await
+            .unwrap();
+        (r.status() == 202).then_some(())
+    })
+    .await;
+    let _ = std::fs::remove_dir_all(&src);
+    let _ = std::fs::remove_dir_all(&dst);
+    app.cleanup().await;
+}
+
+fn tempfile_dir(what: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "agentq-capacity-{what}-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn a_spawn_at_the_tenants_cap_waits_and_a_spawn_past_the_childrens_cap_fails() {
+    let mut app = capped().await;
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    // Two sleepers and the parent: three unfinished, the cap. Its spawn waits (the parent is
+    // parked as overloaded, its attempt given back) until a sleeper is cancelled.
+    let held = sleepers(&app, 2).await;
+    for op in &held {
+        app.wait_status(op, "sleeping", DEADLINE).await;
+    }
+    let parent = app.enqueue_script(
+        json!([{ "spawn": "echo", "input": { "text": "child" } }, { "join": true }]),
+        &[],
+    );
+    let parked = app
+        .wait_until("the spawn to wait for capacity", DEADLINE, || async {
+            let v = app.operation(&parent).await;
+            (v.status.as_str() == "queued" && v.error_class.as_deref() == Some("overloaded"))
+                .then_some(v)
+        })
+        .await;
+    assert!(
+        parked
+            .error_message
+            .unwrap_or_default()
+            .contains("AGENTQ_TENANT_MAX_UNFINISHED"),
+        "the parent says why it waits"
+    );
+    assert_eq!(parked.attempt, 0, "its attempt was given back");
+    app.agentq_ok(&["cancel", &held[0]]);
+    app.wait_status(&parent, "succeeded", DEADLINE).await;
+
+    // A parent that spawns a third child with a cap of two fails, naming the cap, and has
+    // exactly two children.
+    app.agentq_ok(&["cancel", &held[1]]);
+    let greedy = app.enqueue_script(
+        json!([
+            { "spawn": "echo", "input": { "text": "1" } },
+            { "spawn": "echo", "input": { "text": "2" } },
+            { "spawn": "echo", "input": { "text": "3" } }
+        ]),
+        &[],
+    );
+    let dead = app.wait_status(&greedy, "dead", DEADLINE).await;
+    assert_eq!(dead.error_class.as_deref(), Some("non_retryable"));
+    assert!(
+        dead.error_message
+            .unwrap_or_default()
+            .contains("AGENTQ_MAX_CHILDREN"),
+        "it names the cap"
+    );
+    let children = app.agentq_json_lines(&["list", "--parent", &greedy, "--json"]);
+    assert_eq!(children.len(), 2);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_schedule_at_its_tenants_cap_skips_its_ticks_and_schedules_are_limited() {
+    let mut app = capped().await;
+    app.set_env("AGENTQ_SCHEDULE_MIN_INTERVAL_SECS", "10");
+    app.spawn(&["worker"]);
+    // The shortest interval, and the count of schedules, are refused naming them.
+    let every = |name: &str, secs: &str| {
+        app.agentq(&[
+            "schedules",
+            "add",
+            "--tenant",
+            "t1",
+            "--name",
+            name,
+            "--kind",
+            "echo",
+            "--input",
+            r#"{"text":"tick"}"#,
+            "--every",
+            secs,
+            "--json",
+        ])
+    };
+    let fast = every("fast", "1s");
+    assert_eq!(fast.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&fast.stderr).contains("AGENTQ_SCHEDULE_MIN_INTERVAL_SECS"));
+    let added = every("tick", "10s");
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let second = every("second", "10s");
+    assert_eq!(second.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&second.stderr).contains("AGENTQ_TENANT_MAX_SCHEDULES"));
+    // At the cap of unfinished operations, its ticks are counted, not fired.
+    let held = sleepers(&app, 3).await;
+    for op in &held {
+        app.wait_status(op, "sleeping", DEADLINE).await;
+    }
+    let before = app.operation_count().await;
+    app.spawn(&["scheduler"]);
+    let listed = app
+        .wait_until(
+            "a tick skipped for capacity",
+            Duration::from_secs(60),
+            || async {
+                let s = app.agentq_json_lines(&["schedules", "list", "--json"]);
+                (s[0]["skipped_capacity"].as_i64().unwrap_or(0) >= 1).then(|| s[0].clone())
+            },
+        )
+        .await;
+    assert_eq!(listed["fired"], 0, "{listed}");
+    assert_eq!(app.operation_count().await, before, "nothing was fired");
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_concurrency_keys_limit_is_the_keys() {
+    let app = crate::harness::TestApp::start().await;
+    // No worker: the first operation of the key stays unfinished.
+    let first = app.agentq(&[
+        "enqueue",
+        "--tenant",
+        "t1",
+        "--kind",
+        "echo",
+        "--input",
+        r#"{"text":"a"}"#,
+        "--concurrency-key",
+        "k",
+        "--concurrency-limit",
+        "1",
+    ]);
+    assert!(first.status.success());
+    let greedy = app.agentq(&[
+        "enqueue",
+        "--tenant",
+        "t1",
+        "--kind",
+        "echo",
+        "--input",
+        r#"{"text":"b"}"#,
+        "--concurrency-key",
+        "k",
+        "--concurrency-limit",
+        "1000",
+    ]);
+    assert_eq!(greedy.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&greedy.stderr);
+    assert!(stderr.contains("has the limit 1"), "{stderr}");
+    // The same limit is accepted.
+    assert!(
+        app.agentq(&[
+            "enqueue",
+            "--tenant",
+            "t1",
+            "--kind",
+            "echo",
+            "--input",
+            r#"{"text":"c"}"#,
+            "--concurrency-key",
+            "k",
+            "--concurrency-limit",
+            "1",
+        ])
+        .status
+        .success()
+    );
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_patched_input_that_does_not_fit_is_refused_and_changes_nothing() {
+    let app = crate::harness::running_app().await;
+    let op = app.enqueue_script(json!([{ "fail": "non_retryable", "times": 1 }]), &[]);
+    app.wait_status(&op, "dead", DEADLINE).await;
+    let out = app.agentq(&[
+        "dlq",
+        "retry",
+        &op,
+        "--patch-input",
+        r#"{"steps": "not a list"}"#,
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("does not fit") && stderr.contains("at /steps"),
+        "{stderr}"
+    );
+    assert_eq!(app.operation(&op).await.status.as_str(), "dead");
+    let letter = app.agentq_json(&["dlq", "show", &op, "--json"]);
+    assert_eq!(letter["dead_letter"]["status"], "open", "{letter}");
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_batch_of_a_kind_that_takes_no_documents_and_another_tenants_schedules_are_refused() {
+    let mut app = crate::harness::TestApp::start().await;
+    let src = tempfile_dir("src");
+    std::fs::write(src.join("a.md"), "Title: A\nbody").unwrap();
+    let dst = tempfile_dir("dst");
+    let instructions = src.join("instructions.txt");
+    std::fs::write(&instructions, "Keep it.").unwrap();
+    let (s, d) = (
+        app.dir_store("t1", &src, "read"),
+        app.dir_store("t1", &dst, "write"),
+    );
+    let out = app.agentq(&[
+        "batch",
+        "start",
+        "--tenant",
+        "t1",
+        "--source",
+        &s,
+        "--target",
+        &d,
+        "--instructions",
+        instructions.to_str().unwrap(),
+        "--kind",
+        "echo",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot take a batch's documents"),
+        "{stderr}"
+    );
+    assert_eq!(app.operation_count().await, 0);
+    // An operator of t1 naming another tenant's schedules is refused, not shown its own.
+    let (_, base) = app.serve().await;
+    let token = app.token("t1", "operator");
+    let r = reqwest::Client::new()
+        .get(format!("{base}/v1/schedules?tenant=t2"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let _ = std::fs::remove_dir_all(&src);
+    let _ = std::fs::remove_dir_all(&dst);
+    app.cleanup().await;
+}

@@ -204,6 +204,24 @@ fn spawn_pause() -> Option<Duration> {
     })
 }
 
+/// The caps a spawn obeys (`AGENTQ_MAX_CHILDREN`, `AGENTQ_TENANT_MAX_UNFINISHED`).
+#[derive(Clone, Copy, Debug)]
+pub struct SpawnLimits {
+    /// Children one operation may spawn.
+    pub max_children: i64,
+    /// Unfinished operations a tenant may have; a spawn past it waits.
+    pub tenant_max_unfinished: i64,
+}
+
+impl Default for SpawnLimits {
+    fn default() -> Self {
+        Self {
+            max_children: 10_000,
+            tenant_max_unfinished: 100_000,
+        }
+    }
+}
+
 /// Checks a child's kind and input before it is spawned (the worker's registry), returning
 /// what the input requires beyond its shape, as an enqueue's check does.
 pub(crate) type ChildCheck =
@@ -253,6 +271,10 @@ pub(crate) struct Services {
     /// Where `children` connects to.
     pub(crate) amqp_url: String,
     pub(crate) names: agentq_core::broker::Names,
+    /// The caps a spawn obeys.
+    pub(crate) limits: SpawnLimits,
+    /// Tenants' counts of unfinished operations, as the spawn cap reads them.
+    pub(crate) counts: std::sync::Mutex<std::collections::HashMap<String, (Instant, i64)>>,
     /// Set only by the replay tester ([`crate::testing`]): the journal, waits and children live
     /// in memory there instead of PostgreSQL, and it watches every step and tool call.
     pub(crate) memory: Option<Arc<dyn crate::store::Store>>,
@@ -273,6 +295,9 @@ impl Services {
             ));
         }
         agentq_core::operation::check_input_size(input).map_err(refuse)?;
+        if self.memory.is_none() {
+            self.check_tenant_cap(tenant).await?;
+        }
         if !requires.stores.is_empty() && self.memory.is_none() {
             let refusal = db::within(async {
                 let mut conn = self.pool.acquire().await?;
@@ -283,6 +308,45 @@ impl Services {
             if let Some(why) = refusal {
                 return Err(refuse(why));
             }
+        }
+        Ok(())
+    }
+
+    /// A spawn is an operation born: past its tenant's cap of unfinished operations the spawn
+    /// waits (the parent parks as overloaded, its attempt given back, and tries again later).
+    /// The count is at most a second old.
+    async fn check_tenant_cap(&self, tenant: &str) -> Result<(), JobError> {
+        let cap = self.limits.tenant_max_unfinished;
+        let cached = {
+            let counts = self.counts.lock().expect("counts lock");
+            counts
+                .get(tenant)
+                .filter(|(at, _)| at.elapsed() < Duration::from_secs(1))
+                .map(|(_, n)| *n)
+        };
+        let count = match cached {
+            Some(n) => n,
+            None => {
+                let n = db::within(db::unfinished_count(&self.pool, tenant, cap))
+                    .await
+                    .map_err(|e| {
+                        JobError::retryable(format!("counting the tenant's operations: {e}"))
+                    })?;
+                self.counts
+                    .lock()
+                    .expect("counts lock")
+                    .insert(tenant.to_string(), (Instant::now(), n));
+                n
+            }
+        };
+        if count >= cap {
+            return Err(JobError::Overloaded {
+                message: format!(
+                    "tenant {tenant:?} has {cap} or more unfinished operations, its cap \
+                     (AGENTQ_TENANT_MAX_UNFINISHED): the spawn waits for some to finish"
+                ),
+                not_before: Some(Utc::now() + chrono::Duration::seconds(5)),
+            });
         }
         Ok(())
     }
@@ -756,6 +820,7 @@ impl JobContext {
                 kind,
                 &input,
                 &sha,
+                services.limits.max_children,
             ))
             .await
             .map_err(|e| JobError::retryable(format!("spawning a child: {e}")))?;
@@ -771,6 +836,10 @@ impl JobContext {
                 }
                 db::children::Spawned::Existing(id) => Ok((id, None)),
                 db::children::Spawned::NoParent => Err(JobError::LeaseLost),
+                db::children::Spawned::Capped(n) => Err(JobError::NonRetryable(format!(
+                    "this operation has spawned {n} children, the most one operation may \
+                     (AGENTQ_MAX_CHILDREN); spawn fewer, or from the children themselves"
+                ))),
             }
         })
         .await

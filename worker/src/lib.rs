@@ -74,6 +74,8 @@ pub struct Settings {
     /// Origins kinds may call (`AGENTQ_AGENT_HTTP_ALLOW`), handed to them by
     /// [`JobContext::http_allow`].
     pub http_allow: Origins,
+    /// The caps a spawn obeys.
+    pub spawn_limits: context::SpawnLimits,
 }
 
 /// A worker process's engine.
@@ -104,6 +106,7 @@ impl Worker {
             settings.amqp_url.clone(),
             agentq_core::broker::Names::new(&settings.namespace),
         );
+        let spawn_limits = settings.spawn_limits;
         let registry = Arc::new(registry);
         let check_child: context::ChildCheck = {
             let registry = registry.clone();
@@ -123,6 +126,8 @@ impl Worker {
                     children: std::sync::OnceLock::new(),
                     amqp_url,
                     names,
+                    limits: spawn_limits,
+                    counts: Default::default(),
                     memory: None,
                 }),
                 registry,

@@ -433,6 +433,8 @@ impl Tester {
             children: std::sync::OnceLock::new(),
             amqp_url: String::new(),
             names: agentq_core::broker::Names::new("replay-tester"),
+            limits: Default::default(),
+            counts: Default::default(),
             memory: Some(memory.clone() as Arc<dyn Store>),
         })
     }

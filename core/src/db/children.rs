@@ -22,10 +22,14 @@ pub enum Spawned {
     Existing(Uuid),
     /// The parent does not exist (any more).
     NoParent,
+    /// The parent has spawned as many children as one operation may (the cap given).
+    Capped(i64),
 }
 
 /// Inserts the child of `parent` that the spawn step with dedupe key `key` makes, or finds
 /// the one it made before. The child takes its parent's tenant, lane, attempt budget and trace.
+/// A parent that has spawned `max_children` makes no more (`children_spawned`, counted in the
+/// same statement, with the parent's row locked).
 pub async fn spawn(
     pool: &PgPool,
     parent: Uuid,
@@ -33,14 +37,25 @@ pub async fn spawn(
     kind: &str,
     input: &Value,
     input_sha256: &str,
+    max_children: i64,
 ) -> Result<Spawned> {
     let created: Option<Dispatch> = sqlx::query_as(
-        "INSERT INTO operations (id, tenant_id, kind, lane, input, input_sha256, dedupe_key,
-                                 max_attempts, traceparent, parent_id)
-         SELECT $1, p.tenant_id, $2, p.lane, $3, $4, $5, p.max_attempts, p.traceparent, p.id
-           FROM operations p WHERE p.id = $6
-         ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-         RETURNING id, tenant_id, kind, lane, epoch, traceparent",
+        "WITH p AS (
+            SELECT id, tenant_id, lane, max_attempts, traceparent, children_spawned
+              FROM operations WHERE id = $6
+               FOR NO KEY UPDATE
+         ), child AS (
+            INSERT INTO operations (id, tenant_id, kind, lane, input, input_sha256, dedupe_key,
+                                    max_attempts, traceparent, parent_id)
+            SELECT $1, p.tenant_id, $2, p.lane, $3, $4, $5, p.max_attempts, p.traceparent, p.id
+              FROM p WHERE p.children_spawned < $7
+            ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+         RETURNING id, tenant_id, kind, lane, epoch, traceparent
+         ), counted AS (
+            UPDATE operations o SET children_spawned = o.children_spawned + 1
+              FROM p WHERE o.id = p.id AND EXISTS (SELECT 1 FROM child)
+         )
+         SELECT id, tenant_id, kind, lane, epoch, traceparent FROM child",
     )
     .bind(Uuid::new_v4())
     .bind(kind)
@@ -48,6 +63,7 @@ pub async fn spawn(
     .bind(input_sha256)
     .bind(key)
     .bind(parent)
+    .bind(max_children)
     .fetch_optional(pool)
     .await?;
     if let Some(d) = created {
@@ -62,7 +78,18 @@ pub async fn spawn(
     .bind(key)
     .fetch_optional(pool)
     .await?;
-    Ok(existing.map_or(Spawned::NoParent, Spawned::Existing))
+    if let Some(id) = existing {
+        return Ok(Spawned::Existing(id));
+    }
+    let spawned: Option<i32> =
+        sqlx::query_scalar("SELECT children_spawned FROM operations WHERE id = $1")
+            .bind(parent)
+            .fetch_optional(pool)
+            .await?;
+    Ok(match spawned {
+        Some(n) if i64::from(n) >= max_children => Spawned::Capped(max_children),
+        _ => Spawned::NoParent,
+    })
 }
 
 /// The answer of [`resolve_join`].

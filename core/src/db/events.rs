@@ -34,20 +34,6 @@ pub async fn events_after(pool: &PgPool, op: Uuid, after: i32, limit: i64) -> Re
     Ok(rows)
 }
 
-/// How many operations `tenant` has queued, counting at most `cap + 1` (admission control
-/// only needs to know whether the cap is exceeded).
-pub async fn queued_count(pool: &PgPool, tenant: &str, cap: i64) -> Result<i64> {
-    let n = sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT 1 FROM operations
-                                WHERE tenant_id = $1 AND status = 'queued' LIMIT $2) q",
-    )
-    .bind(tenant)
-    .bind(cap + 1)
-    .fetch_one(pool)
-    .await?;
-    Ok(n)
-}
-
 /// An operation's outcome, read in the same statement as a status event that names the status
 /// the operation still has (the terminal event carries it).
 #[derive(Clone, Debug)]

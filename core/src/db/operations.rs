@@ -264,7 +264,7 @@ pub async fn claim_operations(
          ), counters AS (
             -- Concurrency keys: lock the batch's counters (after its operations, in key order,
             -- like every other statement that takes both) and read how many run now.
-            SELECT c.tenant_id, c.key, c.running FROM concurrency_keys c
+            SELECT c.tenant_id, c.key, c.running, c.lim FROM concurrency_keys c
              WHERE (c.tenant_id, c.key) IN (SELECT tenant_id, concurrency_key FROM startable
                                              WHERE concurrency_key IS NOT NULL)
              ORDER BY c.tenant_id, c.key
@@ -272,7 +272,9 @@ pub async fn claim_operations(
          ), admitted AS (
             -- A key's operations start oldest first while the key stays under its limit.
             SELECT s.id FROM (
-                SELECT o.id, o.concurrency_key IS NULL AS free, o.concurrency_limit,
+                -- The key's limit (its first operation's), whatever this operation asked.
+                SELECT o.id, o.concurrency_key IS NULL AS free,
+                       COALESCE(c.lim, o.concurrency_limit) AS concurrency_limit,
                        row_number() OVER (PARTITION BY o.tenant_id, o.concurrency_key
                                           ORDER BY o.created_at, o.id) AS nth,
                        c.running
@@ -617,6 +619,57 @@ pub async fn lock_lost_dispatches(
     .bind(stale.as_secs_f64())
     .bind(limit);
     Locked::lock(pool, query).await
+}
+
+/// The limit of `tenant`'s concurrency key `key` when an enqueue asks for `wanted`: `None` when
+/// the key is new or idle (no unfinished operation: it takes `wanted`), else the limit the key
+/// keeps, for the caller to refuse a different one.
+pub async fn concurrency_key_limit(
+    conn: &mut sqlx::PgConnection,
+    tenant: &str,
+    key: &str,
+    wanted: i32,
+) -> Result<Option<i32>> {
+    let kept: Option<Option<i32>> = sqlx::query_scalar(
+        "UPDATE concurrency_keys c SET lim = $3
+          WHERE c.tenant_id = $1 AND c.key = $2 AND c.lim IS DISTINCT FROM $3
+            AND NOT EXISTS (SELECT 1 FROM operations o
+                             WHERE o.tenant_id = $1 AND o.concurrency_key = $2
+                               AND o.status IN ('queued', 'running', 'sleeping', 'waiting'))
+      RETURNING NULL::integer",
+    )
+    .bind(tenant)
+    .bind(key)
+    .bind(wanted)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if kept.is_some() {
+        return Ok(None);
+    }
+    let lim: Option<Option<i32>> =
+        sqlx::query_scalar("SELECT lim FROM concurrency_keys WHERE tenant_id = $1 AND key = $2")
+            .bind(tenant)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(lim.flatten().filter(|l| *l != wanted))
+}
+
+/// How many unfinished operations (queued, running, sleeping, waiting) `tenant` has, counting
+/// at most `cap + 1` (a cap only needs to know whether it is exceeded) through the partial index
+/// `operations_unfinished_by_tenant`.
+pub async fn unfinished_count(pool: &PgPool, tenant: &str, cap: i64) -> Result<i64> {
+    let n = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM operations
+                                WHERE tenant_id = $1
+                                  AND status IN ('queued', 'running', 'sleeping', 'waiting')
+                                LIMIT $2) q",
+    )
+    .bind(tenant)
+    .bind(cap.saturating_add(1))
+    .fetch_one(pool)
+    .await?;
+    Ok(n)
 }
 
 /// Counts operations by status (for `agentq bench` and, later, `/metrics`).

@@ -53,6 +53,8 @@ pub struct Schedule {
     pub skipped_overlap: i64,
     /// Ticks older than the catch-up window when a scheduler got to them
     pub skipped_missed: i64,
+    /// Ticks not fired because the tenant had its cap of unfinished operations
+    pub skipped_capacity: i64,
     pub created_by: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -60,7 +62,7 @@ pub struct Schedule {
 
 const COLUMNS: &str = "id AS schedule_id, tenant_id AS tenant, name, kind, lane, max_attempts, cron, time_zone, interval_secs, overlap, catchup_secs AS catchup_window_secs,
     paused, next_tick, buffered_tick, last_tick, last_op_id, fired, skipped_overlap,
-    skipped_missed, created_by, created_at, updated_at";
+    skipped_missed, skipped_capacity, created_by, created_at, updated_at";
 
 /// What [`create`] stores: a checked operation to fire copies of, and when.
 pub struct NewSchedule<'a> {
@@ -82,6 +84,15 @@ async fn now(tx: &mut sqlx::PgConnection) -> Result<DateTime<Utc>> {
 
 /// Stores a schedule (its first tick the spec's first after now), audited as `schedule_add`;
 /// `None` when its tenant already has a schedule of that name.
+/// How many schedules `tenant` has.
+pub async fn count_of(pool: &PgPool, tenant: &str) -> Result<i64> {
+    let n = sqlx::query_scalar("SELECT count(*) FROM schedules WHERE tenant_id = $1")
+        .bind(tenant)
+        .fetch_one(pool)
+        .await?;
+    Ok(n)
+}
+
 pub async fn create(pool: &PgPool, s: &NewSchedule<'_>, actor: &str) -> Result<Option<Schedule>> {
     let mut tx = pool.begin().await?;
     let next = s.spec.next_after(now(&mut tx).await?);
@@ -273,6 +284,8 @@ pub struct Fired {
     pub skipped_overlap: i64,
     /// Ticks older than the catch-up window.
     pub missed: i64,
+    /// Ticks not fired because the tenant had its cap of unfinished operations.
+    pub skipped_capacity: i64,
 }
 
 /// One firing pass: up to `limit` due schedules (a tick due, or a buffered one), each locked
@@ -280,8 +293,18 @@ pub struct Fired {
 /// and applied in one transaction: an operation per fired tick (dedupe key
 /// [`schedule::firing_key`], `schedule_id` set), then the schedule's next tick, buffered tick,
 /// latest firing and counters. Returns what changed, for the caller to publish after the commit.
-pub async fn fire_due(pool: &PgPool, limit: i64, max_fire: usize) -> Result<Vec<Fired>> {
+///
+/// A schedule whose tenant has `tenant_max_unfinished` unfinished operations fires nothing: its
+/// due ticks are counted as `skipped_capacity` and it moves on, like an overlap skip. Each
+/// tenant is counted once per pass, plus what the pass fires for it.
+pub async fn fire_due(
+    pool: &PgPool,
+    limit: i64,
+    max_fire: usize,
+    tenant_max_unfinished: i64,
+) -> Result<Vec<Fired>> {
     let mut tx = pool.begin().await?;
+    let mut unfinished: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
     let due: Vec<Due> = sqlx::query_as(concat!(
         "SELECT s.id, s.tenant_id, s.kind, s.input, s.lane, s.max_attempts, s.cron,
                 s.time_zone, s.interval_secs, s.overlap, s.catchup_secs, s.next_tick,
@@ -320,7 +343,25 @@ pub async fn fire_due(pool: &PgPool, limit: i64, max_fire: usize) -> Result<Vec<
         let lane = d.lane;
         let sha = input_sha256(&d.input);
         let (mut created, mut last) = (Vec::new(), None);
-        for tick in &plan.fire {
+        let count = match unfinished.get(&d.tenant_id) {
+            Some(n) => *n,
+            None => {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM (SELECT 1 FROM operations
+                                            WHERE tenant_id = $1
+                                              AND status IN ('queued', 'running', 'sleeping', 'waiting')
+                                            LIMIT $2) q",
+                )
+                .bind(&d.tenant_id)
+                .bind(tenant_max_unfinished.saturating_add(1))
+                .fetch_one(&mut *tx)
+                .await?;
+                n
+            }
+        };
+        let room = (tenant_max_unfinished - count).max(0) as usize;
+        let skipped_capacity = plan.fire.len().saturating_sub(room) as i64;
+        for tick in plan.fire.iter().take(room) {
             let op = NewOperation {
                 id: OperationId::new(),
                 tenant: d.tenant_id.clone(),
@@ -343,6 +384,7 @@ pub async fn fire_due(pool: &PgPool, limit: i64, max_fire: usize) -> Result<Vec<
             };
             match super::insert_operation(&mut tx, &op).await? {
                 Inserted::Created { id, epoch } => {
+                    *unfinished.entry(d.tenant_id.clone()).or_insert(count) += 1;
                     created.push(Dispatch {
                         id: id.0,
                         tenant_id: op.tenant,
@@ -362,7 +404,8 @@ pub async fn fire_due(pool: &PgPool, limit: i64, max_fire: usize) -> Result<Vec<
                 SET next_tick = $2, buffered_tick = $3,
                     last_tick = COALESCE($4, last_tick), last_op_id = COALESCE($5, last_op_id),
                     fired = fired + $6, skipped_overlap = skipped_overlap + $7,
-                    skipped_missed = skipped_missed + $8, updated_at = now()
+                    skipped_missed = skipped_missed + $8,
+                    skipped_capacity = skipped_capacity + $9, updated_at = now()
               WHERE id = $1",
         )
         .bind(d.id)
@@ -373,14 +416,17 @@ pub async fn fire_due(pool: &PgPool, limit: i64, max_fire: usize) -> Result<Vec<
         .bind(created.len() as i64)
         .bind(plan.skipped_overlap)
         .bind(plan.missed)
+        .bind(skipped_capacity)
         .execute(&mut *tx)
         .await?;
+        unfinished.entry(d.tenant_id.clone()).or_insert(count);
         out.push(Fired {
             schedule_id: d.id,
             kind: d.kind,
             created,
             skipped_overlap: plan.skipped_overlap,
             missed: plan.missed,
+            skipped_capacity,
         });
     }
     tx.commit().await?;

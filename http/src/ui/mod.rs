@@ -207,6 +207,7 @@ impl From<agentq_app::AppError> for UiError {
             E::Forbidden(_) => StatusCode::FORBIDDEN,
             E::Conflict(_) => StatusCode::CONFLICT,
             E::Invalid { .. } | E::KeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            E::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
         };
         match e {
             E::Db(e) => e.into(),

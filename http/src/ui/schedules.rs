@@ -31,6 +31,7 @@ pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResu
         "<table><thead><tr><th>name</th><th>tenant</th><th>kind</th><th>when</th>\
          <th>overlap</th><th>status</th><th>next firings (UTC)</th><th>last firing</th>\
          <th class=\"num\">fired</th><th class=\"num\">skipped</th><th class=\"num\">missed</th>\
+         <th class=\"num\">at cap</th>\
          <th>control</th></tr></thead><tbody>",
     );
     let c = csrf(&session);
@@ -68,7 +69,7 @@ pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResu
             "<tr data-schedule=\"{id}\"><td><a href=\"/ui/operations?schedule={id}\">{}</a></td>\
              <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{next}</td><td>{last}</td>\
              <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
-             <td>{toggle}{delete}</td></tr>",
+             <td class=\"num\">{}</td><td>{toggle}{delete}</td></tr>",
             esc(&s.name),
             esc(&s.tenant),
             esc(&s.kind),
@@ -78,6 +79,7 @@ pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResu
             s.fired,
             s.skipped_overlap,
             s.skipped_missed,
+            s.skipped_capacity,
         ));
     }
     body.push_str("</tbody></table>");
