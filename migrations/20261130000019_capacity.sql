@@ -2,10 +2,20 @@
 --
 -- A tenant's unfinished operations (queued, running, sleeping, waiting) are counted, up to the
 -- cap, through this partial index, for every way an operation is born: an enqueue, a webhook
--- delivery, a batch, a spawn, a schedule's firing. It replaces the index of queued ones only.
+-- delivery, a batch, a spawn, a schedule's firing. The same index answers a worker's question
+-- "has another tenant work queued in this lane?" (fair shares, below) with two index probes.
+-- It replaces the index of queued operations by tenant.
 DROP INDEX operations_queued_by_tenant;
-CREATE INDEX operations_unfinished_by_tenant ON operations (tenant_id)
+CREATE INDEX operations_unfinished ON operations (lane, status, tenant_id)
     WHERE status IN ('queued', 'running', 'sleeping', 'waiting');
+
+-- Fair shares of worker slots: a tenant at its share of a worker's slots in a lane while
+-- another tenant has work queued there is not started; its operation is held (`share_held`,
+-- still `queued`, its pointer acked) and a worker with room for that tenant pulls it, oldest
+-- first, through the same claim.
+ALTER TABLE operations ADD COLUMN share_held boolean NOT NULL DEFAULT false;
+CREATE INDEX operations_share_held ON operations (lane, created_at, id)
+    WHERE share_held AND status = 'queued';
 
 -- Children an operation has spawned, counted by the spawn's insert itself (AGENTQ_MAX_CHILDREN).
 ALTER TABLE operations ADD COLUMN children_spawned integer NOT NULL DEFAULT 0;

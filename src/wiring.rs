@@ -119,6 +119,7 @@ pub fn worker(
             ..Default::default()
         },
         http_allow: config.agent_http_allow().map_err(refuse)?,
+        tenant_share: config.tenant_share,
         spawn_limits: agentq_worker::context::SpawnLimits {
             max_children: config.max_children,
             tenant_max_unfinished: config.tenant_max_unfinished,

@@ -194,6 +194,17 @@ pub struct Config {
     )]
     pub tenant_max_unfinished: i64,
 
+    /// The most of a lane's slots on one worker that one tenant runs while another tenant has
+    /// work queued in that lane (0 < share ≤ 1; 1 turns fair shares off). Alone, a tenant uses
+    /// every slot.
+    #[arg(
+        long,
+        env = "AGENTQ_TENANT_SHARE",
+        default_value_t = 0.5,
+        global = true
+    )]
+    pub tenant_share: f64,
+
     /// Most children one operation may spawn (`ctx.spawn`); a spawn past it fails the parent
     /// (non-retryable).
     #[arg(
@@ -336,6 +347,13 @@ impl Config {
         self.agent_http_allow()?;
         if self.db_pool < 2 {
             return Err("AGENTQ_DB_POOL must be at least 2".into());
+        }
+        if !(self.tenant_share > 0.0 && self.tenant_share <= 1.0) {
+            return Err(format!(
+                "AGENTQ_TENANT_SHARE must be above 0 and at most 1 (got {}): the most of a \
+                 worker's slots one tenant runs while others wait",
+                self.tenant_share
+            ));
         }
         for (name, value) in [
             ("AGENTQ_TENANT_MAX_UNFINISHED", self.tenant_max_unfinished),

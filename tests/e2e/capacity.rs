@@ -451,3 +451,146 @@ async fn a_batch_of_a_kind_that_takes_no_documents_and_another_tenants_schedules
     let _ = std::fs::remove_dir_all(&dst);
     app.cleanup().await;
 }
+
+// ---------------------------------------------------------------- fair shares of worker slots
+
+/// Enqueues a `script` of `steps` for `tenant`; its id.
+fn script_of(app: &crate::harness::TestApp, tenant: &str, steps: Value) -> String {
+    let input = json!({ "steps": steps }).to_string();
+    let v = app.agentq_json(&[
+        "enqueue", "--tenant", tenant, "--kind", "script", "--input", &input, "--json",
+    ]);
+    v["op_id"].as_str().unwrap().to_string()
+}
+
+/// How many operations `tenant` runs now.
+async fn running_of(app: &crate::harness::TestApp, tenant: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM operations WHERE tenant_id = $1 AND status = 'running'",
+    )
+    .bind(tenant)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap()
+}
+
+/// A woken sleeper's lag: from its sleep's wake time to its `queued` status event, in ms.
+async fn wake_lag_ms(app: &crate::harness::TestApp, op: &str) -> f64 {
+    sqlx::query_scalar(
+        "SELECT (extract(epoch FROM min(e.at) - s.wake_at) * 1000)::float8
+           FROM operation_steps s
+           JOIN operation_events e ON e.op_id = s.op_id AND e.type = 'status'
+                                   AND e.data->>'status' = 'queued' AND e.at > s.started_at
+          WHERE s.op_id = $1::uuid AND s.kind = 'sleep'
+          GROUP BY s.wake_at",
+    )
+    .bind(op)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_flooding_tenant_gives_way_to_another_and_still_drains() {
+    let mut app = crate::harness::TestApp::start().await;
+    app.spawn(&["scheduler"]);
+    // Four slots per lane, so a tenant's share (AGENTQ_TENANT_SHARE, 0.5) is two.
+    app.spawn(&["worker", "--concurrency", "4"]);
+    // Tenant a floods: more long operations than slots, and a parent spawning two more.
+    const STEP_MS: u64 = 8_000;
+    let mut flood: Vec<String> = (0..6)
+        .map(|_| script_of(&app, "a", json!([{ "work_ms": STEP_MS }])))
+        .collect();
+    flood.push(script_of(
+        &app,
+        "a",
+        json!([
+            { "spawn": "script", "input": { "steps": [{ "work_ms": STEP_MS }] } },
+            { "spawn": "script", "input": { "steps": [{ "work_ms": STEP_MS }] } },
+            { "join": true }
+        ]),
+    ));
+    // Alone, it takes every slot (a share holds only while someone else waits).
+    app.wait_for("tenant a to hold every slot", DEADLINE, || async {
+        running_of(&app, "a").await == 4
+    })
+    .await;
+
+    // Tenant b arrives: quick operations and 1 s sleeps.
+    let arrived = Instant::now();
+    let quick: Vec<String> = (0..3)
+        .map(|i| script_of(&app, "b", json!([{ "work_ms": 10 + i }])))
+        .collect();
+    let sleepers: Vec<String> = (0..2)
+        .map(|_| script_of(&app, "b", json!([{ "sleep_ms": 1000 }])))
+        .collect();
+    for op in &quick {
+        app.wait_status(op, "succeeded", DEADLINE).await;
+    }
+    let started_within = arrived.elapsed();
+    println!("tenant b's operations finished {started_within:?} after it arrived");
+    // Without giving way, b would wait for a's eight-second steps; a gave slots back.
+    assert!(
+        started_within < Duration::from_millis(STEP_MS) - Duration::from_secs(1),
+        "b waited {started_within:?}"
+    );
+    for op in &sleepers {
+        app.wait_status(op, "succeeded", DEADLINE).await;
+        let lag = wake_lag_ms(&app, op).await;
+        println!("tenant b's 1 s sleep woke {lag:.0} ms late");
+        assert!(lag < 1_500.0, "woke {lag} ms after its time");
+    }
+
+    // b is idle again: a's flood drains, every operation of it (the ones that gave their
+    // slot back resume from their journals).
+    let drain = Duration::from_secs(120);
+    for op in &flood {
+        app.wait_status(op, "succeeded", drain).await;
+    }
+    let children = app.agentq_json_lines(&["list", "--parent", &flood[6], "--json"]);
+    assert_eq!(children.len(), 2);
+    for c in &children {
+        assert_eq!(c["status"], "succeeded", "{c}");
+    }
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_tenant_giving_way_never_cuts_an_unsafe_call() {
+    let mut app = crate::harness::TestApp::start().await;
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker", "--concurrency", "4"]);
+    // Each of a's operations makes a payment (unsafe, no reconcile: cut mid-call, it could
+    // only end as unknown_side_effect) whose answer takes 3 s, then works.
+    let flood: Vec<String> = (0..4)
+        .map(|_| {
+            script_of(
+                &app,
+                "a",
+                json!([
+                    { "tool": "ledger", "replay": "unsafe", "label": "pay", "after_ms": 3_000 },
+                    { "work_ms": 6_000 }
+                ]),
+            )
+        })
+        .collect();
+    app.wait_for("a's payments to be under way", DEADLINE, || async {
+        let mut paid = 0;
+        for op in &flood {
+            paid += app.effects(op).await;
+        }
+        paid == 4
+    })
+    .await;
+    // b arrives while every payment's call is in flight: a gives way after the calls.
+    let b = script_of(&app, "b", json!([{ "work_ms": 10 }]));
+    app.wait_status(&b, "succeeded", DEADLINE).await;
+    for op in &flood {
+        let done = app
+            .wait_status(op, "succeeded", Duration::from_secs(90))
+            .await;
+        assert_eq!(app.effects(op).await, 1, "one payment for {op}");
+        assert!(done.error_class.is_none());
+    }
+    app.cleanup().await;
+}

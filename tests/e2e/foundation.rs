@@ -389,6 +389,7 @@ async fn the_job_function_runs_only_after_running_is_committed() {
             gate: Default::default(),
             http_allow: Default::default(),
             spawn_limits: Default::default(),
+            tenant_share: 1.0,
         },
         app.pool.clone(),
         registry,

@@ -66,7 +66,7 @@ pub(crate) async fn consume_lane(
                 None => break,
             }
         }
-        if let Err(e) = claim_batch(&shared, batch, &tasks).await {
+        if let Err(e) = claim_batch(&shared, lane, batch, &tasks).await {
             return Ended::Broken(e.to_string());
         }
     }
@@ -77,13 +77,18 @@ pub(crate) async fn consume_lane(
 /// Claims and starts what a batch of deliveries points at, then acks the deliveries.
 async fn claim_batch(
     shared: &Arc<Shared>,
+    lane: Lane,
     batch: Vec<(Delivery, OwnedSemaphorePermit)>,
     tasks: &TaskTracker,
 ) -> broker::Result<()> {
     let mut pointed: Vec<(Uuid, Delivery, OwnedSemaphorePermit)> = Vec::with_capacity(batch.len());
+    let mut tenants: Vec<(Uuid, String)> = Vec::with_capacity(batch.len());
     for (delivery, permit) in batch {
         match Pointer::decode(delivery.body()) {
-            Ok(p) => pointed.push((p.op_id.0, delivery, permit)),
+            Ok(p) => {
+                tenants.push((p.op_id.0, p.tenant));
+                pointed.push((p.op_id.0, delivery, permit));
+            }
             Err(reason) => {
                 tracing::warn!(%reason, "rejecting an undecodable message to the dead-letter queue");
                 delivery.reject().await?;
@@ -93,7 +98,37 @@ async fn claim_batch(
     if pointed.is_empty() {
         return Ok(());
     }
-    let ids: Vec<Uuid> = pointed.iter().map(|(id, _, _)| *id).collect();
+    // A tenant at its share of this lane's slots here, while another tenant waits, is held.
+    let held = shared
+        .shares
+        .hold(
+            shared.pool(),
+            lane,
+            shared.leases.running_by_tenant(lane),
+            &tenants,
+        )
+        .await;
+    let held = if held.is_empty() {
+        held
+    } else {
+        // Not held (a failure), an operation is claimed below as usual: a share is a
+        // preference, never a reason to lose or stall work.
+        match db::within(db::hold_for_share(shared.pool(), &held)).await {
+            Ok(n) => {
+                tracing::debug!(n, %lane, "held operations of tenants at their share");
+                held
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "holding operations for fair shares failed");
+                Vec::new()
+            }
+        }
+    };
+    let ids: Vec<Uuid> = pointed
+        .iter()
+        .map(|(id, _, _)| *id)
+        .filter(|id| !held.contains(id))
+        .collect();
     let runnable = shared.versions.runnable();
     let mut delay = Duration::from_millis(100);
     let mut claimed = loop {
@@ -158,7 +193,7 @@ async fn claim_batch(
         }
         // The same pointer twice in one batch claims once; the second permit is just dropped.
         if let Some(i) = claimed.iter().position(|c| c.id == id) {
-            start(shared, claimed.swap_remove(i), permit, tasks);
+            start(shared, lane, claimed.swap_remove(i), permit, tasks);
         }
         last_acked = Some(delivery);
     }
@@ -170,11 +205,17 @@ async fn claim_batch(
 }
 
 /// Runs a claimed operation on the worker's tasks, holding its slot until it settles.
-fn start(shared: &Arc<Shared>, op: db::Claimed, permit: OwnedSemaphorePermit, tasks: &TaskTracker) {
-    let (stop, cancel) = shared.leases.hold(op.id, op.epoch);
+fn start(
+    shared: &Arc<Shared>,
+    lane: Lane,
+    op: db::Claimed,
+    permit: OwnedSemaphorePermit,
+    tasks: &TaskTracker,
+) {
+    let (stop, cancel, yielding) = shared.leases.hold(op.id, op.epoch, &op.tenant_id, lane);
     let shared = shared.clone();
     tasks.spawn(async move {
-        crate::executor::execute(shared, op, stop, cancel).await;
+        crate::executor::execute(shared, op, stop, cancel, yielding).await;
         drop(permit);
     });
 }
@@ -228,10 +269,87 @@ pub(crate) async fn pull_parked(
                     tracing::info!(n = claimed.len(), %lane, "claimed parked operations of a version this worker runs");
                 }
                 for (op, permit) in claimed.into_iter().zip(permits) {
-                    start(&shared, op, permit, &tasks);
+                    start(&shared, lane, op, permit, &tasks);
                 }
             }
             Err(e) => tracing::warn!(error = %e, "claiming parked operations failed"),
+        }
+    }
+}
+
+/// Until `shutdown`, every [`PULL_EVERY`]: asks a tenant running more than its share of `lane`
+/// here while another tenant has work queued to give the slots it claimed last back (each
+/// stops at once, or after an unsafe call in flight, and is held); then claims the operations
+/// of `lane` held for fair shares that this worker may start now (`Shares::pullable`: oldest
+/// first, tenants under their share here, or any when nobody else waits), as many as it has
+/// free slots, and starts them.
+pub(crate) async fn pull_held(
+    shared: Arc<Shared>,
+    lane: Lane,
+    slots: Arc<Semaphore>,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(PULL_EVERY) => {}
+        }
+        let running = shared.leases.running_by_tenant(lane);
+        for tenant in shared
+            .shares
+            .over_share(shared.pool(), lane, &running)
+            .await
+        {
+            let keep = shared.shares.per_tenant(lane);
+            let n = shared.leases.yield_beyond(&tenant, lane, keep);
+            if n > 0 {
+                tracing::info!(n, %lane, "a tenant over its share gives slots back to others waiting");
+            }
+        }
+        let free = slots.available_permits().min(MAX_BATCH);
+        if free == 0 {
+            continue;
+        }
+        let pool = shared.pool();
+        // More candidates than slots: some may belong to tenants at their share here.
+        let held = match db::within(db::share_held_in(pool, lane, (free * 4) as i64)).await {
+            Ok(held) if !held.is_empty() => held,
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "looking for held operations failed");
+                continue;
+            }
+        };
+        let running = shared.leases.running_by_tenant(lane);
+        let ids = shared
+            .shares
+            .pullable(pool, lane, running, held, free)
+            .await;
+        let permits: Vec<OwnedSemaphorePermit> = ids
+            .iter()
+            .map_while(|_| slots.clone().try_acquire_owned().ok())
+            .collect();
+        let ids = &ids[..permits.len()];
+        if ids.is_empty() {
+            continue;
+        }
+        let runnable = shared.versions.runnable();
+        match db::within(db::claim_operations(
+            pool,
+            ids,
+            &runnable,
+            shared.leases.owner(),
+            shared.leases.ttl(),
+        ))
+        .await
+        {
+            Ok(claimed) => {
+                for (op, permit) in claimed.into_iter().zip(permits) {
+                    start(&shared, lane, op, permit, &tasks);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "claiming held operations failed"),
         }
     }
 }

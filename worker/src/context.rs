@@ -375,6 +375,8 @@ struct Inner {
     stop: CancellationToken,
     /// Fired by the heartbeat when the operation must stop (a cancel, a passed deadline).
     cancel: CancellationToken,
+    /// Set when fair shares ask it to give its slot back (`crate::share::Yield`).
+    yielding: Arc<crate::share::Yield>,
 }
 
 /// The handle a job function receives. Cheap to clone; all clones share one journal cursor.
@@ -436,6 +438,7 @@ impl JobContext {
         upgrade_through: Option<i32>,
         stop: CancellationToken,
         cancel: CancellationToken,
+        yielding: Arc<crate::share::Yield>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -456,6 +459,7 @@ impl JobContext {
                 lost: AtomicBool::new(false),
                 stop,
                 cancel,
+                yielding,
             }),
         }
     }
@@ -1219,10 +1223,17 @@ impl JobContext {
         let row = |status| spec.row(seq, &key, status, started_at);
 
         // Every step finished before this one is durable before it starts; an unsafe step's
-        // `started` row too, in the same write.
+        // `started` row too, in the same write. An unsafe step does not begin once the run was
+        // asked to give its slot back; once begun, its call is never cut for that.
         if replay == Replay::Unsafe {
+            if !self.inner.yielding.begin_unsafe() {
+                return Err(JobError::LeaseLost);
+            }
             self.push(row(StepStatus::Started), true);
-            self.flush().await?;
+            if let Err(e) = self.flush().await {
+                self.inner.yielding.end_unsafe();
+                return Err(e);
+            }
         } else if self.flush_due() {
             self.flush().await?;
         }
@@ -1243,6 +1254,9 @@ impl JobContext {
             let mut st = self.state();
             st.current_key = None;
             st.in_flight = None;
+        }
+        if replay == Replay::Unsafe {
+            self.inner.yielding.end_unsafe();
         }
         match outcome {
             Ok((value, usage)) => {
@@ -1306,7 +1320,10 @@ impl JobContext {
     }
 
     fn check_running(&self) -> Result<(), JobError> {
-        if self.inner.lost.load(Ordering::Acquire) || self.inner.stop.is_cancelled() {
+        if self.inner.lost.load(Ordering::Acquire)
+            || self.inner.stop.is_cancelled()
+            || self.inner.yielding.requested()
+        {
             return Err(JobError::LeaseLost);
         }
         if let Some(deadline) = self.inner.info.deadline

@@ -33,6 +33,8 @@ pub(crate) struct Shared {
     /// What the claim statement takes from this worker, by the versions it runs.
     pub(crate) versions: Versions,
     pub(crate) leases: Leases,
+    /// Fair shares of this worker's slots between tenants.
+    pub(crate) shares: crate::share::Shares,
     /// Writes successful attempts, many per statement.
     pub(crate) completer: GroupCommit<db::Completion>,
 }
@@ -50,6 +52,7 @@ pub(crate) async fn execute(
     op: Claimed,
     stop: CancellationToken,
     cancel: CancellationToken,
+    yielding: Arc<crate::share::Yield>,
 ) {
     let (id, epoch, kind) = (op.id, op.epoch, op.kind.clone());
     let started = std::time::Instant::now();
@@ -68,7 +71,7 @@ pub(crate) async fn execute(
     );
     // Part of the trace of the request (or webhook delivery) that created the operation.
     agentq_core::telemetry::set_parent(&span, op.traceparent.as_deref());
-    tracing::Instrument::instrument(run(&shared, op, stop, cancel), span).await;
+    tracing::Instrument::instrument(run(&shared, op, stop, cancel, yielding), span).await;
     metrics::ATTEMPT_DURATION.observe(&[&kind], started.elapsed().as_secs_f64());
     shared.leases.release(id, epoch);
 }
@@ -78,6 +81,7 @@ async fn run(
     op: Claimed,
     stop: CancellationToken,
     cancel: CancellationToken,
+    yielding: Arc<crate::share::Yield>,
 ) {
     let journal = if op.has_journal {
         match db::within(db::load_journal(shared.pool(), op.id)).await {
@@ -107,6 +111,7 @@ async fn run(
         op.upgrade_through,
         stop.clone(),
         cancel.clone(),
+        yielding,
     );
     let outcome = match shared.registry.handler(&op.kind, &op.kind_version) {
         _ if op.deadline.is_some_and(|d| d <= chrono::Utc::now()) => Err(
@@ -131,6 +136,30 @@ async fn run(
         }
     };
     record_outcome(&outcome);
+    if matches!(outcome, Err(JobError::LeaseLost)) && shared.leases.yielded(op.id, op.epoch) {
+        // Stopped to give its slot back (fair shares): back to the queue, held for a worker
+        // with room for its tenant; it resumes from its journal.
+        shared.leases.settling(op.id, op.epoch);
+        // Its finished steps are written with it (a step boundary yield leaves the last
+        // one pending); an unsafe call is never cut for a share, so none is in flight.
+        let (steps, _) = ctx.take_pending();
+        match db::within(db::release_for_share(
+            shared.pool(),
+            shared.leases.owner(),
+            op.id,
+            op.epoch,
+            &steps,
+        ))
+        .await
+        {
+            Ok(true) => tracing::info!(op_id = %op.id, "gave its slot back to other tenants; held"),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(op_id = %op.id, error = %e, "handing back a yielded operation failed; its lease will lapse")
+            }
+        }
+        return;
+    }
     settle(shared, &op, &ctx, outcome).await;
 }
 

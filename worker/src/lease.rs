@@ -18,6 +18,13 @@ use uuid::Uuid;
 
 struct Held {
     epoch: i64,
+    /// Whose, and in which lane: what fair shares count.
+    tenant: String,
+    lane: agentq_core::operation::Lane,
+    /// When this worker claimed it (the newest give their slots back first).
+    since: Instant,
+    /// Fair shares asking it to give its slot back.
+    yielding: Arc<crate::share::Yield>,
     stop: CancellationToken,
     cancel: CancellationToken,
     /// Its final write is under way: the heartbeat leaves it alone (that write is fenced
@@ -64,19 +71,67 @@ impl Leases {
     /// Starts tracking a claimed operation. `stop` fires when the lease is lost; `cancel` when
     /// a heartbeat learns that the operation must stop: an operator (or its parent, or its
     /// batch) cancelled it, or the scheduler found its deadline past.
-    pub(crate) fn hold(&self, id: Uuid, epoch: i64) -> (CancellationToken, CancellationToken) {
+    pub(crate) fn hold(
+        &self,
+        id: Uuid,
+        epoch: i64,
+        tenant: &str,
+        lane: agentq_core::operation::Lane,
+    ) -> (
+        CancellationToken,
+        CancellationToken,
+        Arc<crate::share::Yield>,
+    ) {
         let stop = CancellationToken::new();
         let cancel = CancellationToken::new();
+        let yielding = Arc::new(crate::share::Yield::default());
         self.map().insert(
             id,
             Held {
                 epoch,
+                tenant: tenant.to_string(),
+                lane,
+                since: Instant::now(),
+                yielding: yielding.clone(),
                 stop: stop.clone(),
                 cancel: cancel.clone(),
                 settling: false,
             },
         );
-        (stop, cancel)
+        (stop, cancel, yielding)
+    }
+
+    /// Keeps at most `keep` of `tenant`'s operations running in `lane` here and asks the ones it
+    /// claimed last to give their slots back (fair shares): each stops at once, or at its next
+    /// step boundary when an unsafe call is in flight, and is then handed back to the queue
+    /// held. Returns how many it asked now.
+    pub(crate) fn yield_beyond(
+        &self,
+        tenant: &str,
+        lane: agentq_core::operation::Lane,
+        keep: usize,
+    ) -> usize {
+        let map = self.map();
+        let mut theirs: Vec<&Held> = map
+            .values()
+            .filter(|h| h.tenant == tenant && h.lane == lane && !h.settling)
+            .filter(|h| !h.yielding.requested())
+            .collect();
+        theirs.sort_by_key(|h| std::cmp::Reverse(h.since));
+        let excess = theirs.len().saturating_sub(keep);
+        for h in theirs.iter().take(excess) {
+            if h.yielding.request() {
+                h.stop.cancel();
+            }
+        }
+        excess
+    }
+
+    /// Whether this worker asked `id` (at `epoch`) to give its slot back.
+    pub(crate) fn yielded(&self, id: Uuid, epoch: i64) -> bool {
+        self.map()
+            .get(&id)
+            .is_some_and(|h| h.epoch == epoch && h.yielding.requested())
     }
 
     /// The operation is about to write its outcome; stop renewing it.
@@ -116,6 +171,18 @@ impl Leases {
                 tracing::warn!(error = %e, "releasing leases failed; they will lapse and be reaped")
             }
         }
+    }
+
+    /// How many operations each tenant runs here in `lane`.
+    pub(crate) fn running_by_tenant(
+        &self,
+        lane: agentq_core::operation::Lane,
+    ) -> HashMap<String, usize> {
+        let mut counts = HashMap::new();
+        for h in self.map().values().filter(|h| h.lane == lane) {
+            *counts.entry(h.tenant.clone()).or_default() += 1;
+        }
+        counts
     }
 
     /// Number of operations held.

@@ -25,6 +25,7 @@ mod lease;
 pub mod model;
 pub mod openai;
 pub mod registry;
+mod share;
 mod store;
 pub mod testing;
 pub mod tool;
@@ -76,6 +77,9 @@ pub struct Settings {
     pub http_allow: Origins,
     /// The caps a spawn obeys.
     pub spawn_limits: context::SpawnLimits,
+    /// The most of a lane's slots one tenant runs here while another tenant has work queued
+    /// there (`AGENTQ_TENANT_SHARE`, 0 < share ≤ 1; 1: no share).
+    pub tenant_share: f64,
 }
 
 /// A worker process's engine.
@@ -107,6 +111,11 @@ impl Worker {
             agentq_core::broker::Names::new(&settings.namespace),
         );
         let spawn_limits = settings.spawn_limits;
+        let shares = share::Shares::new(
+            settings.tenant_share,
+            usize::from(settings.concurrency_interactive),
+            usize::from(settings.concurrency_batch),
+        );
         let registry = Arc::new(registry);
         let check_child: context::ChildCheck = {
             let registry = registry.clone();
@@ -133,6 +142,7 @@ impl Worker {
                 registry,
                 versions,
                 leases,
+                shares,
                 completer: GroupCommit::new(),
             }),
         }
@@ -201,18 +211,28 @@ impl Worker {
             .map(|(_, n)| Arc::new(Semaphore::new(usize::from(*n))))
             .collect();
 
-        // Operations a worker refused for their version, taken back by this one if it runs it.
+        // Operations a worker refused for their version, taken back by this one if it runs it;
+        // operations held for fair shares, started when this worker has room for them.
         let pulls: Vec<_> = lanes
             .iter()
             .zip(&slots)
-            .map(|((lane, _), slots)| {
-                tokio::spawn(claim::pull_parked(
-                    self.shared.clone(),
-                    *lane,
-                    slots.clone(),
-                    tasks.clone(),
-                    shutdown.clone(),
-                ))
+            .flat_map(|((lane, _), slots)| {
+                [
+                    tokio::spawn(claim::pull_parked(
+                        self.shared.clone(),
+                        *lane,
+                        slots.clone(),
+                        tasks.clone(),
+                        shutdown.clone(),
+                    )),
+                    tokio::spawn(claim::pull_held(
+                        self.shared.clone(),
+                        *lane,
+                        slots.clone(),
+                        tasks.clone(),
+                        shutdown.clone(),
+                    )),
+                ]
             })
             .collect();
 

@@ -500,6 +500,7 @@ async fn drive(
             None,
             CancellationToken::new(),
             CancellationToken::new(),
+            Arc::default(),
         );
         let outcome = AssertUnwindSafe(handler(ctx.clone(), input.clone()))
             .catch_unwind()

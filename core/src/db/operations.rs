@@ -286,7 +286,7 @@ pub async fn claim_operations(
          UPDATE operations o
             SET status = 'running', epoch = o.epoch + 1, attempt = o.attempt + 1,
                 lease_owner = $6, lease_expires_at = now() + make_interval(secs => $7),
-                updated_at = now(), version_parked = false,
+                updated_at = now(), version_parked = false, share_held = false,
                 -- The first claim pins the version: the claiming worker's for this kind.
                 kind_version = COALESCE(o.kind_version,
                     (SELECT p.version FROM unnest($4::text[], $5::text[]) AS p(kind, version)
@@ -608,8 +608,8 @@ pub async fn lock_lost_dispatches(
         "SELECT id, tenant_id, kind, lane, epoch, traceparent FROM operations
           WHERE status = 'queued' AND lane = $1 AND run_at <= now()
             AND NOT in_stopped_batch(batch_id)
-            -- A parked operation's pointer was acked on purpose: a worker pulls it.
-            AND NOT version_parked
+            -- A parked or held operation's pointer was acked on purpose: a worker pulls it.
+            AND NOT version_parked AND NOT share_held
             AND dispatched_at < now() - make_interval(secs => $2)
           ORDER BY run_at
           LIMIT $3
@@ -655,16 +655,78 @@ pub async fn concurrency_key_limit(
     Ok(lim.flatten().filter(|l| *l != wanted))
 }
 
+/// Holds the queued operations `ids` for fair shares (`share_held`): their tenant is at its
+/// share of the claiming worker's slots while another tenant has work queued. Their pointers
+/// are acked; a worker with room for the tenant pulls them ([`share_held_in`]). Returns how many.
+pub async fn hold_for_share(pool: &PgPool, ids: &[Uuid]) -> Result<u64> {
+    let n = sqlx::query(
+        "UPDATE operations SET share_held = true
+          WHERE id = ANY($1) AND status = 'queued' AND NOT share_held",
+    )
+    .bind(ids)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(n)
+}
+
+/// Whether a tenant other than `tenant` has an operation queued in `lane`: the next tenant
+/// after it and the one before it in the index `operations_unfinished`, two probes whatever
+/// the backlog.
+pub async fn others_queued(pool: &PgPool, lane: Lane, tenant: &str) -> Result<bool> {
+    // Work a worker could start: due, its pointer out, not parked for a version nor held for
+    // a share itself (a tenant over its share does not count as waiting on another).
+    let found: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM operations
+                         WHERE lane = $1 AND status = 'queued' AND tenant_id > $2
+                           AND run_at <= now() AND dispatched_at IS NOT NULL
+                           AND NOT version_parked AND NOT share_held)
+             OR EXISTS (SELECT 1 FROM operations
+                         WHERE lane = $1 AND status = 'queued' AND tenant_id < $2
+                           AND run_at <= now() AND dispatched_at IS NOT NULL
+                           AND NOT version_parked AND NOT share_held)",
+    )
+    .bind(lane.as_str())
+    .bind(tenant)
+    .fetch_one(pool)
+    .await?;
+    Ok(found)
+}
+
+/// Up to `limit` operations of `lane` held for fair shares, oldest first: id and tenant.
+pub async fn share_held_in(pool: &PgPool, lane: Lane, limit: i64) -> Result<Vec<(Uuid, String)>> {
+    let rows = sqlx::query_as(
+        "SELECT id, tenant_id FROM operations
+          WHERE share_held AND status = 'queued' AND lane = $1 AND run_at <= now()
+          ORDER BY created_at, id
+          LIMIT $2",
+    )
+    .bind(lane.as_str())
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// The `WHERE` of a tenant's (`$1`) unfinished operations, as the index
+/// `operations_unfinished (lane, status, tenant_id)` serves it.
+macro_rules! unfinished_of_tenant {
+    () => {
+        "WHERE lane IN ('interactive', 'batch')
+           AND status IN ('queued', 'running', 'sleeping', 'waiting') AND tenant_id = $1"
+    };
+}
+pub(crate) use unfinished_of_tenant;
+
 /// How many unfinished operations (queued, running, sleeping, waiting) `tenant` has, counting
 /// at most `cap + 1` (a cap only needs to know whether it is exceeded) through the partial index
 /// `operations_unfinished_by_tenant`.
 pub async fn unfinished_count(pool: &PgPool, tenant: &str, cap: i64) -> Result<i64> {
-    let n = sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT 1 FROM operations
-                                WHERE tenant_id = $1
-                                  AND status IN ('queued', 'running', 'sleeping', 'waiting')
-                                LIMIT $2) q",
-    )
+    let n = sqlx::query_scalar(concat!(
+        "SELECT count(*) FROM (SELECT 1 FROM operations ",
+        unfinished_of_tenant!(),
+        " LIMIT $2) q"
+    ))
     .bind(tenant)
     .bind(cap.saturating_add(1))
     .fetch_one(pool)
@@ -794,6 +856,41 @@ pub async fn release_leases(pool: &PgPool, owner: &str, held: &[(Uuid, i64)]) ->
     .await?
     .rows_affected();
     Ok(n)
+}
+
+/// Hands a running operation this worker stopped for fair shares back to the queue, held
+/// (`share_held`: a worker with room for its tenant pulls it), its attempt given back and no
+/// restart counted: it resumes from its journal. Its finished steps not yet written (`steps`)
+/// are written in the same statement. Fenced by the epoch and the lease owner.
+pub async fn release_for_share(
+    pool: &PgPool,
+    owner: &str,
+    id: Uuid,
+    epoch: i64,
+    steps: &[StepWrite],
+) -> Result<bool> {
+    let released: Option<Uuid> = bind_journal(
+        sqlx::query_scalar(concat!(
+            "WITH released AS (
+                UPDATE operations
+                   SET status = 'queued', run_at = now(), share_held = true,
+                       dispatched_at = COALESCE(dispatched_at, now()),
+                       attempt = GREATEST(attempt - 1, 0),
+                       lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+                 WHERE id = $14 AND epoch = $13 AND status = 'running' AND lease_owner = $15
+             RETURNING id
+             ), ",
+            journal_cte!("released"),
+            " SELECT id FROM released"
+        )),
+        steps,
+        epoch,
+        id,
+    )
+    .bind(owner)
+    .fetch_optional(pool)
+    .await?;
+    Ok(released.is_some())
 }
 
 /// The input of an operation (operators patch it before a retry).

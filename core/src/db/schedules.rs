@@ -346,12 +346,11 @@ pub async fn fire_due(
         let count = match unfinished.get(&d.tenant_id) {
             Some(n) => *n,
             None => {
-                let n: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM (SELECT 1 FROM operations
-                                            WHERE tenant_id = $1
-                                              AND status IN ('queued', 'running', 'sleeping', 'waiting')
-                                            LIMIT $2) q",
-                )
+                let n: i64 = sqlx::query_scalar(concat!(
+                    "SELECT count(*) FROM (SELECT 1 FROM operations ",
+                    super::unfinished_of_tenant!(),
+                    " LIMIT $2) q"
+                ))
                 .bind(&d.tenant_id)
                 .bind(tenant_max_unfinished.saturating_add(1))
                 .fetch_one(&mut *tx)
