@@ -123,6 +123,16 @@ impl<'a> StepSpec<'a> {
     }
 }
 
+/// The journal's entry at `seq`: the journal is in seq order (as loaded, and as a rebase
+/// leaves it), so a lookup is a binary search, and a replay of n steps costs O(n log n), not
+/// O(n²).
+fn entry_at(journal: &[JournalEntry], seq: i32) -> Option<&JournalEntry> {
+    journal
+        .binary_search_by_key(&seq, |e| e.seq)
+        .ok()
+        .map(|i| &journal[i])
+}
+
 /// A journal entry as the replay decision sees it, for the step `name` of `kind` asked now.
 fn recorded_as(entry: &JournalEntry, name: &str, kind: StepKind) -> Recorded {
     Recorded {
@@ -440,6 +450,9 @@ impl JobContext {
         cancel: CancellationToken,
         yielding: Arc<crate::share::Yield>,
     ) -> Self {
+        let mut journal = journal;
+        // Loaded in seq order; sorting again costs a pass and keeps `entry_at` correct for any caller.
+        journal.sort_by_key(|e| e.seq);
         Self {
             inner: Arc::new(Inner {
                 info,
@@ -545,10 +558,7 @@ impl JobContext {
     pub fn skip_recorded(&self) -> bool {
         let mut st = self.state();
         let seq = st.next_seq;
-        let recorded = st
-            .journal
-            .iter()
-            .any(|e| e.seq == seq && e.status != StepStatus::Failed);
+        let recorded = entry_at(&st.journal, seq).is_some_and(|e| e.status != StepStatus::Failed);
         if recorded {
             st.next_seq += 1;
         }
@@ -946,9 +956,8 @@ impl JobContext {
         loop {
             let seq = st.next_seq;
             st.next_seq += 1;
-            let marker = st.journal.iter().any(|e| {
-                e.seq == seq && e.kind == StepKind::Patch && e.status == StepStatus::Completed
-            });
+            let marker = entry_at(&st.journal, seq)
+                .is_some_and(|e| e.kind == StepKind::Patch && e.status == StepStatus::Completed);
             if !marker {
                 return seq;
             }
@@ -1022,10 +1031,7 @@ impl JobContext {
             let mut st = self.state();
             let mut seq = st.next_seq;
             loop {
-                let entry = st
-                    .journal
-                    .iter()
-                    .find(|e| e.seq == seq && e.status != StepStatus::Failed);
+                let entry = entry_at(&st.journal, seq).filter(|e| e.status != StepStatus::Failed);
                 match entry {
                     // Recorded by code that had the patch.
                     Some(e) if e.kind == StepKind::Patch && e.name == change_id => {
@@ -1295,7 +1301,7 @@ impl JobContext {
 
     fn recorded(&self, seq: i32) -> Option<JournalEntry> {
         let st = self.state();
-        st.journal.iter().find(|e| e.seq == seq).cloned()
+        entry_at(&st.journal, seq).cloned()
     }
 
     /// Holds `row` for the next write; `durable`: it must commit before the next step starts.
