@@ -105,6 +105,9 @@ pub enum Command {
     /// Stores: the directories and tables a tenant's doc_migration operations may read or write.
     #[command(subcommand)]
     Stores(crate::access::StoresCommand),
+    /// Tenants: the kinds each may create operations of (an admin's list; `*` for the default).
+    #[command(subcommand)]
+    Tenants(crate::tenants::TenantsCommand),
     /// Model tokens used, per tenant and kind.
     Usage {
         #[arg(long)]

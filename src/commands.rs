@@ -140,6 +140,7 @@ pub async fn run(
         Command::Tokens(cmd) => crate::access::tokens(config, cmd).await,
         Command::Webhooks(cmd) => crate::access::webhooks(config, cmd).await,
         Command::Stores(cmd) => crate::access::stores(config, cmd).await,
+        Command::Tenants(cmd) => crate::tenants::run(config, cmd).await,
         Command::Dlq(cmd) => crate::dlq::run(config, cmd).await,
         Command::Batch(cmd) => crate::batch::run(config, cmd).await,
         Command::Versions(args) => crate::versions::run(config, args).await,
@@ -376,8 +377,23 @@ async fn list(config: &Deployment, args: ListArgs) -> anyhow::Result<()> {
 async fn steps(config: Deployment, op: &str, json: bool) -> anyhow::Result<()> {
     let op = agentq_app::operations::parse_id(op).map_err(cli_error)?;
     let (app, caller) = cli_app(&config, &None).await?;
-    let listed = agentq_app::operations::steps(&app, &caller, op).await;
-    let steps: Vec<StepView> = done(app, listed).await?;
+    // Page by page, so a long journal is never held whole.
+    let mut after = None;
+    loop {
+        let page = match agentq_app::operations::steps(&app, &caller, op, after, 1000).await {
+            Ok(page) => page,
+            Err(e) => return done(app, Err(e)).await,
+        };
+        print_steps(&page.steps, json)?;
+        match page.next_after {
+            Some(seq) => after = Some(seq),
+            None => break,
+        }
+    }
+    done(app, Ok(())).await
+}
+
+fn print_steps(steps: &[StepView], json: bool) -> anyhow::Result<()> {
     for s in steps {
         if json {
             println!("{}", serde_json::to_string(&s)?);

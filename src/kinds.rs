@@ -67,10 +67,10 @@ fn print_kind(k: &KindView) {
         "{:<16} versions {} ({live}){}",
         k.kind.name,
         k.kind.versions.join(", "),
-        if k.kind.webhook_only {
-            "; webhook deliveries only"
-        } else {
-            ""
+        match (k.kind.webhook_only, k.kind.for_tests) {
+            (true, _) => "; webhook deliveries only",
+            (false, true) => "; for tests, demos and benchmarks",
+            (false, false) => "",
         }
     );
     if !k.kind.description.is_empty() {

@@ -59,6 +59,7 @@ mod kinds;
 mod probe;
 mod replay;
 mod schedules;
+mod tenants;
 mod versions;
 mod wiring;
 

@@ -120,9 +120,11 @@ pub fn worker(
         },
         http_allow: config.agent_http_allow().map_err(refuse)?,
         tenant_share: config.tenant_share,
-        spawn_limits: agentq_worker::context::SpawnLimits {
+        job_limits: agentq_worker::context::JobLimits {
             max_children: config.max_children,
             tenant_max_unfinished: config.tenant_max_unfinished,
+            journal_max_steps: config.journal_max_steps,
+            journal_max_bytes: config.journal_max_bytes,
         },
     };
     Ok(Worker::new(

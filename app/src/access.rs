@@ -108,6 +108,7 @@ pub async fn add_source(
         }
         _ => {}
     }
+    crate::tenants::check_kind(app, t, kind).await?;
     // A kind that runs only for webhook deliveries reads its source's config: its deliveries
     // cannot run without one.
     let webhook_only = app

@@ -199,7 +199,7 @@ pub async fn fill(
     }
     // Every document is an operation of the tenant: all of them fit under its cap, or none
     // is enqueued.
-    crate::capacity::admit(app, &batch.tenant, missing.len() as i64).await?;
+    crate::capacity::admit(app, &batch.tenant, &batch.kind, missing.len() as i64).await?;
     progress.start(missing.len() as u64);
     let pause_after = std::env::var(TEST_PAUSE_AFTER_CHUNKS)
         .ok()
@@ -336,6 +336,7 @@ pub async fn start(
             caller.tenant
         )));
     }
+    crate::tenants::check_kind(app, &new.tenant, &new.kind).await?;
     if !(1..=10_000).contains(&new.pause_window) {
         return Err(AppError::invalid(
             "pause_window",

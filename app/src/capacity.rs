@@ -97,10 +97,12 @@ impl Counts {
     }
 }
 
-/// Admits `n` new operations of `tenant`, or refuses them all (nothing written) when they
-/// would take it past `AGENTQ_TENANT_MAX_UNFINISHED`. The count may be a second old: a burst
-/// can pass the cap by what it enqueues within that second, never by more.
-pub async fn admit(app: &App, tenant: &str, n: i64) -> Result<()> {
+/// Admits `n` new operations of `kind` for `tenant`, or refuses them all (nothing written)
+/// when an admin's list keeps the kind from the tenant ([`crate::tenants::check_kind`]) or
+/// they would take it past `AGENTQ_TENANT_MAX_UNFINISHED`. The count may be a second old: a
+/// burst can pass the cap by what it enqueues within that second, never by more.
+pub async fn admit(app: &App, tenant: &str, kind: &str, n: i64) -> Result<()> {
+    crate::tenants::check_kind(app, tenant, kind).await?;
     let cap = app.settings.limits.tenant_max_unfinished;
     let count = app.counts.unfinished(&app.pool, tenant, cap).await?;
     if count + n > cap {

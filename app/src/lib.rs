@@ -12,6 +12,7 @@
 //! - [`page`]: keyset pages and their cursors;
 //! - [`batches`]: start, pause, resume, cancel a batch, and its progress;
 //! - [`schedules`]: add, list, pause, resume, delete schedules (cron or interval firings);
+//! - [`tenants`]: the kinds each tenant may use (an admin's lists), and their check;
 //! - [`time`]: times and durations as people type them;
 //! - [`versions`]: the versions report, and upgrading an operation to another version.
 
@@ -25,6 +26,7 @@ pub mod kinds;
 pub mod operations;
 pub mod page;
 pub mod schedules;
+pub mod tenants;
 pub mod time;
 pub mod versions;
 
@@ -47,6 +49,8 @@ pub struct App {
     pub settings: Settings,
     /// Tenants' counts of unfinished operations, cached for [`capacity::admit`].
     pub counts: Arc<capacity::Counts>,
+    /// Tenants' lists of kinds, cached for [`tenants::check_kind`].
+    pub policies: Arc<tenants::Policies>,
 }
 
 /// The deployment's choices the flows apply.
@@ -71,6 +75,7 @@ impl App {
             dispatcher,
             settings,
             counts: Arc::default(),
+            policies: Arc::default(),
         }
     }
 }

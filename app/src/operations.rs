@@ -209,19 +209,58 @@ pub async fn recorded(app: &App, caller: &Caller, op: OperationId) -> Result<Rec
     })
 }
 
-/// The journal of `op` as the caller may see it, oldest step first.
+/// About how many bytes of step outputs and errors one page of a journal carries (a page
+/// always has at least one step).
+pub const STEPS_PAGE_BYTES: i64 = 1 << 20;
+
+/// One page of a journal, oldest step first.
+#[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
+pub struct StepsPage {
+    pub steps: Vec<agentq_core::operation::StepView>,
+    /// The `after` of the next page (the last step's seq); null on the last page.
+    pub next_after: Option<i32>,
+}
+
+/// The page of `op`'s journal after the step `after` (none: from the first), at most `limit`
+/// steps (1–[`crate::page::MAX_PAGE`]) and about [`STEPS_PAGE_BYTES`], as the caller may see it.
 pub async fn steps(
     app: &App,
     caller: &Caller,
     op: OperationId,
-) -> Result<Vec<agentq_core::operation::StepView>> {
+    after: Option<i32>,
+    limit: i64,
+) -> Result<StepsPage> {
     caller.require(Role::Producer)?;
-    let steps = db::list_steps(&app.pool, op.0, caller.scope()).await?;
+    crate::page::check_limit(limit)?;
+    let (steps, more) = db::steps_page(
+        &app.pool,
+        op.0,
+        caller.scope(),
+        after,
+        limit,
+        STEPS_PAGE_BYTES,
+    )
+    .await?;
     if steps.is_empty() {
-        // An operation with no step yet, or none the caller may see.
+        // An operation with no step (after `after`) yet, or none the caller may see.
         find(app, caller, op).await?;
     }
-    Ok(steps)
+    let next_after = more.then(|| steps.last().map(|s| s.seq)).flatten();
+    Ok(StepsPage { steps, next_after })
+}
+
+/// Reads the `after` of a journal page (a step's seq), naming `after` when it is not one.
+pub fn steps_after(after: Option<&str>) -> Result<Option<i32>> {
+    after
+        .map(|a| {
+            a.parse::<i32>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+                AppError::malformed(
+                    "after",
+                    format!("after {a:?} is not a step's seq (a number from a page's next_after)"),
+                )
+            })
+        })
+        .transpose()
 }
 
 /// Which operations a caller asks for, as a user typed it (query parameters, CLI flags, form
@@ -417,7 +456,7 @@ pub async fn enqueue(
     if req.deadline.is_some_and(|d| d <= now) {
         return Err(AppError::invalid("/deadline", "deadline is in the past"));
     }
-    crate::capacity::admit(app, &req.tenant, 1).await?;
+    crate::capacity::admit(app, &req.tenant, &req.kind, 1).await?;
     app.producer.enqueue(req).await.map_err(refused_enqueue)
 }
 

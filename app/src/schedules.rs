@@ -160,6 +160,7 @@ pub async fn add(app: &App, caller: &Caller, new: NewSchedule) -> Result<Schedul
     let tenant = tenant_of(caller, new.tenant.as_deref())?;
     check_name(&new.name)?;
     let spec = spec(&new)?;
+    crate::tenants::check_kind(app, &tenant, &new.kind).await?;
     let gap_field = if new.cron.is_some() {
         "/cron"
     } else {
@@ -244,6 +245,11 @@ pub async fn set_paused(
     paused: bool,
 ) -> Result<ScheduleView> {
     caller.require(Role::Operator)?;
+    if !paused {
+        // A schedule an admin's list paused stays paused until its kind is allowed again.
+        let s = find(app, caller, id).await?.schedule;
+        crate::tenants::check_kind(app, &s.tenant, &s.kind).await?;
+    }
     match schedules::set_paused(&app.pool, id, caller.scope(), paused, &caller.actor).await? {
         Toggled::Now(s) => Ok(view(s)),
         Toggled::Already(s) => Err(AppError::Conflict(format!(

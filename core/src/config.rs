@@ -215,6 +215,26 @@ pub struct Config {
     )]
     pub max_children: i64,
 
+    /// Most steps (journal rows) one operation may record; the step past it fails the
+    /// operation (non-retryable, `journal_limit`).
+    #[arg(
+        long,
+        env = "AGENTQ_JOURNAL_MAX_STEPS",
+        default_value_t = 10_000,
+        global = true
+    )]
+    pub journal_max_steps: i64,
+
+    /// Most bytes of step outputs and errors (as JSON) one operation's journal may hold; the
+    /// step after the one that passes it fails the operation (non-retryable, `journal_limit`).
+    #[arg(
+        long,
+        env = "AGENTQ_JOURNAL_MAX_BYTES",
+        default_value_t = 64 << 20,
+        global = true
+    )]
+    pub journal_max_bytes: i64,
+
     /// Most schedules a tenant may have.
     #[arg(
         long,
@@ -358,6 +378,8 @@ impl Config {
         for (name, value) in [
             ("AGENTQ_TENANT_MAX_UNFINISHED", self.tenant_max_unfinished),
             ("AGENTQ_MAX_CHILDREN", self.max_children),
+            ("AGENTQ_JOURNAL_MAX_STEPS", self.journal_max_steps),
+            ("AGENTQ_JOURNAL_MAX_BYTES", self.journal_max_bytes),
             ("AGENTQ_TENANT_MAX_SCHEDULES", self.tenant_max_schedules),
         ] {
             if value < 1 {

@@ -28,6 +28,9 @@ pub struct KindInfo {
     /// Created only by a verified webhook delivery of a source of this kind (its input holds
     /// the source's configuration); an enqueue or a spawn of it is refused.
     pub webhook_only: bool,
+    /// Registered for tests, demos and benchmarks, not for production tenants' work (the
+    /// built-in `script`). An admin keeps it from a tenant with `agentq tenants kinds`.
+    pub for_tests: bool,
     /// What the kind does, as its author registered it (may be empty).
     pub description: String,
     /// The JSON Schema (draft 2020-12) of the newest version's input, derived from its Rust type.

@@ -18,6 +18,7 @@ pub mod openapi;
 mod operations;
 mod problem;
 mod schedules;
+mod tenants;
 mod ui;
 mod webhooks;
 

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::routing::{MethodRouter, delete, get, post};
+use axum::routing::{MethodRouter, delete, get, post, put};
 
 use agentq_app as app;
 use agentq_core::kinds::Catalog;
@@ -17,7 +17,9 @@ use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
 
 use crate::problem::Problem;
-use crate::{ApiState, batches, dlq, events, kinds, meta, operations, schedules, webhooks};
+use crate::{
+    ApiState, batches, dlq, events, kinds, meta, operations, schedules, tenants, webhooks,
+};
 
 /// Who may call a route.
 #[derive(Clone, Copy)]
@@ -27,6 +29,7 @@ pub enum Access {
     Signed,
     Producer,
     Operator,
+    Admin,
 }
 
 /// One route: method, path (axum syntax `{param}`), its handler, summary, access, request
@@ -126,6 +129,24 @@ pub const ROUTES: &[Route] = &[
         Access::Producer,
         None,
         (200, "Kinds"),
+    ),
+    r(
+        "get",
+        "/v1/tenants/{tenant}/kinds",
+        || get(tenants::show),
+        "The kinds a tenant may create operations of (its own list, else the default list of tenant *, else every kind); a tenant's own tokens and admins",
+        Access::Producer,
+        None,
+        (200, "TenantKinds"),
+    ),
+    r(
+        "put",
+        "/v1/tenants/{tenant}/kinds",
+        || put(tenants::set),
+        "Set the kinds a tenant (or *, the default) may create operations of, pausing its schedules of kinds no longer allowed (an admin's act, audited)",
+        Access::Admin,
+        Some("SetTenantKinds"),
+        (200, "TenantKinds"),
     ),
     r(
         "post",
@@ -476,7 +497,7 @@ fn operation(route: &Route) -> Value {
         Access::Signed => {
             responses["401"] = problem("Missing, invalid or stale signature; nothing enqueued");
         }
-        Access::Producer | Access::Operator => {
+        Access::Producer | Access::Operator | Access::Admin => {
             responses["401"] = problem("Missing, malformed, unknown or revoked token");
             responses["403"] = problem("The token's role may not use this route");
         }
@@ -506,12 +527,12 @@ fn operation(route: &Route) -> Value {
         "responses": responses,
     });
     match route.access {
-        Access::Producer | Access::Operator => {
+        Access::Producer | Access::Operator | Access::Admin => {
             op["security"] = json!([{ "bearer": [] }]);
-            op["x-agentq-role"] = json!(if matches!(route.access, Access::Operator) {
-                "operator"
-            } else {
-                "producer"
+            op["x-agentq-role"] = json!(match route.access {
+                Access::Operator => "operator",
+                Access::Admin => "admin",
+                _ => "producer",
             });
         }
         _ => op["security"] = json!([]),
@@ -537,6 +558,7 @@ const REQUESTS: &[Describe] = &[
     SchemaGenerator::subschema_for::<batches::ReasonRequest>,
     SchemaGenerator::subschema_for::<batches::StartBatch>,
     SchemaGenerator::subschema_for::<app::schedules::NewSchedule>,
+    SchemaGenerator::subschema_for::<tenants::SetTenantKinds>,
 ];
 
 /// Every JSON answer of the API, described as it is written.
@@ -561,6 +583,7 @@ const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<meta::Health>,
     SchemaGenerator::subschema_for::<meta::Ready>,
     SchemaGenerator::subschema_for::<app::kinds::Kinds>,
+    SchemaGenerator::subschema_for::<app::tenants::TenantKinds>,
 ];
 
 /// JSON Schema 2020-12 (OpenAPI 3.1's dialect), shared schemas under `#/components/schemas/`.
@@ -1122,10 +1145,13 @@ mod tests {
                 next_cursor: done.then(|| "2026-01-01T00:00:00.000000Z/x".into()),
             });
         }
-        c.answer(&operations::Steps {
-            op_id: op,
-            steps: vec![step(0), step(1)],
-        });
+        for next_after in [Some(1), None] {
+            c.answer(&operations::Steps {
+                op_id: op,
+                steps: vec![step(0), step(1)],
+                next_after,
+            });
+        }
         for result in [operations::Delivery::Delivered, operations::Delivery::Kept] {
             c.answer(&operations::SignalResult {
                 op_id: op,
@@ -1288,6 +1314,12 @@ mod tests {
             }],
         };
         c.answer(&kinds);
+        c.answer(&app::tenants::TenantKinds {
+            tenant: "acme".into(),
+            allowed: Some(vec!["echo".into()]),
+            source: "own".into(),
+            paused_schedules: vec![uuid::Uuid::nil()],
+        });
         let mut bad = serde_json::to_value(operation(true)).unwrap();
         bad["surprise"] = json!(1);
         assert!(!c.errors("Operation", &bad).is_empty(), "strict checks");
@@ -1385,6 +1417,17 @@ mod tests {
         ] {
             c.request::<batches::StartBatch>(body);
         }
+        for body in [
+            json!({ "allow": ["echo", "agent"] }),
+            json!({ "allow": [] }),
+            json!({ "production": true }),
+            json!({ "unset": true, "allow": null }),
+            json!({ "allow": "echo" }),
+            json!({ "production": "yes" }),
+            json!({ "kinds": ["echo"] }),
+        ] {
+            c.request::<tenants::SetTenantKinds>(body);
+        }
         let unchecked: Vec<_> = names(REQUESTS)
             .into_iter()
             .filter(|n| !c.checked.contains(n))
@@ -1401,6 +1444,7 @@ mod tests {
                 name: "order".into(),
                 versions: vec!["1".into()],
                 webhook_only: false,
+                for_tests: false,
                 description: String::new(),
                 input_schema: json!({
                     "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -58,11 +58,22 @@ pub struct Accepted {
     pub events_url: String,
 }
 
-/// An operation's journal.
+/// A page of an operation's journal (`?after=&limit=`).
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct Steps {
     pub op_id: OperationId,
+    /// Oldest first: at most `limit` (default 100, at most 1000) and about 1 MiB of outputs.
     pub steps: Vec<StepView>,
+    /// Pass as `after` for the next page; null on the last page.
+    pub next_after: Option<i32>,
+}
+
+/// `GET /v1/operations/{id}/steps`'s query.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepsQuery {
+    after: Option<String>,
+    limit: Option<String>,
 }
 
 /// What a sent signal did.
@@ -326,10 +337,23 @@ pub async fn steps(
     State(state): State<Arc<ApiState>>,
     caller: Caller,
     Params(id): Params<String>,
+    QueryParams(q): QueryParams<StepsQuery>,
 ) -> ApiResult<Json<Steps>> {
     let op = OperationId(parse_id(&id, "id")?);
-    let steps = app::operations::steps(&state.app, &caller.app(), op).await?;
-    Ok(Json(Steps { op_id: op, steps }))
+    let after = app::operations::steps_after(q.after.as_deref())?;
+    let page = app::operations::steps(
+        &state.app,
+        &caller.app(),
+        op,
+        after,
+        page_limit(q.limit.as_deref()),
+    )
+    .await?;
+    Ok(Json(Steps {
+        op_id: op,
+        steps: page.steps,
+        next_after: page.next_after,
+    }))
 }
 
 /// `POST /v1/operations/{id}/signals/{name}`: the body is the signal's payload (or null).

@@ -95,7 +95,7 @@ pub async fn deliver(
         None => event,
     };
     state.admit().await?;
-    agentq_app::capacity::admit(&state.app, &target.tenant, 1).await?;
+    agentq_app::capacity::admit(&state.app, &target.tenant, &target.kind, 1).await?;
     let enqueued = state
         .app
         .producer

@@ -37,7 +37,8 @@ pub fn register_builtin(r: &mut Registry) {
             .describe(
                 "A small JSON program of work, tool calls, model calls, sleeps, waits, spawns and \
              failures: for demos, tests and benchmarks.",
-            );
+            )
+            .for_tests();
     }
     register_agent(r);
     tools::register(r);

@@ -121,37 +121,16 @@ async fn the_unfinished_cap_refuses_cli_api_webhook_and_batch_enqueues_and_count
     // API: 429 with Retry-After.
     let (_, base) = app.serve().await;
     let token = app.token("t1", "producer");
-    let http = reqwest::Client::new();
-    let r = http
-        .post(format!("{base}/v1/operations"))
-        .bearer_auth(&token)
-        .json(&json!({ "kind": "echo", "input": { "text": "x" } }))
-        .send()
-        .await
-        .unwrap();
+    let r = post_echo(&base, &token).await;
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()["retry-after"], "5");
     // A webhook delivery: 429, the sender retries it later.
     let added = app.agentq_json(&[
         "webhooks", "add", "--tenant", "t1", "--source", "crm", "--kind", "echo", "--json",
     ]);
-    let secret = agentq_core::webhook::Secret::parse(added["secret"].as_str().unwrap()).unwrap();
-    let body = json!({ "text": "hello" }).to_string();
-    let ts = chrono::Utc::now().timestamp();
-    let r = http
-        .post(format!("{base}/v1/webhooks/crm"))
-        .header("content-type", "application/json")
-        .header("webhook-id", "evt_1")
-        .header("webhook-timestamp", ts.to_string())
-        .header(
-            "webhook-signature",
-            secret.sign("evt_1", ts, body.as_bytes()),
-        )
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 429);
+    let secret = added["secret"].as_str().unwrap();
+    let delivered = deliver(&base, "crm", secret, "evt_1", &json!({ "text": "hello" })).await;
+    assert_eq!(delivered, 429);
     // A batch: refused as a whole (exit 2), nothing enqueued.
     let src = tempfile_dir("src");
     std::fs::write(src.join("a.md"), "Title: A\nbody").unwrap();
@@ -187,13 +166,7 @@ async fn the_unfinished_cap_refuses_cli_api_webhook_and_batch_enqueues_and_count
         app.agentq_ok(&["cancel", op]);
     }
     app.wait_until("an enqueue to pass again", DEADLINE, || async {
-        let r = http
-            .post(format!("{base}/v1/operations"))
-            .bearer_auth(&token)
-            .json(&json!({ "kind": "echo", "input": { "text": "x" } }))
-            .send()
-            .await
-            .unwrap();
+        let r = post_echo(&base, &token).await;
         (r.status() == 202).then_some(())
     })
     .await;
@@ -592,5 +565,415 @@ async fn a_tenant_giving_way_never_cuts_an_unsafe_call() {
         assert_eq!(app.effects(op).await, 1, "one payment for {op}");
         assert!(done.error_class.is_none());
     }
+    app.cleanup().await;
+}
+
+// ---------------------------------------------------------------- journals with limits
+
+#[tokio::test]
+async fn a_journal_is_capped_in_rows_and_in_bytes_across_a_resume() {
+    let mut app = crate::harness::TestApp::start().await;
+    app.set_env("AGENTQ_JOURNAL_MAX_STEPS", "20");
+    let first = [app.spawn(&["scheduler"]), app.spawn(&["worker"])];
+    // Five steps, a sleep (the run ends; the resume loads the journal), then 30 more: the 21st
+    // row is refused, after the resume.
+    let mut program = vec![json!({ "work_ms": 1 }); 5];
+    program.push(json!({ "sleep_ms": 100 }));
+    program.extend(vec![json!({ "work_ms": 1 }); 30]);
+    let op = app.enqueue_script(Value::Array(program), &[]);
+    let dead = app.wait_status(&op, "dead", DEADLINE).await;
+    assert_eq!(dead.error_class.as_deref(), Some("non_retryable"));
+    let message = dead.error_message.unwrap_or_default();
+    assert!(
+        message.contains("journal limit") && message.contains("AGENTQ_JOURNAL_MAX_STEPS"),
+        "{message}"
+    );
+    let journal = steps(&app, &op);
+    let rows = journal.iter().filter(|s| s["status"] != "failed").count();
+    assert_eq!(rows, 20, "{journal:?}");
+    for p in first {
+        app.kill(p);
+    }
+
+    // Bytes: each work step's output is a few dozen bytes of JSON; 200 bytes stop it within
+    // a handful, counted over the journal loaded at the resume too.
+    app.set_env("AGENTQ_JOURNAL_MAX_STEPS", "10000");
+    app.set_env("AGENTQ_JOURNAL_MAX_BYTES", "200");
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let mut program = vec![json!({ "work_ms": 1 }); 2];
+    program.push(json!({ "sleep_ms": 100 }));
+    program.extend(vec![json!({ "work_ms": 1 }); 30]);
+    let op = app.enqueue_script(Value::Array(program), &[]);
+    let dead = app.wait_status(&op, "dead", DEADLINE).await;
+    let message = dead.error_message.unwrap_or_default();
+    assert!(message.contains("AGENTQ_JOURNAL_MAX_BYTES"), "{message}");
+    let journal = steps(&app, &op);
+    let bytes: usize = journal
+        .iter()
+        .filter_map(|s| s.get("output").filter(|o| !o.is_null()))
+        .map(|o| o.to_string().len())
+        .sum();
+    // Refused at the first step once past 200: at most one output's worth over it.
+    assert!(bytes > 200 && bytes < 400, "{bytes} bytes: {journal:?}");
+    assert!(journal.len() < 30, "{journal:?}");
+    app.cleanup().await;
+}
+
+// ---------------------------------------------------------------- kinds per tenant
+
+/// `POST /v1/operations` of an `echo` with `token`.
+async fn post_echo(base: &str, token: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{base}/v1/operations"))
+        .bearer_auth(token)
+        .json(&json!({ "kind": "echo", "input": { "text": "x" } }))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A webhook delivery of `body` to `source`, signed with `secret`; its status.
+async fn deliver(base: &str, source: &str, secret: &str, id: &str, body: &Value) -> u16 {
+    let secret = agentq_core::webhook::Secret::parse(secret).unwrap();
+    let body = body.to_string();
+    let ts = chrono::Utc::now().timestamp();
+    reqwest::Client::new()
+        .post(format!("{base}/v1/webhooks/{source}"))
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", ts.to_string())
+        .header("webhook-signature", secret.sign(id, ts, body.as_bytes()))
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn an_admins_list_of_kinds_holds_on_every_way_an_operation_is_born() {
+    let mut app = crate::harness::TestApp::start().await;
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let (_, base) = app.serve().await;
+    let http = reqwest::Client::new();
+    // Made while t1 may use every kind: a webhook source and a schedule of `echo`.
+    let added = app.agentq_json(&[
+        "webhooks", "add", "--tenant", "t1", "--source", "crm", "--kind", "echo", "--json",
+    ]);
+    let secret = added["secret"].as_str().unwrap().to_string();
+    let schedule = app.agentq_json(&[
+        "schedules",
+        "add",
+        "--tenant",
+        "t1",
+        "--name",
+        "hourly",
+        "--kind",
+        "echo",
+        "--input",
+        r#"{"text":"x"}"#,
+        "--every",
+        "1h",
+        "--json",
+    ]);
+    let schedule_id = schedule["schedule_id"].as_str().unwrap().to_string();
+
+    // The admin allows t1 `script` only: the schedule of `echo` is paused by the change.
+    let set = app.agentq_json(&["tenants", "kinds", "t1", "--allow", "script", "--json"]);
+    assert_eq!(set["allowed"], json!(["script"]), "{set}");
+    assert_eq!(set["paused_schedules"], json!([schedule_id]), "{set}");
+    let before = app.operation_count().await;
+
+    // Every way an `echo` of t1 is born is refused, saying why and what to do.
+    let refused = |out: std::process::Output| {
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            stderr.contains("may not create operations of kind")
+                && stderr.contains("tenants kinds"),
+            "{stderr}"
+        );
+    };
+    refused(app.agentq(&[
+        "enqueue",
+        "--tenant",
+        "t1",
+        "--kind",
+        "echo",
+        "--input",
+        r#"{"text":"x"}"#,
+    ]));
+    refused(app.agentq(&[
+        "schedules",
+        "add",
+        "--tenant",
+        "t1",
+        "--name",
+        "again",
+        "--kind",
+        "echo",
+        "--input",
+        r#"{"text":"x"}"#,
+        "--every",
+        "1h",
+    ]));
+    refused(app.agentq(&["schedules", "resume", &schedule_id]));
+    refused(app.agentq(&[
+        "webhooks", "add", "--tenant", "t1", "--source", "other", "--kind", "echo",
+    ]));
+    refused(app.agentq(&[
+        "batch",
+        "start",
+        "--tenant",
+        "t1",
+        "--source",
+        "docs",
+        "--target",
+        "out",
+        "--instructions",
+        "/dev/null",
+    ]));
+    let producer = app.token("t1", "producer");
+    let r = post_echo(&base, &producer).await;
+    assert_eq!(r.status(), 403);
+    let problem: Value = r.json().await.unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().contains("\"echo\""),
+        "{problem}"
+    );
+    assert_eq!(
+        deliver(&base, "crm", &secret, "evt_1", &json!({ "text": "x" })).await,
+        403
+    );
+    // A spawn: the parent's input names a child t1 may not have; the parent fails, no child.
+    let parent = app.enqueue_script(json!([{ "spawn": "echo", "input": { "text": "c" } }]), &[]);
+    let dead = app.wait_status(&parent, "dead", DEADLINE).await;
+    assert_eq!(dead.error_class.as_deref(), Some("non_retryable"));
+    assert!(
+        dead.error_message
+            .unwrap_or_default()
+            .contains("may not create operations"),
+        "the parent says why"
+    );
+    assert_eq!(
+        app.operation_count().await,
+        before + 1,
+        "only the parent was stored"
+    );
+
+    // The tenant reads its own list, not another's, and cannot change it.
+    let r = http
+        .get(format!("{base}/v1/tenants/t1/kinds"))
+        .bearer_auth(&producer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let own: Value = r.json().await.unwrap();
+    assert_eq!(own["allowed"], json!(["script"]), "{own}");
+    assert_eq!(own["source"], "own");
+    for (method, path) in [("GET", "t2"), ("GET", "*"), ("PUT", "t1")] {
+        let r = http
+            .request(
+                method.parse().unwrap(),
+                format!("{base}/v1/tenants/{path}/kinds"),
+            )
+            .bearer_auth(&producer)
+            .json(&json!({ "allow": ["echo"] }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{method} {path}");
+    }
+    // An admin naming a kind the deployment does not run: 422 at the kind, nothing changed.
+    let admin = app.token("ops", "admin");
+    let r = http
+        .put(format!("{base}/v1/tenants/t1/kinds"))
+        .bearer_auth(&admin)
+        .json(&json!({ "allow": ["script", "nope"] }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let problem: Value = r.json().await.unwrap();
+    assert!(problem.to_string().contains("/kinds/1"), "{problem}");
+    let shown = app.agentq_json(&["tenants", "kinds", "t1", "--json"]);
+    assert_eq!(shown["allowed"], json!(["script"]), "{shown}");
+
+    // The default list (`*`) holds for tenants without their own; `--production` leaves out
+    // the kinds for tests.
+    app.agentq_ok(&["tenants", "kinds", "*", "--allow", "echo"]);
+    refused(app.agentq(&[
+        "enqueue",
+        "--tenant",
+        "t2",
+        "--kind",
+        "script",
+        "--input",
+        r#"{"steps":[]}"#,
+    ]));
+    app.agentq_ok(&[
+        "enqueue",
+        "--tenant",
+        "t2",
+        "--kind",
+        "echo",
+        "--input",
+        r#"{"text":"x"}"#,
+    ]);
+    let prod = app.agentq_json(&["tenants", "kinds", "t3", "--production", "--json"]);
+    let allowed: Vec<&str> = prod["allowed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert!(
+        allowed.contains(&"echo") && !allowed.contains(&"script"),
+        "{prod}"
+    );
+    // Unset: t1 follows the default list, and its schedule of `echo` may resume.
+    let unset = app.agentq_json(&["tenants", "kinds", "t1", "--unset", "--json"]);
+    assert_eq!(unset["source"], "default", "{unset}");
+    app.agentq_ok(&["schedules", "resume", &schedule_id]);
+    // Every change was audited.
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM operator_actions WHERE action = 'tenant_kinds_set'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(audited, 4);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_journal_is_read_in_pages_of_bounded_size() {
+    use agentq_testkit::fake_model::{FakeModel, Mode};
+    // Each model answer carries 600 KB: two of them are more than a page's 1 MiB.
+    let fake = FakeModel::start(Mode::EchoSuffix("x".repeat(600_000))).await;
+    let mut app = crate::harness::TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let mut program = vec![json!({ "work_ms": 0 }); 250];
+    program.extend(vec![json!({ "model": "hi" }); 3]);
+    let op = app.enqueue_script(Value::Array(program), &[]);
+    app.wait_status(&op, "succeeded", DEADLINE).await;
+    let (_, base) = app.serve().await;
+    let token = app.token("t1", "producer");
+    let http = reqwest::Client::new();
+    let page = |query: String| {
+        let (http, token, base, op) = (http.clone(), token.clone(), base.clone(), op.clone());
+        async move {
+            let r = http
+                .get(format!("{base}/v1/operations/{op}/steps{query}"))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    // Pages of 100 by default, then pages cut by size: every step once, in order, no gap.
+    let (mut seen, mut after, mut sizes) = (Vec::new(), None::<i64>, Vec::new());
+    loop {
+        let query = after.map(|a| format!("?after={a}")).unwrap_or_default();
+        let (status, body) = page(query).await;
+        assert_eq!(status, 200, "{body}");
+        let steps = body["steps"].as_array().unwrap();
+        sizes.push(steps.len());
+        seen.extend(steps.iter().map(|s| s["seq"].as_i64().unwrap()));
+        match body["next_after"].as_i64() {
+            Some(a) => after = Some(a),
+            None => break,
+        }
+    }
+    assert_eq!(seen, (0..253).collect::<Vec<i64>>());
+    assert_eq!(&sizes[..2], &[100, 100], "{sizes:?}");
+    // 50 small steps and the first large one; then one large step a page.
+    assert_eq!(&sizes[2..], &[51, 1, 1], "{sizes:?}");
+    let (status, body) = page("?limit=5&after=10".into()).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["steps"][0]["seq"], 11);
+    assert_eq!(body["next_after"], 15);
+    for bad in [
+        "?limit=0",
+        "?limit=1001",
+        "?after=x",
+        "?after=-1",
+        "?page=2",
+    ] {
+        let (status, body) = page(bad.into()).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+    // Another tenant's token sees no such operation.
+    let other = app.token("t2", "producer");
+    let r = http
+        .get(format!("{base}/v1/operations/{op}/steps"))
+        .bearer_auth(&other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    // The CLI reads every page.
+    let lines = app.agentq_json_lines(&["steps", &op, "--json"]);
+    assert_eq!(lines.len(), 253);
+    app.cleanup().await;
+}
+
+// ---------------------------------------------------------------- lists per tenant
+
+#[tokio::test]
+async fn a_tenants_list_reads_its_own_rows_through_its_index() {
+    use agentq_core::db::listing::{self, Filter};
+    use agentq_core::state::Status;
+    let app = crate::harness::TestApp::start().await;
+    // 20,000 finished operations of a noisy tenant, 50 of a quiet one.
+    sqlx::query(
+        "INSERT INTO operations (id, tenant_id, kind, input, input_sha256, status, attempt,
+                                 epoch, finished_at, created_at)
+         SELECT gen_random_uuid(), CASE WHEN g <= 20000 THEN 'noisy' ELSE 'quiet' END,
+                CASE WHEN g % 2 = 0 THEN 'echo' ELSE 'script' END, '{}', 'x', 'succeeded', 1,
+                1, now(), now() - g * interval '1 second'
+           FROM generate_series(1, 20050) g",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE operations")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    for tenant in ["quiet", "noisy"] {
+        for (kind, statuses) in [
+            (None, vec![]),
+            (Some("echo".to_string()), vec![]),
+            (None, vec![Status::Succeeded]),
+        ] {
+            let f = Filter {
+                tenant: Some(tenant.into()),
+                kind,
+                statuses,
+                ..Filter::default()
+            };
+            let plan = listing::explain(&app.pool, &f, 100).await.unwrap();
+            assert!(
+                plan.contains("operations_tenant_created") && !plan.contains("Seq Scan"),
+                "{tenant} {f:?}: {plan}"
+            );
+        }
+    }
+    let quiet = Filter {
+        tenant: Some("quiet".into()),
+        ..Filter::default()
+    };
+    let page = listing::list(&app.pool, &quiet, 100, None).await.unwrap();
+    assert_eq!(page.len(), 50);
+    assert!(page.iter().all(|s| s.tenant == "quiet"));
+    assert!(page.windows(2).all(|w| w[0].created_at >= w[1].created_at));
     app.cleanup().await;
 }

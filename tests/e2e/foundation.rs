@@ -388,7 +388,7 @@ async fn the_job_function_runs_only_after_running_is_committed() {
             shutdown_grace: Duration::from_secs(5),
             gate: Default::default(),
             http_allow: Default::default(),
-            spawn_limits: Default::default(),
+            job_limits: Default::default(),
             tenant_share: 1.0,
         },
         app.pool.clone(),

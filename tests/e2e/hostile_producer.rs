@@ -23,6 +23,18 @@
 //! | a squatted `webhook:` / `batch:` dedupe key | `api_hostile::api_hostile_input_battery_gets_4xx_problems_and_enqueues_nothing`, `foundation::bad_input_is_refused_with_exit_code_2_and_writes_nothing` |
 //! | overflowing dates and durations (CLI flags, query parameters, job inputs, console filters) | the same two, and `hostile_producer::the_console_refuses_overflowing_dates_and_keeps_serving` |
 //! | probing which webhook sources exist; `/metrics` without a token | `api_hostile::api_webhooks_refuse_a_thousand_tampered_deliveries_and_store_nothing`, `metrics::*` |
+//!
+//! Attacks on capacity (docs/security.md, "Capacity"), in `capacity`:
+//!
+//! | attack | test |
+//! |---|---|
+//! | every worker slot taken by hour-long steps, plus spawns | `capacity::a_flooding_tenant_gives_way_to_another_and_still_drains`, `capacity::a_tenant_giving_way_never_cuts_an_unsafe_call` |
+//! | a running step that ignores cancel and its deadline | `capacity::a_cancel_stops_an_hour_long_step_within_a_lease`, `capacity::a_deadline_stops_a_running_step`, `capacity::an_unsafe_call_a_deadline_interrupts_is_reconciled_not_rerun` |
+//! | unbounded unfinished operations by enqueue, webhook, batch, spawn, schedule | `capacity::the_unfinished_cap_refuses_cli_api_webhook_and_batch_enqueues_and_counts_sleepers`, `capacity::a_spawn_at_the_tenants_cap_waits_and_a_spawn_past_the_childrens_cap_fails`, `capacity::a_schedule_at_its_tenants_cap_skips_its_ticks_and_schedules_are_limited` |
+//! | a concurrency key with a larger limit; a patched retry that does not fit; a batch of a kind without documents; another tenant's schedules | `capacity::a_concurrency_keys_limit_is_the_keys`, `capacity::a_patched_input_that_does_not_fit_is_refused_and_changes_nothing`, `capacity::a_batch_of_a_kind_that_takes_no_documents_and_another_tenants_schedules_are_refused` |
+//! | a journal of 40,000 rows or of huge outputs; one 14 MB `GET /steps` | `capacity::a_journal_is_capped_in_rows_and_in_bytes_across_a_resume`, `capacity::a_journal_is_read_in_pages_of_bounded_size` |
+//! | lists that read every tenant's rows | `capacity::a_tenants_list_reads_its_own_rows_through_its_index` |
+//! | a kind the admin did not allow, by any way an operation is born (a spawn named by the input too); reading or setting another tenant's list | `capacity::an_admins_list_of_kinds_holds_on_every_way_an_operation_is_born` |
 
 use std::collections::BTreeSet;
 use std::path::Path;

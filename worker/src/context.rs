@@ -133,6 +133,26 @@ fn entry_at(journal: &[JournalEntry], seq: i32) -> Option<&JournalEntry> {
         .map(|i| &journal[i])
 }
 
+/// The bytes a journal row's output and error take as JSON, counted without building the text.
+fn row_bytes(output: Option<&Value>, error: Option<&str>) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    if let Some(v) = output {
+        // Writing a `Value` to a sink that never fails cannot fail.
+        let _ = serde_json::to_writer(&mut count, v);
+    }
+    count.0 + error.map_or(0, |e| e.len() as u64)
+}
+
 /// A journal entry as the replay decision sees it, for the step `name` of `kind` asked now.
 fn recorded_as(entry: &JournalEntry, name: &str, kind: StepKind) -> Recorded {
     Recorded {
@@ -214,20 +234,28 @@ fn spawn_pause() -> Option<Duration> {
     })
 }
 
-/// The caps a spawn obeys (`AGENTQ_MAX_CHILDREN`, `AGENTQ_TENANT_MAX_UNFINISHED`).
+/// The caps a job's steps obey (`AGENTQ_MAX_CHILDREN`, `AGENTQ_TENANT_MAX_UNFINISHED`,
+/// `AGENTQ_JOURNAL_MAX_STEPS`, `AGENTQ_JOURNAL_MAX_BYTES`).
 #[derive(Clone, Copy, Debug)]
-pub struct SpawnLimits {
+pub struct JobLimits {
     /// Children one operation may spawn.
     pub max_children: i64,
     /// Unfinished operations a tenant may have; a spawn past it waits.
     pub tenant_max_unfinished: i64,
+    /// Journal rows one operation may record: the step at this position fails the operation.
+    pub journal_max_steps: i64,
+    /// Bytes of step outputs and errors (as JSON) one journal may hold: once past it, the next
+    /// step fails the operation.
+    pub journal_max_bytes: i64,
 }
 
-impl Default for SpawnLimits {
+impl Default for JobLimits {
     fn default() -> Self {
         Self {
             max_children: 10_000,
             tenant_max_unfinished: 100_000,
+            journal_max_steps: 10_000,
+            journal_max_bytes: 64 << 20,
         }
     }
 }
@@ -259,6 +287,9 @@ struct State {
     /// The `unknown` row of the unsafe step whose call is in flight: written if the run is
     /// stopped in the middle of it (a cancel, a deadline), since its effect may have happened.
     in_flight: Option<StepWrite>,
+    /// Bytes of the journal's outputs and errors as JSON: as loaded, plus every row pushed
+    /// since (an estimate from above: a row replaced before its write is counted twice).
+    journal_bytes: u64,
 }
 
 /// What every job's context shares with its worker: only what steps use (the context never
@@ -282,7 +313,7 @@ pub(crate) struct Services {
     pub(crate) amqp_url: String,
     pub(crate) names: agentq_core::broker::Names,
     /// The caps a spawn obeys.
-    pub(crate) limits: SpawnLimits,
+    pub(crate) limits: JobLimits,
     /// Tenants' counts of unfinished operations, as the spawn cap reads them.
     pub(crate) counts: std::sync::Mutex<std::collections::HashMap<String, (Instant, i64)>>,
     /// Set only by the replay tester ([`crate::testing`]): the journal, waits and children live
@@ -453,6 +484,10 @@ impl JobContext {
         let mut journal = journal;
         // Loaded in seq order; sorting again costs a pass and keeps `entry_at` correct for any caller.
         journal.sort_by_key(|e| e.seq);
+        let journal_bytes = journal
+            .iter()
+            .map(|e| row_bytes(e.output.as_ref(), e.error.as_deref()))
+            .sum();
         Self {
             inner: Arc::new(Inner {
                 info,
@@ -468,6 +503,7 @@ impl JobContext {
                     suspend: None,
                     upgrade_through,
                     in_flight: None,
+                    journal_bytes,
                 }),
                 lost: AtomicBool::new(false),
                 stop,
@@ -854,6 +890,10 @@ impl JobContext {
                     "this operation has spawned {n} children, the most one operation may \
                      (AGENTQ_MAX_CHILDREN); spawn fewer, or from the children themselves"
                 ))),
+                db::children::Spawned::KindNotAllowed => Err(JobError::NonRetryable(format!(
+                    "spawning a {kind:?} child: tenant {tenant:?} may not create operations of \
+                     that kind (an admin's list, `agentq tenants kinds {tenant}`)"
+                ))),
             }
         })
         .await
@@ -939,6 +979,9 @@ impl JobContext {
         if resume(entry.as_ref().map(|e| recorded_as(e, name, kind)), false) == Resume::Diverged {
             self.rebase_or_diverge(seq, entry.as_ref(), name, kind)
                 .await?;
+        }
+        if entry.is_none() {
+            self.check_journal_room(seq, name)?;
         }
         if let Some(memory) = &self.inner.services.memory
             && entry.is_none()
@@ -1222,6 +1265,9 @@ impl JobContext {
             }
         }
 
+        if entry.is_none() {
+            self.check_journal_room(seq, name)?;
+        }
         if let Some(memory) = &self.inner.services.memory {
             memory.step_runs(seq, name, kind, replay)?;
         }
@@ -1299,6 +1345,32 @@ impl JobContext {
         }
     }
 
+    /// Refuses a step at `seq` that is not in the journal yet once the journal is full
+    /// (`AGENTQ_JOURNAL_MAX_STEPS` rows, or more than `AGENTQ_JOURNAL_MAX_BYTES` of outputs):
+    /// the operation fails as non-retryable, with nothing of the step run.
+    fn check_journal_room(&self, seq: i32, name: &str) -> Result<(), JobError> {
+        let limits = &self.inner.services.limits;
+        if i64::from(seq) >= limits.journal_max_steps {
+            return Err(JobError::NonRetryable(format!(
+                "journal limit: step {seq} ({name:?}) was not run: one operation records at most \
+                 {} steps (AGENTQ_JOURNAL_MAX_STEPS); split the work into child operations \
+                 (ctx.spawn), or raise the cap",
+                limits.journal_max_steps
+            )));
+        }
+        let bytes = self.state().journal_bytes;
+        if bytes > limits.journal_max_bytes as u64 {
+            return Err(JobError::NonRetryable(format!(
+                "journal limit: step {seq} ({name:?}) was not run: the journal's outputs take \
+                 {bytes} bytes, more than the {} one operation may hold \
+                 (AGENTQ_JOURNAL_MAX_BYTES); return smaller step outputs (keep large data in a \
+                 store and journal its key), or raise the cap",
+                limits.journal_max_bytes
+            )));
+        }
+        Ok(())
+    }
+
     fn recorded(&self, seq: i32) -> Option<JournalEntry> {
         let st = self.state();
         entry_at(&st.journal, seq).cloned()
@@ -1307,6 +1379,7 @@ impl JobContext {
     /// Holds `row` for the next write; `durable`: it must commit before the next step starts.
     fn push(&self, row: StepWrite, durable: bool) {
         let mut st = self.state();
+        st.journal_bytes += row_bytes(row.output.as_ref(), row.error.as_deref());
         // A later row for the same seq replaces the earlier one (started → completed).
         st.pending.retain(|r| r.seq != row.seq);
         st.pending.push(row);

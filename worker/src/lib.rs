@@ -76,7 +76,7 @@ pub struct Settings {
     /// [`JobContext::http_allow`].
     pub http_allow: Origins,
     /// The caps a spawn obeys.
-    pub spawn_limits: context::SpawnLimits,
+    pub job_limits: context::JobLimits,
     /// The most of a lane's slots one tenant runs here while another tenant has work queued
     /// there (`AGENTQ_TENANT_SHARE`, 0 < share ≤ 1; 1: no share).
     pub tenant_share: f64,
@@ -110,7 +110,7 @@ impl Worker {
             settings.amqp_url.clone(),
             agentq_core::broker::Names::new(&settings.namespace),
         );
-        let spawn_limits = settings.spawn_limits;
+        let job_limits = settings.job_limits;
         let shares = share::Shares::new(
             settings.tenant_share,
             usize::from(settings.concurrency_interactive),
@@ -135,7 +135,7 @@ impl Worker {
                     children: std::sync::OnceLock::new(),
                     amqp_url,
                     names,
-                    limits: spawn_limits,
+                    limits: job_limits,
                     counts: Default::default(),
                     memory: None,
                 }),

@@ -50,6 +50,7 @@ struct Kind {
     schema: Value,
     description: String,
     webhook_only: bool,
+    for_tests: bool,
 }
 
 /// The job kinds a worker can run (and a producer may accept), and the tools its agents may
@@ -102,6 +103,14 @@ impl<I: DeserializeOwned + 'static> KindOptions<'_, I> {
     /// must not be able to supply. Enqueues and spawns of it are refused.
     pub fn webhook_only(self) -> Self {
         self.kind.webhook_only = true;
+        self
+    }
+
+    /// The kind is for tests, demos and benchmarks, not production tenants' work: `agentq
+    /// kinds` and `GET /v1/kinds` say so, and `agentq tenants kinds T --production` allows a
+    /// tenant every kind but these.
+    pub fn for_tests(self) -> Self {
+        self.kind.for_tests = true;
         self
     }
 
@@ -188,6 +197,7 @@ impl Registry {
             schema: schema.clone(),
             description: String::new(),
             webhook_only: false,
+            for_tests: false,
         });
         assert!(
             !entry.versions.contains_key(version),
@@ -298,6 +308,7 @@ impl Catalog for Registry {
                     name: name.clone(),
                     versions,
                     webhook_only: k.webhook_only,
+                    for_tests: k.for_tests,
                     description: k.description.clone(),
                     input_schema: k.schema.clone(),
                 }

@@ -24,12 +24,14 @@ pub enum Spawned {
     NoParent,
     /// The parent has spawned as many children as one operation may (the cap given).
     Capped(i64),
+    /// An admin's list keeps the child's kind from the parent's tenant (migration 20).
+    KindNotAllowed,
 }
 
 /// Inserts the child of `parent` that the spawn step with dedupe key `key` makes, or finds
 /// the one it made before. The child takes its parent's tenant, lane, attempt budget and trace.
 /// A parent that has spawned `max_children` makes no more (`children_spawned`, counted in the
-/// same statement, with the parent's row locked).
+/// same statement, with the parent's row locked), and none of a kind its tenant may not use.
 pub async fn spawn(
     pool: &PgPool,
     parent: Uuid,
@@ -48,7 +50,7 @@ pub async fn spawn(
             INSERT INTO operations (id, tenant_id, kind, lane, input, input_sha256, dedupe_key,
                                     max_attempts, traceparent, parent_id)
             SELECT $1, p.tenant_id, $2, p.lane, $3, $4, $5, p.max_attempts, p.traceparent, p.id
-              FROM p WHERE p.children_spawned < $7
+              FROM p WHERE p.children_spawned < $7 AND agentq_kind_allowed(p.tenant_id, $2)
             ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
          RETURNING id, tenant_id, kind, lane, epoch, traceparent
          ), counted AS (
@@ -81,13 +83,17 @@ pub async fn spawn(
     if let Some(id) = existing {
         return Ok(Spawned::Existing(id));
     }
-    let spawned: Option<i32> =
-        sqlx::query_scalar("SELECT children_spawned FROM operations WHERE id = $1")
-            .bind(parent)
-            .fetch_optional(pool)
-            .await?;
+    let spawned: Option<(i32, bool)> = sqlx::query_as(
+        "SELECT children_spawned, agentq_kind_allowed(tenant_id, $2) FROM operations
+          WHERE id = $1",
+    )
+    .bind(parent)
+    .bind(kind)
+    .fetch_optional(pool)
+    .await?;
     Ok(match spawned {
-        Some(n) if i64::from(n) >= max_children => Spawned::Capped(max_children),
+        Some((_, false)) => Spawned::KindNotAllowed,
+        Some((n, _)) if i64::from(n) >= max_children => Spawned::Capped(max_children),
         _ => Spawned::NoParent,
     })
 }

@@ -69,7 +69,30 @@ pub async fn list(
     limit: i64,
     after: Option<(DateTime<Utc>, Uuid)>,
 ) -> Result<Vec<Summary>> {
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(
+    Ok(page_query("", f, limit, after)
+        .build_query_as()
+        .fetch_all(pool)
+        .await?)
+}
+
+/// The plan of [`list`]'s query for `f` (a test checks that a tenant's page is read through
+/// the tenant's index, never by reading other tenants' rows).
+pub async fn explain(pool: &PgPool, f: &Filter, limit: i64) -> Result<String> {
+    let lines: Vec<String> = page_query("EXPLAIN ", f, limit, None)
+        .build_query_scalar()
+        .fetch_all(pool)
+        .await?;
+    Ok(lines.join("\n"))
+}
+
+fn page_query(
+    prefix: &str,
+    f: &Filter,
+    limit: i64,
+    after: Option<(DateTime<Utc>, Uuid)>,
+) -> QueryBuilder<Postgres> {
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(prefix);
+    q.push(
         "SELECT id AS op_id, tenant_id AS tenant, kind, status, attempt, max_attempts,
                 created_at, updated_at, finished_at, batch_id, dedupe_key, error_class,
                 waiting_for
@@ -117,5 +140,5 @@ pub async fn list(
     }
     q.push(" ORDER BY created_at DESC, id DESC LIMIT ")
         .push_bind(limit);
-    Ok(q.build_query_as().fetch_all(pool).await?)
+    q
 }

@@ -21,6 +21,7 @@ pub mod operations;
 pub mod schedules;
 pub mod steps;
 pub mod stores;
+pub mod tenant_kinds;
 pub mod timers;
 pub mod versions;
 

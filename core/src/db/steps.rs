@@ -304,7 +304,9 @@ struct StepRow {
     usage: Option<Value>,
 }
 
-/// Lists the journal of an operation for display, filtered by tenant when one is given.
+/// Lists the whole journal of an operation (a replay reads it whole; it is capped by
+/// `AGENTQ_JOURNAL_MAX_STEPS` and `_BYTES`), filtered by tenant when one is given. To show a
+/// journal, read it by [`steps_page`].
 pub async fn list_steps(pool: &PgPool, id: Uuid, tenant: Option<&str>) -> Result<Vec<StepView>> {
     let rows: Vec<StepRow> = sqlx::query_as(
         "SELECT s.seq, s.name, s.kind, s.replay, s.status, s.idempotency_key, s.epoch,
@@ -317,9 +319,58 @@ pub async fn list_steps(pool: &PgPool, id: Uuid, tenant: Option<&str>) -> Result
     .bind(tenant)
     .fetch_all(pool)
     .await?;
-    Ok(rows
+    Ok(rows.into_iter().map(StepView::from).collect())
+}
+
+/// One page of an operation's journal for display: the steps after `after` (a seq), at most
+/// `limit` of them and, past the first, no more than about `max_bytes` of outputs and errors
+/// (as JSON text), so one page of a journal of large outputs stays small. Filtered by tenant
+/// when one is given. Returns the steps and whether more follow.
+pub async fn steps_page(
+    pool: &PgPool,
+    id: Uuid,
+    tenant: Option<&str>,
+    after: Option<i32>,
+    limit: i64,
+    max_bytes: i64,
+) -> Result<(Vec<StepView>, bool)> {
+    #[derive(FromRow)]
+    struct Paged {
+        #[sqlx(flatten)]
+        row: StepRow,
+        upto: i64,
+    }
+    // The running sum streams with the scan in seq order: only the page's rows are rendered.
+    let rows: Vec<Paged> = sqlx::query_as(
+        "SELECT s.seq, s.name, s.kind, s.replay, s.status, s.idempotency_key, s.epoch,
+                s.started_at, s.completed_at, s.wake_at, s.output, s.error, s.usage,
+                (sum(COALESCE(octet_length(s.output::text), 0) + COALESCE(octet_length(s.error), 0))
+                    OVER (ORDER BY s.seq))::bigint AS upto
+           FROM operation_steps s JOIN operations o ON o.id = s.op_id
+          WHERE s.op_id = $1 AND ($2::text IS NULL OR o.tenant_id = $2) AND s.seq > $3
+          ORDER BY s.seq
+          LIMIT $4",
+    )
+    .bind(id)
+    .bind(tenant)
+    .bind(after.unwrap_or(-1))
+    .bind(limit.saturating_add(1))
+    .fetch_all(pool)
+    .await?;
+    let total = rows.len();
+    let page: Vec<StepView> = rows
         .into_iter()
-        .map(|r| StepView {
+        .enumerate()
+        .take_while(|(i, r)| (*i as i64) < limit && (*i == 0 || r.upto <= max_bytes))
+        .map(|(_, r)| r.row.into())
+        .collect();
+    let more = page.len() < total;
+    Ok((page, more))
+}
+
+impl From<StepRow> for StepView {
+    fn from(r: StepRow) -> Self {
+        StepView {
             seq: r.seq,
             name: r.name,
             kind: r.kind,
@@ -333,8 +384,8 @@ pub async fn list_steps(pool: &PgPool, id: Uuid, tenant: Option<&str>) -> Result
             output: r.output,
             error: r.error,
             usage: r.usage,
-        })
-        .collect())
+        }
+    }
 }
 
 /// Model token usage summed per tenant and kind.

@@ -35,6 +35,7 @@ pub const AGENTQ_TABLES: &[&str] = &[
     "schedules",
     "signals",
     "stores",
+    "tenant_kinds",
     "webhook_secrets",
     "webhook_sources",
     "workers",

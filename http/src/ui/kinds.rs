@@ -27,10 +27,10 @@ pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResu
         } else {
             esc(&k.live_versions.join(", "))
         };
-        let webhook = if k.kind.webhook_only {
-            format!(" {}", badge("webhook only"))
-        } else {
-            String::new()
+        let webhook = match (k.kind.webhook_only, k.kind.for_tests) {
+            (true, _) => format!(" {}", badge("webhook only")),
+            (false, true) => format!(" {}", badge("for tests")),
+            (false, false) => String::new(),
         };
         body.push_str(&format!(
             "<tr data-kind=\"{name}\"><td class=\"mono\">{name}{webhook}</td><td class=\"mono\">{}</td>\

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use agentq_app as app;
+use agentq_app::operations::STEPS_PAGE_BYTES;
 use agentq_core::OperationId;
 use agentq_core::db::{self, console, listing};
 use axum::Form;
@@ -325,7 +326,9 @@ async fn operation_page(state: &UiState, session: &Session, id: &str, revealed: 
     let op = db::find_operation(pool, OperationId(op_id), scope)
         .await?
         .ok_or_else(|| UiError::not_found(format!("no operation {op_id}")))?;
-    let mut steps = db::list_steps(pool, op_id, scope).await?;
+    // The first page of the journal: a long one is read in full by `agentq steps` or the API.
+    let (mut steps, more_steps) =
+        db::steps_page(pool, op_id, scope, None, 500, 4 * STEPS_PAGE_BYTES).await?;
     for s in &mut steps {
         if let Some(o) = &mut s.output {
             html::redact(o, &state.api.redact_keys);
@@ -513,6 +516,14 @@ async fn operation_page(state: &UiState, session: &Session, id: &str, revealed: 
             body.push_str("</li>");
         }
         body.push_str("</ol>");
+        if more_steps {
+            body.push_str(&format!(
+                "<p class=\"muted\">The journal goes on after step #{}: read all of it with \
+                 <code>agentq steps {op_id}</code> or <code>GET /v1/operations/{op_id}/steps</code> \
+                 (pages, with <code>after</code>).</p>",
+                steps.last().map_or(0, |s| s.seq)
+            ));
+        }
     }
 
     body.push_str(
