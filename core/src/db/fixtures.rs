@@ -29,8 +29,10 @@ pub async fn insert_sleepers(
     Ok(rows)
 }
 
-/// Inserts `parents` operations of tenant `noisy` parked on a join over `children` unfinished
-/// (sleeping, not due) children each, counted as `ctx.join` counts them.
+/// Inserts `parents` operations of tenant `noisy` parked on a join over `children` children
+/// each, all finished but one (sleeping, not due): the case the join's re-scan was worst at,
+/// every pass walking finished children until it met the unfinished one. Counted as
+/// `ctx.join` counts them (one unfinished child each).
 pub async fn insert_join_parents(pool: &PgPool, parents: i64, children: i64) -> Result<u64> {
     let mut tx = pool.begin().await?;
     let inserted = sqlx::query(
@@ -44,9 +46,10 @@ pub async fn insert_join_parents(pool: &PgPool, parents: i64, children: i64) -> 
          )
          INSERT INTO operations (id, tenant_id, kind, input, input_sha256, status, attempt, epoch,
                                  run_at, parent_id)
-         SELECT gen_random_uuid(), 'noisy', 'echo', '{\"text\":\"x\"}', 'bench', 'sleeping', 1, 1,
+         SELECT gen_random_uuid(), 'noisy', 'echo', '{\"text\":\"x\"}', 'bench',
+                CASE WHEN g = $2 THEN 'sleeping' ELSE 'succeeded' END, 1, 1,
                 now() + interval '30 days', p.id
-           FROM parents p, generate_series(1, $2)",
+           FROM parents p, generate_series(1, $2) g",
     )
     .bind(parents)
     .bind(children)
@@ -54,8 +57,10 @@ pub async fn insert_join_parents(pool: &PgPool, parents: i64, children: i64) -> 
     .await?
     .rows_affected();
     sqlx::query(
-        "UPDATE operations o SET joining = k.ids, join_pending = cardinality(k.ids)
-           FROM (SELECT parent_id, array_agg(id) AS ids FROM operations
+        "UPDATE operations o SET joining = k.ids, join_pending = k.pending
+           FROM (SELECT parent_id, array_agg(id) AS ids,
+                        count(*) FILTER (WHERE status = 'sleeping')::int AS pending
+                   FROM operations
                   WHERE parent_id IS NOT NULL AND tenant_id = 'noisy' GROUP BY parent_id) k
           WHERE o.id = k.parent_id",
     )
