@@ -511,7 +511,8 @@ async fn a_flooding_tenant_gives_way_to_another_and_still_drains() {
         app.wait_status(op, "succeeded", DEADLINE).await;
         let lag = wake_lag_ms(&app, op).await;
         println!("tenant b's 1 s sleep woke {lag:.0} ms late");
-        assert!(lag < 1_500.0, "woke {lag} ms after its time");
+        // Woken within 1.5 s of the sleep's start, however full a's flood keeps the worker.
+        assert!(lag < 500.0, "woke {lag} ms after its time");
     }
 
     // b is idle again: a's flood drains, every operation of it (the ones that gave their
