@@ -52,7 +52,7 @@ struct Counted {
     refreshing: bool,
 }
 
-/// Tenants' counts of unfinished operations, each at most [`COUNT_TTL`] old.
+/// Tenants' counts of unfinished operations, each at most a second old.
 #[derive(Default)]
 pub struct Counts {
     map: Mutex<HashMap<String, Counted>>,

@@ -22,7 +22,7 @@ use crate::{App, AppError, Caller, Result, Role};
 /// process that made it, and at once to spawns, which the database checks).
 const POLICY_TTL: Duration = Duration::from_secs(1);
 
-/// Tenants' lists, each at most [`POLICY_TTL`] old.
+/// Tenants' lists, each at most a second old.
 #[derive(Default)]
 pub struct Policies {
     map: Mutex<HashMap<String, (Instant, Policy)>>,
