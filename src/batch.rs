@@ -19,6 +19,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 
+use crate::interrupt::{Interrupt, Interrupted};
 use crate::wiring::{cli_app, cli_error, done, refuse};
 
 #[derive(Subcommand)]
@@ -110,8 +111,9 @@ pub struct StartArgs {
     pub json: bool,
 }
 
-/// The CLI's progress bar for long batch work (hidden when stderr is not a terminal).
-struct Bar(ProgressBar);
+/// The CLI's progress bar for long batch work (hidden when stderr is not a terminal); it asks
+/// the work to stop after Ctrl-C.
+struct Bar(ProgressBar, Interrupt);
 
 impl Bar {
     fn new(msg: &str) -> Self {
@@ -129,7 +131,7 @@ impl Bar {
                 .progress_chars("=> "),
         );
         bar.set_message(msg.to_string());
-        Self(bar)
+        Self(bar, Interrupt::install())
     }
 }
 
@@ -149,6 +151,10 @@ impl Progress for Bar {
     fn finish(&self) {
         self.0.finish_and_clear();
     }
+
+    fn stop_requested(&self) -> bool {
+        self.1.requested()
+    }
 }
 
 pub async fn run(config: Deployment, cmd: BatchCommand) -> anyhow::Result<()> {
@@ -157,6 +163,7 @@ pub async fn run(config: Deployment, cmd: BatchCommand) -> anyhow::Result<()> {
         BatchCommand::Status { batch, watch, json } => {
             let id = app::batches::parse_id(&batch).map_err(cli_error)?;
             let (app, caller) = cli_app(&config, &None).await?;
+            let interrupt = Interrupt::install();
             loop {
                 let s = match app::batches::status(&app, &caller, id).await {
                     Ok(s) => s,
@@ -170,7 +177,16 @@ pub async fn run(config: Deployment, cmd: BatchCommand) -> anyhow::Result<()> {
                 if !watch || s.unfinished == 0 || s.status != BatchStatus::Running {
                     return done(app, Ok(())).await;
                 }
-                tokio::time::sleep(Duration::from_secs(2)).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    _ = interrupt.wait() => {
+                        app.dispatcher.close().await;
+                        return Err(Interrupted(format!(
+                            "no longer watching batch {id}; it goes on (agentq batch status {id} --watch)"
+                        ))
+                        .into());
+                    }
+                }
             }
         }
         BatchCommand::Pause {
@@ -192,6 +208,14 @@ pub async fn run(config: Deployment, cmd: BatchCommand) -> anyhow::Result<()> {
             let (app, caller) = cli_app(&config, &actor).await?;
             let resumed = app::batches::resume(&app, &caller, id, &Bar::new("enqueue")).await;
             let r = done(app, resumed).await?;
+            if r.left > 0 {
+                return Err(Interrupted(format!(
+                    "batch {id} is running with {} documents enqueued now and {} not enqueued; \
+                     to enqueue the rest: agentq batch pause {id} && agentq batch resume {id}",
+                    r.enqueued, r.left
+                ))
+                .into());
+            }
             if json {
                 println!(
                     "{}",
@@ -251,6 +275,17 @@ async fn start(config: Deployment, args: StartArgs) -> anyhow::Result<()> {
     let started = app::batches::start(&app, &caller, new, args.chunk, &Bar::new("enqueue")).await;
     let s = done(app, started).await?;
     let (id, batch, filled) = (s.batch.id, &s.batch, &s.filled);
+    if filled.left > 0 {
+        return Err(Interrupted(format!(
+            "batch {id}: {} of {} documents enqueued ({} now), {} not yet; run the same \
+             `agentq batch start` again to enqueue only the rest",
+            filled.existing + filled.enqueued,
+            s.documents,
+            filled.enqueued,
+            filled.left
+        ))
+        .into());
+    }
     if args.json {
         println!("{}", serde_json::to_string(&s.summary())?);
     } else {

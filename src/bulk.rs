@@ -1,6 +1,8 @@
 //! The bulk forms' loop (`agentq dlq retry|discard`, `agentq versions upgrade`): one
 //! application-layer call per selected item at a chosen rate, behind a progress bar, each
 //! result reported as it comes; a refusal is counted and the loop goes on, a failure stops it.
+//! Ctrl-C stops it between two items, saying how many were done and that running the same
+//! command again acts on what is left (the selection is read again).
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -10,6 +12,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use uuid::Uuid;
 
+use crate::interrupt::{Interrupt, Interrupted};
 use crate::wiring::refuse;
 
 /// The flags of every bulk form.
@@ -79,9 +82,21 @@ where
     bar.set_message(verb.to_string());
     let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let interrupt = Interrupt::install();
     let (mut ok, mut failed) = (0usize, 0usize);
-    for id in targets {
+    for (n, id) in targets.iter().enumerate() {
         ticks.tick().await;
+        if interrupt.requested() {
+            bar.finish_and_clear();
+            app.dispatcher.close().await;
+            return Err(Interrupted(format!(
+                "{done} {ok}, failed {failed}, {} of {} {what} not acted on; run the same \
+                 command again to act on what is left",
+                targets.len() - n,
+                targets.len()
+            ))
+            .into());
+        }
         match act(*id).await {
             Ok(outcome) => {
                 ok += 1;

@@ -55,6 +55,7 @@ mod bulk;
 mod cli;
 mod commands;
 mod dlq;
+mod interrupt;
 mod kinds;
 mod probe;
 mod replay;
@@ -138,6 +139,9 @@ pub fn main(registry: Registry) -> ExitCode {
             if let Some(refusal) = e.downcast_ref::<wiring::Refused>() {
                 eprintln!("error: {refusal}");
                 ExitCode::from(2)
+            } else if let Some(stopped) = e.downcast_ref::<interrupt::Interrupted>() {
+                eprintln!("stopped: {stopped}");
+                ExitCode::from(interrupt::EXIT_CODE)
             } else {
                 eprintln!("error: {e:#}");
                 ExitCode::FAILURE

@@ -23,7 +23,7 @@ use crate::{App, AppError, Caller, Result, Role};
 pub const CHUNK: usize = 1000;
 
 /// Test-only: with this variable set to N, [`fill`] stops once N chunks are committed and waits
-/// until the process is killed, so a test interrupts an enqueue at a point it knows, on a
+/// until its caller asks it to stop ([`Progress::stop_requested`]) or the process is killed, so a test interrupts an enqueue at a point it knows, on a
 /// machine of any speed (`tests/e2e/batch.rs`). Never set outside tests.
 pub const TEST_PAUSE_AFTER_CHUNKS: &str = "AGENTQ_TEST_PAUSE_AFTER_CHUNKS";
 
@@ -37,6 +37,11 @@ pub trait Progress: Sync {
     fn refused(&self, _item: &str, _why: &str) {}
     /// The work is over.
     fn finish(&self) {}
+    /// The person asked to stop (Ctrl-C on the command line): the work stops before its next
+    /// chunk, keeping every chunk already committed, and says how far it got.
+    fn stop_requested(&self) -> bool {
+        false
+    }
 }
 
 /// A [`Progress`] that shows nothing.
@@ -165,6 +170,9 @@ pub struct Filled {
     pub existing: usize,
     /// Documents refused, and why.
     pub refused: Vec<(String, String)>,
+    /// Documents not enqueued because the caller asked to stop ([`Progress::stop_requested`]);
+    /// 0 when the fill ran to its end.
+    pub left: usize,
 }
 
 /// Enqueues the documents of `batch` it does not have yet (only the canary's while it is a
@@ -204,10 +212,19 @@ pub async fn fill(
     let pause_after = std::env::var(TEST_PAUSE_AFTER_CHUNKS)
         .ok()
         .and_then(|n| n.parse::<usize>().ok());
+    let mut done = 0;
     for (committed, chunk) in missing.chunks(chunk.max(1)).enumerate() {
         if pause_after == Some(committed) {
-            std::future::pending::<()>().await;
+            // Test hook: hold here (every earlier chunk committed) until asked to stop.
+            while !progress.stop_requested() {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
         }
+        if progress.stop_requested() {
+            filled.left = missing.len() - done;
+            break;
+        }
+        done += chunk.len();
         let reqs: Vec<EnqueueRequest> = chunk
             .iter()
             .map(|doc| {
@@ -456,6 +473,10 @@ pub struct Resumed {
     pub enqueued: usize,
     /// Queued operations whose pointers were published again.
     pub redispatched: usize,
+    /// Documents not enqueued because the caller asked to stop (see [`Filled::left`]).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub left: usize,
 }
 
 /// Resumes a paused batch, or runs the rest of a canary: enqueues the documents it is missing
@@ -489,6 +510,7 @@ pub async fn resume(
         was,
         enqueued: filled.enqueued,
         redispatched,
+        left: filled.left,
     })
 }
 

@@ -1237,6 +1237,7 @@ mod tests {
                 was: BatchStatus::Canary,
                 enqueued: 90,
                 redispatched: 3,
+                left: 0,
             }),
             batches::BatchOutcome::Cancelled(app::batches::CancelledBatch {
                 now: 4,

@@ -217,6 +217,32 @@ impl World {
         self.children.len() - 1
     }
 
+    /// Like [`World::spawn`], started as a POSIX shell starts a background job (`cmd &` in a
+    /// script, `nohup … &`): with SIGINT ignored, which the process inherits. A command that
+    /// relies on SIGINT's default action never stops on Ctrl-C there; one that installs its own
+    /// handler does. The shell `exec`s agentq, so the index's pid is agentq's.
+    pub fn spawn_in_background(&mut self, args: &[&str]) -> usize {
+        let plain = self.command(args);
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg("trap '' INT; exec \"$0\" \"$@\"")
+            .arg(&self.binary)
+            .args(args);
+        for (k, v) in plain.get_envs() {
+            if let Some(v) = v {
+                cmd.env(k, v);
+            }
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting agentq under sh");
+        self.children.push(child);
+        self.logs.push(None);
+        self.children.len() - 1
+    }
+
     /// Like [`World::spawn`], with the process's output (its log at `info`, or at the level a
     /// test set with `set_env("RUST_LOG", …)`, and stdout) kept for [`World::log`].
     pub fn spawn_logged(&mut self, args: &[&str]) -> usize {
@@ -299,6 +325,16 @@ impl World {
         args.extend_from_slice(extra);
         let v = self.agentq_json(&args);
         v["op_id"].as_str().unwrap().to_string()
+    }
+
+    /// The exit code of a process started by [`World::spawn`] that has exited (`None` while it
+    /// runs, or when a signal ended it).
+    pub fn exit_code(&mut self, index: usize) -> Option<i32> {
+        self.children[index]
+            .try_wait()
+            .ok()
+            .flatten()
+            .and_then(|s| s.code())
     }
 
     /// Ledger effects recorded for an operation.

@@ -149,6 +149,8 @@ async fn batch_migration_of_2000_documents_survives_an_interrupted_enqueue_and_a
 
     // Ctrl-C the enqueue midway: in chunks of 25, held (by a test-only hook) once 8 chunks
     // are committed, so the signal lands with exactly 200 of 2,000 enqueued on any machine.
+    // It is started as a shell starts a background job, with SIGINT ignored: the command's own
+    // handler must stop it (SIGINT's default action never would there).
     const CHUNK: usize = 25;
     const CHUNKS_BEFORE_CTRL_C: usize = 8;
     let mut interrupted = start.to_vec();
@@ -156,7 +158,7 @@ async fn batch_migration_of_2000_documents_survives_an_interrupted_enqueue_and_a
     interrupted.extend_from_slice(&["--chunk", &chunk]);
     let pause = agentq_app::batches::TEST_PAUSE_AFTER_CHUNKS;
     app.set_env(pause, &CHUNKS_BEFORE_CTRL_C.to_string());
-    let enqueue = app.spawn(&interrupted);
+    let enqueue = app.spawn_in_background(&interrupted);
     app.unset_env(pause);
     let held_at = (CHUNK * CHUNKS_BEFORE_CTRL_C) as i64;
     app.wait_for("the enqueue to be under way", DEADLINE, || async {
@@ -171,6 +173,11 @@ async fn batch_migration_of_2000_documents_survives_an_interrupted_enqueue_and_a
     assert!(
         app.wait_exit(enqueue, DEADLINE).await,
         "Ctrl-C ends the enqueue"
+    );
+    assert_eq!(
+        app.exit_code(enqueue),
+        Some(130),
+        "a command stopped by Ctrl-C exits 130"
     );
     let before = app.operation_count().await;
     assert_eq!(
