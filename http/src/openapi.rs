@@ -492,6 +492,11 @@ fn operation(route: &Route) -> Value {
         responses["429"] = problem("Tenant over its queued limit; not started (Retry-After)");
         responses["503"] = problem("Database or broker unavailable; not started (Retry-After)");
     }
+    if schema == "EventStream" {
+        responses["429"] = problem(
+            "The token's, or the server's, cap of open event streams is full (Retry-After)",
+        );
+    }
     match route.access {
         Access::Public => {}
         Access::Signed => {

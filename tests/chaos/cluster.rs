@@ -22,6 +22,8 @@ use crate::services::{Postgres, Rabbit, Scratch};
 const OPERATIONS: i64 = 1200;
 /// Completions after a kill that count as "throughput resumed".
 const RESUMED_AFTER: i64 = 20;
+/// Operations a throughput figure is measured over.
+const RATE_OVER: i64 = 100;
 
 /// The agentq processes of the run, killed on drop.
 struct Procs(Vec<Child>);
@@ -68,11 +70,18 @@ fn leader_of(any: &Rabbit, queue: &str) -> String {
         .expect("the queue and its leader")
 }
 
-/// Operations finished per second over the next two seconds.
+/// Operations finished per second, measured over the next `RATE_OVER` operations to finish
+/// (or the rest of the workload), however long they take: a count of events, not a window.
 async fn rate(pool: &PgPool) -> f64 {
     let (t, f) = (Instant::now(), finished(pool).await);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    (finished(pool).await - f) as f64 / t.elapsed().as_secs_f64()
+    let target = (f + RATE_OVER).min(OPERATIONS);
+    let end = t + Duration::from_secs(120);
+    let mut now = f;
+    while now < target && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        now = finished(pool).await;
+    }
+    (now - f) as f64 / t.elapsed().as_secs_f64()
 }
 
 /// Waits until `RESUMED_AFTER` more operations finished than at `since`; returns how long

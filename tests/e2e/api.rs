@@ -172,10 +172,30 @@ fn template(method: &Method, path: &str) -> Option<&'static str> {
         .map(|r| r.path)
 }
 
-/// Asserts that a JSON answer matches the schema the OpenAPI document gives for its route,
-/// status and content type (when it gives one): the server sends what it documents.
+/// Asserts that an answer is one the OpenAPI document describes: every `/v1` route answered is
+/// in the document, every status it answers is documented for that route, and a JSON answer
+/// matches the schema the document gives for its route, status and content type. Nothing is
+/// skipped: an undocumented route, status or JSON body fails the test.
 fn check_documented(method: &Method, path: &str, reply: &Reply) {
     static DOC: std::sync::LazyLock<Value> = std::sync::LazyLock::new(agentq_http::openapi::spec);
+    let Some(template) = template(method, path) else {
+        assert!(
+            !path.starts_with("/v1/") || matches!(reply.status, 404 | 405),
+            "{}: {method} {path} answered {}, and the OpenAPI document has no such route (an \
+             unknown route must be a 404, an unknown method of a route a 405)",
+            reply.what,
+            reply.status
+        );
+        return;
+    };
+    let documented = &DOC["paths"][template][method.as_str().to_ascii_lowercase()]["responses"]
+        [reply.status.to_string()];
+    assert!(
+        !documented.is_null(),
+        "{}: {method} {template} answered {}, a status /openapi.json does not document for it",
+        reply.what,
+        reply.status
+    );
     let content_type = reply.header("content-type").unwrap_or_default();
     let content_type = content_type.split(';').next().unwrap_or_default().trim();
     if !matches!(
@@ -184,14 +204,14 @@ fn check_documented(method: &Method, path: &str, reply: &Reply) {
     ) {
         return;
     }
-    let Some(template) = template(method, path) else {
-        return;
-    };
-    let schema = &DOC["paths"][template][method.as_str().to_ascii_lowercase()]["responses"]
-        [reply.status.to_string()]["content"][content_type]["schema"];
-    if schema.is_null() {
-        return;
-    }
+    let schema = &documented["content"][content_type]["schema"];
+    assert!(
+        !schema.is_null(),
+        "{}: {method} {template} answered {} with {content_type}, and /openapi.json gives no \
+         schema for that answer",
+        reply.what,
+        reply.status
+    );
     let root = json!({ "$ref": schema["$ref"], "components": DOC["components"] });
     let validator = jsonschema::options()
         .with_draft(jsonschema::Draft::Draft202012)

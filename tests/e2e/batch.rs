@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::fake_model::{FakeModel, Mode};
@@ -323,27 +323,31 @@ async fn batch_auto_pauses_when_the_provider_fails_and_resume_finishes_it() {
     );
     let failed: i64 = count(&app, "SELECT count(*) FROM batch_outcomes WHERE NOT ok").await;
     assert!(failed >= 5, "paused after failures: {failed}");
-    // Nothing new starts while paused: claims stop (in-flight attempts may still settle).
+    // Nothing new starts while paused: claims stop. First every attempt in flight settles
+    // (none of the batch's operations is running any more).
     let claims = || {
         count(
             &app,
-            "SELECT COALESCE(sum(attempt), 0)::bigint FROM operations",
+            "SELECT COALESCE(sum(attempt), 0)::bigint FROM operations WHERE batch_id IS NOT NULL",
         )
     };
-    let settled = app
-        .wait_until(
-            "in-flight attempts to settle",
-            Duration::from_secs(30),
-            || async {
-                let a = claims().await;
-                tokio::time::sleep(Duration::from_millis(1500)).await;
-                (claims().await == a).then_some(a)
-            },
-        )
-        .await;
+    app.wait_for(
+        "in-flight attempts to settle",
+        Duration::from_secs(30),
+        || async {
+            count(
+                &app,
+                "SELECT count(*) FROM operations WHERE batch_id IS NOT NULL AND status = 'running'",
+            )
+            .await
+                == 0
+        },
+    )
+    .await;
+    let settled = claims().await;
     let unfinished = count(
         &app,
-        "SELECT count(*) FROM operations WHERE status <> 'succeeded'",
+        "SELECT count(*) FROM operations WHERE batch_id IS NOT NULL AND status <> 'succeeded'",
     )
     .await;
     assert!(unfinished > 0, "the pause left work undone");
@@ -357,6 +361,11 @@ async fn batch_auto_pauses_when_the_provider_fails_and_resume_finishes_it() {
     )
     .await;
     assert_eq!(history, 1, "the pause is audited");
+    // The worker goes on taking the batch lane's deliveries: an operation enqueued on that
+    // lane after the pause (its pointer behind every pointer queued before it) runs, and still
+    // none of the paused batch's operations was claimed.
+    let probe = app.enqueue_script(json!([{ "work_ms": 0 }]), &["--lane", "batch"]);
+    app.wait_status(&probe, "succeeded", DEADLINE).await;
     assert_eq!(claims().await, settled, "no claims while paused");
 
     // The provider recovers; resume finishes the batch.
@@ -368,7 +377,7 @@ async fn batch_auto_pauses_when_the_provider_fails_and_resume_finishes_it() {
         || async {
             count(
                 &app,
-                "SELECT count(*) FROM operations WHERE status = 'succeeded'",
+                "SELECT count(*) FROM operations WHERE batch_id IS NOT NULL AND status = 'succeeded'",
             )
             .await
                 == N as i64

@@ -2,12 +2,14 @@
 //! expiry and the reaper, unsafe side effects, nondeterminism, ordering keys, graceful
 //! shutdown, and a chaos run.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_core::broker::{self, Publisher};
 use agentq_core::operation::{Lane, OperationId, Pointer};
 use serde_json::json;
 
+use crate::fake_model::{FakeModel, Mode};
 use crate::harness::{DEADLINE, TestApp};
 
 /// A test world with short leases so crashes are noticed in seconds.
@@ -287,22 +289,50 @@ async fn operations_sharing_an_ordering_key_run_one_at_a_time_in_order() {
     app.cleanup().await;
 }
 
+/// SIGTERM while a short step is in flight: the grace lets it finish. The short operation's
+/// model call is held by the fake provider until the signal has been sent, so its step can only
+/// end inside the grace, never before the signal (on any machine); the long one is handed back.
 #[tokio::test]
 async fn sigterm_lets_short_work_finish_and_hands_long_work_back() {
+    let fake = FakeModel::start(Mode::Echo).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = gate.clone();
+    fake.set_hook(Arc::new(move |_| {
+        let held = held.clone();
+        Box::pin(async move {
+            held.acquire().await.expect("gate open").forget();
+        })
+    }));
     let mut app = TestApp::start().await;
     app.set_env("AGENTQ_SHUTDOWN_GRACE_SECS", "2");
-    let short = app.enqueue_script(json!([{ "work_ms": 800 }]), &[]);
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    let short = app.enqueue_script(json!([{ "model": "short work" }]), &[]);
     let long = app.enqueue_script(json!([{ "work_ms": 60000 }]), &[]);
     let w = app.spawn(&["worker"]);
-    app.wait_status(&short, "running", DEADLINE).await;
     app.wait_status(&long, "running", DEADLINE).await;
+    app.wait_for(
+        "the short step's model call to be in flight",
+        DEADLINE,
+        || async { fake.requests() == 1 },
+    )
+    .await;
     app.signal(w, "TERM");
+    assert_eq!(
+        app.operation(&short).await.status.as_str(),
+        "running",
+        "the short step is held in flight when SIGTERM arrives"
+    );
+    gate.add_permits(1);
     assert!(
         app.wait_exit(w, Duration::from_secs(10)).await,
         "worker exits after the grace period"
     );
 
-    assert_eq!(app.operation(&short).await.status.as_str(), "succeeded");
+    assert_eq!(
+        app.operation(&short).await.status.as_str(),
+        "succeeded",
+        "the step in flight at SIGTERM finished within the grace"
+    );
     let back = app.operation(&long).await;
     assert_eq!(
         back.status.as_str(),

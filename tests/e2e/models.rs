@@ -198,6 +198,24 @@ async fn insufficient_quota_goes_straight_to_the_dlq_without_a_retry() {
         dead.error_message.unwrap().contains("out of quota"),
         "an operator understands why"
     );
+    // It is in the DLQ: an open dead letter an operator drains, saying why.
+    let letter = agentq_core::db::dead_letters::find_dead_letter(&app.pool, dead.op_id.0, None)
+        .await
+        .unwrap()
+        .expect("a dead letter for the operation");
+    assert_eq!(
+        (
+            letter.class.as_str(),
+            letter.status.as_str(),
+            letter.attempts
+        ),
+        ("non_retryable", "open", 1)
+    );
+    assert!(
+        letter.reason.contains("out of quota"),
+        "the dead letter says why: {}",
+        letter.reason
+    );
     assert_eq!(fake.requests(), 1, "not retried");
     app.cleanup().await;
 }
