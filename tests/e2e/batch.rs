@@ -324,11 +324,12 @@ async fn batch_auto_pauses_when_the_provider_fails_and_resume_finishes_it() {
     let failed: i64 = count(&app, "SELECT count(*) FROM batch_outcomes WHERE NOT ok").await;
     assert!(failed >= 5, "paused after failures: {failed}");
     // Nothing new starts while paused: claims stop. First every attempt in flight settles
-    // (none of the batch's operations is running any more).
+    // (none of the batch's operations is running any more). Claims are counted by epoch, which
+    // every claim raises, not by attempt, which a claim parked by the open breaker gives back.
     let claims = || {
         count(
             &app,
-            "SELECT COALESCE(sum(attempt), 0)::bigint FROM operations WHERE batch_id IS NOT NULL",
+            "SELECT COALESCE(sum(epoch), 0)::bigint FROM operations WHERE batch_id IS NOT NULL",
         )
     };
     app.wait_for(
@@ -361,9 +362,36 @@ async fn batch_auto_pauses_when_the_provider_fails_and_resume_finishes_it() {
     )
     .await;
     assert_eq!(history, 1, "the pause is audited");
-    // The worker goes on taking the batch lane's deliveries: an operation enqueued on that
-    // lane after the pause (its pointer behind every pointer queued before it) runs, and still
-    // none of the paused batch's operations was claimed.
+    // Every queued operation of the paused batch is made due and its pointer delivered again
+    // (as a redelivery or a sweep might): the claim itself must start none of them. Then an
+    // operation enqueued on the same lane after those pointers runs, so the worker has taken
+    // every delivery before it, and still none of the paused batch's operations was claimed.
+    let due: Vec<(uuid::Uuid,)> = sqlx::query_as(
+        "UPDATE operations SET run_at = now() WHERE batch_id IS NOT NULL AND status = 'queued'
+         RETURNING id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert!(!due.is_empty(), "the pause left queued operations to test");
+    let conn = agentq_core::broker::connect(&app.amqp_url, "test")
+        .await
+        .unwrap();
+    let publisher = agentq_core::broker::Publisher::open(&conn, app.names())
+        .await
+        .unwrap();
+    for (id,) in &due {
+        let pointer = agentq_core::operation::Pointer::new(
+            agentq_core::operation::OperationId(*id),
+            "t1",
+            "doc_migration",
+        );
+        publisher
+            .publish(&pointer, agentq_core::Lane::Batch)
+            .await
+            .unwrap();
+    }
+    let _ = conn.close(200, "done".into()).await;
     let probe = app.enqueue_script(json!([{ "work_ms": 0 }]), &["--lane", "batch"]);
     app.wait_status(&probe, "succeeded", DEADLINE).await;
     assert_eq!(claims().await, settled, "no claims while paused");
