@@ -200,6 +200,11 @@ impl JobContext {
             .await
     }
 
+    /// Runs the step `spec` at the next journal position, inside its span: what the journal
+    /// recorded there decides whether it runs at all ([`JobContext::resume_step`]); if it
+    /// runs, [`JobContext::begin_step`] makes what must be durable before it durable, `f` does
+    /// its work (given the step's idempotency key), and [`JobContext::end_step`] records how
+    /// it ended.
     pub(super) async fn run_step_with<'a, T, F, Fut>(
         &self,
         spec: StepSpec<'_>,
@@ -225,33 +230,37 @@ impl JobContext {
             replayed = false,
             otel.status_code = tracing::field::Empty,
         );
-        let body = self.run_step_at(seq, key, spec, reconcile, f);
+        let body = async move {
+            let fresh = match self.resume_step(seq, &key, spec, reconcile).await? {
+                Resumed::Recorded(value) => return Ok(value),
+                Resumed::Run { fresh } => fresh,
+            };
+            let started_at = self.begin_step(seq, &key, spec, fresh).await?;
+            let ran = Instant::now();
+            let outcome = f(key.clone()).await;
+            metrics::STEP_DURATION.observe(&[spec.kind.as_str()], ran.elapsed().as_secs_f64());
+            self.end_step(seq, &key, spec, started_at, outcome)
+        };
         tracing::Instrument::instrument(body, span).await
     }
 
-    /// The body of [`JobContext::run_step_with`], inside the step's span.
-    async fn run_step_at<'a, T, F, Fut>(
+    /// What the journal recorded at `seq` means for the step `spec` asked now
+    /// (`state::replay::resume`): its recorded output, or that it runs. A reconcile's answer
+    /// decides it for an unsafe step whose outcome was lost (the effect happened: its output is
+    /// recorded now; nobody can tell: the step is marked unknown and the run fails closed). A
+    /// step asked for differently than recorded fails, unless an operator's upgrade covers the
+    /// position: then the journal is rebased there and the step runs.
+    async fn resume_step<'a, T>(
         &self,
         seq: i32,
-        key: String,
+        key: &str,
         spec: StepSpec<'_>,
         reconcile: Option<Reconcile<'a>>,
-        f: F,
-    ) -> Result<T, JobError>
+    ) -> Result<Resumed<T>, JobError>
     where
-        T: Serialize + DeserializeOwned,
-        F: FnOnce(String) -> Fut,
-        Fut: Future<Output = Result<(T, Option<serde_json::Value>), JobError>>,
+        T: DeserializeOwned,
     {
-        let StepSpec {
-            name,
-            kind,
-            replay,
-            deferred,
-        } = spec;
-        // What the journal recorded at this position decides whether the step runs at all
-        // (`state::replay::resume`); a reconcile's answer decides it for an unsafe step whose
-        // outcome was lost.
+        let StepSpec { name, kind, .. } = spec;
         let mut entry = self.recorded(seq);
         let mut decision = resume(
             entry.as_ref().map(|e| recorded_as(e, name, kind)),
@@ -272,17 +281,19 @@ impl JobContext {
                 let out = entry
                     .and_then(|e| e.output)
                     .unwrap_or(serde_json::Value::Null);
-                return serde_json::from_value(out).map_err(|e| {
-                    JobError::Nondeterminism(format!(
-                        "step {seq} ({name}) recorded an output of another shape: {e}"
-                    ))
-                });
+                return serde_json::from_value(out)
+                    .map(Resumed::Recorded)
+                    .map_err(|e| {
+                        JobError::Nondeterminism(format!(
+                            "step {seq} ({name}) recorded an output of another shape: {e}"
+                        ))
+                    });
             }
             (Resume::Reconcile, Some(ask)) => {
                 if let Some(memory) = &self.inner.services.memory {
                     memory.before_reconcile()?;
                 }
-                Some(ask(key.clone()).await?)
+                Some(ask(key.to_string()).await?)
             }
             // Nobody to ask: fail closed.
             (Resume::FailClosed | Resume::Reconcile, _) => Some(Reconciled::Unsupported),
@@ -296,46 +307,59 @@ impl JobContext {
                         "reconcile of step {seq} ({name}) returned an output of another shape: {e}"
                     ))
                 })?;
-                let mut done = spec.row(seq, &key, StepStatus::Completed, Utc::now());
+                let mut done = spec.row(seq, key, StepStatus::Completed, Utc::now());
                 done.output = Some(output);
                 done.completed_at = Some(Utc::now());
                 self.push(done, true);
-                return Ok(value);
+                return Ok(Resumed::Recorded(value));
             }
             Some(Reconciled::NotHappened) => {
                 tracing::info!(op_id = %self.inner.info.op_id, seq, "reconciled: the effect did not happen; running it");
             }
             Some(Reconciled::Unsupported) => {
                 // Fail closed: mark the step unknown, keep its key for a human.
-                let mut unknown = spec.row(seq, &key, StepStatus::Unknown, Utc::now());
+                let mut unknown = spec.row(seq, key, StepStatus::Unknown, Utc::now());
                 unknown.error = Some("outcome lost in a crash; not re-run".into());
                 self.push(unknown, true);
                 self.state().failed_step = Some(seq);
                 return Err(JobError::UnknownSideEffect {
                     seq,
                     name: name.to_string(),
-                    key,
+                    key: key.to_string(),
                 });
             }
         }
+        Ok(Resumed::Run {
+            fresh: entry.is_none(),
+        })
+    }
 
-        if entry.is_none() {
-            self.check_journal_room(seq, name)?;
+    /// Before the step `spec` at `seq` runs (`fresh`: nothing is recorded at `seq`): checks the
+    /// journal has room for it, and makes every step finished before it durable; an unsafe
+    /// step's `started` row too, in the same write. Returns when the step started.
+    async fn begin_step(
+        &self,
+        seq: i32,
+        key: &str,
+        spec: StepSpec<'_>,
+        fresh: bool,
+    ) -> Result<DateTime<Utc>, JobError> {
+        if fresh {
+            self.check_journal_room(seq, spec.name)?;
         }
         if let Some(memory) = &self.inner.services.memory {
-            memory.step_runs(seq, name, kind, replay)?;
+            memory.step_runs(seq, spec.name, spec.kind, spec.replay)?;
         }
         let started_at = Utc::now();
-        let row = |status| spec.row(seq, &key, status, started_at);
+        let unsafe_step = spec.replay == Replay::Unsafe;
 
-        // Every step finished before this one is durable before it starts; an unsafe step's
-        // `started` row too, in the same write. An unsafe step does not begin once the run was
-        // asked to give its slot back; once begun, its call is never cut for that.
-        if replay == Replay::Unsafe {
+        // An unsafe step does not begin once the run was asked to give its slot back; once
+        // begun, its call is never cut for that.
+        if unsafe_step {
             if !self.inner.yielding.begin_unsafe() {
                 return Err(JobError::LeaseLost);
             }
-            self.push(row(StepStatus::Started), true);
+            self.push(spec.row(seq, key, StepStatus::Started, started_at), true);
             if let Err(e) = self.flush().await {
                 self.inner.yielding.end_unsafe();
                 return Err(e);
@@ -344,18 +368,38 @@ impl JobContext {
             self.flush().await?;
         }
 
-        {
-            let mut st = self.state();
-            st.current_key = Some(key.clone());
-            if replay == Replay::Unsafe {
-                let mut unknown = row(StepStatus::Unknown);
-                unknown.error = Some("stopped during its call (a cancel or a deadline); its effect may have happened".into());
-                st.in_flight = Some(unknown);
-            }
+        let mut st = self.state();
+        st.current_key = Some(key.to_string());
+        if unsafe_step {
+            let mut unknown = spec.row(seq, key, StepStatus::Unknown, started_at);
+            unknown.error = Some(
+                "stopped during its call (a cancel or a deadline); its effect may have happened"
+                    .into(),
+            );
+            st.in_flight = Some(unknown);
         }
-        let ran = Instant::now();
-        let outcome = f(key.clone()).await;
-        metrics::STEP_DURATION.observe(&[kind.as_str()], ran.elapsed().as_secs_f64());
+        Ok(started_at)
+    }
+
+    /// After the step `spec` at `seq` (started at `started_at`) ran: records how it ended. An
+    /// unsafe step whose outcome is unknown is marked so, to be reconciled, never run blindly.
+    fn end_step<T>(
+        &self,
+        seq: i32,
+        key: &str,
+        spec: StepSpec<'_>,
+        started_at: DateTime<Utc>,
+        outcome: Result<(T, Option<serde_json::Value>), JobError>,
+    ) -> Result<T, JobError>
+    where
+        T: Serialize,
+    {
+        let StepSpec {
+            name,
+            replay,
+            deferred,
+            ..
+        } = spec;
         {
             let mut st = self.state();
             st.current_key = None;
@@ -364,6 +408,7 @@ impl JobContext {
         if replay == Replay::Unsafe {
             self.inner.yielding.end_unsafe();
         }
+        let row = |status| spec.row(seq, key, status, started_at);
         match outcome {
             Ok((value, usage)) => {
                 let output = serde_json::to_value(&value).map_err(|e| {
@@ -382,7 +427,8 @@ impl JobContext {
                 }
                 if replay == Replay::Unsafe && e.outcome_unknown() {
                     // The effect may have happened: never run it blindly again. The next
-                    // attempt reconciles, or fails closed (the `started` branch above).
+                    // attempt reconciles, or fails closed (the `started` branch of
+                    // `resume_step`).
                     let mut unknown = row(StepStatus::Unknown);
                     unknown.error = Some(format!("outcome unknown: {e}"));
                     self.push(unknown, true);
@@ -398,4 +444,12 @@ impl JobContext {
             }
         }
     }
+}
+
+/// What the journal's record at a step's position decided ([`JobContext::resume_step`]).
+enum Resumed<T> {
+    /// The step's output, recorded by an earlier run (or found by a reconcile): it does not run.
+    Recorded(T),
+    /// The step runs; `fresh`: nothing is recorded at its position yet.
+    Run { fresh: bool },
 }

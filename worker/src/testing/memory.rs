@@ -337,32 +337,16 @@ impl Store for Memory {
         _name: &str,
         _deadline: chrono::DateTime<Utc>,
     ) -> db::timers::Wait {
-        let mut st = self.state();
-        if st.stop_at_end {
-            st.stopped = true;
-            return db::timers::Wait::Pending;
-        }
-        match st.waits.remove(&seq) {
-            Some(output) => {
-                st.complete(seq, output.clone());
-                db::timers::Wait::Resolved(output)
-            }
+        match self.state().take_decision(seq, |st| &mut st.waits) {
+            Some(output) => db::timers::Wait::Resolved(output),
             None => db::timers::Wait::Pending,
         }
     }
 
     /// Decides a join as `db::children::resolve_join` does.
     fn resolve_join(&self, seq: i32, _ids: &[uuid::Uuid]) -> db::children::Join {
-        let mut st = self.state();
-        if st.stop_at_end {
-            st.stopped = true;
-            return db::children::Join::Pending;
-        }
-        match st.joins.remove(&seq) {
-            Some(output) => {
-                st.complete(seq, output.clone());
-                db::children::Join::Resolved(output)
-            }
+        match self.state().take_decision(seq, |st| &mut st.joins) {
+            Some(output) => db::children::Join::Resolved(output),
             None => db::children::Join::Pending,
         }
     }
@@ -401,6 +385,23 @@ impl MemoryState {
             });
         }
         self.happened.insert(key.to_string(), output);
+    }
+
+    /// The decision made for the parked step `seq` since it parked (taken from `decided`, the
+    /// waits or the joins), completing its step; `None` while it is pending, and always once a
+    /// journal replay has reached its end (that stops the replay).
+    fn take_decision(
+        &mut self,
+        seq: i32,
+        decided: impl FnOnce(&mut Self) -> &mut HashMap<i32, Value>,
+    ) -> Option<Value> {
+        if self.stop_at_end {
+            self.stopped = true;
+            return None;
+        }
+        let output = decided(self).remove(&seq)?;
+        self.complete(seq, output.clone());
+        Some(output)
     }
 
     /// Completes the parked step `seq` with `output`, durably.
