@@ -220,22 +220,24 @@ fn start(
     });
 }
 
+/// What a pull of one lane ([`pull_parked`], [`pull_held`]) works with: the worker, the lane
+/// and its slots, where it starts operations, and when it stops.
+#[derive(Clone)]
+pub(crate) struct Pull {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) lane: Lane,
+    pub(crate) slots: Arc<Semaphore>,
+    pub(crate) tasks: TaskTracker,
+    pub(crate) shutdown: CancellationToken,
+}
+
 /// Until `shutdown`, every [`PULL_EVERY`]: claims the parked operations of `lane` this worker
 /// may run (refused by a worker that does not run their version), as many as it has free
 /// slots, with the claim statement every pointer goes through, and starts them.
-pub(crate) async fn pull_parked(
-    shared: Arc<Shared>,
-    lane: Lane,
-    slots: Arc<Semaphore>,
-    tasks: TaskTracker,
-    shutdown: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(PULL_EVERY) => {}
-        }
-        let free = slots.available_permits().min(MAX_BATCH);
+pub(crate) async fn pull_parked(pull: Pull) {
+    let (shared, lane) = (&pull.shared, pull.lane);
+    while pull.next().await {
+        let free = pull.free();
         if free == 0 {
             continue;
         }
@@ -250,29 +252,9 @@ pub(crate) async fn pull_parked(
                     continue;
                 }
             };
-        let permits: Vec<OwnedSemaphorePermit> = ids
-            .iter()
-            .map_while(|_| slots.clone().try_acquire_owned().ok())
-            .collect();
-        let ids = &ids[..permits.len()];
-        let claimed = db::within(db::claim_operations(
-            pool,
-            ids,
-            &runnable,
-            shared.leases.owner(),
-            shared.leases.ttl(),
-        ))
-        .await;
-        match claimed {
-            Ok(claimed) => {
-                if !claimed.is_empty() {
-                    tracing::info!(n = claimed.len(), %lane, "claimed parked operations of a version this worker runs");
-                }
-                for (op, permit) in claimed.into_iter().zip(permits) {
-                    start(&shared, lane, op, permit, &tasks);
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "claiming parked operations failed"),
+        let n = pull.claim_and_start(&ids, &runnable, "parked").await;
+        if n > 0 {
+            tracing::info!(n, %lane, "claimed parked operations of a version this worker runs");
         }
     }
 }
@@ -283,18 +265,9 @@ pub(crate) async fn pull_parked(
 /// of `lane` held for fair shares that this worker may start now (`Shares::pullable`: oldest
 /// first, tenants under their share here, or any when nobody else waits), as many as it has
 /// free slots, and starts them.
-pub(crate) async fn pull_held(
-    shared: Arc<Shared>,
-    lane: Lane,
-    slots: Arc<Semaphore>,
-    tasks: TaskTracker,
-    shutdown: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(PULL_EVERY) => {}
-        }
+pub(crate) async fn pull_held(pull: Pull) {
+    let (shared, lane) = (&pull.shared, pull.lane);
+    while pull.next().await {
         let running = shared.leases.running_by_tenant(lane);
         for tenant in shared
             .shares
@@ -307,7 +280,7 @@ pub(crate) async fn pull_held(
                 tracing::info!(n, %lane, "a tenant over its share gives slots back to others waiting");
             }
         }
-        let free = slots.available_permits().min(MAX_BATCH);
+        let free = pull.free();
         if free == 0 {
             continue;
         }
@@ -326,30 +299,64 @@ pub(crate) async fn pull_held(
             .shares
             .pullable(pool, lane, running, held, free)
             .await;
+        let runnable = shared.versions.runnable();
+        pull.claim_and_start(&ids, &runnable, "held").await;
+    }
+}
+
+impl Pull {
+    /// Waits for the next pull, [`PULL_EVERY`] from now; false once `shutdown` fires first.
+    async fn next(&self) -> bool {
+        tokio::select! {
+            _ = self.shutdown.cancelled() => false,
+            _ = tokio::time::sleep(PULL_EVERY) => true,
+        }
+    }
+
+    /// The lane's free slots, at most a claim's batch.
+    fn free(&self) -> usize {
+        self.slots.available_permits().min(MAX_BATCH)
+    }
+
+    /// Takes a free slot for each of `ids` while there are any, claims those operations with
+    /// the claim statement every pointer goes through (only what `runnable` allows), and
+    /// starts the ones claimed; returns how many it started. A failed claim is logged, naming
+    /// the `what` operations (`parked`, `held`), and starts nothing.
+    async fn claim_and_start(
+        &self,
+        ids: &[Uuid],
+        runnable: &db::versions::Runnable,
+        what: &str,
+    ) -> usize {
         let permits: Vec<OwnedSemaphorePermit> = ids
             .iter()
-            .map_while(|_| slots.clone().try_acquire_owned().ok())
+            .map_while(|_| self.slots.clone().try_acquire_owned().ok())
             .collect();
         let ids = &ids[..permits.len()];
         if ids.is_empty() {
-            continue;
+            return 0;
         }
-        let runnable = shared.versions.runnable();
-        match db::within(db::claim_operations(
-            pool,
+        let shared = &self.shared;
+        let claimed = db::within(db::claim_operations(
+            shared.pool(),
             ids,
-            &runnable,
+            runnable,
             shared.leases.owner(),
             shared.leases.ttl(),
         ))
-        .await
-        {
+        .await;
+        match claimed {
             Ok(claimed) => {
+                let n = claimed.len();
                 for (op, permit) in claimed.into_iter().zip(permits) {
-                    start(&shared, lane, op, permit, &tasks);
+                    start(shared, self.lane, op, permit, &self.tasks);
                 }
+                n
             }
-            Err(e) => tracing::warn!(error = %e, "claiming held operations failed"),
+            Err(e) => {
+                tracing::warn!(error = %e, "claiming {what} operations failed");
+                0
+            }
         }
     }
 }

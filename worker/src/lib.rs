@@ -217,21 +217,16 @@ impl Worker {
             .iter()
             .zip(&slots)
             .flat_map(|((lane, _), slots)| {
+                let pull = claim::Pull {
+                    shared: self.shared.clone(),
+                    lane: *lane,
+                    slots: slots.clone(),
+                    tasks: tasks.clone(),
+                    shutdown: shutdown.clone(),
+                };
                 [
-                    tokio::spawn(claim::pull_parked(
-                        self.shared.clone(),
-                        *lane,
-                        slots.clone(),
-                        tasks.clone(),
-                        shutdown.clone(),
-                    )),
-                    tokio::spawn(claim::pull_held(
-                        self.shared.clone(),
-                        *lane,
-                        slots.clone(),
-                        tasks.clone(),
-                        shutdown.clone(),
-                    )),
+                    tokio::spawn(claim::pull_parked(pull.clone())),
+                    tokio::spawn(claim::pull_held(pull)),
                 ]
             })
             .collect();

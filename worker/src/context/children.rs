@@ -1,0 +1,270 @@
+//! Child operations: [`JobContext::spawn`] (with the checks an enqueue makes, the tenant's
+//! cap of unfinished operations, and the child's pointer published) and [`JobContext::join`]
+//! (parks until every child has finished), and [`ChildOutcome`], how a child ended.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use agentq_core::db;
+use agentq_core::dispatch::{Dispatcher, Target};
+use agentq_core::state::{StepKind, StepStatus};
+use chrono::Utc;
+use serde_json::Value;
+
+use super::journal::StepSpec;
+use super::park::MAX_PARK;
+use super::{JobContext, Services};
+use crate::error::JobError;
+use crate::tool::Replay;
+
+/// How a child operation ended, as [`JobContext::join`] returns it (and journals it).
+#[derive(Clone, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
+pub struct ChildOutcome {
+    pub op_id: uuid::Uuid,
+    pub kind: String,
+    /// `succeeded`, `dead`, `cancelled` or `discarded`.
+    pub status: agentq_core::state::Status,
+    /// What it returned, if it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// Why it failed (its error class and message), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_class: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
+}
+
+impl ChildOutcome {
+    /// Whether the child succeeded.
+    pub fn succeeded(&self) -> bool {
+        self.status == agentq_core::state::Status::Succeeded
+    }
+}
+
+/// Test hook (`AGENTQ_TEST_SPAWN_PAUSE_MS`): how long a spawn waits after storing its child
+/// and before its step is journaled, so a crash test can kill a worker in that window.
+fn spawn_pause() -> Option<Duration> {
+    static PAUSE: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *PAUSE.get_or_init(|| {
+        std::env::var("AGENTQ_TEST_SPAWN_PAUSE_MS")
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+            .map(Duration::from_millis)
+    })
+}
+
+impl Services {
+    /// Checks a child as an enqueue checks an operation: its kind, its input against the kind
+    /// and its size, and the stores the input names (the parent's tenant must have them). A
+    /// kind that runs only for webhook deliveries cannot be a child. A misfit is
+    /// non-retryable; an unreachable database is not.
+    async fn check_spawn(&self, tenant: &str, kind: &str, input: &Value) -> Result<(), JobError> {
+        let refuse =
+            |why: String| JobError::NonRetryable(format!("spawning a {kind:?} child: {why}"));
+        let requires = (self.check_child)(kind, input).map_err(refuse)?;
+        if requires.webhook_only {
+            return Err(refuse(
+                "the kind runs only for the deliveries of a webhook source".into(),
+            ));
+        }
+        agentq_core::operation::check_input_size(input).map_err(refuse)?;
+        if self.memory.is_none() {
+            self.check_tenant_cap(tenant).await?;
+        }
+        if !requires.stores.is_empty() && self.memory.is_none() {
+            let refusal = db::within(async {
+                let mut conn = self.pool.acquire().await?;
+                db::stores::refusal(&mut conn, tenant, &requires.stores).await
+            })
+            .await
+            .map_err(|e| JobError::retryable(format!("checking a child's stores: {e}")))?;
+            if let Some(why) = refusal {
+                return Err(refuse(why));
+            }
+        }
+        Ok(())
+    }
+
+    /// A spawn is an operation born: past its tenant's cap of unfinished operations the spawn
+    /// waits (the parent parks as overloaded, its attempt given back, and tries again later).
+    /// The count is at most a second old.
+    async fn check_tenant_cap(&self, tenant: &str) -> Result<(), JobError> {
+        let cap = self.limits.tenant_max_unfinished;
+        let cached = {
+            let counts = self.counts.lock().expect("counts lock");
+            counts
+                .get(tenant)
+                .filter(|(at, _)| at.elapsed() < Duration::from_secs(1))
+                .map(|(_, n)| *n)
+        };
+        let count = match cached {
+            Some(n) => n,
+            None => {
+                let n = db::within(db::unfinished_count(&self.pool, tenant, cap))
+                    .await
+                    .map_err(|e| {
+                        JobError::retryable(format!("counting the tenant's operations: {e}"))
+                    })?;
+                self.counts
+                    .lock()
+                    .expect("counts lock")
+                    .insert(tenant.to_string(), (Instant::now(), n));
+                n
+            }
+        };
+        if count >= cap {
+            return Err(JobError::Overloaded {
+                message: format!(
+                    "tenant {tenant:?} has {cap} or more unfinished operations, its cap \
+                     (AGENTQ_TENANT_MAX_UNFINISHED): the spawn waits for some to finish"
+                ),
+                not_before: Some(Utc::now() + chrono::Duration::seconds(5)),
+            });
+        }
+        Ok(())
+    }
+
+    /// Publishes a new child's pointer; if that fails the dispatch sweeper publishes it.
+    async fn dispatch_child(&self, child: db::Dispatch) {
+        let dispatcher = self.children.get_or_init(|| {
+            Dispatcher::new(
+                self.pool.clone(),
+                &self.amqp_url,
+                self.names.clone(),
+                "worker",
+            )
+        });
+        if let Err(e) = dispatcher.dispatch(&Target::from(child)).await {
+            tracing::warn!(error = %e, "publishing a child's pointer failed; the dispatch sweeper will");
+        }
+    }
+}
+
+impl JobContext {
+    /// Starts a child operation of `kind` with `input` and returns its id, without waiting for
+    /// it ([`JobContext::join`] waits). The child belongs to this operation's tenant and takes
+    /// its lane, attempt budget and trace; cancelling this operation cancels it.
+    ///
+    /// Journaled: a replay returns the same child, never a second one. A crash after the child
+    /// was stored but before the step was journaled runs the step again, and its dedupe key
+    /// (`child:` and the step's idempotency key) finds the child the first run stored.
+    /// The kind and input are checked as an enqueue checks them: a misfit fails this
+    /// operation (non-retryable), and nothing is stored.
+    pub async fn spawn(&self, kind: &str, input: Value) -> Result<uuid::Uuid, JobError> {
+        let name = format!("spawn:{kind}");
+        let spec = StepSpec::new(&name, StepKind::Spawn, Replay::Safe);
+        let services = self.inner.services.clone();
+        let parent = self.inner.info.op_id.0;
+        let tenant = &self.inner.info.tenant;
+        self.run_step_with(spec, None, |key| async move {
+            services.check_spawn(tenant, kind, &input).await?;
+            if let Some(memory) = &services.memory {
+                return Ok((memory.spawn(&key, kind, &input), None));
+            }
+            let sha = agentq_core::operation::input_sha256(&input);
+            let spawned = db::within(db::children::spawn(
+                &services.pool,
+                parent,
+                &format!("child:{key}"),
+                kind,
+                &input,
+                &sha,
+                services.limits.max_children,
+            ))
+            .await
+            .map_err(|e| JobError::retryable(format!("spawning a child: {e}")))?;
+            match spawned {
+                db::children::Spawned::Created(child) => {
+                    let id = child.id;
+                    services.dispatch_child(child).await;
+                    if let Some(pause) = spawn_pause() {
+                        // Test hook: hold the child stored but the step unjournaled.
+                        tokio::time::sleep(pause).await;
+                    }
+                    Ok((id, None))
+                }
+                db::children::Spawned::Existing(id) => Ok((id, None)),
+                db::children::Spawned::NoParent => Err(JobError::LeaseLost),
+                db::children::Spawned::Capped(n) => Err(JobError::NonRetryable(format!(
+                    "this operation has spawned {n} children, the most one operation may \
+                     (AGENTQ_MAX_CHILDREN); spawn fewer, or from the children themselves"
+                ))),
+                db::children::Spawned::KindNotAllowed => Err(JobError::NonRetryable(format!(
+                    "spawning a {kind:?} child: tenant {tenant:?} may not create operations of \
+                     that kind (an admin's list, `agentq tenants kinds {tenant}`)"
+                ))),
+            }
+        })
+        .await
+    }
+
+    /// Waits until every one of `children` (ids [`JobContext::spawn`] returned) has finished
+    /// and returns how each ended, in the order given: a child that died or was cancelled is
+    /// an outcome to handle, not an error of this operation. While any is unfinished the
+    /// operation parks as `waiting` (holding no worker, like a wait for a signal) and the
+    /// scheduler queues it once they all are. Journaled: a replay returns the same outcomes.
+    pub async fn join(&self, children: &[uuid::Uuid]) -> Result<Vec<ChildOutcome>, JobError> {
+        let mut ids: Vec<uuid::Uuid> = Vec::with_capacity(children.len());
+        for c in children {
+            if !ids.contains(c) {
+                ids.push(*c);
+            }
+        }
+        let (seq, key) = self.begin_park("join", StepKind::Join).await?;
+        let decode = |output: Option<Value>| {
+            serde_json::from_value::<Vec<ChildOutcome>>(output.unwrap_or(Value::Array(vec![])))
+                .map_err(|e| {
+                    JobError::Nondeterminism(format!(
+                        "step {seq} (join) recorded an output of another shape: {e}"
+                    ))
+                })
+        };
+        // A join parks with no timeout of its own (an operation deadline still applies).
+        let until = Utc::now() + chrono::Duration::from_std(MAX_PARK).unwrap_or_default();
+        match self.recorded(seq) {
+            Some(e) if e.status == StepStatus::Completed => return decode(e.output),
+            Some(_) => {}
+            None if ids.is_empty() => {
+                let mut row = self.park_row(seq, "join", StepKind::Join, key, until);
+                row.status = StepStatus::Completed;
+                row.output = Some(Value::Array(vec![]));
+                row.completed_at = Some(Utc::now());
+                self.push(row, true);
+                return Ok(Vec::new());
+            }
+            None => {
+                // The join step must exist before it can be resolved.
+                self.push(self.park_row(seq, "join", StepKind::Join, key, until), true);
+                self.flush().await?;
+            }
+        }
+        let info = &self.inner.info;
+        let resolved = match &self.inner.services.memory {
+            Some(memory) => memory.resolve_join(seq, &ids),
+            None => db::within(db::children::resolve_join(
+                &self.inner.services.pool,
+                info.op_id.0,
+                info.epoch,
+                seq,
+                &ids,
+            ))
+            .await
+            .map_err(|e| JobError::retryable(format!("resolving a join: {e}")))?,
+        };
+        match resolved {
+            db::children::Join::Resolved(output) => decode(Some(output)),
+            db::children::Join::Pending => {
+                self.state().suspend =
+                    Some((until, Some(agentq_core::operation::JOIN_WAIT.to_string())));
+                Err(JobError::Suspended)
+            }
+            db::children::Join::NotChildren(strangers) => Err(JobError::NonRetryable(format!(
+                "join named operations that are not this operation's children: {strangers:?}"
+            ))),
+            db::children::Join::LeaseLost => {
+                self.inner.lost.store(true, Ordering::Release);
+                Err(JobError::LeaseLost)
+            }
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! Sleeps and waits for a signal: the steps that park an operation (its row `sleeping` or
+//! `waiting`, holding no worker) until the scheduler or a signal wakes it, and the longest
+//! park allowed ([`MAX_PARK`]).
+
+use std::sync::atomic::Ordering;
+
+use agentq_core::db::{self, StepWrite};
+use agentq_core::operation::step_idempotency_key;
+use agentq_core::state::replay::{Resume, resume};
+use agentq_core::state::{StepKind, StepStatus};
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+use super::JobContext;
+use super::journal::{StepSpec, recorded_as};
+use crate::error::JobError;
+use crate::tool::Replay;
+
+/// The longest a sleep or a wait may last: 100 years. Longer ones (a duration typed with too
+/// many digits) are refused: their wake time would overflow, or fall past what PostgreSQL
+/// stores.
+pub const MAX_PARK: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
+
+/// Checks a sleep's or wait's length against [`MAX_PARK`]; the error names `field` and the
+/// limit. Kinds call it on their inputs so a producer's too-long duration is refused at
+/// enqueue.
+pub fn check_park(field: &str, d: std::time::Duration) -> Result<(), String> {
+    if d > MAX_PARK {
+        return Err(format!(
+            "{field}: {} s is longer than the longest sleep or wait, 100 years ({} s)",
+            d.as_secs(),
+            MAX_PARK.as_secs()
+        ));
+    }
+    Ok(())
+}
+
+/// The wake time `d` from now, or a non-retryable error past [`MAX_PARK`].
+fn wake_after(what: &str, d: std::time::Duration) -> Result<DateTime<Utc>, JobError> {
+    check_park(what, d).map_err(JobError::NonRetryable)?;
+    // Within MAX_PARK both conversions and the sum are in range.
+    Ok(Utc::now() + chrono::Duration::from_std(d).unwrap_or_default())
+}
+
+/// How a wait for a signal ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SignalOutcome {
+    /// The signal arrived in time.
+    Received {
+        payload: Value,
+        sent_by: Option<String>,
+    },
+    /// The timeout passed first.
+    TimedOut,
+}
+
+impl SignalOutcome {
+    fn from_journal(output: &Value) -> Self {
+        if output.get("timed_out").and_then(Value::as_bool) == Some(true) {
+            SignalOutcome::TimedOut
+        } else {
+            SignalOutcome::Received {
+                payload: output.get("payload").cloned().unwrap_or(Value::Null),
+                sent_by: output
+                    .get("sent_by")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+            }
+        }
+    }
+}
+
+impl JobContext {
+    /// A durable sleep: the operation parks as `sleeping`, the worker lets go of it, and the
+    /// scheduler wakes it after `duration` (measured from the first execution, journaled).
+    pub async fn sleep(&self, duration: std::time::Duration) -> Result<(), JobError> {
+        let until = wake_after("sleep", duration)?;
+        self.sleep_until(until).await
+    }
+
+    /// A durable sleep until `until` (journaled at first execution; replay after the wake-up
+    /// returns at once).
+    pub async fn sleep_until(&self, until: DateTime<Utc>) -> Result<(), JobError> {
+        let (seq, key) = self.begin_park("sleep", StepKind::Sleep).await?;
+        let wake_at = match self.recorded(seq) {
+            Some(e) if e.status == StepStatus::Completed => return Ok(()),
+            Some(e) => e.wake_at.unwrap_or(until),
+            None => until,
+        };
+        let mut row = self.park_row(seq, "sleep", StepKind::Sleep, key, wake_at);
+        if Utc::now() >= wake_at {
+            row.status = StepStatus::Completed;
+            row.completed_at = Some(Utc::now());
+            self.push(row, true);
+            return Ok(());
+        }
+        self.push(row, true);
+        self.state().suspend = Some((wake_at, None));
+        Err(JobError::Suspended)
+    }
+
+    /// Waits for the signal `name` (a human approval, an outside event) for at most `timeout`:
+    /// the operation parks as `waiting`, holding no worker. A signal sent before the wait starts
+    /// is delivered when it does. A signal and the timeout that race are decided once, in one
+    /// write: the signal wins if it was received by the deadline.
+    pub async fn wait_for_signal(
+        &self,
+        name: &str,
+        timeout: std::time::Duration,
+    ) -> Result<SignalOutcome, JobError> {
+        let step = format!("signal:{name}");
+        let (seq, key) = self.begin_park(&step, StepKind::Signal).await?;
+        let deadline = match self.recorded(seq) {
+            Some(e) if e.status == StepStatus::Completed => {
+                return Ok(SignalOutcome::from_journal(
+                    &e.output.unwrap_or(Value::Null),
+                ));
+            }
+            Some(e) => e.wake_at.unwrap_or_else(Utc::now),
+            None => {
+                let deadline = wake_after(&format!("wait for {name:?}"), timeout)?;
+                // The wait step must exist before it can be resolved.
+                self.push(
+                    self.park_row(seq, &step, StepKind::Signal, key.clone(), deadline),
+                    true,
+                );
+                self.flush().await?;
+                deadline
+            }
+        };
+        let info = &self.inner.info;
+        let resolved = match &self.inner.services.memory {
+            Some(memory) => memory.resolve_wait(seq, name, deadline),
+            None => db::within(db::timers::resolve_wait(
+                &self.inner.services.pool,
+                info.op_id.0,
+                info.epoch,
+                seq,
+                name,
+                deadline,
+            ))
+            .await
+            .map_err(|e| JobError::retryable(format!("resolving a wait: {e}")))?,
+        };
+        match resolved {
+            db::timers::Wait::Resolved(output) => Ok(SignalOutcome::from_journal(&output)),
+            db::timers::Wait::LeaseLost => {
+                self.inner.lost.store(true, Ordering::Release);
+                Err(JobError::LeaseLost)
+            }
+            db::timers::Wait::Pending => {
+                self.state().suspend = Some((deadline, Some(name.to_string())));
+                Err(JobError::Suspended)
+            }
+        }
+    }
+
+    /// Takes the next seq for a sleep or wait, checking the journal agrees on what it is.
+    pub(super) async fn begin_park(
+        &self,
+        name: &str,
+        kind: StepKind,
+    ) -> Result<(i32, String), JobError> {
+        self.check_running()?;
+        let seq = self.next_position();
+        let entry = self.recorded(seq);
+        // A park has no tool to reconcile with; only divergence matters here, the rest is the
+        // park's own (a recorded wake time, a resolved wait).
+        if resume(entry.as_ref().map(|e| recorded_as(e, name, kind)), false) == Resume::Diverged {
+            self.rebase_or_diverge(seq, entry.as_ref(), name, kind)
+                .await?;
+        }
+        if entry.is_none() {
+            self.check_journal_room(seq, name)?;
+        }
+        if let Some(memory) = &self.inner.services.memory
+            && entry.is_none()
+        {
+            memory.step_runs(seq, name, kind, Replay::Safe)?;
+        }
+        Ok((seq, step_idempotency_key(self.inner.info.op_id, seq, name)))
+    }
+
+    pub(super) fn park_row(
+        &self,
+        seq: i32,
+        name: &str,
+        kind: StepKind,
+        key: String,
+        wake_at: DateTime<Utc>,
+    ) -> StepWrite {
+        let mut row =
+            StepSpec::new(name, kind, Replay::Safe).row(seq, &key, StepStatus::Started, Utc::now());
+        row.wake_at = Some(wake_at);
+        row
+    }
+}
