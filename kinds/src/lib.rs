@@ -10,7 +10,7 @@
 //!   own), and a deployment's.
 //! - `triage` (`triage.rs`): the webhook-triggered kind: summarize and classify an event, then
 //!   post the result to the source's callback once.
-//! - `doc_migration` (`doc_migration.rs`): one document of a migration, chunked through the
+//! - `doc_migration` (`doc_migration/`): one document of a migration, chunked through the
 //!   model, validated, reviewed on low confidence, written idempotently.
 //! - [`outbound`]: the one HTTP client of `http_get` and `triage`'s callback.
 //!
