@@ -13,6 +13,8 @@
 //! - `doc_migration` (`doc_migration/`): one document of a migration, chunked through the
 //!   model, validated, reviewed on low confidence, written idempotently.
 //! - [`outbound`]: the one HTTP client of `http_get` and `triage`'s callback.
+//! - [`tables`]: the built-in kinds' own tables (`agent_kv`, `ledger_effects`, `doc_migration`'s
+//!   source and target tables): the crate's only SQL.
 //!
 //! Invariant kept here: a kind takes host resources (tables, directories, URLs) only from what
 //! an operator registered or allowed, never from its input.
@@ -24,6 +26,7 @@ mod doc_migration;
 pub mod echo;
 pub mod outbound;
 pub mod script;
+pub mod tables;
 mod tools;
 mod triage;
 

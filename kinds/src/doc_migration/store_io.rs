@@ -6,12 +6,14 @@
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
-use agentq_core::db::docs;
+use agentq_core::db::batch_source;
 use agentq_core::db::stores::{self, Access, Location, Store};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use agentq_worker::JobError;
+
+use crate::tables::docs;
 
 use super::{
     DocMigrationInput, Document, MAX_DOCUMENT_BYTES, Written, describe_source, sha256_hex,
@@ -174,10 +176,10 @@ fn io_failure(doing: &str, e: std::io::Error) -> JobError {
     }
 }
 
-fn db_failure(e: docs::Error) -> JobError {
+fn db_failure(e: batch_source::Error) -> JobError {
     match e {
-        docs::Error::Schema(m) => JobError::NonRetryable(m),
-        docs::Error::Db(e) => JobError::retryable(format!("database: {e}")),
+        batch_source::Error::Schema(m) => JobError::NonRetryable(m),
+        batch_source::Error::Db(e) => JobError::retryable(format!("database: {e}")),
     }
 }
 
