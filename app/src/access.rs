@@ -4,7 +4,7 @@
 //! `operator_actions`; a refused one changes nothing.
 
 use agentq_core::db::access;
-use agentq_core::db::docs::Ident;
+use agentq_core::db::batch_source::Ident;
 use agentq_core::db::stores::{self, Access, Location, Store};
 use agentq_core::operation::TenantId;
 use agentq_core::webhook::Secret;

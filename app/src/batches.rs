@@ -98,11 +98,11 @@ pub async fn list_documents(app: &App, tenant: &str, source: &Value) -> Result<V
     match &store.location {
         Location::Table {
             table, id_column, ..
-        } => db::docs::list_ids(&app.pool, table.as_str(), id_column.as_str())
+        } => db::batch_source::list_ids(&app.pool, table.as_str(), id_column.as_str())
             .await
             .map_err(|e| match e {
-                db::docs::Error::Schema(m) => AppError::Conflict(m),
-                db::docs::Error::Db(e) => AppError::Db(e),
+                db::batch_source::Error::Schema(m) => AppError::Conflict(m),
+                db::batch_source::Error::Db(e) => AppError::Db(e),
             }),
         Location::Dir(root) => list_files(root),
     }

@@ -10,9 +10,11 @@
 //!   own), and a deployment's.
 //! - `triage` (`triage.rs`): the webhook-triggered kind: summarize and classify an event, then
 //!   post the result to the source's callback once.
-//! - `doc_migration` (`doc_migration.rs`): one document of a migration, chunked through the
+//! - `doc_migration` (`doc_migration/`): one document of a migration, chunked through the
 //!   model, validated, reviewed on low confidence, written idempotently.
 //! - [`outbound`]: the one HTTP client of `http_get` and `triage`'s callback.
+//! - [`tables`]: the built-in kinds' own tables (`agent_kv`, `ledger_effects`, `doc_migration`'s
+//!   source and target tables): the crate's only SQL.
 //!
 //! Invariant kept here: a kind takes host resources (tables, directories, URLs) only from what
 //! an operator registered or allowed, never from its input.
@@ -24,6 +26,7 @@ mod doc_migration;
 pub mod echo;
 pub mod outbound;
 pub mod script;
+pub mod tables;
 mod tools;
 mod triage;
 

@@ -1,7 +1,7 @@
 //! The built-in tools of the `script` and `agent` kinds: `ledger` (a side effect, safe or
 //! unsafe, with reconcile), `kv_put` / `kv_get` (a key-value table per tenant) and `http_get`
 //! (a GET of an allowed origin), registered like a deployment's own tools. Their tables are
-//! reached through `agentq_core::db` with the worker's pool
+//! reached through [`crate::tables`] with the worker's pool
 //! ([`ToolContext::pool`](agentq_worker::ToolContext::pool)), scoped to the operation (ledger)
 //! or its tenant (kv).
 

@@ -235,8 +235,9 @@ async fn documents_migrate_between_directories_and_tables_and_reruns_rewrite_the
     );
 
     // Many first writes at once may all try to create the table: none fails.
-    let racing = agentq_core::db::docs::Ident::table("public.docs_raced").unwrap();
-    let creates = (0..8).map(|_| agentq_core::db::docs::create_target_table(&app.pool, &racing));
+    let racing = agentq_core::db::batch_source::Ident::table("public.docs_raced").unwrap();
+    let creates =
+        (0..8).map(|_| agentq_kinds::tables::docs::create_target_table(&app.pool, &racing));
     for created in futures_util::future::join_all(creates).await {
         created.unwrap();
     }

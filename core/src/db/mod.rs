@@ -6,16 +6,14 @@
 //! PostgreSQL itself.
 
 pub mod access;
+pub mod batch_source;
 pub mod batches;
 pub mod children;
 pub mod console;
 pub mod dead_letters;
-pub mod docs;
 pub mod events;
 pub mod fixtures;
 pub mod gauges;
-pub mod kv;
-pub mod ledger;
 pub mod listing;
 pub mod operations;
 pub mod schedules;

@@ -14,7 +14,7 @@ pub use crate::operation::{Access, Need};
 
 use super::Result;
 use super::access::audit;
-use super::docs::Ident;
+use super::batch_source::Ident;
 
 /// The tables agentq's migrations create (and sqlx's own): never readable or writable as a
 /// store, whatever the schema they are named with. A test compares it with the migrated schema.
@@ -50,7 +50,7 @@ pub enum Location {
     /// An absolute directory; a document is a relative path inside it.
     Dir(PathBuf),
     /// A table of agentq's database; a document is the row whose `id_column` (as text) equals
-    /// its id. A target table is created with [`super::docs::TARGET_COLUMNS`] if missing.
+    /// its id. A missing target table is created on first write (`agentq-kinds`' `tables::docs`).
     Table {
         table: Ident,
         id_column: Ident,

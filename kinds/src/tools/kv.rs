@@ -57,7 +57,7 @@ impl TypedTool for KvPut {
     }
 
     async fn call(&self, cx: &ToolContext<'_>, args: PutArgs) -> Result<Stored, JobError> {
-        agentq_core::db::kv::put(cx.pool(), &cx.info().tenant, &args.key, &args.value)
+        crate::tables::kv::put(cx.pool(), &cx.info().tenant, &args.key, &args.value)
             .await
             .map_err(unavailable)?;
         Ok(Stored { ok: true })
@@ -86,7 +86,7 @@ impl TypedTool for KvGet {
     }
 
     async fn call(&self, cx: &ToolContext<'_>, args: GetArgs) -> Result<Read, JobError> {
-        let value = agentq_core::db::kv::get(cx.pool(), &cx.info().tenant, &args.key)
+        let value = crate::tables::kv::get(cx.pool(), &cx.info().tenant, &args.key)
             .await
             .map_err(unavailable)?;
         Ok(Read { value })

@@ -58,7 +58,7 @@ impl Tool for Ledger {
             .get("label")
             .and_then(Value::as_str)
             .unwrap_or(&self.label);
-        let id = agentq_core::db::ledger::record_effect(
+        let id = crate::tables::ledger::record_effect(
             cx.pool(),
             cx.info().op_id.0,
             label,
@@ -76,7 +76,7 @@ impl Tool for Ledger {
         if !self.reconcile {
             return Ok(Reconciled::Unsupported);
         }
-        let found = agentq_core::db::ledger::find_effect(cx.pool(), cx.idempotency_key())
+        let found = crate::tables::ledger::find_effect(cx.pool(), cx.idempotency_key())
             .await
             .map_err(|e| JobError::retryable(format!("ledger unavailable: {e}")))?;
         Ok(match found {

@@ -4,7 +4,7 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::Result;
+use agentq_core::db::Result;
 
 /// Performs one effect. A safe effect happens at most once per idempotency key; an unsafe one
 /// happens every time this is called. Returns the effect's row id (the existing one for a

@@ -3,7 +3,7 @@
 use serde_json::Value;
 use sqlx::PgPool;
 
-use super::Result;
+use agentq_core::db::Result;
 
 /// Sets `key` for `tenant` (an upsert: repeating it is harmless).
 pub async fn put(pool: &PgPool, tenant: &str, key: &str, value: &Value) -> Result<()> {
