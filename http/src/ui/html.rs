@@ -91,11 +91,6 @@ pub fn badge(status: &str) -> Markup {
     html! { span class={ "badge " (class) } { (status) } }
 }
 
-/// A muted paragraph (an empty list's note).
-pub fn muted(text: Markup) -> Markup {
-    html! { p class="muted" { (text) } }
-}
-
 const NAV: [(&str, &str); 8] = [
     ("/ui", "Overview"),
     ("/ui/operations", "Operations"),

@@ -160,7 +160,7 @@ fn next_page(q: &ListQuery, cursor: &str) -> String {
 
 fn table(rows: &[Summary]) -> Markup {
     if rows.is_empty() {
-        return html::muted(html! { "No operations match." });
+        return html! { p class="muted" { "No operations match." } };
     }
     html! {
         table {
