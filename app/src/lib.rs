@@ -5,7 +5,10 @@
 //! parse, call and render, so they cannot disagree.
 //!
 //! - [`access`]: tokens, webhook sources, stores (an admin's, audited);
+//! - [`authenticate`]: token → caller;
 //! - [`capacity`]: the caps of a tenant every way an operation is born goes through;
+//! - [`console`]: the operator console's read views (overview, one operation, approvals,
+//!   batches, the dead-letter inbox);
 //! - [`kinds`]: the deployment's kinds and tools, with the versions live workers run;
 //! - [`operations`]: enqueue, find, list and search, signal, approve / reject, cancel;
 //! - [`dlq`]: list, retry, resolve, discard one dead letter;
@@ -17,9 +20,11 @@
 //! - [`versions`]: the versions report, and upgrading an operation to another version.
 
 pub mod access;
+pub mod authenticate;
 pub mod batches;
 pub mod caller;
 pub mod capacity;
+pub mod console;
 pub mod dlq;
 pub mod error;
 pub mod kinds;

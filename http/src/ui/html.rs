@@ -1,10 +1,12 @@
-//! HTML building blocks of the console: escaping, the page frame, forms with the CSRF token,
-//! and inline SVG charts. No template engine and no JavaScript: pages are strings built here,
-//! and every value from the database or the request passes through [`esc`].
+//! HTML building blocks of the console, on maud's compile-checked `html!` templates: the page
+//! frame, the CSRF field every form carries, badges, inline SVG charts, JSON blocks, and the
+//! redaction of payloads. No JavaScript. Every value spliced into markup as `(value)` is
+//! escaped by maud; nothing here or in the pages uses `PreEscaped` (only maud's `DOCTYPE`).
 
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
+use maud::{DOCTYPE, Markup, html};
 
 use super::session::Session;
 
@@ -22,22 +24,6 @@ pub async fn stylesheet() -> Response {
         HeaderValue::from_static("public, max-age=300"),
     );
     res
-}
-
-/// Escapes text for HTML element content and quoted attribute values.
-pub fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// Percent-encodes a query-string value.
@@ -71,16 +57,30 @@ pub fn secs(s: f64) -> String {
     }
 }
 
+/// The first 8 characters of an id, as links to it show it.
+pub fn short(id: impl ToString) -> String {
+    id.to_string().chars().take(8).collect()
+}
+
 /// The hidden CSRF field of a form of `session`.
-pub fn csrf(session: &Session) -> String {
-    format!(
-        "<input type=\"hidden\" name=\"csrf\" value=\"{}\">",
-        esc(&session.csrf)
-    )
+pub fn csrf(session: &Session) -> Markup {
+    html! { input type="hidden" name="csrf" value=(session.csrf); }
+}
+
+/// A form posting to `action` on behalf of `session` (its CSRF field first), with `class`.
+pub fn form(session: &Session, action: &str, class: Option<&str>, fields: Markup) -> Markup {
+    html! {
+        form method="post" action=(action) class=[class] { (csrf(session)) (fields) }
+    }
+}
+
+/// The optional `reason` field of an action's form.
+pub fn reason_field() -> Markup {
+    html! { input name="reason" placeholder="reason (optional)"; }
 }
 
 /// A status as a coloured badge.
-pub fn badge(status: &str) -> String {
+pub fn badge(status: &str) -> Markup {
     let class = match status {
         "succeeded" | "resolved" | "retried" => "ok",
         "dead" | "open" | "crash_loop" => "bad",
@@ -88,7 +88,7 @@ pub fn badge(status: &str) -> String {
         "waiting" | "sleeping" | "paused" => "wait",
         _ => "muted",
     };
-    format!("<span class=\"badge {class}\">{}</span>", esc(status))
+    html! { span class={ "badge " (class) } { (status) } }
 }
 
 const NAV: [(&str, &str); 8] = [
@@ -102,73 +102,84 @@ const NAV: [(&str, &str); 8] = [
     ("/ui/kinds", "Kinds"),
 ];
 
-/// A full console page for `session`, with `active` highlighted in the navigation.
-pub fn page(session: &Session, title: &str, active: &str, body: &str) -> Response {
-    let mut nav = String::new();
-    for (href, label) in NAV {
-        let class = if href == active {
-            " class=\"active\""
-        } else {
-            ""
-        };
-        nav.push_str(&format!("<a href=\"{href}\"{class}>{label}</a>"));
-    }
-    let who = format!(
-        "{} · {}",
-        esc(&session.caller.prefix),
-        match session.caller.scope() {
-            Some(t) => format!("tenant {}", esc(t)),
-            None => "admin: all tenants".into(),
+/// The `<head>` of every console page.
+fn head(title: &str) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            title { (title) " · agentq" }
+            link rel="stylesheet" href="/ui/console.css";
         }
-    );
-    let flash = session
-        .flash
-        .as_deref()
-        .map(|f| {
-            let class = if f.starts_with("refused") || f.starts_with("failed") {
-                "flash error"
-            } else {
-                "flash"
-            };
-            format!("<p class=\"{class}\" id=\"flash\">{}</p>", esc(f))
-        })
-        .unwrap_or_default();
-    let html = format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{} · agentq</title><link rel=\"stylesheet\" href=\"/ui/console.css\"></head>\
-         <body><header><span class=\"brand\">agentq</span><nav>{nav}</nav>\
-         <span class=\"who\">{who}</span>\
-         <form method=\"post\" action=\"/ui/logout\" class=\"inline\">{}\
-         <button type=\"submit\" class=\"link\">Sign out</button></form></header>\
-         <main>{flash}{body}</main></body></html>",
-        esc(title),
-        csrf(session),
-    );
-    Html(html).into_response()
+    }
+}
+
+/// A full console page for `session`, with `active` highlighted in the navigation, and the
+/// session's pending message (the outcome of its last action) above `body`.
+pub fn page(session: &Session, title: &str, active: &str, body: Markup) -> Response {
+    let flash_class = |f: &str| {
+        if f.starts_with("refused") || f.starts_with("failed") {
+            "flash error"
+        } else {
+            "flash"
+        }
+    };
+    let markup = html! {
+        (DOCTYPE)
+        html lang="en" {
+            (head(title))
+            body {
+                header {
+                    span class="brand" { "agentq" }
+                    nav {
+                        @for (href, label) in NAV {
+                            a href=(href) class=[(href == active).then_some("active")] { (label) }
+                        }
+                    }
+                    span class="who" {
+                        (session.prefix) " · "
+                        @match session.caller.scope() {
+                            Some(t) => { "tenant " (t) }
+                            None => "admin: all tenants",
+                        }
+                    }
+                    (form(session, "/ui/logout", Some("inline"), html! {
+                        button type="submit" class="link" { "Sign out" }
+                    }))
+                }
+                main {
+                    @if let Some(f) = &session.flash {
+                        p class=(flash_class(f)) id="flash" { (f) }
+                    }
+                    (body)
+                }
+            }
+        }
+    };
+    markup.into_response()
 }
 
 /// A page without navigation (sign-in, errors).
-pub fn bare(title: &str, body: &str) -> Html<String> {
-    Html(format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{} · agentq</title><link rel=\"stylesheet\" href=\"/ui/console.css\"></head>\
-         <body><main>{body}</main></body></html>",
-        esc(title)
-    ))
+pub fn bare(title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            (head(title))
+            body { main { (body) } }
+        }
+    }
 }
 
 /// An error answer as a page.
 pub fn error_page(status: StatusCode, message: &str) -> Response {
-    let body = format!(
-        "<section class=\"login\"><h1>{} {}</h1><p class=\"flash error\">{}</p>\
-         <p><a href=\"/ui\">Back to the console</a></p></section>",
-        status.as_u16(),
-        esc(status.canonical_reason().unwrap_or("")),
-        esc(message)
-    );
-    (status, bare("Error", &body)).into_response()
+    let body = html! {
+        section class="login" {
+            h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("")) }
+            p class="flash error" { (message) }
+            p { a href="/ui" { "Back to the console" } }
+        }
+    };
+    (status, bare("Error", body)).into_response()
 }
 
 /// A bar chart of one value per minute as inline SVG; `fmt` labels the largest value.
@@ -176,7 +187,7 @@ pub fn bar_chart(
     title: &str,
     points: &[(DateTime<Utc>, f64)],
     fmt: impl Fn(f64) -> String,
-) -> String {
+) -> Markup {
     const W: f64 = 600.0;
     const H: f64 = 120.0;
     const PAD: f64 = 18.0;
@@ -188,48 +199,35 @@ pub fn bar_chart(
     };
     let n = points.len().max(1) as f64;
     let bw = (W - 40.0) / n;
-    let mut svg = format!(
-        "<figure class=\"chart\"><figcaption>{}</figcaption>\
-         <svg viewBox=\"0 0 {W} {H}\" width=\"100%\" role=\"img\" aria-label=\"{}\">\
-         <line x1=\"40\" y1=\"{y0}\" x2=\"{W}\" y2=\"{y0}\" stroke=\"#999\"/>\
-         <text x=\"36\" y=\"{top}\" text-anchor=\"end\" font-size=\"10\">{}</text>\
-         <text x=\"36\" y=\"{y0}\" text-anchor=\"end\" font-size=\"10\">0</text>",
-        esc(title),
-        esc(title),
-        esc(&fmt(max)),
-        y0 = H - PAD,
-        top = PAD + 4.0,
-    );
-    for (i, (at, v)) in points.iter().enumerate() {
-        let h = v * scale;
-        let x = 40.0 + i as f64 * bw;
-        svg.push_str(&format!(
-            "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"#3b6fb6\">\
-             <title>{} {}</title></rect>",
-            H - PAD - h,
-            (bw - 1.0).max(1.0),
-            esc(&at.format("%H:%M").to_string()),
-            esc(&fmt(*v)),
-        ));
+    let y0 = H - PAD;
+    html! {
+        figure class="chart" {
+            figcaption { (title) }
+            svg viewBox={ "0 0 " (W) " " (H) } width="100%" role="img" aria-label=(title) {
+                line x1="40" y1=(y0) x2=(W) y2=(y0) stroke="#999" {}
+                text x="36" y=(PAD + 4.0) text-anchor="end" font-size="10" { (fmt(max)) }
+                text x="36" y=(y0) text-anchor="end" font-size="10" { "0" }
+                @for (i, (at, v)) in points.iter().enumerate() {
+                    @let h = v * scale;
+                    rect x=(format!("{:.1}", 40.0 + i as f64 * bw))
+                        y=(format!("{:.1}", H - PAD - h))
+                        width=(format!("{:.1}", (bw - 1.0).max(1.0)))
+                        height=(format!("{h:.1}")) fill="#3b6fb6" {
+                        title { (at.format("%H:%M")) " " (fmt(*v)) }
+                    }
+                }
+                @if let (Some(first), Some(last)) = (points.first(), points.last()) {
+                    text x="40" y=(H) font-size="10" { (first.0.format("%H:%M")) }
+                    text x=(W) y=(H) font-size="10" text-anchor="end" { (last.0.format("%H:%M")) }
+                }
+            }
+        }
     }
-    if let (Some(first), Some(last)) = (points.first(), points.last()) {
-        svg.push_str(&format!(
-            "<text x=\"40\" y=\"{H}\" font-size=\"10\">{}</text>\
-             <text x=\"{W}\" y=\"{H}\" font-size=\"10\" text-anchor=\"end\">{}</text>",
-            first.0.format("%H:%M"),
-            last.0.format("%H:%M")
-        ));
-    }
-    svg.push_str("</svg></figure>");
-    svg
 }
 
-/// A JSON value, pretty-printed and escaped, in a `<pre>`.
-pub fn json_block(v: &serde_json::Value) -> String {
-    format!(
-        "<pre class=\"json\">{}</pre>",
-        esc(&serde_json::to_string_pretty(v).unwrap_or_default())
-    )
+/// A JSON value, pretty-printed, in a `<pre>`.
+pub fn json_block(v: &serde_json::Value) -> Markup {
+    html! { pre class="json" { (serde_json::to_string_pretty(v).unwrap_or_default()) } }
 }
 
 /// Replaces the value of every object key in `keys`, at any depth, with `"[redacted]"`.
@@ -265,5 +263,18 @@ mod tests {
             v,
             serde_json::json!({ "email": "[redacted]", "doc": { "items": [{ "email": "[redacted]", "x": 1 }] } })
         );
+    }
+
+    #[test]
+    fn spliced_values_are_escaped_in_text_and_attributes() {
+        let evil = "<script>alert(\"x\")</script>&";
+        let markup = html! { p title=(evil) { (evil) } (badge(evil)) }.into_string();
+        assert!(!markup.contains("<script>"), "{markup}");
+        assert!(!markup.contains("\"x\""), "{markup}");
+        assert!(markup.contains("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;"));
+        let chart = bar_chart(evil, &[(Utc::now(), 1.0)], |_| evil.to_string()).into_string();
+        assert!(!chart.contains("<script>"), "{chart}");
+        let json = json_block(&serde_json::json!({ "k": evil })).into_string();
+        assert!(!json.contains("<script>"), "{json}");
     }
 }

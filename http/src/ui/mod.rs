@@ -11,14 +11,24 @@
 //!   `Sec-Fetch-Site` is refused before any handler runs.
 //! - Every query takes the session's tenant scope (`Caller::scope`): another tenant's id is
 //!   "not found". Inputs, results and step outputs are shown only after an audited "reveal".
-//! - Everything interpolated into a page goes through [`html::esc`].
+//! - Pages are maud templates (`html.rs` and each page's module): every value spliced into one
+//!   is escaped, and no page uses `PreEscaped`.
+//! - A form POST is written once ([`form::FormPost`]): CSRF checked, outcome flashed, redirect.
+//! - The console names no `agentq_core::db`: its reads are `agentq_app::console`, its token
+//!   lookup `agentq_app::authenticate`.
 
+mod approvals;
+mod batches;
 mod dlq;
+mod form;
 mod html;
 mod kinds;
-mod pages;
+mod operation;
+mod operations;
+mod overview;
 mod schedules;
 mod session;
+mod versions;
 
 use std::sync::Arc;
 
@@ -46,25 +56,25 @@ pub fn router<S>(api: Arc<ApiState>) -> Router<S> {
         sessions: Sessions::default(),
     });
     Router::new()
-        .route("/ui", get(pages::overview))
+        .route("/ui", get(overview::overview))
         .route("/ui/", get(|| async { Redirect::to("/ui") }))
         .route("/ui/console.css", get(html::stylesheet))
         .route("/ui/login", get(session::login_page).post(session::login))
         .route("/ui/logout", post(session::logout))
-        .route("/ui/operations", get(pages::operations))
-        .route("/ui/operations/{id}", get(pages::operation))
-        .route("/ui/operations/{id}/reveal", post(pages::reveal))
-        .route("/ui/operations/{id}/approve", post(pages::approve))
-        .route("/ui/operations/{id}/reject", post(pages::reject))
-        .route("/ui/operations/{id}/signal", post(pages::signal))
-        .route("/ui/operations/{id}/cancel", post(pages::cancel))
-        .route("/ui/approvals", get(pages::approvals))
-        .route("/ui/batches", get(pages::batches))
-        .route("/ui/versions", get(pages::versions))
+        .route("/ui/operations", get(operations::list))
+        .route("/ui/operations/{id}", get(operation::show))
+        .route("/ui/operations/{id}/reveal", post(operation::reveal))
+        .route("/ui/operations/{id}/approve", post(approvals::approve))
+        .route("/ui/operations/{id}/reject", post(approvals::reject))
+        .route("/ui/operations/{id}/signal", post(operation::signal))
+        .route("/ui/operations/{id}/cancel", post(operation::cancel))
+        .route("/ui/approvals", get(approvals::list))
+        .route("/ui/batches", get(batches::list))
+        .route("/ui/versions", get(versions::report))
         .route("/ui/kinds", get(kinds::list))
-        .route("/ui/batches/{id}/pause", post(pages::pause))
-        .route("/ui/batches/{id}/resume", post(pages::resume))
-        .route("/ui/batches/{id}/cancel", post(pages::cancel_batch))
+        .route("/ui/batches/{id}/pause", post(batches::pause))
+        .route("/ui/batches/{id}/resume", post(batches::resume))
+        .route("/ui/batches/{id}/cancel", post(batches::cancel))
         .route("/ui/schedules", get(schedules::list))
         .route("/ui/schedules/{id}/pause", post(schedules::pause))
         .route("/ui/schedules/{id}/resume", post(schedules::resume))
@@ -163,31 +173,11 @@ impl UiError {
     fn bad_request(what: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, what)
     }
-}
 
-/// Leaves a flow's outcome for the session's next page: its message, or `refused: …` when the
-/// application layer refused it. Something missing is a 404 page and a failure a 500: the same
-/// mapping for every console action.
-fn flash(
-    state: &UiState,
-    session: &session::Session,
-    outcome: agentq_app::Result<String>,
-) -> UiResult<()> {
-    use agentq_app::AppError as E;
-    let message = match outcome {
-        Ok(m) => m,
-        Err(E::NotFound(m)) => return Err(UiError::not_found(m)),
-        Err(E::Db(e)) => return Err(e.into()),
-        Err(refused) => format!("refused: {refused}"),
-    };
-    state.sessions.flash(&session.id, message);
-    Ok(())
-}
-
-impl From<agentq_core::db::Error> for UiError {
-    fn from(e: agentq_core::db::Error) -> Self {
+    /// A failure: logged with its details, answered as a 500 naming the request.
+    fn internal(e: &dyn std::fmt::Display, what: &str) -> Self {
         let id = super::problem::request_id().unwrap_or_default();
-        tracing::error!(error = %e, "console: database error");
+        tracing::error!(error = %e, "console: {what}");
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("internal error (request {id}); the details are in the server log"),
@@ -197,11 +187,12 @@ impl From<agentq_core::db::Error> for UiError {
 
 /// A page whose application-layer call was refused: the status the API would answer, with the
 /// message as the page.
+/// A failure (the database's) is a 500 page naming the request, its details only in the log.
 impl From<agentq_app::AppError> for UiError {
     fn from(e: agentq_app::AppError) -> Self {
         use agentq_app::AppError as E;
         let status = match &e {
-            E::Db(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            E::Db(_) => return Self::internal(&e, "database error"),
             E::NotFound(_) => StatusCode::NOT_FOUND,
             E::Malformed { .. } => StatusCode::BAD_REQUEST,
             E::Forbidden(_) => StatusCode::FORBIDDEN,
@@ -209,21 +200,13 @@ impl From<agentq_app::AppError> for UiError {
             E::Invalid { .. } | E::KeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             E::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
         };
-        match e {
-            E::Db(e) => e.into(),
-            refused => Self::new(status, refused.to_string()),
-        }
+        Self::new(status, e.to_string())
     }
 }
 
 impl From<anyhow::Error> for UiError {
     fn from(e: anyhow::Error) -> Self {
-        let id = super::problem::request_id().unwrap_or_default();
-        tracing::error!(error = %e, "console: internal error");
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("internal error (request {id}); the details are in the server log"),
-        )
+        Self::internal(&e, "internal error")
     }
 }
 

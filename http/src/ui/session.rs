@@ -16,8 +16,12 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 
-use super::super::auth::{Caller, Role};
-use super::html::{self, esc};
+use agentq_app::authenticate;
+use agentq_app::{Caller, Role};
+use maud::html;
+
+use super::form::{Fields, FormPost};
+use super::html::bare;
 use super::{UiError, UiResult, UiState};
 
 /// The session cookie's name.
@@ -108,7 +112,7 @@ fn random() -> String {
 }
 
 /// Compares secrets without an early exit.
-fn same(a: &str, b: &str) -> bool {
+pub(super) fn same(a: &str, b: &str) -> bool {
     a.len() == b.len()
         && a.bytes()
             .zip(b.bytes())
@@ -142,62 +146,20 @@ fn set_cookie(res: &mut Response, value: String) {
     }
 }
 
-/// Resolves a token to its caller (`None`: unknown or revoked).
+/// Resolves a token to its caller through the application layer (`None`: unknown or revoked).
 async fn caller_of(state: &UiState, token: &str) -> UiResult<Option<Caller>> {
-    let token_hash = agentq_core::db::access::token_hash(token);
-    let Some((tenant, role)) =
-        agentq_core::db::access::authenticate_hash(&state.api.app.pool, &token_hash).await?
-    else {
-        return Ok(None);
-    };
-    let Some(role) = Role::parse(&role) else {
-        return Ok(None);
-    };
-    Ok(Some(Caller {
-        tenant,
-        role,
-        prefix: token.chars().take(12).collect(),
-        token_hash,
-    }))
+    Ok(authenticate::authenticate(&state.api.app, token).await?)
 }
 
 /// A logged-in console user: the caller its token stands for, and the session's CSRF token.
 pub struct Session {
     pub id: String,
     pub caller: Caller,
+    /// The token's public prefix (`agq_` and 8 characters), shown in the page header.
+    pub prefix: String,
     pub csrf: String,
     /// The outcome of the previous action, shown once.
     pub flash: Option<String>,
-}
-
-impl Session {
-    /// Refuses a form whose CSRF token is missing or not this session's (403).
-    pub fn check(&self, form: Result<Form<Fields>, FormRejection>) -> UiResult<Fields> {
-        let fields = form.map(|Form(f)| f).unwrap_or_default();
-        let given = fields.get("csrf").map(String::as_str).unwrap_or("");
-        if same(given, &self.csrf) {
-            Ok(fields)
-        } else {
-            Err(UiError::new(
-                StatusCode::FORBIDDEN,
-                "the form's CSRF token is missing or belongs to another session; reload the page \
-                 and try again",
-            ))
-        }
-    }
-
-    /// The audit name of this session's actions (the same as the API's: the token's prefix).
-    pub fn actor(&self) -> String {
-        self.caller.actor()
-    }
-}
-
-/// A form's fields.
-pub type Fields = HashMap<String, String>;
-
-/// The value of the form field `name`, trimmed; `None` when it is absent or blank.
-pub fn filled<'a>(fields: &'a Fields, name: &str) -> Option<&'a str> {
-    fields.get(name).map(|v| v.trim()).filter(|v| !v.is_empty())
 }
 
 impl FromRequestParts<Arc<UiState>> for Session {
@@ -220,6 +182,7 @@ impl FromRequestParts<Arc<UiState>> for Session {
         Ok(Session {
             id,
             caller,
+            prefix: authenticate::prefix(&token),
             csrf,
             flash,
         })
@@ -233,23 +196,28 @@ pub async fn login_page(headers: HeaderMap) -> Response {
 
 fn login_form(headers: &HeaderMap, status: StatusCode, error: Option<&str>) -> Response {
     let csrf = random();
-    let mut body = String::from("<section class=\"login\"><h1>agentq console</h1>");
-    if let Some(e) = error {
-        body.push_str(&format!("<p class=\"flash error\">{}</p>", esc(e)));
-    }
-    body.push_str(&format!(
-        "<form method=\"post\" action=\"/ui/login\">\
-         <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-         <label>Operator or admin token<br>\
-         <input type=\"password\" name=\"token\" autocomplete=\"off\" required \
-          placeholder=\"agq_…\" size=\"50\"></label>\
-         <p><button type=\"submit\">Sign in</button></p></form>\
-         <p class=\"muted\">Create one with <code>agentq tokens create --tenant T --role \
-          operator</code>. The token stays on the server; your browser keeps only a session \
-          cookie.</p></section>",
-        esc(&csrf)
-    ));
-    let mut res = (status, html::bare("Sign in", &body)).into_response();
+    let body = html! {
+        section class="login" {
+            h1 { "agentq console" }
+            @if let Some(e) = error {
+                p class="flash error" { (e) }
+            }
+            form method="post" action="/ui/login" {
+                input type="hidden" name="csrf" value=(csrf);
+                label {
+                    "Operator or admin token" br;
+                    input type="password" name="token" autocomplete="off" required
+                        placeholder="agq_…" size="50";
+                }
+                p { button type="submit" { "Sign in" } }
+            }
+            p class="muted" {
+                "Create one with " code { "agentq tokens create --tenant T --role operator" }
+                ". The token stays on the server; your browser keeps only a session cookie."
+            }
+        }
+    };
+    let mut res = (status, bare("Sign in", body)).into_response();
     set_cookie(
         &mut res,
         format!(
@@ -312,7 +280,7 @@ pub async fn login(
         ));
     }
     let (id, _) = state.sessions.open(token.to_string());
-    tracing::info!(actor = %caller.actor(), tenant = %caller.tenant, "console: signed in");
+    tracing::info!(actor = %caller.actor, tenant = %caller.tenant, "console: signed in");
     let mut res = Redirect::to("/ui").into_response();
     *res.status_mut() = StatusCode::SEE_OTHER;
     set_cookie(
@@ -331,13 +299,8 @@ pub async fn login(
 }
 
 /// `POST /ui/logout`: ends the session.
-pub async fn logout(
-    State(state): State<Arc<UiState>>,
-    session: Session,
-    form: Result<Form<Fields>, FormRejection>,
-) -> UiResult<Response> {
-    session.check(form)?;
-    state.sessions.close(&session.id);
+pub async fn logout(State(state): State<Arc<UiState>>, post: FormPost) -> UiResult<Response> {
+    state.sessions.close(&post.session.id);
     let mut res = Redirect::to("/ui/login").into_response();
     *res.status_mut() = StatusCode::SEE_OTHER;
     set_cookie(

@@ -1,0 +1,159 @@
+//! The operator console's read views, each taking the [`Caller`] (an operator's or an admin's;
+//! a non-admin sees only its own tenant, another tenant's id is "not found"): the overview,
+//! one operation with its journal, events, children and audit trail (and, after an audited
+//! reveal, its payloads), the pending approvals, the batches, and the dead-letter inbox.
+//!
+//! The SQL is the engine's tables' queries in `agentq_core::db` (`db::console` and the shared
+//! ones); the console names none of it, only the row types re-exported here.
+
+use agentq_core::db::{children, console, dead_letters, events, listing, operations, steps};
+use agentq_core::operation::{OperationId, OperationView, StepView};
+
+use crate::{App, AppError, Caller, Result, Role};
+
+pub use agentq_core::db::children::Node;
+pub use agentq_core::db::console::{BatchRow, InboxItem, Minute, Payloads};
+pub use agentq_core::db::dead_letters::{ActionView, DeadLetterView, Filter, StatRow};
+pub use agentq_core::db::events::Event;
+pub use agentq_core::db::listing::Summary;
+
+/// What the overview shows, in the caller's scope.
+pub struct Overview {
+    /// Operations by status.
+    pub counts: Vec<(String, i64)>,
+    /// Open dead letters by class, the largest class first.
+    pub dead_by_class: Vec<(String, i64)>,
+    /// Seconds the oldest due queued operation has waited, by lane.
+    pub oldest_queued: Vec<(String, f64)>,
+    /// The last minutes, oldest first, every minute present (zeros where idle).
+    pub minutes: Vec<Minute>,
+}
+
+/// The overview: counts, open dead letters, queue age, and the last `minutes` minutes.
+pub async fn overview(app: &App, caller: &Caller, minutes: i32) -> Result<Overview> {
+    caller.require(Role::Operator)?;
+    let scope = caller.scope();
+    Ok(Overview {
+        counts: console::status_counts(&app.pool, scope).await?,
+        dead_by_class: console::open_dead_letters_by_class(&app.pool, scope).await?,
+        oldest_queued: console::oldest_queued(&app.pool, scope).await?,
+        minutes: console::minutes(&app.pool, scope, minutes).await?,
+    })
+}
+
+/// Most steps of a journal an operation's page shows (the rest: `agentq steps` or the API).
+pub const JOURNAL_STEPS: i64 = 500;
+/// Most events an operation's page shows.
+pub const EVENTS: i64 = 500;
+/// Most descendants an operation's page shows.
+pub const CHILDREN: i64 = 200;
+
+/// One operation as its console page shows it.
+pub struct Operation {
+    pub operation: OperationView,
+    /// The first page of its journal (at most [`JOURNAL_STEPS`], about four API pages of
+    /// bytes), oldest first; outputs are there even when the page hides them.
+    pub steps: Vec<StepView>,
+    /// The journal goes on after `steps`.
+    pub more_steps: bool,
+    /// Its first [`EVENTS`] events.
+    pub events: Vec<Event>,
+    /// Its input and result: only after a reveal, which is audited.
+    pub payloads: Option<Payloads>,
+    /// Its audit trail, oldest first.
+    pub actions: Vec<ActionView>,
+    /// Its children, grandchildren…: depth first, in the order they were spawned, at most
+    /// [`CHILDREN`].
+    pub children: Vec<Node>,
+    /// It has more descendants than `children`.
+    pub more_children: bool,
+}
+
+/// The operation `op` for its page. With `reveal`, its payloads too, the reveal audited as
+/// `reveal_payloads` under the caller's name before they are read.
+pub async fn operation(
+    app: &App,
+    caller: &Caller,
+    op: OperationId,
+    reveal: bool,
+) -> Result<Operation> {
+    caller.require(Role::Operator)?;
+    let pool = &app.pool;
+    let scope = caller.scope();
+    let operation = operations::find_operation(pool, op, scope)
+        .await?
+        .ok_or_else(|| AppError::NotFound(format!("no operation {op}")))?;
+    let (steps, more_steps) = steps::steps_page(
+        pool,
+        op.0,
+        scope,
+        None,
+        JOURNAL_STEPS,
+        4 * crate::operations::STEPS_PAGE_BYTES,
+    )
+    .await?;
+    let events = events::events_after(pool, op.0, 0, EVENTS).await?;
+    let payloads = if reveal {
+        console::audit_reveal(pool, op.0, &caller.actor, operation.status.as_str()).await?;
+        console::payloads(pool, op.0, scope).await?
+    } else {
+        None
+    };
+    let actions = console::operation_actions(pool, op.0).await?;
+    let (children, more_children) = children::descendants(pool, op.0, CHILDREN).await?;
+    Ok(Operation {
+        operation,
+        steps,
+        more_steps,
+        events,
+        payloads,
+        actions,
+        children,
+        more_children,
+    })
+}
+
+/// The operations waiting for an `approval` signal, newest first, at most `limit`.
+pub async fn approvals(app: &App, caller: &Caller, limit: i64) -> Result<Vec<Summary>> {
+    caller.require(Role::Operator)?;
+    let filter = listing::Filter {
+        tenant: caller.scope().map(String::from),
+        waiting_for: Some("approval".into()),
+        ..Default::default()
+    };
+    Ok(listing::list(&app.pool, &filter, limit, None).await?)
+}
+
+/// The newest `limit` batches, each with its operations counted by status.
+pub async fn batches(app: &App, caller: &Caller, limit: i64) -> Result<Vec<BatchRow>> {
+    caller.require(Role::Operator)?;
+    Ok(console::list_batches(&app.pool, caller.scope(), limit).await?)
+}
+
+/// The dead-letter inbox `query` selects.
+pub struct Inbox {
+    /// The filter the query means for the caller.
+    pub filter: Filter,
+    /// Open dead letters grouped by class, kind and reason fingerprint, the largest first.
+    pub groups: Vec<StatRow>,
+    /// The newest open dead letters, each with its fingerprint.
+    pub items: Vec<InboxItem>,
+}
+
+/// The inbox of open dead letters `query` selects for the caller: its groups, and its newest
+/// `limit` items.
+pub async fn inbox(
+    app: &App,
+    caller: &Caller,
+    query: crate::dlq::Query<'_>,
+    limit: i64,
+) -> Result<Inbox> {
+    let filter = crate::dlq::filter_for(caller, query)?;
+    let groups = dead_letters::stats(&app.pool, &filter).await?;
+    let items = console::inbox(&app.pool, &filter, limit).await?;
+    Ok(Inbox {
+        filter,
+        groups,
+        items,
+    })
+}
