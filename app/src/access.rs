@@ -248,3 +248,44 @@ pub async fn list_stores(app: &App, caller: &Caller, t: Option<&str>) -> Result<
     caller.require(Role::Admin)?;
     Ok(stores::list(&app.pool, t).await?)
 }
+
+/// A caller found by its API token: who it acts as, and the token's parts a front end keeps.
+#[derive(Clone, Debug)]
+pub struct Authenticated {
+    /// The caller, audited as `token:<prefix>`.
+    pub caller: Caller,
+    /// The token's public prefix (`agq_` and 8 characters).
+    pub prefix: String,
+    /// The token's SHA-256 (the only form stored): a long request (an event stream) re-checks
+    /// it with [`still_valid`].
+    pub token_hash: String,
+}
+
+/// The caller an API token stands for: the one lookup of a token, for the HTTP API and the
+/// console. `None` when the token is unknown or revoked (or names a role agentq does not know,
+/// which the table's check constraint rules out).
+pub async fn authenticate(app: &App, token: &str) -> Result<Option<Authenticated>> {
+    let token_hash = access::token_hash(token);
+    let Some((tenant, role)) = access::authenticate_hash(&app.pool, &token_hash).await? else {
+        return Ok(None);
+    };
+    let Some(role) = Role::parse(&role) else {
+        return Ok(None);
+    };
+    let prefix: String = token.chars().take(12).collect();
+    Ok(Some(Authenticated {
+        caller: Caller {
+            tenant,
+            role,
+            actor: format!("token:{prefix}"),
+        },
+        prefix,
+        token_hash,
+    }))
+}
+
+/// Which of the token hashes `hashes` still name a valid (unrevoked) token, in one query under
+/// the call deadline.
+pub async fn still_valid(app: &App, hashes: &[String]) -> Result<Vec<String>> {
+    Ok(agentq_core::db::within(access::valid_token_hashes(&app.pool, hashes)).await?)
+}

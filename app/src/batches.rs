@@ -19,6 +19,9 @@ use uuid::Uuid;
 
 use crate::{App, AppError, Caller, Result, Role};
 
+/// A group of a batch's failures, as its [`Overview`] lists them.
+pub use agentq_core::db::batches::Failure;
+
 /// Operations inserted per statement.
 pub const CHUNK: usize = 1000;
 
@@ -598,7 +601,7 @@ pub struct Overview {
     pub eta_secs: Option<i64>,
     pub usage: Usage,
     /// The most common failures of its unfinished or dead operations.
-    pub top_failures: Vec<batches::Failure>,
+    pub top_failures: Vec<Failure>,
 }
 
 /// A batch's completed model calls and their tokens.

@@ -2,9 +2,7 @@
 //! resolve an unknown side effect, discard — and the details a person reads before acting.
 //! The CLI's bulk forms call [`act`] once per selected dead letter.
 
-use agentq_core::db::dead_letters::{
-    self, Action, ActionError, Actor, DeadLetterView, Filter, Outcome,
-};
+use agentq_core::db::dead_letters::{self, Action, ActionError, Actor, Filter, Outcome};
 use agentq_core::db::{self};
 use agentq_core::dispatch::Target;
 use agentq_core::operation::{OperationId, input_sha256};
@@ -13,6 +11,9 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::{App, AppError, Caller, Result, Role, page};
+
+/// The dead letters, their audit history and their groups, as the flows here return them.
+pub use agentq_core::db::dead_letters::{ActionView, DeadLetterView, StatRow};
 
 /// What an operator asks of a dead letter, as every front end reads it.
 #[derive(Clone, Debug)]

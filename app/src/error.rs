@@ -64,6 +64,21 @@ impl AppError {
         }
     }
 
+    /// True when the database could not be reached or had no connection to spare (a pool
+    /// timeout, a closed pool, an I/O or TLS failure): the request was not started and a
+    /// retry later may succeed (HTTP 503). Any other database failure is an internal error.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            AppError::Db(agentq_core::db::Error::Sqlx(
+                sqlx::Error::PoolTimedOut
+                    | sqlx::Error::PoolClosed
+                    | sqlx::Error::Io(_)
+                    | sqlx::Error::Tls(_),
+            ))
+        )
+    }
+
     /// True when the caller's request was refused (CLI exit code 2), false for a failure.
     pub fn is_refusal(&self) -> bool {
         !matches!(self, AppError::Db(_))

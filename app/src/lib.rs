@@ -4,8 +4,8 @@
 //! returns a typed outcome or an [`AppError`]. The CLI, the HTTP API and the console only
 //! parse, call and render, so they cannot disagree.
 //!
-//! - [`access`]: tokens, webhook sources, stores (an admin's, audited);
-//! - [`authenticate`]: token → caller;
+//! - [`access`]: tokens, webhook sources, stores (an admin's, audited), and the caller a
+//!   token stands for;
 //! - [`capacity`]: the caps of a tenant every way an operation is born goes through;
 //! - [`console`]: the operator console's read views (overview, one operation, approvals,
 //!   batches, the dead-letter inbox);
@@ -17,16 +17,20 @@
 //! - [`schedules`]: add, list, pause, resume, delete schedules (cron or interval firings);
 //! - [`tenants`]: the kinds each tenant may use (an admin's lists), and their check;
 //! - [`time`]: times and durations as people type them;
-//! - [`versions`]: the versions report, and upgrading an operation to another version.
+//! - [`versions`]: the versions report, and upgrading an operation to another version;
+//! - [`webhooks`]: verifying a signed webhook delivery and enqueueing it;
+//! - [`events`]: operations' event logs as the event streams read them;
+//! - [`health`]: whether the database answers.
 
 pub mod access;
-pub mod authenticate;
 pub mod batches;
 pub mod caller;
 pub mod capacity;
 pub mod console;
 pub mod dlq;
 pub mod error;
+pub mod events;
+pub mod health;
 pub mod kinds;
 pub mod operations;
 pub mod page;
@@ -34,6 +38,7 @@ pub mod schedules;
 pub mod tenants;
 pub mod time;
 pub mod versions;
+pub mod webhooks;
 
 use std::sync::Arc;
 

@@ -9,6 +9,9 @@ use serde_json::{Value, json};
 
 use crate::{App, AppError, Caller, Result, Role, page};
 
+/// An operation as a list shows it (no input or result), which [`listed`] renders.
+pub use agentq_core::db::listing::Summary;
+
 /// Parses an operation id as a user typed it.
 pub fn parse_id(s: &str) -> Result<OperationId> {
     OperationId::parse(s).map_err(|e| AppError::malformed("id", e))

@@ -4,7 +4,7 @@
 //! enqueue does included, before anything is written. Add, pause, resume and delete are an
 //! operator's acts in the schedule's tenant (another tenant's schedule is not found), audited.
 
-use agentq_core::db::schedules::{self, Schedule, Toggled};
+use agentq_core::db::schedules::{self, Toggled};
 use agentq_core::operation::Lane;
 use agentq_core::schedule::{self as ticks, Spec};
 use agentq_core::state::Overlap;
@@ -17,6 +17,9 @@ use uuid::Uuid;
 
 use crate::operations::{refused_enqueue, tenant_of};
 use crate::{App, AppError, Caller, Result, Role};
+
+/// A stored schedule, as a [`ScheduleView`] carries it.
+pub use agentq_core::db::schedules::Schedule;
 
 /// How many upcoming firings a view lists.
 pub const NEXT_FIRINGS: usize = 5;

@@ -1,6 +1,8 @@
 //! Bearer-token authentication and the role and tenant rules of every route.
 //!
-//! A token is looked up by its SHA-256 (only the hash is stored). Roles nest: `producer` runs
+//! A token is looked up by the application layer ([`agentq_app::access::authenticate`], by its
+//! SHA-256: only the hash is stored), once per request: the route's access check
+//! ([`crate::routes::enforce`]) hands the caller it found to the handler. Roles nest: `producer` runs
 //! and reads operations of its tenant, `operator` also works its tenant's DLQ, `admin` does
 //! everything in every tenant. A non-admin is scoped to its tenant: every query takes
 //! [`Caller::scope`], so another tenant's id is simply not found (404), never "forbidden".
@@ -8,8 +10,8 @@
 use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
-use axum::http::header;
 use axum::http::request::Parts;
+use axum::http::{Extensions, HeaderMap, header};
 
 use super::ApiState;
 use super::problem::ApiError;
@@ -54,14 +56,35 @@ impl Caller {
     }
 }
 
-impl FromRequestParts<Arc<ApiState>> for Caller {
-    type Rejection = ApiError;
+impl From<agentq_app::access::Authenticated> for Caller {
+    fn from(a: agentq_app::access::Authenticated) -> Self {
+        Caller {
+            tenant: a.caller.tenant,
+            role: a.caller.role,
+            prefix: a.prefix,
+            token_hash: a.token_hash,
+        }
+    }
+}
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &Arc<ApiState>,
-    ) -> Result<Self, Self::Rejection> {
-        let value = parts.headers.get(header::AUTHORIZATION).ok_or_else(|| {
+impl Caller {
+    /// The caller of a request (its extensions and headers): the one the route's access check
+    /// found ([`crate::routes::enforce`]), else the one its `Authorization: Bearer` token names
+    /// ([`agentq_app::access::authenticate`]); 401 when there is none.
+    pub async fn of_request(
+        state: &ApiState,
+        extensions: &Extensions,
+        headers: &HeaderMap,
+    ) -> Result<Self, ApiError> {
+        match extensions.get::<Caller>() {
+            Some(c) => Ok(c.clone()),
+            None => Self::of_headers(state, headers).await,
+        }
+    }
+
+    /// The caller the `Authorization: Bearer` header names.
+    async fn of_headers(state: &ApiState, headers: &HeaderMap) -> Result<Self, ApiError> {
+        let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
             ApiError::unauthorized(
                 "no Authorization header; send `Authorization: Bearer <token>` (create one with \
                  `agentq tokens create`)",
@@ -86,20 +109,21 @@ impl FromRequestParts<Arc<ApiState>> for Caller {
         {
             return Err(malformed());
         }
-        let token_hash = agentq_core::db::access::token_hash(token);
-        let found =
-            agentq_core::db::access::authenticate_hash(&state.app.pool, &token_hash).await?;
-        let (tenant, role) = found.ok_or_else(|| {
+        let found = agentq_app::access::authenticate(&state.app, token).await?;
+        found.map(Caller::from).ok_or_else(|| {
             ApiError::unauthorized("the token is unknown or revoked; ask an admin for a new one")
                 .field("Authorization")
-        })?;
-        let role =
-            Role::parse(&role).ok_or_else(|| ApiError::internal("token with unknown role"))?;
-        Ok(Caller {
-            tenant,
-            role,
-            prefix: token.chars().take(12).collect(),
-            token_hash,
         })
+    }
+}
+
+impl FromRequestParts<Arc<ApiState>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<ApiState>,
+    ) -> Result<Self, Self::Rejection> {
+        Self::of_request(state, &parts.extensions, &parts.headers).await
     }
 }

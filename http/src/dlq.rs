@@ -1,11 +1,10 @@
 //! The DLQ operator routes: the same listing, grouping, details and actions as `agentq dlq`
-//! (one implementation, in `agentq_app::dlq` and `db::dead_letters`), scoped to the caller's tenant
+//! (one implementation, in `agentq_app::dlq`), scoped to the caller's tenant
 //! and audited under the token's prefix.
 
 use std::sync::Arc;
 
 use agentq_app as app;
-use agentq_core::db::dead_letters::StatRow;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
@@ -55,7 +54,7 @@ pub struct DeadLetterPage {
 /// Open dead letters grouped by class, kind and reason fingerprint, the largest group first.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct DeadLetterStats {
-    pub groups: Vec<StatRow>,
+    pub groups: Vec<app::dlq::StatRow>,
 }
 
 /// `GET /v1/dlq`: one keyset page, newest first.

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use agentq_core::db;
+use agentq_app::events::{self as log, News};
 use agentq_core::operation::{OperationId, Status};
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -83,7 +83,7 @@ struct Tick {
     /// `events` are the ones numbered after this, in order and without gaps: a stream that
     /// has sent fewer reads the log itself up to here.
     after: i32,
-    events: Vec<(db::events::Event, Option<db::events::Outcome>)>,
+    events: Vec<(log::Event, Option<log::Outcome>)>,
     /// The operation's status at the read was terminal, and every event up to that read is
     /// in `events` or before them: a stream that has sent them is over.
     over: bool,
@@ -205,7 +205,7 @@ async fn read_feeds(state: &ApiState) {
     if watched.is_empty() {
         return;
     }
-    let read = db::within(db::events::events_of_many(&state.app.pool, &watched, PAGE)).await;
+    let read: agentq_app::Result<Vec<News>> = log::of_many(&state.app, &watched, PAGE).await;
     // Only this task removes feeds or moves `loaded`, so the feeds read are still there with
     // the cursors the read used; feeds added meanwhile are read next tick.
     let mut feeds = state.streams.feeds.lock().expect("feeds lock");
@@ -257,7 +257,7 @@ async fn recheck_tokens(state: &ApiState) {
     if hashes.is_empty() {
         return;
     }
-    let valid = db::within(db::access::valid_token_hashes(&state.app.pool, &hashes)).await;
+    let valid = agentq_app::access::still_valid(&state.app, &hashes).await;
     let open = state.streams.open.lock().expect("streams lock");
     let valid: HashSet<String> = match valid {
         Ok(valid) => valid.into_iter().collect(),
@@ -322,7 +322,7 @@ fn parse_last(s: &str) -> ApiResult<i32> {
 
 /// What a terminal event to send carries: the outcome the poller read with it, or to be read.
 enum Outcome {
-    Known(Option<db::events::Outcome>),
+    Known(Option<log::Outcome>),
     Unread,
 }
 
@@ -330,7 +330,7 @@ struct Cursor {
     state: Arc<ApiState>,
     op: OperationId,
     last: i32,
-    buffered: VecDeque<(db::events::Event, Outcome)>,
+    buffered: VecDeque<(log::Event, Outcome)>,
     slot: Slot,
     /// The poller's reads of this operation, once the stream has caught up.
     feed: Option<watch::Receiver<Arc<Tick>>>,
@@ -364,14 +364,7 @@ impl Cursor {
                 return Some(self.render(e, outcome).await);
             }
             if self.own {
-                let page = match db::within(db::events::events_after(
-                    &self.state.app.pool,
-                    self.op.0,
-                    self.last,
-                    PAGE,
-                ))
-                .await
-                {
+                let page = match log::after(&self.state.app, self.op, self.last, PAGE).await {
                     Ok(page) => page,
                     Err(e) => {
                         tracing::warn!(op_id = %self.op, error = %e, "reading events failed; ending the stream");
@@ -431,7 +424,7 @@ impl Cursor {
         }
     }
 
-    async fn render(&self, e: db::events::Event, outcome: Outcome) -> Event {
+    async fn render(&self, e: log::Event, outcome: Outcome) -> Event {
         let mut data = e.data;
         data["at"] = json!(e.at);
         if e.kind == "status" && is_terminal(&data) {
@@ -440,18 +433,11 @@ impl Cursor {
             let outcome = match outcome {
                 Outcome::Known(o) => o,
                 Outcome::Unread => {
-                    match db::within(db::find_operation(&self.state.app.pool, self.op, None)).await
-                    {
-                        Ok(Some(v))
-                            if v.status.as_str() == data["status"].as_str().unwrap_or_default() =>
-                        {
-                            Some(db::events::Outcome {
-                                result: v.result,
-                                finished_at: v.finished_at,
-                            })
-                        }
-                        _ => None,
-                    }
+                    let status = data["status"].as_str().unwrap_or_default();
+                    log::outcome_if(&self.state.app, self.op, status)
+                        .await
+                        .ok()
+                        .flatten()
                 }
             };
             if let Some(o) = outcome {
@@ -476,12 +462,8 @@ pub async fn stream(
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     caller.require(Role::Producer)?;
     let op = OperationId(parse_id(&id, "id")?);
-    if db::find_operation(&state.app.pool, op, caller.scope())
-        .await?
-        .is_none()
-    {
-        return Err(ApiError::not_found(format!("no operation {op}")).field("id"));
-    }
+    // Only an operation in the caller's scope is followed (another tenant's: 404).
+    agentq_app::operations::find(&state.app, &caller.app(), op).await?;
     let header = headers
         .get("last-event-id")
         .map(|v| {

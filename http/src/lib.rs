@@ -3,7 +3,8 @@
 //! and schedules; monitors probe health, readiness and metrics. Handlers parse, call the application
 //! layer (`agentq-app`, the same functions as the CLI) and render.
 //!
-//! Invariants kept here: every route that takes an id filters by the caller's tenant
+//! Invariants kept here: no handler runs for a caller below its route's access
+//! (`routes::enforce`); every route that takes an id filters by the caller's tenant
 //! (`auth::Caller::scope`); bad input is answered 4xx before anything is written; a request
 //! that cannot be stored is answered 429/503 "not started", never accepted and dropped.
 
@@ -17,6 +18,7 @@ pub mod meta;
 pub mod openapi;
 mod operations;
 mod problem;
+pub mod routes;
 mod schedules;
 mod tenants;
 mod ui;
@@ -189,16 +191,17 @@ fn page_limit(limit: Option<&str>) -> i64 {
     }
 }
 
-/// The API's routes, from [`openapi::ROUTES`] (shared by `serve`, `dev` and the benchmark).
+/// The API's routes, from [`routes::ROUTES`], each behind the check of its access
+/// ([`routes::mount`]); shared by `serve`, `dev` and the benchmark.
 pub fn router(state: Arc<ApiState>) -> Router {
     // Every route of the table and the console; event streams are exempt from the request
     // timeout (their polls have the database call deadline instead).
     let (mut timed, mut streams) = (Router::new(), Router::new());
-    for r in openapi::ROUTES {
+    for r in routes::ROUTES {
         if r.path.ends_with("/events") {
-            streams = streams.route(r.path, (r.handler)());
+            streams = streams.route(r.path, routes::mount(r, &state));
         } else {
-            timed = timed.route(r.path, (r.handler)());
+            timed = timed.route(r.path, routes::mount(r, &state));
         }
     }
     let timed = timed.layer(middleware::from_fn(timeout));
@@ -238,7 +241,7 @@ async fn timeout(req: Request, next: Next) -> Response {
     match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
         Ok(r) => r,
         Err(_) => {
-            agentq_core::db::abandoned();
+            agentq_app::health::abandoned();
             ApiError::unavailable(
                 "the request took longer than 30 s and was abandoned; it may or may not have taken \
              effect: retry (with the same Idempotency-Key for an enqueue)",

@@ -97,12 +97,9 @@ pub async fn healthz() -> Json<Health> {
 
 /// `GET /readyz`: PostgreSQL and RabbitMQ are reachable (503 naming the one that is not).
 pub async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
-    let pg = tokio::time::timeout(
-        Duration::from_secs(2),
-        agentq_core::db::ping(&state.app.pool),
-    )
-    .await
-    .is_ok_and(|r| r.is_ok());
+    let pg = tokio::time::timeout(Duration::from_secs(2), agentq_app::health::ping(&state.app))
+        .await
+        .is_ok_and(|r| r.is_ok());
     let mq = state.broker_up().await;
     let code = if pg && mq {
         StatusCode::OK

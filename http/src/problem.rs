@@ -2,6 +2,7 @@
 //! wrong and what to do, the field at fault when there is one, and the request id.
 //! A 500 says nothing about internals: the cause goes to the log under the request id.
 
+use agentq_app::AppError;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use schemars::JsonSchema;
@@ -115,26 +116,6 @@ impl ApiError {
         )
     }
 
-    /// A database error: unreachable or exhausted → 503 (not started), anything else → 500.
-    pub fn db(e: agentq_core::db::Error) -> Self {
-        use agentq_core::db::Error as E;
-        match &e {
-            E::Sqlx(
-                sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_),
-            ) => {
-                tracing::warn!(error = %e, "database unavailable");
-                Self::unavailable(
-                    "the database is unavailable; the request was not started: retry later",
-                    5,
-                )
-            }
-            _ => Self::internal(e),
-        }
-    }
-
     fn title(&self) -> &'static str {
         self.status.canonical_reason().unwrap_or("Error")
     }
@@ -152,29 +133,48 @@ impl ApiError {
     }
 }
 
-/// The application layer's errors, each as one status: the mapping every route shares.
-impl From<agentq_app::AppError> for ApiError {
-    fn from(e: agentq_app::AppError) -> Self {
-        use agentq_app::AppError as E;
+/// The HTTP status of an application-layer error: the one mapping of [`AppError`] to a status,
+/// which the API's problems ([`ApiError`]'s `From<AppError>`) and the console's pages share.
+/// A database failure is 503 when the database is unreachable or exhausted (the request was not
+/// started: retry later), else 500.
+pub fn status_of(e: &AppError) -> StatusCode {
+    match e {
+        AppError::Invalid { .. } | AppError::KeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        AppError::Malformed { .. } => StatusCode::BAD_REQUEST,
+        AppError::NotFound(_) => StatusCode::NOT_FOUND,
+        AppError::Conflict(_) => StatusCode::CONFLICT,
+        AppError::Forbidden(_) => StatusCode::FORBIDDEN,
+        AppError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
+        AppError::Db(_) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
+        AppError::Db(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The application layer's errors as problems: the status of [`status_of`], a stable slug,
+/// the field at fault; a database failure's cause goes to the log, not the answer.
+impl From<AppError> for ApiError {
+    fn from(e: AppError) -> Self {
+        let status = status_of(&e);
         match e {
-            E::Invalid { field, message } => ApiError::unprocessable(message).field(field),
-            E::Malformed { field, message } => ApiError::bad_request(message).field(field),
-            E::NotFound(m) => ApiError::not_found(m).field("id"),
-            E::Conflict(m) => ApiError::conflict(m),
-            E::Forbidden(m) => ApiError::forbidden(m),
-            E::Busy {
+            AppError::Invalid { field, message } => {
+                ApiError::new(status, "unprocessable", message).field(field)
+            }
+            AppError::Malformed { field, message } => {
+                ApiError::new(status, "invalid-request", message).field(field)
+            }
+            AppError::NotFound(m) => ApiError::new(status, "not-found", m).field("id"),
+            AppError::Conflict(m) => ApiError::new(status, "conflict", m),
+            AppError::Forbidden(m) => ApiError::new(status, "forbidden", m),
+            AppError::Busy {
                 message,
                 retry_after_secs,
-            } => {
-                let mut busy = ApiError::busy(message, retry_after_secs);
+            } => ApiError {
                 // A cap that waiting does not lift (a count of schedules) says no time.
-                if retry_after_secs == 0 {
-                    busy.retry_after = None;
-                }
-                busy
-            }
-            E::KeyReused { key, op_id } => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
+                retry_after: (retry_after_secs > 0).then_some(retry_after_secs),
+                ..ApiError::new(status, "busy", message)
+            },
+            AppError::KeyReused { key, op_id } => ApiError::new(
+                status,
                 "idempotency-key-reused",
                 format!(
                     "Idempotency-Key {key:?} was already used for operation {op_id} with a \
@@ -183,14 +183,15 @@ impl From<agentq_app::AppError> for ApiError {
                 ),
             )
             .field("Idempotency-Key"),
-            E::Db(e) => ApiError::db(e),
+            AppError::Db(e) if status == StatusCode::SERVICE_UNAVAILABLE => {
+                tracing::warn!(error = %e, "database unavailable");
+                ApiError::unavailable(
+                    "the database is unavailable; the request was not started: retry later",
+                    5,
+                )
+            }
+            AppError::Db(e) => ApiError::internal(e),
         }
-    }
-}
-
-impl From<agentq_core::db::Error> for ApiError {
-    fn from(e: agentq_core::db::Error) -> Self {
-        Self::db(e)
     }
 }
 

@@ -158,7 +158,7 @@ pub(crate) async fn send(what: impl Into<String>, rb: reqwest::RequestBuilder) -
 /// segments among those that match (as the router prefers `/v1/dlq/stats` to `/v1/dlq/{id}`).
 fn template(method: &Method, path: &str) -> Option<&'static str> {
     let segments: Vec<&str> = path.split('/').collect();
-    agentq_http::openapi::ROUTES
+    agentq_http::routes::ROUTES
         .iter()
         .filter(|r| r.method.eq_ignore_ascii_case(method.as_str()))
         .filter(|r| {
@@ -433,19 +433,38 @@ async fn api_auth_refuses_missing_malformed_unknown_and_revoked_tokens_and_wrong
         }
     }
 
-    // A producer may not work the DLQ: 403, whatever the id.
-    for (method, path, body) in bearer_routes(&op, &op)
-        .into_iter()
-        .filter(|(_, p, _)| p.starts_with("/v1/dlq"))
-    {
-        let mut rb = api.req(method.clone(), &path, Some(&producer));
-        if let Some(b) = &body {
-            rb = rb.json(b);
+    // Every route above a token's role refuses it (403), whatever the id or body: the router
+    // enforces each route's declared access before the handler reads either. A producer may
+    // not work the DLQ, batches or schedules; an operator may not do an admin's acts.
+    use agentq_http::routes::{Access, ROUTES};
+    let mut refused = 0;
+    for route in ROUTES {
+        let below: &[(&str, &str)] = match route.access {
+            Access::Operator | Access::Approver => &[("producer", &producer)],
+            Access::Admin => &[("producer", &producer), ("operator", &operator)],
+            Access::Public | Access::Signed | Access::Producer => continue,
+        };
+        let path = route
+            .path
+            .replace("{id}", "not-an-id")
+            .replace("{name}", "go")
+            .replace("{tenant}", "acme");
+        let method = Method::from_bytes(route.method.to_uppercase().as_bytes()).unwrap();
+        for (role, token) in below {
+            let rb = api
+                .req(method.clone(), &path, Some(token))
+                .header("content-type", "application/json")
+                .body("{");
+            send(format!("{method} {path} as a {role}"), rb)
+                .await
+                .problem(403, "forbidden");
+            refused += 1;
         }
-        send(format!("{method} {path} as a producer"), rb)
-            .await
-            .problem(403, "forbidden");
     }
+    assert!(
+        refused >= 20,
+        "only {refused} refusals: the table lost its operator routes?"
+    );
     // The same tokens where their role allows.
     api.get(&format!("/v1/operations/{op}"), Some(&producer))
         .await
@@ -1613,7 +1632,7 @@ pub(crate) fn urlencode(s: &str) -> String {
 /// The routes of the contract, as OpenAPI path templates: the table the server builds its
 /// router and its document from.
 fn routes() -> impl Iterator<Item = (&'static str, &'static str)> {
-    agentq_http::openapi::ROUTES
+    agentq_http::routes::ROUTES
         .iter()
         .map(|r| (r.method, r.path))
 }

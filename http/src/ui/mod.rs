@@ -15,7 +15,7 @@
 //!   is escaped, and no page uses `PreEscaped`.
 //! - A form POST is written once ([`form::FormPost`]): CSRF checked, outcome flashed, redirect.
 //! - The console names no `agentq_core::db`: its reads are `agentq_app::console`, its token
-//!   lookup `agentq_app::authenticate`.
+//!   lookup `agentq_app::access::authenticate`.
 
 mod approvals;
 mod batches;

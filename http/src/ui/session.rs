@@ -16,7 +16,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 
-use agentq_app::authenticate;
+use agentq_app::access::{Authenticated, authenticate};
 use agentq_app::{Caller, Role};
 use maud::html;
 
@@ -146,9 +146,10 @@ fn set_cookie(res: &mut Response, value: String) {
     }
 }
 
-/// Resolves a token to its caller through the application layer (`None`: unknown or revoked).
-async fn caller_of(state: &UiState, token: &str) -> UiResult<Option<Caller>> {
-    Ok(authenticate::authenticate(&state.api.app, token).await?)
+/// Resolves a token to its caller through the application layer's one lookup (`None`: unknown
+/// or revoked).
+async fn caller_of(state: &UiState, token: &str) -> UiResult<Option<Authenticated>> {
+    Ok(authenticate(&state.api.app, token).await?)
 }
 
 /// A logged-in console user: the caller its token stands for, and the session's CSRF token.
@@ -172,17 +173,19 @@ impl FromRequestParts<Arc<UiState>> for Session {
         let to_login = || Redirect::to("/ui/login").into_response();
         let id = cookie(&parts.headers, COOKIE).ok_or_else(to_login)?;
         let (token, csrf, flash) = state.sessions.touch(&id).ok_or_else(to_login)?;
-        let caller = caller_of(state, &token)
+        let found = caller_of(state, &token)
             .await
             .map_err(IntoResponse::into_response)?;
-        let Some(caller) = caller.filter(|c| c.role >= Role::Operator) else {
+        let Some(Authenticated { caller, prefix, .. }) =
+            found.filter(|a| a.caller.role >= Role::Operator)
+        else {
             state.sessions.close(&id);
             return Err(to_login());
         };
         Ok(Session {
             id,
             caller,
-            prefix: authenticate::prefix(&token),
+            prefix,
             csrf,
             flash,
         })
@@ -262,7 +265,7 @@ pub async fn login(
             Some("that is not an agentq token (agq_…)"),
         ));
     }
-    let Some(caller) = caller_of(&state, token).await? else {
+    let Some(Authenticated { caller, .. }) = caller_of(&state, token).await? else {
         return Ok(login_form(
             &headers,
             StatusCode::UNAUTHORIZED,
