@@ -6,7 +6,6 @@
 
 use crate::wiring::Deployment;
 use agentq_app::access;
-use agentq_core::db;
 use clap::Subcommand;
 use serde_json::json;
 
@@ -286,7 +285,7 @@ pub async fn webhooks(config: Deployment, cmd: WebhooksCommand) -> anyhow::Resul
 }
 
 /// The store as `agentq stores list --json` shows it.
-fn store_json(s: &db::stores::Store) -> serde_json::Value {
+fn store_json(s: &agentq_app::access::Store) -> serde_json::Value {
     let (kind, location, id, body) = s.location.parts();
     let columns = id
         .zip(body)

@@ -3,7 +3,7 @@
 
 use agentq_app::operations::Signalled;
 use agentq_core::operation::{OperationId, OperationView, StepView};
-use agentq_core::{db, telemetry};
+use agentq_core::telemetry;
 use agentq_producer::EnqueueRequest;
 use anyhow::Context;
 use sqlx::PgPool;
@@ -27,10 +27,10 @@ pub async fn run(
     config.validate().map_err(refuse)?;
     // Process-wide settings of the two clients, before anything connects.
     agentq_core::broker::set_quorum_size(config.quorum_size());
-    db::set_call_deadline(std::time::Duration::from_secs(config.db_timeout_secs));
+    agentq_app::database::set_call_deadline(std::time::Duration::from_secs(config.db_timeout_secs));
     match cli.command {
         Command::Migrate => {
-            db::migrate(&config.database_url)
+            agentq_app::database::migrate(&config.database_url)
                 .await
                 .context("migrating the database")?;
             println!(
@@ -108,10 +108,9 @@ pub async fn run(
                 .as_deref()
                 .map(|s| parse_moment(s, "--since", false))
                 .transpose()?;
-            let pool = connect(&config).await?;
-            let rows = db::usage(&pool, tenant.as_deref(), since)
-                .await
-                .context("summing usage")?;
+            let (app, caller) = cli_app(&config, &None).await?;
+            let summed = agentq_app::usage::summary(&app, &caller, tenant.as_deref(), since).await;
+            let rows = done(app, summed).await?;
             for r in rows {
                 if json {
                     println!("{}", serde_json::to_string(&r)?);
@@ -157,7 +156,7 @@ pub async fn run(
 
 /// A pool for `config`, with an error that says what to do when the database is missing.
 async fn dev(config: Deployment) -> anyhow::Result<()> {
-    db::migrate(&config.database_url)
+    agentq_app::database::migrate(&config.database_url)
         .await
         .context("migrating the database")?;
     let pool = connect(&config).await?;
@@ -230,12 +229,6 @@ async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(|d| parse_time(d, "--deadline"))
         .transpose()?;
-    if deadline.is_some_and(|d| d <= chrono::Utc::now()) {
-        return Err(refuse("--deadline is in the past"));
-    }
-    if let Some(k) = &args.key {
-        agentq_core::operation::check_producer_key(k).map_err(|e| refuse(format!("--key: {e}")))?;
-    }
     let (app, caller) = cli_app(&config, &None).await?;
     // The enqueue is a span of its own: a child of `TRACEPARENT` when the caller sets one (the
     // OpenTelemetry convention for passing a trace to a process), else the root of a new trace.
@@ -267,6 +260,22 @@ async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
     let result =
         tracing::Instrument::instrument(agentq_app::operations::enqueue(&app, &caller, req), span)
             .await;
+    // The application layer's refusals name the API's fields; here they are flags.
+    let result = result.map_err(|e| match e {
+        agentq_app::AppError::Invalid { field, message } => {
+            let flag = match field.as_str() {
+                "Idempotency-Key" => Some("--key"),
+                "/deadline" => Some("--deadline"),
+                _ => None,
+            };
+            let message = match flag {
+                Some(flag) => format!("{flag}: {message}"),
+                None => message,
+            };
+            agentq_app::AppError::Invalid { field, message }
+        }
+        other => other,
+    });
     let enqueued = done(app, result).await?;
     if args.json {
         println!("{}", serde_json::to_string(&enqueued)?);

@@ -1,16 +1,16 @@
-//! `agentq dlq …`: the operators' tools for the dead-letter queue. Everything reads and writes
-//! Postgres through `core::db::dead_letters`; every action is audited there.
+//! `agentq dlq …`: the operators' tools for the dead-letter queue, over `agentq_app::dlq` (the
+//! flows the API and the console call too): list, show, stats, and the bulk forms, whose
+//! selection and dry run are the application layer's; every action is audited there.
 
 use crate::wiring::Deployment;
 use agentq_app as app;
-use agentq_core::db::dead_letters::{self, Filter};
 use agentq_core::operation::OperationId;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::bulk::BulkArgs;
-use crate::wiring::{cli_app, cli_error, connect, done, flag_error_app, refuse};
+use crate::wiring::{cli_app, cli_error, done, flag_error_app, refuse};
 
 #[derive(Subcommand)]
 pub enum DlqCommand {
@@ -123,8 +123,11 @@ impl FilterArgs {
         }
     }
 
-    fn parse(&self) -> anyhow::Result<Filter> {
-        app::dlq::filter_for(&app::Caller::command_line(""), self.query()).map_err(flag_error)
+    /// Checks the filters before anything is read.
+    fn check(&self) -> anyhow::Result<()> {
+        app::dlq::filter_for(&app::Caller::command_line(""), self.query())
+            .map(|_| ())
+            .map_err(flag_error)
     }
 
     fn is_empty(&self) -> bool {
@@ -292,7 +295,7 @@ async fn bulk_action(
     kind: Kind,
 ) -> anyhow::Result<()> {
     let explicit = parse_ids(ids)?;
-    let parsed = filter.parse()?;
+    filter.check()?;
     let rate = crate::bulk::parse_rate(&bulk.rate)?;
     if explicit.is_empty() && filter.is_empty() && !bulk.all {
         return Err(refuse(
@@ -302,9 +305,12 @@ async fn bulk_action(
     if !explicit.is_empty() && (!filter.is_empty() || bulk.all) {
         return Err(refuse("give ids or filters, not both"));
     }
-    let pool = connect(config).await?;
+    let (app, caller) = cli_app(config, &bulk.actor).await?;
     let targets = if explicit.is_empty() {
-        dead_letters::select_ids(&pool, &parsed, bulk.max).await?
+        match app::dlq::select(&app, &caller, filter.query(), bulk.max).await {
+            Ok(targets) => targets,
+            Err(e) => return done(app, Err(flag_error_app(e))).await,
+        }
     } else {
         explicit
     };
@@ -314,23 +320,25 @@ async fn bulk_action(
     };
     if bulk.dry_run {
         for id in &targets {
-            match dead_letters::find_dead_letter(&pool, *id, None).await? {
-                Some(d) if bulk.json => {
+            match app::dlq::find(&app, &caller, *id).await {
+                Ok(d) if bulk.json => {
                     println!(
                         "{}",
                         json!({ "would": verb, "dead_letter": app::dlq::listed(&d) })
                     )
                 }
-                Some(d) => println!(
+                Ok(d) => println!(
                     "would {verb} {} ({}, {}, {})",
                     d.id,
                     d.class,
                     d.status,
                     truncate(&d.reason, 60)
                 ),
-                None => eprintln!("{id}: no such dead letter"),
+                Err(app::AppError::NotFound(_)) => eprintln!("{id}: no such dead letter"),
+                Err(e) => return crate::wiring::done(app, Err(e)).await,
             }
         }
+        app.dispatcher.close().await;
         eprintln!(
             "dry run: {} dead letters would be {done}; nothing was changed",
             targets.len()
@@ -338,7 +346,6 @@ async fn bulk_action(
         return Ok(());
     }
 
-    let (app, caller) = cli_app(config, &bulk.actor).await?;
     let request = |kind: &Kind| match kind {
         Kind::Discard => app::dlq::Request::Discard,
         Kind::Retry(patch, to_version) => app::dlq::Request::Retry {

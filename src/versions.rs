@@ -5,7 +5,7 @@
 
 use crate::wiring::Deployment;
 use agentq_app as app;
-use agentq_core::db::versions::UpgradeFilter;
+use agentq_app::versions::UpgradeFilter;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use uuid::Uuid;

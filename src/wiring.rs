@@ -11,9 +11,9 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentq_core::Config;
 use agentq_core::broker::Names;
 use agentq_core::dispatch::Dispatcher;
-use agentq_core::{Config, db};
 use agentq_producer::Producer;
 use agentq_worker::{LocalModel, ModelClient, Registry, Worker};
 use anyhow::Context;
@@ -54,7 +54,7 @@ pub(crate) fn refuse(msg: impl Into<String>) -> anyhow::Error {
 
 /// Runs one command to completion.
 pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
-    db::connect(&config.database_url, config.db_pool)
+    agentq_app::database::connect(&config.database_url, config.db_pool)
         .await
         .with_context(|| {
             format!(

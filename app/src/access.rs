@@ -5,7 +5,8 @@
 
 use agentq_core::db::access;
 use agentq_core::db::batch_source::Ident;
-use agentq_core::db::stores::{self, Access, Location, Store};
+pub use agentq_core::db::stores::Store;
+use agentq_core::db::stores::{self, Access, Location};
 use agentq_core::operation::TenantId;
 use agentq_core::webhook::Secret;
 use serde_json::{Value, json};

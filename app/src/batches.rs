@@ -350,12 +350,7 @@ pub async fn start(
 ) -> Result<Started> {
     caller.require(Role::Operator)?;
     TenantId::parse(&new.tenant).map_err(|e| AppError::invalid("tenant", e))?;
-    if caller.scope().is_some_and(|t| t != new.tenant) {
-        return Err(AppError::Forbidden(format!(
-            "this token is confined to tenant {}",
-            caller.tenant
-        )));
-    }
+    caller.tenant_for_write(Some(&new.tenant))?;
     crate::tenants::check_kind(app, &new.tenant, &new.kind).await?;
     if !(1..=10_000).contains(&new.pause_window) {
         return Err(AppError::invalid(

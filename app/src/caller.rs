@@ -67,21 +67,37 @@ impl Caller {
         }
     }
 
-    /// The tenant every query is filtered by: the caller's, or none for an admin.
+    /// The tenant every lookup by id is confined to: the caller's, or none for an admin.
     pub fn scope(&self) -> Option<&str> {
         (self.role != Role::Admin).then_some(self.tenant.as_str())
     }
 
-    /// The tenant a list shows for a caller who named `named` (or none): a non-admin sees
-    /// only its own (naming another is forbidden, naming none means its own), an admin the one
-    /// it names or all.
-    pub fn tenant_filter(&self, named: Option<&str>) -> Result<Option<String>, AppError> {
+    /// The tenant rule, the only one: which tenant a caller who named `named` (or none) acts
+    /// on. A non-admin acts on its own only (naming another is forbidden, naming none means its
+    /// own); an admin on the one it names, or (`None`) on every tenant.
+    pub fn tenant(&self, named: Option<&str>) -> Result<Option<String>, AppError> {
         match (self.scope(), named) {
             (Some(own), Some(t)) if own != t => Err(AppError::Forbidden(format!(
-                "this token sees only tenant {own:?}, not {t:?}"
+                "this token acts only for tenant {own:?}, not {t:?}"
             ))),
             (Some(own), _) => Ok(Some(own.to_string())),
             (None, t) => Ok(t.map(String::from)),
         }
+    }
+
+    /// The tenant a list or search shows ([`Caller::tenant`]; `None`: every tenant).
+    pub fn tenant_filter(&self, named: Option<&str>) -> Result<Option<String>, AppError> {
+        self.tenant(named)
+    }
+
+    /// The one tenant something new is made for (an operation, a batch, a schedule):
+    /// [`Caller::tenant`], which for an admin must be named (an admin belongs to no tenant).
+    pub fn tenant_for_write(&self, named: Option<&str>) -> Result<String, AppError> {
+        self.tenant(named)?.ok_or_else(|| {
+            AppError::invalid(
+                "/tenant",
+                "an admin token belongs to no one tenant: name the tenant in \"tenant\"",
+            )
+        })
     }
 }

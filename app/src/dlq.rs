@@ -157,6 +157,14 @@ pub fn build_filter(
     })
 }
 
+/// The ids of the dead letters `query` selects for `caller`, newest first, at most `max`: what
+/// a bulk retry or discard acts on, and what its dry run shows.
+pub async fn select(app: &App, caller: &Caller, query: Query<'_>, max: i64) -> Result<Vec<Uuid>> {
+    caller.require(Role::Operator)?;
+    let filter = filter_for(caller, query)?;
+    Ok(dead_letters::select_ids(&app.pool, &filter, max).await?)
+}
+
 /// The dead letter `id` (or the open one of operation `id`) in the caller's scope.
 pub async fn find(app: &App, caller: &Caller, id: Uuid) -> Result<DeadLetterView> {
     caller.require(Role::Operator)?;

@@ -17,6 +17,8 @@
 //! - [`schedules`]: add, list, pause, resume, delete schedules (cron or interval firings);
 //! - [`tenants`]: the kinds each tenant may use (an admin's lists), and their check;
 //! - [`time`]: times and durations as people type them;
+//! - [`usage`]: model calls and tokens per tenant and kind;
+//! - [`database`]: opening the database (pool, migrations, call deadline);
 //! - [`versions`]: the versions report, and upgrading an operation to another version;
 //! - [`webhooks`]: verifying a signed webhook delivery and enqueueing it;
 //! - [`events`]: operations' event logs as the event streams read them;
@@ -27,6 +29,7 @@ pub mod batches;
 pub mod caller;
 pub mod capacity;
 pub mod console;
+pub mod database;
 pub mod dlq;
 pub mod error;
 pub mod events;
@@ -37,6 +40,7 @@ pub mod page;
 pub mod schedules;
 pub mod tenants;
 pub mod time;
+pub mod usage;
 pub mod versions;
 pub mod webhooks;
 

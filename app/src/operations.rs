@@ -1,11 +1,12 @@
 //! Operations: enqueue, find, list and search (keyset pages over filters), and acting on one:
 //! signal it, approve or reject it (the approval convention), cancel it.
 
+use agentq_core::approval::{self, is_approval_signal};
 use agentq_core::db::{self, listing, timers};
 use agentq_core::dispatch::Target;
-use agentq_core::operation::{OperationId, is_approval_signal};
+use agentq_core::operation::OperationId;
 use agentq_core::state::Status;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::{App, AppError, Caller, Result, Role, page};
 
@@ -126,13 +127,13 @@ pub async fn decide(
     approved: bool,
     reason: Option<&str>,
 ) -> Result<Signalled> {
-    let payload = json!({ "approved": approved, "by": caller.actor, "reason": reason });
+    let payload = approval::Decision::new(approved, &caller.actor, reason).payload();
     let action = if approved { "approve" } else { "reject" };
     signal(
         app,
         caller,
         op,
-        "approval",
+        approval::SIGNAL,
         &payload,
         Audit { action, reason },
     )
@@ -416,34 +417,19 @@ pub fn listed(o: &listing::Summary) -> Listed {
     }
 }
 
-/// The tenant an enqueue is for: a producer's or operator's own (naming another is refused),
-/// or the one an admin names (an admin belongs to no one tenant).
-pub fn tenant_of(caller: &Caller, named: Option<&str>) -> Result<String> {
-    match (named, caller.role) {
-        (Some(t), Role::Admin) => Ok(t.to_string()),
-        (None, Role::Admin) => Err(AppError::invalid(
-            "/tenant",
-            "an admin token belongs to no one tenant: name the tenant in \"tenant\"",
-        )),
-        (Some(t), _) if t != caller.tenant => Err(AppError::Forbidden(format!(
-            "this token may only enqueue for tenant {:?}",
-            caller.tenant
-        ))),
-        _ => Ok(caller.tenant.clone()),
-    }
-}
-
-/// Enqueues `req` for the caller (`req.tenant` must be one [`tenant_of`] allows): stored, then
-/// its pointer published. Refusals name the field at fault (a run time over a year away, a
-/// deadline already past); a dedupe key naming an operation with another input is
-/// [`AppError::KeyReused`].
+/// Enqueues `req` for the caller (`req.tenant` must be one [`Caller::tenant_for_write`]
+/// allows): stored, then its pointer published. Refusals name the field at fault (a run time
+/// over a year away, a deadline already past, a dedupe key in a namespace agentq derives keys
+/// in: `Idempotency-Key`, as the API names it); a dedupe key naming an operation with another
+/// input is [`AppError::KeyReused`]. Every rule of a producer's enqueue is here, so no front
+/// end can forget one.
 pub async fn enqueue(
     app: &App,
     caller: &Caller,
     req: agentq_producer::EnqueueRequest,
 ) -> Result<agentq_producer::Enqueued> {
     caller.require(Role::Producer)?;
-    tenant_of(caller, Some(&req.tenant))?;
+    caller.tenant_for_write(Some(&req.tenant))?;
     agentq_core::operation::TenantId::parse(&req.tenant)
         .map_err(|e| AppError::invalid("/tenant", e))?;
     let now = chrono::Utc::now();
@@ -458,6 +444,10 @@ pub async fn enqueue(
     }
     if req.deadline.is_some_and(|d| d <= now) {
         return Err(AppError::invalid("/deadline", "deadline is in the past"));
+    }
+    if let Some(key) = &req.dedupe_key {
+        agentq_core::operation::check_producer_key(key)
+            .map_err(|e| AppError::invalid("Idempotency-Key", e))?;
     }
     crate::capacity::admit(app, &req.tenant, &req.kind, 1).await?;
     app.producer.enqueue(req).await.map_err(refused_enqueue)

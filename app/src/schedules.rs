@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::operations::{refused_enqueue, tenant_of};
+use crate::operations::refused_enqueue;
 use crate::{App, AppError, Caller, Result, Role};
 
 /// A stored schedule, as a [`ScheduleView`] carries it.
@@ -160,7 +160,7 @@ fn spec(new: &NewSchedule) -> Result<Spec> {
 /// Adds a schedule; nothing is written unless everything is right.
 pub async fn add(app: &App, caller: &Caller, new: NewSchedule) -> Result<ScheduleView> {
     caller.require(Role::Operator)?;
-    let tenant = tenant_of(caller, new.tenant.as_deref())?;
+    let tenant = caller.tenant_for_write(new.tenant.as_deref())?;
     check_name(&new.name)?;
     let spec = spec(&new)?;
     crate::tenants::check_kind(app, &tenant, &new.kind).await?;

@@ -6,9 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use agentq_core::db::versions::{
-    self, LiveWorker, Upgradable, UpgradeError, UpgradeFilter, Upgraded,
-};
+pub use agentq_core::db::versions::UpgradeFilter;
+use agentq_core::db::versions::{self, LiveWorker, Upgradable, UpgradeError, Upgraded};
 use agentq_core::version;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -195,9 +194,7 @@ pub async fn select(
             format!("{status:?}: an upgrade selects queued, sleeping or waiting operations"),
         ));
     }
-    if let Some(scope) = caller.scope() {
-        filter.tenant = Some(scope.to_string());
-    }
+    filter.tenant = caller.tenant_filter(filter.tenant.as_deref())?;
     Ok(versions::select_upgradable(&app.pool, &filter, max).await?)
 }
 

@@ -16,6 +16,7 @@
 //!   (never logs or traces inputs, prompts, outputs or secrets);
 //! - [`version`]: kind versions, checked and in natural order.
 
+pub mod approval;
 pub mod broker;
 pub mod config;
 pub mod db;

@@ -303,16 +303,6 @@ pub fn input_sha256(input: &serde_json::Value) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// Signals that approve or reject: `approval` (the agent's approval-gated tools, `agentq
-/// approve` / `reject`) and `review` (`doc_migration`'s low-confidence review). Sending one is
-/// an operator's act (see `AGENTQ_PRODUCER_MAY_APPROVE`).
-pub const APPROVAL_SIGNALS: [&str; 2] = ["approval", "review"];
-
-/// Whether `name` approves or rejects (one of [`APPROVAL_SIGNALS`]).
-pub fn is_approval_signal(name: &str) -> bool {
-    APPROVAL_SIGNALS.contains(&name)
-}
-
 /// Dedupe-key prefixes agentq derives itself: a webhook delivery's `webhook:{source}:{id}`,
 /// a batch document's `batch:{batch}:{doc}`, a schedule firing's `schedule:{id}:{tick}` and a
 /// child operation's `child:{the spawn step's idempotency key}`.

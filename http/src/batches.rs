@@ -82,7 +82,7 @@ pub async fn start(
     caller.require(Role::Operator)?;
     let req: StartBatch = body::json(&headers, body).await?;
     let caller = caller.app();
-    let tenant = app::operations::tenant_of(&caller, req.tenant.as_deref())?;
+    let tenant = caller.tenant_for_write(req.tenant.as_deref())?;
     state.admit().await?;
     let new = app::batches::NewBatch {
         tenant,

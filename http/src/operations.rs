@@ -146,9 +146,6 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
     if s.is_empty() || s.len() > MAX_IDEMPOTENCY_KEY || !s.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(bad());
     }
-    agentq_core::operation::check_producer_key(s).map_err(|e| {
-        ApiError::unprocessable(format!("Idempotency-Key: {e}")).field("Idempotency-Key")
-    })?;
     Ok(Some(s.to_string()))
 }
 
@@ -178,7 +175,9 @@ pub async fn create(
     let fingerprint = input_sha256(&value);
     no_priority(&value)?;
     let req: CreateOperation = body::decode(value)?;
-    let tenant = app::operations::tenant_of(&caller.app(), req.tenant.as_deref())
+    let tenant = caller
+        .app()
+        .tenant_for_write(req.tenant.as_deref())
         .map_err(|e| ApiError::from(e).field("/tenant"))?;
     let key = idempotency_key(&headers)?;
     state.admit().await?;

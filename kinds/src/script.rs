@@ -320,19 +320,9 @@ async fn run_step(ctx: &JobContext, step: ScriptStep) -> Result<Value, JobError>
             .await?
         {
             SignalOutcome::Received { payload, sent_by } => {
-                if payload.get("approved").and_then(Value::as_bool) == Some(false) {
-                    let by = payload
-                        .get("by")
-                        .and_then(Value::as_str)
-                        .or(sent_by.as_deref())
-                        .unwrap_or("a reviewer");
-                    let reason = payload
-                        .get("reason")
-                        .and_then(Value::as_str)
-                        .unwrap_or("no reason given");
-                    return Err(JobError::NonRetryable(format!(
-                        "rejected by {by}: {reason}"
-                    )));
+                let decision = agentq_core::approval::Decision::read(&payload);
+                if decision.is_rejected() {
+                    return Err(JobError::NonRetryable(decision.refusal(sent_by.as_deref())));
                 }
                 json!({ "signal": wait_signal, "payload": payload })
             }

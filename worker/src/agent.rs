@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentq_core::approval;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -132,21 +133,17 @@ impl JobContext {
         };
         if tool.requires_approval() {
             match self
-                .wait_for_signal("approval", spec.approval_timeout)
+                .wait_for_signal(approval::SIGNAL, spec.approval_timeout)
                 .await?
             {
                 SignalOutcome::Received { payload, sent_by } => {
-                    if payload.get("approved").and_then(Value::as_bool) != Some(true) {
-                        let by = payload
-                            .get("by")
-                            .and_then(Value::as_str)
-                            .or(sent_by.as_deref())
-                            .unwrap_or("a reviewer");
-                        let reason = payload
-                            .get("reason")
-                            .and_then(Value::as_str)
-                            .unwrap_or("no reason given");
-                        return Ok(json!({ "error": format!("the call to {name} was rejected by {by}: {reason}") }).to_string());
+                    let decision = approval::Decision::read(&payload);
+                    if !decision.is_approved() {
+                        let refusal = decision.refusal(sent_by.as_deref());
+                        return Ok(
+                            json!({ "error": format!("the call to {name} was {refusal}") })
+                                .to_string(),
+                        );
                     }
                 }
                 SignalOutcome::TimedOut => {

@@ -80,9 +80,11 @@ pub async fn list(
     session: Session,
     Query(q): Query<ListQuery>,
 ) -> UiResult {
+    // Only an admin is shown the tenant field. The tenant named goes to the flow as given: its one tenant rule decides (a non-admin
+    // naming another tenant is refused, not silently shown its own).
     let admin = session.caller.scope().is_none();
     let query = app::operations::ListQuery {
-        tenant: if admin { non_empty(&q.tenant) } else { None },
+        tenant: non_empty(&q.tenant),
         status: non_empty(&q.status).into_iter().collect(),
         kind: non_empty(&q.kind),
         batch: non_empty(&q.batch),

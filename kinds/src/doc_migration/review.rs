@@ -64,17 +64,16 @@ pub(super) enum Decision {
 /// "reject", "reason": …}`; the approval convention's `{"approved": bool, "reason"}` works too.
 /// An unreadable payload is an error naming the expected shapes.
 pub(super) fn review_decision(payload: &Value) -> Result<Decision, String> {
+    let approval = agentq_core::approval::Decision::read(payload);
     let reason = || {
-        payload
-            .get("reason")
-            .and_then(Value::as_str)
-            .filter(|r| !r.is_empty())
-            .unwrap_or("no reason given")
-            .to_string()
+        approval
+            .reason
+            .clone()
+            .unwrap_or_else(|| "no reason given".to_string())
     };
     match (
         payload.get("decision").and_then(Value::as_str),
-        payload.get("approved").and_then(Value::as_bool),
+        approval.approved,
     ) {
         (Some("approve"), _) | (None, Some(true)) => Ok(Decision::Approve),
         (Some("reject"), _) | (None, Some(false)) => Ok(Decision::Reject(reason())),
