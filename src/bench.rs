@@ -1,83 +1,99 @@
-//! `agentq bench`: every scenario runs in a throwaway database and broker namespace, so it never
-//! touches real data, and deletes both afterwards (unless `--keep`). The scenarios are in
-//! `bench_jobs`, `bench_scenarios`, `bench_http` and `bench_durable`; what they share
-//! (processes, commit counting, percentiles, the report) in `bench_common`.
+//! `agentq bench`: the command line's side of the benchmarks, which live in the `agentq-bench`
+//! crate. Its flags (`cli::BenchArgs`) become the bench's arguments, and the builders of
+//! [`crate::wiring`] are handed over so a benchmark builds its producer, scheduler and API as
+//! every subcommand does; the bench's refusals exit 2 like any other.
 
-use crate::wiring::Deployment;
-use agentq_core::broker::{self, Names};
-use agentq_core::db;
-use anyhow::Context;
+use std::sync::Arc;
+
+use agentq_bench::Scenario as Measured;
+use agentq_core::Config;
+use agentq_core::dispatch::Dispatcher;
+use agentq_producer::Producer;
+use sqlx::PgPool;
 
 use crate::cli::{BenchArgs, Scenario};
-use crate::wiring::Refused;
+use crate::wiring::{self, Deployment};
 
-pub async fn run(mut config: Deployment, args: BenchArgs) -> anyhow::Result<()> {
-    if args.jobs == 0 || args.producers == 0 || args.concurrency == 0 || args.workers == Some(0) {
-        return Err(Refused(
-            "--jobs, --producers, --concurrency and --workers must be above 0".into(),
-        )
-        .into());
-    }
-    let max_steps = crate::bench_durable::MAX_STEPS;
-    if args.scenario == Scenario::DurableSteps && !(1..=max_steps).contains(&args.steps) {
-        return Err(Refused(format!(
-            "--steps must be between 1 and {max_steps} (got {}): it is the length of each operation's program",
-            args.steps
-        ))
-        .into());
-    }
-    // The scenarios run the built-in kinds: a binary whose registry lacks them says so first.
-    let missing: Vec<&str> = ["echo", "script", "agent"]
-        .into_iter()
-        .filter(|k| config.registry.newest(k).is_none())
-        .collect();
-    if !missing.is_empty() {
-        return Err(Refused(format!(
-            "the benchmarks run agentq's built-in kinds, and this binary's registry lacks {}: \
-             register them (`agentq::builtin::register_builtin`) or run `agentq bench`",
-            missing.join(", ")
-        ))
-        .into());
-    }
-    let tag = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
-    config.database_url = db::with_database(&config.database_url, &format!("agentq_bench_{tag}"))?;
-    config.namespace = format!("agentq-bench-{tag}");
-    db::migrate(&config.database_url)
-        .await
-        .context("creating the benchmark database")?;
-    let outcome = match args.scenario {
-        Scenario::E2e => crate::bench_jobs::e2e(&config, &args).await,
-        Scenario::Batch => crate::bench_jobs::batch(&config, &args).await,
-        Scenario::Steps => crate::bench_jobs::steps(&config, &args).await,
-        Scenario::Inflight => crate::bench_jobs::inflight(&config, &args).await,
-        Scenario::Timers => crate::bench_scenarios::timers(&config, &args).await,
-        Scenario::Waiting => crate::bench_scenarios::waiting(&config, &args).await,
-        Scenario::Http => crate::bench_http::http(&config, &args).await,
-        Scenario::DurableSteps => crate::bench_durable::durable_steps(&config, &args).await,
+/// Runs the scenario `args` names against `config`'s servers.
+pub async fn run(config: Deployment, args: BenchArgs) -> anyhow::Result<()> {
+    let deployment = agentq_bench::Deployment {
+        config: config.config,
+        registry: config.registry,
+        wiring: Arc::new(Builders),
     };
-    if args.keep {
-        eprintln!(
-            "kept database {} and namespace {}",
-            agentq_core::config::redact_url(&config.database_url),
-            config.namespace
-        );
-    } else {
-        cleanup(&config).await;
-    }
-    outcome
+    agentq_bench::run(deployment, arguments(args))
+        .await
+        .map_err(|e| match e.downcast::<agentq_bench::Refused>() {
+            Ok(refused) => wiring::refuse(refused.0),
+            Err(e) => e,
+        })
 }
 
-async fn cleanup(config: &Deployment) {
-    if let Err(e) = db::drop_database(&config.database_url).await {
-        eprintln!("warning: dropping the benchmark database: {e}");
+/// The command line's flags as the bench's arguments.
+fn arguments(a: BenchArgs) -> agentq_bench::Args {
+    agentq_bench::Args {
+        scenario: match a.scenario {
+            Scenario::E2e => Measured::E2e,
+            Scenario::Batch => Measured::Batch,
+            Scenario::Steps => Measured::Steps,
+            Scenario::DurableSteps => Measured::DurableSteps,
+            Scenario::Inflight => Measured::Inflight,
+            Scenario::Timers => Measured::Timers,
+            Scenario::Waiting => Measured::Waiting,
+            Scenario::Http => Measured::Http,
+        },
+        sleepers: a.sleepers,
+        due_per_sec: a.due_per_sec,
+        due_secs: a.due_secs,
+        join_parents: a.join_parents,
+        join_children: a.join_children,
+        waiting: a.waiting,
+        jobs: a.jobs,
+        steps: a.steps,
+        kills: a.kills,
+        model_latency_ms: a.model_latency_ms,
+        concurrency: a.concurrency,
+        lane: a.lane,
+        producers: a.producers,
+        workers: a.workers,
+        keep: a.keep,
+        connections: a.connections,
+        duration_secs: a.duration_secs,
+        timeout_secs: a.timeout_secs,
     }
-    match broker::connect(&config.amqp_url, "bench-cleanup").await {
-        Ok(conn) => {
-            if let Err(e) = broker::delete_topology(&conn, &Names::new(&config.namespace)).await {
-                eprintln!("warning: deleting the benchmark namespace: {e}");
-            }
-            let _ = conn.close(200, "bench cleanup".into()).await;
-        }
-        Err(e) => eprintln!("warning: deleting the benchmark namespace: {e}"),
+}
+
+/// The bench's [`agentq_bench::Wiring`]: the builders of [`crate::wiring`].
+struct Builders;
+
+/// The command line's deployment of the bench's (its configuration as the scenario changed it).
+fn deployment(d: &agentq_bench::Deployment) -> Deployment {
+    Deployment {
+        config: d.config.clone(),
+        registry: d.registry.clone(),
+    }
+}
+
+#[async_trait::async_trait]
+impl agentq_bench::Wiring for Builders {
+    async fn connect(&self, config: &Config) -> anyhow::Result<PgPool> {
+        wiring::connect(config).await
+    }
+
+    fn producer(
+        &self,
+        d: &agentq_bench::Deployment,
+        pool: PgPool,
+        role: &str,
+    ) -> (Producer, Arc<Dispatcher>) {
+        wiring::producer(&deployment(d), pool, role)
+    }
+
+    fn scheduler(&self, d: &agentq_bench::Deployment, pool: PgPool) -> agentq_scheduler::Scheduler {
+        wiring::scheduler(&deployment(d), pool)
+    }
+
+    fn app(&self, d: &agentq_bench::Deployment, pool: PgPool, role: &str) -> agentq_app::App {
+        wiring::app(&deployment(d), pool, role)
     }
 }

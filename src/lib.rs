@@ -45,12 +45,6 @@
 mod access;
 mod batch;
 mod bench;
-mod bench_common;
-mod bench_durable;
-mod bench_http;
-mod bench_jobs;
-mod bench_model;
-mod bench_scenarios;
 mod bulk;
 mod cli;
 mod commands;

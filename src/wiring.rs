@@ -1,7 +1,7 @@
 //! What the subcommands share: the [`Deployment`] (configuration and registry) every role is
 //! built from, connecting, building the crates (worker, scheduler, producer, the application
 //! layer), the acting operator's name, refusals (exit code 2), time parsing, shutdown on a
-//! signal, polling with a deadline. Imports no other module of the crate, so the subcommand
+//! signal. Imports no other module of the crate, so the subcommand
 //! modules can all use it without a cycle.
 //!
 //! Invariant kept here: every role of a process is built from the one registry its `main`
@@ -268,24 +268,6 @@ pub fn shutdown_on_signal() -> CancellationToken {
         t.cancel();
     });
     token
-}
-
-/// Polls `f` every `every` until it returns `Some`, or `deadline` passes.
-pub async fn poll_until<T, F, Fut>(deadline: Duration, every: Duration, mut f: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let end = tokio::time::Instant::now() + deadline;
-    loop {
-        if let Some(v) = f().await {
-            return Some(v);
-        }
-        if tokio::time::Instant::now() >= end {
-            return None;
-        }
-        tokio::time::sleep(every).await;
-    }
 }
 
 /// The acting operator: `--as`, else the OS user.

@@ -1,5 +1,5 @@
 //! A fake OpenAI-compatible provider for tests: an in-process HTTP/1.1 server on `127.0.0.1:0`
-//! that answers (echoing the last user message, like the built-in model), streams, stalls,
+//! (a [`crate::http_server::Server`]) that answers (echoing the last user message, like the built-in model), streams, stalls,
 //! cuts a stream, or returns any error on demand, and counts requests and peak concurrency.
 
 use std::net::SocketAddr;
@@ -8,8 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::http_server::{self, Request, Server};
 
 /// What the fake does with the next requests.
 #[derive(Clone, Debug)]
@@ -84,38 +86,28 @@ pub struct FakeModel {
     mode: Arc<Mutex<Mode>>,
     hook: Arc<Mutex<Option<Hook>>>,
     pub counters: Arc<Counters>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeModel {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    /// Accepts until the fake is dropped.
+    _server: Server,
 }
 
 impl FakeModel {
     pub async fn start(mode: Mode) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let mode = Arc::new(Mutex::new(mode));
         let hook: Arc<Mutex<Option<Hook>>> = Arc::new(Mutex::new(None));
         let counters = Arc::new(Counters::default());
         let (m, h, c) = (mode.clone(), hook.clone(), counters.clone());
-        let task = tokio::spawn(async move {
-            while let Ok((socket, _)) = listener.accept().await {
-                let (m, h, c) = (m.clone(), h.clone(), c.clone());
-                tokio::spawn(async move {
-                    let _ = serve(socket, m, h, c).await;
-                });
-            }
-        });
+        let server = Server::start(move |socket, request| {
+            serve(socket, request, m.clone(), h.clone(), c.clone())
+        })
+        .await
+        .expect("starting the fake model on 127.0.0.1");
         Self {
-            addr,
-            url: format!("http://{addr}"),
+            addr: server.addr,
+            url: server.url.clone(),
             mode,
             hook,
             counters,
-            task,
+            _server: server,
         }
     }
 
@@ -142,35 +134,6 @@ impl FakeModel {
             status,
             body: json!({ "error": { "message": "fake", "type": etype, "code": code } }),
             headers: Vec::new(),
-        }
-    }
-}
-
-async fn read_request(socket: &mut TcpStream) -> std::io::Result<(String, Vec<u8>)> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    loop {
-        let n = socket.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok((String::new(), Vec::new()));
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-            let len = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            while buf.len() < end + 4 + len {
-                let n = socket.read(&mut chunk).await?;
-                if n == 0 {
-                    break;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            let method = head.split(' ').next().unwrap_or_default().to_uppercase();
-            return Ok((method, buf[end + 4..].to_vec()));
         }
     }
 }
@@ -236,20 +199,15 @@ pub fn completion(text: &str) -> Value {
 
 async fn serve(
     mut socket: TcpStream,
+    Request { method, body }: Request,
     mode: Arc<Mutex<Mode>>,
     hook: Arc<Mutex<Option<Hook>>>,
     c: Arc<Counters>,
 ) -> std::io::Result<()> {
-    let (method, body) = read_request(&mut socket).await?;
     if method == "GET" {
         // A web page, for the agent's http_get tool.
         let page = "hello from the fake web";
-        let response = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
-            page.len()
-        );
-        socket.write_all(response.as_bytes()).await?;
-        return socket.shutdown().await;
+        return http_server::answer(&mut socket, 200, "text/plain", &[], page).await;
     }
     c.requests.fetch_add(1, Ordering::SeqCst);
     if let Some(m) = serde_json::from_slice::<Value>(&body)
@@ -343,15 +301,7 @@ async fn serve(
 
 async fn respond(socket: &mut TcpStream, mode: Mode, text: &str) -> std::io::Result<()> {
     let json_response = |status: u16, body: &Value, extra: &[(String, String)]| {
-        let body = body.to_string();
-        let mut head = format!(
-            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
-            body.len()
-        );
-        for (k, v) in extra {
-            head.push_str(&format!("{k}: {v}\r\n"));
-        }
-        format!("{head}\r\n{body}")
+        http_server::response(status, "application/json", extra, &body.to_string())
     };
     let sse_head =
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";

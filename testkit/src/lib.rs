@@ -3,7 +3,10 @@
 //! and a fresh broker namespace per test, the binary run as child processes (`worker`,
 //! `scheduler`, `serve`, any subcommand), polling with deadlines (never bare sleeps), and
 //! cleanup of everything it created, even when a test fails; [`fake_model`] is an
-//! OpenAI-compatible provider on `127.0.0.1:0` that tests script.
+//! OpenAI-compatible provider on `127.0.0.1:0` that tests script, over [`http_server`], the
+//! one small HTTP server of the tree (the benchmarks' fake provider uses it too);
+//! [`process`] starts and stops processes of the binary for suites that run outside a
+//! `World` (the chaos suites), and [`rng::Lcg`] is their reproducible random workload.
 //!
 //! Test support, not product code: it reads and writes the test's database directly.
 //!
@@ -22,6 +25,9 @@
 //! ```
 
 pub mod fake_model;
+pub mod http_server;
+pub mod process;
+pub mod rng;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -108,20 +114,18 @@ impl World {
 
     /// A command running the real binary against this test's database and namespace.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(&self.binary);
-        cmd.args(args)
-            .env("DATABASE_URL", &self.database_url)
-            .env("AMQP_URL", &self.amqp_url)
-            .env("AGENTQ_NAMESPACE", &self.namespace)
-            .env("AGENTQ_DISPATCH_GRACE_SECS", "1")
-            .env("AGENTQ_LEASE_TTL_SECS", "6")
+        let defaults = [
+            ("DATABASE_URL", self.database_url.as_str()),
+            ("AMQP_URL", &self.amqp_url),
+            ("AGENTQ_NAMESPACE", &self.namespace),
+            ("AGENTQ_DISPATCH_GRACE_SECS", "1"),
+            ("AGENTQ_LEASE_TTL_SECS", "6"),
             // Tests fire schedules every second (production's shortest interval is 10 s).
-            .env("AGENTQ_SCHEDULE_MIN_INTERVAL_SECS", "1")
-            .env("RUST_LOG", "warn");
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
-        cmd
+            ("AGENTQ_SCHEDULE_MIN_INTERVAL_SECS", "1"),
+            ("RUST_LOG", "warn"),
+        ];
+        let own = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        process::command(&self.binary, args, defaults.into_iter().chain(own))
     }
 
     /// Sets an environment variable for every process started from now on.
@@ -256,16 +260,7 @@ impl World {
             self.namespace,
             self.children.len()
         ));
-        let file = std::fs::File::create(&path).unwrap();
-        let out = file.try_clone().unwrap();
-        let child = self
-            .command(args)
-            .env("RUST_LOG", level)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(file)
-            .spawn()
-            .expect("starting agentq");
+        let child = process::spawn_logged(self.command(args).env("RUST_LOG", level), &path);
         self.children.push(child);
         self.logs.push(Some(path));
         self.children.len() - 1
@@ -297,9 +292,7 @@ impl World {
 
     /// `kill -9` of a process started by [`World::spawn`].
     pub fn kill(&mut self, index: usize) {
-        let child = &mut self.children[index];
-        let _ = child.kill();
-        let _ = child.wait();
+        process::stop(&mut self.children[index]);
     }
 
     /// Waits for a spawned process to exit by itself, up to `deadline`; true if it did.
@@ -464,10 +457,7 @@ impl World {
             return;
         }
         self.cleaned = true;
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.children.iter_mut().for_each(process::stop);
         for p in self.logs.iter().flatten() {
             let _ = std::fs::remove_file(p);
         }
@@ -486,10 +476,7 @@ impl Drop for World {
         if self.cleaned {
             return;
         }
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.children.iter_mut().for_each(process::stop);
         self.children.clear();
         for p in self.logs.iter().flatten() {
             let _ = std::fs::remove_file(p);

@@ -6,12 +6,13 @@
 //! back after each kill (the recovery time is printed).
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use agentq_core::db;
+use agentq_testkit::process;
 use serde_json::json;
 use sqlx::PgPool;
 use tokio::time::Instant;
@@ -30,10 +31,7 @@ struct Procs(Vec<Child>);
 
 impl Drop for Procs {
     fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.0.iter_mut().for_each(process::stop);
     }
 }
 
@@ -145,16 +143,8 @@ async fn a_three_node_cluster_loses_the_workers_node_then_the_queues_leader() {
     let logs = scratch.path.join("logs");
     std::fs::create_dir_all(&logs).unwrap();
     let spawn = |role: &str, i: usize| {
-        let log = std::fs::File::create(logs.join(format!("{role}-{i}.log"))).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentq"));
-        cmd.arg(role)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
-        for (k, v) in &env {
-            cmd.env(k, v);
-        }
-        cmd.spawn().expect("starting agentq")
+        let mut cmd = process::command(crate::AGENTQ, &[role], env.iter().cloned());
+        process::spawn_logged(&mut cmd, &logs.join(format!("{role}-{i}.log")))
     };
     let _procs = Procs(vec![
         spawn("worker", 1),

@@ -24,6 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use agentq_core::db;
+use agentq_testkit::process;
+use agentq_testkit::rng::Lcg;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::time::Instant;
@@ -31,6 +33,8 @@ use tokio::time::Instant;
 use proxy::Proxy;
 use services::{Postgres, Rabbit, Scratch};
 
+/// The binary under test.
+const AGENTQ: &str = env!("CARGO_BIN_EXE_agentq");
 /// Lease length of the processes under test (the unit of "stuck").
 const LEASE: Duration = Duration::from_secs(4);
 /// How long a silent fault drops bytes: longer than a lease, so leases run out under it.
@@ -40,22 +44,6 @@ const RESUMED_AFTER: i64 = 10;
 /// Crash recoveries an operation may take before `crash_loop` (several faults may hit it).
 const RESTART_LIMIT: i32 = 10;
 const TERMINAL: &str = "('succeeded', 'dead', 'cancelled', 'discarded')";
-
-/// A tiny deterministic generator, so a failing run can be reproduced from its seed.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// How big a run is.
 struct Size {
@@ -259,16 +247,8 @@ impl Processes {
     fn spawn(&mut self, role: &str) -> Child {
         self.started += 1;
         let log = self.logs.join(format!("{role}-{}.log", self.started));
-        let file = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentq"));
-        cmd.arg(role)
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file);
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
-        cmd.spawn().expect("starting agentq")
+        let mut cmd = process::command(AGENTQ, &[role], self.env.iter().cloned());
+        process::spawn_logged(&mut cmd, &log)
     }
 
     fn kill(&mut self, role: &str, i: usize) {
@@ -277,8 +257,7 @@ impl Processes {
         } else {
             &mut self.schedulers[i]
         };
-        let _ = child.kill();
-        let _ = child.wait();
+        process::stop(child);
         let fresh = self.spawn(role);
         if role == "worker" {
             self.workers[i] = fresh;
@@ -331,10 +310,10 @@ impl Drop for Processes {
     /// Kills the processes; with `AGENTQ_CHAOS_LOGS=DIR` their logs are copied there first
     /// (the scratch directory holding them is deleted).
     fn drop(&mut self) {
-        for c in self.workers.iter_mut().chain(self.schedulers.iter_mut()) {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.workers
+            .iter_mut()
+            .chain(self.schedulers.iter_mut())
+            .for_each(process::stop);
         if let Ok(keep) = std::env::var("AGENTQ_CHAOS_LOGS") {
             let _ = std::fs::create_dir_all(&keep);
             for e in std::fs::read_dir(&self.logs)
@@ -494,11 +473,12 @@ async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
                 tasks.spawn(async move {
                     let end = Instant::now() + Duration::from_secs(120);
                     while Instant::now() < end {
-                        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentq"));
-                        cmd.args(["signal", &op, "go", "--payload", r#"{"approved":true}"#]);
-                        for (k, v) in &env {
-                            cmd.env(k, v);
-                        }
+                        let args = ["signal", &op, "go", "--payload", r#"{"approved":true}"#];
+                        let mut cmd = tokio::process::Command::from(process::command(
+                            AGENTQ,
+                            &args,
+                            env.iter().cloned(),
+                        ));
                         cmd.stdin(Stdio::null())
                             .stdout(Stdio::null())
                             .stderr(Stdio::null());

@@ -12,7 +12,6 @@ pub mod children;
 pub mod console;
 pub mod dead_letters;
 pub mod events;
-pub mod fixtures;
 pub mod gauges;
 pub mod listing;
 pub mod operations;

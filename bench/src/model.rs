@@ -3,22 +3,26 @@
 //! `agentq bench --model-latency-ms N` measures how many model calls a worker keeps in flight.
 //! With [`LatencyModel::agent`], a request that offers the `kv_put` tool is an agent's turn:
 //! turns before the last call `kv_put`, and every request is counted per (user text, turn) so
-//! `durable-steps` can tell how many calls a crash made it send again.
+//! `durable-steps` can tell how many calls a crash made it send again. It is served by the
+//! test kit's small HTTP server ([`agentq_testkit::http_server`]), one connection per call.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agentq_testkit::http_server::{self, Request, Server};
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
+/// What the provider has seen.
 #[derive(Default)]
 pub struct Counters {
+    /// Calls answered or being answered.
     pub requests: AtomicUsize,
     in_flight: AtomicUsize,
+    /// Most calls in flight at once.
     pub peak: AtomicUsize,
     /// Agent turns: requests per (user text, turn).
     pub turns: Mutex<HashMap<(String, usize), usize>>,
@@ -28,15 +32,11 @@ pub struct Counters {
 
 /// A running latency server.
 pub struct LatencyModel {
+    /// Its base URL (`AGENTQ_MODEL_BASE_URL`).
     pub url: String,
     pub counters: Arc<Counters>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for LatencyModel {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    /// Accepts until the provider is dropped.
+    _server: Server,
 }
 
 impl LatencyModel {
@@ -51,6 +51,7 @@ impl LatencyModel {
         Self::serve(latency, agent_turns, Some(pool)).await
     }
 
+    /// Answers every call after `latency`, echoing its last user message.
     pub async fn start(latency: Duration) -> std::io::Result<Self> {
         Self::serve(latency, 1, None).await
     }
@@ -60,58 +61,39 @@ impl LatencyModel {
         agent_turns: usize,
         pool: Option<PgPool>,
     ) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", listener.local_addr()?);
         let counters = Arc::new(Counters::default());
         let c = counters.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((socket, _)) = listener.accept().await {
-                let (c, pool) = (c.clone(), pool.clone());
-                tokio::spawn(async move {
-                    let _ = answer(socket, latency, agent_turns, pool, c).await;
-                });
-            }
-        });
+        let server = Server::start(move |socket, request| {
+            answer(
+                socket,
+                request,
+                latency,
+                agent_turns,
+                pool.clone(),
+                c.clone(),
+            )
+        })
+        .await?;
         Ok(Self {
-            url,
+            url: server.url.clone(),
             counters,
-            task,
+            _server: server,
         })
     }
 }
 
 async fn answer(
     mut socket: TcpStream,
+    Request { method, body }: Request,
     latency: Duration,
     agent_turns: usize,
     pool: Option<PgPool>,
     c: Arc<Counters>,
 ) -> std::io::Result<()> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    let body = loop {
-        let n = socket.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-            let len = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            while buf.len() < end + 4 + len {
-                let n = socket.read(&mut chunk).await?;
-                if n == 0 {
-                    break;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            break buf[end + 4..].to_vec();
-        }
-    };
+    if method.is_empty() {
+        // Closed before sending a request: no call.
+        return Ok(());
+    }
     c.requests.fetch_add(1, Ordering::Relaxed);
     let now = c.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     c.peak.fetch_max(now, Ordering::SeqCst);
@@ -139,7 +121,7 @@ async fn answer(
         // Turn t is the model step at seq 2t (each earlier turn added one kv_put step).
         if sent_before
             && let Some(pool) = &pool
-            && agentq_core::db::fixtures::agent_step_completed(pool, text, 2 * turn as i32)
+            && crate::fixtures::agent_step_completed(pool, text, 2 * turn as i32)
                 .await
                 .unwrap_or(false)
         {
@@ -162,10 +144,5 @@ async fn answer(
         "usage": { "prompt_tokens": 1, "completion_tokens": 1 }
     })
     .to_string();
-    let response = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
-        reply.len()
-    );
-    socket.write_all(response.as_bytes()).await?;
-    socket.shutdown().await
+    http_server::answer(&mut socket, 200, "application/json", &[], &reply).await
 }

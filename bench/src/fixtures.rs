@@ -1,10 +1,12 @@
 //! Bulk fixtures for `agentq bench` scenarios: rows written straight into the tables, so a
-//! benchmark of the scheduler is not a benchmark of the enqueue path.
+//! benchmark of the scheduler is not a benchmark of the enqueue path, and the reads the
+//! reports are made of. The benchmarks' own SQL, kept out of the engine's `core::db`.
 
+use agentq_core::Status;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use super::Result;
+type Result<T> = sqlx::Result<T>;
 
 /// Inserts `n` sleeping operations, the i-th due at `first_due + i × spacing_ms`.
 pub async fn insert_sleepers(
@@ -78,16 +80,21 @@ pub async fn time_join_reads(pool: &PgPool) -> Result<(f64, f64)> {
     let count = "SELECT o.id FROM operations o
                   WHERE o.status = 'waiting' AND o.waiting_for = '(children)'
                     AND o.join_pending <= 0 LIMIT 500";
-    let scan = concat!(
+    // The terminal statuses as an SQL list, as `core::state`'s `terminal_sql!` spells them.
+    let terminal: Vec<String> = Status::ALL
+        .iter()
+        .filter(|s| s.is_terminal())
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect();
+    let scan = format!(
         "SELECT o.id FROM operations o
           WHERE o.status = 'waiting' AND o.waiting_for = '(children)'
             AND NOT EXISTS (SELECT 1 FROM operations c
-                             WHERE c.id = ANY(o.joining) AND c.status NOT IN ",
-        crate::state::terminal_sql!(),
-        ") LIMIT 500"
+                             WHERE c.id = ANY(o.joining) AND c.status NOT IN ({})) LIMIT 500",
+        terminal.join(", ")
     );
     let mut ms = [0.0; 2];
-    for (i, sql) in [count, scan].into_iter().enumerate() {
+    for (i, sql) in [count, &scan].into_iter().enumerate() {
         let started = std::time::Instant::now();
         sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await?;
         ms[i] = started.elapsed().as_secs_f64() * 1000.0;

@@ -12,7 +12,7 @@
 //!    once: model calls sent, journaled, sent again per kill, and sent again although already
 //!    journaled (checked against the journal as each repeated call arrives; must be 0).
 
-use crate::wiring::Deployment;
+use crate::Deployment;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -23,11 +23,11 @@ use anyhow::Context;
 use chrono::Utc;
 use serde_json::{Value, json};
 
-use crate::bench_common::{Percentiles, Proc, Report, percentiles, stop_all};
-use crate::bench_jobs::{Enqueue, Measured, bar, run_jobs};
-use crate::bench_model::LatencyModel;
-use crate::cli::BenchArgs;
-use crate::wiring;
+use crate::Args;
+use crate::common::{Percentiles, Proc, Report, percentiles, stop_all};
+use crate::fixtures;
+use crate::jobs::{Enqueue, Measured, bar, run_jobs};
+use crate::model::LatencyModel;
 
 /// Model latency of phase 2 when `--model-latency-ms` is not given.
 const MODEL_LATENCY_MS: u64 = 50;
@@ -61,7 +61,7 @@ impl Phase {
 
 async fn phase(
     config: &Deployment,
-    args: &BenchArgs,
+    args: &Args,
     step: Value,
     model_latency_ms: Option<u64>,
 ) -> anyhow::Result<Phase> {
@@ -76,8 +76,8 @@ async fn phase(
         model_latency_ms,
     )
     .await?;
-    let pool = wiring::connect(config).await?;
-    let intervals = db::fixtures::step_intervals(&pool, since).await?;
+    let pool = config.connect().await?;
+    let intervals = fixtures::step_intervals(&pool, since).await?;
     pool.close().await;
     Ok(Phase {
         measured,
@@ -93,17 +93,13 @@ struct CrashCost {
     resent_journaled: usize,
 }
 
-async fn crash_cost(
-    config: &Deployment,
-    args: &BenchArgs,
-    latency: u64,
-) -> anyhow::Result<CrashCost> {
+async fn crash_cost(config: &Deployment, args: &Args, latency: u64) -> anyhow::Result<CrashCost> {
     let mut config = config.clone();
     // Short leases so a killed worker's operations come back in seconds; every kill may hit
     // the same operation without it being taken for a crash loop.
     config.lease_ttl_secs = 3;
     config.restart_limit = 1000;
-    let pool = wiring::connect(&config).await?;
+    let pool = config.connect().await?;
     let model = LatencyModel::agent(Duration::from_millis(latency), AGENT_TURNS, pool.clone())
         .await
         .context("starting the latency provider")?;
@@ -113,7 +109,7 @@ async fn crash_cost(
     let config = &config;
     let deadline = Duration::from_secs(args.timeout_secs);
 
-    let (producer, dispatcher) = wiring::producer(config, pool.clone(), "bench");
+    let (producer, dispatcher) = config.producer(pool.clone(), "bench");
     let reqs = (0..AGENTS)
         .map(|i| EnqueueRequest {
             tenant: "bench".into(),
@@ -129,7 +125,7 @@ async fn crash_cost(
 
     let total = AGENTS * AGENT_TURNS;
     // Operations of the earlier phases.
-    let before = db::fixtures::count_status(&pool, "succeeded").await? as usize;
+    let before = fixtures::count_status(&pool, "succeeded").await? as usize;
     let mut procs = vec![Proc::spawn(config, "scheduler", &[])?];
     let mut worker = Proc::worker(config, args.concurrency)?;
     let progress = bar(total, "calls");
@@ -137,7 +133,7 @@ async fn crash_cost(
     for k in 1..=args.kills {
         // Kills spread evenly over the calls the workload needs.
         let at = total * k / (args.kills + 1);
-        wiring::poll_until(deadline, Duration::from_millis(5), || async {
+        crate::poll_until(deadline, Duration::from_millis(5), || async {
             progress.set_position(requests() as u64);
             (requests() >= at).then_some(())
         })
@@ -147,9 +143,9 @@ async fn crash_cost(
         worker = Proc::worker(config, args.concurrency)?;
     }
     procs.push(worker);
-    let done = wiring::poll_until(deadline, Duration::from_millis(50), || async {
+    let done = crate::poll_until(deadline, Duration::from_millis(50), || async {
         progress.set_position(requests().min(total) as u64);
-        let n = db::fixtures::count_status(&pool, "succeeded").await.ok()?;
+        let n = fixtures::count_status(&pool, "succeeded").await.ok()?;
         (n as usize >= before + AGENTS).then_some(())
     })
     .await;
@@ -159,7 +155,7 @@ async fn crash_cost(
         anyhow::bail!("not all agents succeeded within {deadline:?}: {counts:?}");
     }
     stop_all(&pool, procs).await;
-    let journaled = db::fixtures::journaled_model_calls(&pool, "agent").await?;
+    let journaled = fixtures::journaled_model_calls(&pool, "agent").await?;
     pool.close().await;
     Ok(CrashCost {
         kills: args.kills,
@@ -169,7 +165,7 @@ async fn crash_cost(
     })
 }
 
-pub async fn durable_steps(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn durable_steps(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     let k = args.steps;
     let latency = args.model_latency_ms.unwrap_or(MODEL_LATENCY_MS);
     eprintln!("no-op steps…");

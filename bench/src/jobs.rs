@@ -6,7 +6,7 @@
 //! (`done`). `commits/job` is `pg_stat_database.xact_commit` over the run, minus the bench's own
 //! progress queries, divided by the jobs; it includes the scheduler's passes during the run.
 
-use crate::wiring::Deployment;
+use crate::Deployment;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -18,10 +18,10 @@ use chrono::{DateTime, Utc};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
-use crate::bench_common::{Percentiles, Proc, Report, commits_now, percentiles, stop_all};
-use crate::bench_model::LatencyModel;
-use crate::cli::BenchArgs;
-use crate::wiring;
+use crate::Args;
+use crate::common::{Percentiles, Proc, Report, commits_now, percentiles, stop_all};
+use crate::fixtures;
+use crate::model::LatencyModel;
 
 /// Operations per `enqueue_many` call in the `batch` scenario.
 const BATCH_CHUNK: usize = 1000;
@@ -132,7 +132,7 @@ pub(crate) fn bar(len: usize, msg: &'static str) -> ProgressBar {
 /// scheduler, and measures them.
 pub(crate) async fn run_jobs(
     config: &Deployment,
-    args: &BenchArgs,
+    args: &Args,
     kind: &str,
     input: Arc<dyn Fn(usize) -> Value + Send + Sync>,
     enqueue: Enqueue,
@@ -154,12 +154,12 @@ pub(crate) async fn run_jobs(
     let config = &config;
     let workers = args.workers.unwrap_or(1);
     let deadline = Duration::from_secs(args.timeout_secs);
-    let pool = wiring::connect(config).await?;
+    let pool = config.connect().await?;
     // The bench's own queries on `pool` (not part of any job's cost).
     let own = AtomicUsize::new(0);
     let succeeded = async || {
         own.fetch_add(1, Ordering::Relaxed);
-        let n = db::fixtures::count_status(&pool, "succeeded").await.ok()?;
+        let n = fixtures::count_status(&pool, "succeeded").await.ok()?;
         Some(n as usize)
     };
     let mut procs = vec![Proc::spawn(config, "scheduler", &[])?];
@@ -173,8 +173,8 @@ pub(crate) async fn run_jobs(
         }
     }
     // The producer has a pool of its own, closed after the enqueue so its commits are counted.
-    let ppool = wiring::connect(config).await?;
-    let (producer, dispatcher) = wiring::producer(config, ppool.clone(), "bench");
+    let ppool = config.connect().await?;
+    let (producer, dispatcher) = config.producer(ppool.clone(), "bench");
     dispatcher
         .with_connection(async |_| Ok(()))
         .await
@@ -191,7 +191,7 @@ pub(crate) async fn run_jobs(
             })
             .await?;
         warm += 1;
-        wiring::poll_until(deadline, Duration::from_millis(20), || async {
+        crate::poll_until(deadline, Duration::from_millis(20), || async {
             (succeeded().await? >= warm).then_some(())
         })
         .await
@@ -267,9 +267,9 @@ pub(crate) async fn run_jobs(
         Enqueue::OneByOne => None,
         Enqueue::Batched => {
             // Every pointer is published and marked: the drain starts from a full queue.
-            wiring::poll_until(deadline, Duration::from_millis(20), || async {
+            crate::poll_until(deadline, Duration::from_millis(20), || async {
                 own.fetch_add(1, Ordering::Relaxed);
-                (db::fixtures::count_unmarked(&pool).await.ok()? == 0).then_some(())
+                (fixtures::count_unmarked(&pool).await.ok()? == 0).then_some(())
             })
             .await
             .context("the enqueued operations were not all marked dispatched")?;
@@ -284,7 +284,7 @@ pub(crate) async fn run_jobs(
 
     progress.set_position(0);
     progress.set_message("succeeded");
-    let finished = wiring::poll_until(deadline, Duration::from_millis(20), || async {
+    let finished = crate::poll_until(deadline, Duration::from_millis(20), || async {
         let done = succeeded().await?.saturating_sub(warm);
         progress.set_position(done as u64);
         (done >= args.jobs).then_some(())
@@ -331,7 +331,7 @@ fn echo(i: usize) -> Value {
 }
 
 /// `e2e` (alias `throughput`): one-by-one enqueue from concurrent producers, `echo`, end to end.
-pub async fn e2e(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn e2e(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     let m = run_jobs(
         config,
         args,
@@ -379,7 +379,7 @@ pub async fn e2e(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// `batch`: `enqueue_many` in chunks of 1,000, then the workers drain the backlog.
-pub async fn batch(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn batch(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     let m = run_jobs(config, args, "echo", Arc::new(echo), Enqueue::Batched, None).await?;
     let drain = m.drain().as_secs_f64();
     let run = percentiles(m.run());
@@ -423,7 +423,7 @@ pub async fn batch(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> 
 /// `steps`: a `script` of ten safe `work_ms: 0` steps against one of a single step; each
 /// 10-step run (running → finished) minus the median 1-step run, over nine, is one sample of a
 /// step's cost (the journal row, its key, the replay bookkeeping).
-pub async fn steps(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn steps(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     let program = |n: usize| -> Arc<dyn Fn(usize) -> Value + Send + Sync> {
         let steps: Vec<Value> = (0..n).map(|_| json!({ "work_ms": 0 })).collect();
         let input = json!({ "steps": steps });
@@ -491,7 +491,7 @@ pub async fn steps(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> 
 
 /// `inflight`: every model call answered by a fake provider after `--model-latency-ms`: how
 /// many operations a worker keeps in flight, and what they cost in memory.
-pub async fn inflight(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn inflight(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     let latency = args.model_latency_ms.unwrap_or(INFLIGHT_LATENCY_MS);
     let m = run_jobs(
         config,

@@ -1,7 +1,7 @@
 //! `agentq bench --scenario timers|waiting`: the scheduler at scale and the cost of waiting,
 //! with the scheduler and the worker as child processes of the bench.
 
-use crate::wiring::Deployment;
+use crate::Deployment;
 use std::time::{Duration, Instant};
 
 use agentq_core::broker::{self, Names};
@@ -13,27 +13,27 @@ use indicatif::ProgressBar;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::bench_common::{Proc, Report, commits_now, percentiles, stop_all};
-use crate::cli::BenchArgs;
-use crate::wiring;
+use crate::Args;
+use crate::common::{Proc, Report, commits_now, percentiles, stop_all};
+use crate::fixtures;
 
 /// 1M sleepers far in the future, then `due_per_sec` coming due each second for `due_secs`:
 /// wake lag (due → queued and dispatched), idle CPU of the scheduler, and the due-query plan.
-pub async fn timers(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
-    let pool = wiring::connect(config).await?;
+pub async fn timers(config: &Deployment, args: &Args) -> anyhow::Result<()> {
+    let pool = config.connect().await?;
     eprintln!("inserting {} sleepers…", args.sleepers);
     let far = Utc::now() + chrono::Duration::days(30);
-    db::fixtures::insert_sleepers(&pool, args.sleepers, far, 1.0).await?;
+    fixtures::insert_sleepers(&pool, args.sleepers, far, 1.0).await?;
 
     let join_reads = if args.join_parents > 0 {
         eprintln!(
             "inserting {} parents parked on joins over {} children each…",
             args.join_parents, args.join_children
         );
-        db::fixtures::insert_join_parents(&pool, args.join_parents, args.join_children).await?;
+        fixtures::insert_join_parents(&pool, args.join_parents, args.join_children).await?;
         // Warm, then time: the read as it is, and as it was before join counts.
-        db::fixtures::time_join_reads(&pool).await?;
-        Some(db::fixtures::time_join_reads(&pool).await?)
+        fixtures::time_join_reads(&pool).await?;
+        Some(fixtures::time_join_reads(&pool).await?)
     } else {
         None
     };
@@ -50,7 +50,7 @@ pub async fn timers(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()>
     let due = args.due_per_sec * args.due_secs;
     let first_due = Utc::now() + chrono::Duration::seconds(3);
     eprintln!("inserting {due} operations due over {} s…", args.due_secs);
-    db::fixtures::insert_sleepers(&pool, due, first_due, 1000.0 / args.due_per_sec as f64).await?;
+    fixtures::insert_sleepers(&pool, due, first_due, 1000.0 / args.due_per_sec as f64).await?;
     let commits_before = db::commit_count(&pool).await?;
     // Sample the lane queue's depth: the i-th pointer (in due order) was in the queue by the
     // first sample whose depth exceeds i, which gives due → published without instrumenting
@@ -88,8 +88,7 @@ pub async fn timers(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()>
         published_lags.push((at - due_at).num_microseconds().unwrap_or(0) as f64 / 1000.0);
     }
     let published = percentiles(published_lags);
-    let lags =
-        db::fixtures::wake_lags(&pool, first_due - chrono::Duration::milliseconds(1)).await?;
+    let lags = fixtures::wake_lags(&pool, first_due - chrono::Duration::milliseconds(1)).await?;
     let lag = percentiles(lags.clone());
     let max_lag = lags.iter().copied().fold(0.0, f64::max);
     let early = lags.iter().filter(|l| **l < 0.0).count();
@@ -184,13 +183,13 @@ pub async fn timers(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()>
 }
 
 /// A worker process's memory with 0 and with `waiting` operations waiting for approval.
-pub async fn waiting(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
-    let pool = wiring::connect(config).await?;
+pub async fn waiting(config: &Deployment, args: &Args) -> anyhow::Result<()> {
+    let pool = config.connect().await?;
     let worker = Proc::spawn(config, "worker", &[])?;
     let shutdown = CancellationToken::new();
-    let scheduler = wiring::scheduler(config, pool.clone());
+    let scheduler = config.scheduler(pool.clone());
     let running = tokio::spawn(scheduler.run(shutdown.clone()));
-    let (producer, dispatcher) = wiring::producer(config, pool.clone(), "bench");
+    let (producer, dispatcher) = config.producer(pool.clone(), "bench");
     // Warm the worker up with one operation, so "0 waiting" is a worker that has run something.
     let warm = producer
         .enqueue(EnqueueRequest {
@@ -251,7 +250,7 @@ pub async fn waiting(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()
     }
     bar.finish_and_clear();
     loop {
-        let n = db::fixtures::count_status(&pool, "waiting").await?;
+        let n = fixtures::count_status(&pool, "waiting").await?;
         if n as usize >= args.waiting {
             break;
         }

@@ -3,7 +3,7 @@
 //! commit counting from `pg_stat_database`, percentiles, and the report format (a table, then
 //! one JSON line).
 
-use crate::wiring::Deployment;
+use crate::Deployment;
 use std::time::Duration;
 
 use agentq_core::db;
@@ -11,7 +11,7 @@ use anyhow::Context;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::wiring;
+use crate::fixtures;
 
 #[derive(Default, Clone, Copy)]
 pub(crate) struct Percentiles {
@@ -159,9 +159,9 @@ pub(crate) async fn stop_all(pool: &PgPool, procs: Vec<Proc>) -> (Vec<(&'static 
         peaks.push((role, p.stop().await));
     }
     let mut polls = 0;
-    wiring::poll_until(Duration::from_secs(10), Duration::from_millis(20), || {
+    crate::poll_until(Duration::from_secs(10), Duration::from_millis(20), || {
         polls += 1;
-        async { (db::fixtures::other_sessions(pool).await.ok()? == 0).then_some(()) }
+        async { (fixtures::other_sessions(pool).await.ok()? == 0).then_some(()) }
     })
     .await;
     (peaks, polls)
@@ -170,7 +170,7 @@ pub(crate) async fn stop_all(pool: &PgPool, procs: Vec<Proc>) -> (Vec<(&'static 
 /// Commits counted by `pg_stat_database` for the benchmark database. Read it from a fresh
 /// pool with every other session gone: backends report their counts when they exit.
 pub(crate) async fn commits_now(config: &Deployment) -> anyhow::Result<i64> {
-    let pool = wiring::connect(config).await?;
+    let pool = config.connect().await?;
     let n = db::commit_count(&pool).await?;
     pool.close().await;
     Ok(n)

@@ -7,7 +7,7 @@
 //! clients and the server share the CPU (and the figures include both). No worker runs: the
 //! operations stay queued, which is what enqueue leaves behind anyway.
 
-use crate::wiring::Deployment;
+use crate::Deployment;
 use std::collections::{BTreeMap, HashSet};
 use std::future::IntoFuture;
 use std::sync::Arc;
@@ -23,9 +23,10 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::bench_common::max_rss_kib;
-use crate::cli::BenchArgs;
-use crate::wiring::{self, Refused};
+use crate::Args;
+use crate::Refused;
+use crate::common::max_rss_kib;
+use crate::fixtures;
 
 /// Load before the clock starts (connections opened, broker link up, caches warm). Its requests
 /// are checked like the others but not timed.
@@ -150,19 +151,19 @@ async fn connection(
 
 /// How many of `ids` are stored operations (each id at most once: callers pass distinct ids).
 async fn count_existing(pool: &sqlx::PgPool, ids: &[Uuid]) -> anyhow::Result<i64> {
-    db::fixtures::count_existing(pool, ids)
+    fixtures::count_existing(pool, ids)
         .await
         .context("looking up the accepted op_ids")
 }
 
 /// Queued operations whose pointer is not yet marked dispatched.
 async fn count_unmarked(pool: &sqlx::PgPool) -> anyhow::Result<i64> {
-    db::fixtures::count_unmarked(pool)
+    fixtures::count_unmarked(pool)
         .await
         .context("counting operations not marked dispatched")
 }
 
-/// The value at quantile `q` of sorted `ms`, by the same rule as [`crate::bench_common::percentiles`].
+/// The value at quantile `q` of sorted `ms`, by the same rule as [`crate::common::percentiles`].
 fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -171,7 +172,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// `agentq bench --scenario http`: see the module docs.
-pub async fn http(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
+pub async fn http(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     if args.connections == 0 || args.duration_secs == 0 {
         return Err(Refused("--connections and --duration-secs must be above 0".into()).into());
     }
@@ -181,7 +182,7 @@ pub async fn http(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
     // which every request is a 429. This scenario measures enqueue, so the limit is lifted; 429s would
     // still be counted under their status.
     config.tenant_max_unfinished = i64::MAX / 2;
-    let pool = wiring::connect(&config).await?;
+    let pool = config.connect().await?;
     let (_, token) = db::access::create_token(&pool, TENANT, "producer", "bench")
         .await
         .context("creating a producer token")?;
@@ -196,7 +197,7 @@ pub async fn http(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
     let url: Arc<str> = format!("http://{}/v1/operations", listener.local_addr()?).into();
     let app = agentq_http::router(agentq_http::state(
         &config,
-        crate::wiring::app(&config, pool.clone(), "api"),
+        config.app(pool.clone(), "api"),
         shutdown.clone(),
     ));
     let server = tokio::spawn(
@@ -284,7 +285,7 @@ pub async fn http(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
     let unmarked_at_stop = count_unmarked(&pool).await?;
     let drain_started = Instant::now();
     let mut own_queries = 2;
-    let drained = wiring::poll_until(MARK_DRAIN, Duration::from_millis(50), || {
+    let drained = crate::poll_until(MARK_DRAIN, Duration::from_millis(50), || {
         own_queries += 1;
         async { (count_unmarked(&pool).await.ok()? == 0).then_some(()) }
     })
@@ -313,8 +314,7 @@ pub async fn http(config: &Deployment, args: &BenchArgs) -> anyhow::Result<()> {
     let found = count_existing(&pool, &distinct).await?;
     pool.close().await;
     // Own queries: the mark polls, the counts, and the fresh session reading the total.
-    let commits =
-        crate::bench_common::commits_now(&config).await? - commits_before - own_queries - 3;
+    let commits = crate::common::commits_now(&config).await? - commits_before - own_queries - 3;
     let commits_per_op = commits.max(0) as f64 / stored.max(1) as f64;
 
     let accepted = tally.op_ids.len() as u64 + tally.malformed;
