@@ -1056,3 +1056,99 @@ fn paths_resolve_from_their_module_and_cycles_are_found() {
     g.get_mut("c").unwrap().remove("a");
     assert!(cycles(&g).is_empty());
 }
+
+// ---------------------------------------------------------------------------------------------
+// One door and one tenant rule (the application layer's).
+
+/// The front ends: the HTTP API and console, and the command line.
+const FRONT_END_DIRS: &[&str] = &["http/src", "src"];
+
+/// The front ends reach PostgreSQL only through `agentq-app`: no file of theirs names
+/// `agentq_core::db`, in a path or a `use`.
+#[test]
+fn the_front_ends_name_no_core_db() {
+    let mut findings = Vec::new();
+    for file in rust_files(FRONT_END_DIRS) {
+        let tokens = lex(&read(&file));
+        for (i, t) in tokens.iter().enumerate() {
+            if t.tok == Tok::Ident("db".into()) && path_before(&tokens, i) == ["agentq_core"] {
+                findings.push(Finding::new(&file, t.line, "agentq_core::db"));
+            }
+        }
+        for (at, path) in use_paths(&tokens) {
+            if path.len() >= 2 && path[0] == "agentq_core" && path[1] == "db" {
+                findings.push(Finding::new(&file, tokens[at].line, "use agentq_core::db"));
+            }
+        }
+    }
+    assert_allowed("agentq_core::db in a front end", findings, &[]);
+}
+
+/// Reads of a caller's tenant outside `Caller`'s own rule that are tolerated.
+const TENANT_READS_ALLOWED: &[Allowed] = &[
+    Allowed {
+        file: "http/src/auth.rs",
+        found: "caller.tenant",
+        why: "the HTTP caller is built from the application layer's, field by field",
+    },
+    Allowed {
+        file: "http/src/ui/session.rs",
+        found: "caller.tenant",
+        why: "the sign-in log line names the tenant",
+    },
+];
+
+/// One tenant rule: which tenant a caller acts on is decided by `Caller::tenant` (and its two
+/// forms, `tenant_filter` and `tenant_for_write`) in `app/src/caller.rs` only. Elsewhere in the
+/// application layer and the front ends nothing reads a caller's `tenant` field, compares its
+/// role with `Role::Admin`, or tests its `scope()`; `scope()` is only passed on, to confine a
+/// lookup by id.
+#[test]
+fn one_tenant_rule() {
+    let mut findings = Vec::new();
+    let dirs: Vec<&str> = FRONT_END_DIRS.iter().copied().chain(["app/src"]).collect();
+    for file in rust_files(&dirs) {
+        if file == "app/src/caller.rs" {
+            continue;
+        }
+        let tokens = lex(&read(&file));
+        let tok = |i: usize| tokens.get(i).map(|t| &t.tok);
+        let ident = |i: usize, s: &str| tok(i) == Some(&Tok::Ident(s.into()));
+        let punct = |i: usize, s: &str| tok(i) == Some(&Tok::Punct(s.into()));
+        for (i, t) in tokens.iter().enumerate() {
+            let line = t.line;
+            // `caller.tenant`, a field (not `caller.tenant(…)` nor `caller.tenant_filter`).
+            if ident(i, "caller")
+                && punct(i + 1, ".")
+                && ident(i + 2, "tenant")
+                && !punct(i + 3, "(")
+            {
+                findings.push(Finding::new(&file, line, "caller.tenant"));
+            }
+            // `….role == Role::Admin` / `!=`.
+            if ident(i, "role")
+                && i > 0
+                && punct(i - 1, ".")
+                && (punct(i + 1, "=") || punct(i + 1, "!"))
+                && punct(i + 2, "=")
+                && ident(i + 3, "Role")
+                && ident(i + 5, "Admin")
+            {
+                findings.push(Finding::new(&file, line, "role compared with Role::Admin"));
+            }
+            // `scope()` tested rather than passed on.
+            if ident(i, "scope") && punct(i + 1, "(") && punct(i + 2, ")") {
+                let tested = (punct(i + 3, ".") && !ident(i + 4, "map_or"))
+                    || ((punct(i + 3, "=") || punct(i + 3, "!")) && punct(i + 4, "="));
+                if tested {
+                    findings.push(Finding::new(&file, line, "scope() tested"));
+                }
+            }
+        }
+    }
+    assert_allowed(
+        "a tenant decided outside Caller::tenant",
+        findings,
+        TENANT_READS_ALLOWED,
+    );
+}

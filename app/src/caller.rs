@@ -67,6 +67,11 @@ impl Caller {
         }
     }
 
+    /// Whether the caller acts on every tenant (an admin): a front end shows it tenant fields.
+    pub fn sees_every_tenant(&self) -> bool {
+        self.scope().is_none()
+    }
+
     /// The tenant every lookup by id is confined to: the caller's, or none for an admin.
     pub fn scope(&self) -> Option<&str> {
         (self.role != Role::Admin).then_some(self.tenant.as_str())

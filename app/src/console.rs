@@ -117,7 +117,7 @@ pub async fn operation(
 pub async fn approvals(app: &App, caller: &Caller, limit: i64) -> Result<Vec<Summary>> {
     caller.require(Role::Operator)?;
     let filter = listing::Filter {
-        tenant: caller.scope().map(String::from),
+        tenant: caller.tenant_filter(None)?,
         waiting_for: Some("approval".into()),
         ..Default::default()
     };

@@ -36,11 +36,6 @@ impl Caller {
         Ok(self.app().require(min)?)
     }
 
-    /// The tenant every query is filtered by: the caller's, or none for an admin.
-    pub fn scope(&self) -> Option<&str> {
-        (self.role != Role::Admin).then_some(self.tenant.as_str())
-    }
-
     /// The name operator actions are audited under.
     pub fn actor(&self) -> String {
         format!("token:{}", self.prefix)

@@ -216,6 +216,12 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .with_state(state)
 }
 
+/// `GET /openapi.json`: the document, with this deployment's kinds linked in. (At the crate's
+/// root: the route table names it, and `openapi` reads the route table.)
+async fn openapi_document(State(state): State<Arc<ApiState>>) -> axum::Json<serde_json::Value> {
+    axum::Json(openapi::spec_for(state.app.producer.catalog().as_ref()))
+}
+
 async fn unknown_route() -> ApiError {
     ApiError::not_found("no such route; see /openapi.json for the routes this server has")
 }

@@ -4,10 +4,6 @@
 //! answer (`ANSWERS`), so the document describes what is sent; the tests (`openapi/tests.rs`)
 //! check every route names one of them and that real answers validate against their schemas.
 
-use std::sync::Arc;
-
-use axum::Json;
-
 use agentq_app as app;
 use agentq_core::kinds::Catalog;
 use agentq_core::operation::OperationView;
@@ -17,7 +13,7 @@ use serde_json::{Map, Value, json};
 
 use crate::problem::Problem;
 use crate::routes::{Access, ROUTES, Route};
-use crate::{ApiState, batches, dlq, meta, operations, schedules, tenants};
+use crate::{batches, dlq, meta, operations, schedules, tenants};
 
 fn parameters(path: &str, method: &str) -> Vec<Value> {
     let mut out: Vec<Value> = path
@@ -352,13 +348,6 @@ fn point_refs_at(v: &mut Value, name: &str) {
         Value::Array(items) => items.iter_mut().for_each(|i| point_refs_at(i, name)),
         _ => {}
     }
-}
-
-/// `GET /openapi.json`: the document, with this deployment's kinds linked in.
-pub async fn document(
-    axum::extract::State(state): axum::extract::State<Arc<ApiState>>,
-) -> Json<Value> {
-    Json(spec_for(state.app.producer.catalog().as_ref()))
 }
 
 #[cfg(test)]

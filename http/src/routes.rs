@@ -15,7 +15,7 @@ use axum::routing::{MethodRouter, delete, get, post, put};
 use crate::auth::{Caller, Role};
 use crate::problem::ApiError;
 use crate::{
-    ApiState, batches, dlq, events, kinds, meta, openapi, operations, schedules, tenants, webhooks,
+    ApiState, batches, dlq, events, kinds, meta, operations, schedules, tenants, webhooks,
 };
 
 /// Who may call a route: [`enforce`] checks it before the handler runs.
@@ -381,7 +381,7 @@ pub const ROUTES: &[Route] = &[
     r(
         "get",
         "/openapi.json",
-        || get(openapi::document),
+        || get(crate::openapi_document),
         "This document",
         Access::Public,
         None,

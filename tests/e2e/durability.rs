@@ -9,6 +9,8 @@ use agentq_core::broker::{self, Publisher};
 use agentq_core::operation::{Lane, OperationId, Pointer};
 use serde_json::json;
 
+use agentq_testkit::rng::Lcg;
+
 use crate::fake_model::{FakeModel, Mode};
 use crate::harness::{DEADLINE, TestApp};
 
@@ -458,22 +460,6 @@ async fn a_rolling_deploy_on_composes_settings_hands_work_back_without_a_restart
         .await;
     }
     app.cleanup().await;
-}
-
-/// A tiny deterministic generator, so a failing chaos run can be reproduced from its seed.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 #[tokio::test]

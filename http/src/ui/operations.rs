@@ -82,7 +82,7 @@ pub async fn list(
 ) -> UiResult {
     // Only an admin is shown the tenant field. The tenant named goes to the flow as given: its one tenant rule decides (a non-admin
     // naming another tenant is refused, not silently shown its own).
-    let admin = session.caller.scope().is_none();
+    let admin = session.caller.sees_every_tenant();
     let query = app::operations::ListQuery {
         tenant: non_empty(&q.tenant),
         status: non_empty(&q.status).into_iter().collect(),

@@ -177,7 +177,7 @@ impl FromRequestParts<Arc<UiState>> for Session {
             .await
             .map_err(IntoResponse::into_response)?;
         let Some(Authenticated { caller, prefix, .. }) =
-            found.filter(|a| a.caller.role >= Role::Operator)
+            found.filter(|a| a.caller.require(Role::Operator).is_ok())
         else {
             state.sessions.close(&id);
             return Err(to_login());
@@ -272,7 +272,7 @@ pub async fn login(
             Some("the token is unknown or revoked; ask an admin for a new one"),
         ));
     };
-    if caller.role < Role::Operator {
+    if caller.require(Role::Operator).is_err() {
         return Ok(login_form(
             &headers,
             StatusCode::FORBIDDEN,
