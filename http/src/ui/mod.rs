@@ -185,21 +185,17 @@ impl UiError {
     }
 }
 
-/// A page whose application-layer call was refused: the status the API would answer, with the
-/// message as the page.
-/// A failure (the database's) is a 500 page naming the request, its details only in the log.
+/// A page whose application-layer call was refused: the status the API answers
+/// ([`crate::problem::status_of`], the one mapping), with the message as the page. A failure
+/// (the database's) is a page naming the request, its details only in the log.
 impl From<agentq_app::AppError> for UiError {
     fn from(e: agentq_app::AppError) -> Self {
-        use agentq_app::AppError as E;
-        let status = match &e {
-            E::Db(_) => return Self::internal(&e, "database error"),
-            E::NotFound(_) => StatusCode::NOT_FOUND,
-            E::Malformed { .. } => StatusCode::BAD_REQUEST,
-            E::Forbidden(_) => StatusCode::FORBIDDEN,
-            E::Conflict(_) => StatusCode::CONFLICT,
-            E::Invalid { .. } | E::KeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            E::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
-        };
+        let status = crate::problem::status_of(&e);
+        if let agentq_app::AppError::Db(_) = e {
+            let mut page = Self::internal(&e, "database error");
+            page.status = status;
+            return page;
+        }
         Self::new(status, e.to_string())
     }
 }
