@@ -1,6 +1,14 @@
 //! Prometheus metrics: one process-global registry of counters, gauges and histograms, and its
 //! text rendering (`# HELP`, `# TYPE`, samples).
 //!
+//! The values, the registry and the text encoding are the `prometheus` crate's
+//! (tikv/rust-prometheus), not `prometheus-client`: its `TextEncoder` writes the classic text
+//! format 0.0.4 that `/metrics` has always served, with the names as declared (counters keep
+//! their `_total` in `# TYPE`) and the help texts as written, where `prometheus-client` writes
+//! OpenMetrics (`# EOF`, `le="1.0"`), refuses a counter name ending in `_total` and adds a
+//! period to every help text. How the series are held on top of it, and the one adapter on its
+//! output, are in [`Registry`]'s module.
+//!
 //! Every metric is a `pub const` [`Metric`] declared once, with its help text, type, label names
 //! and buckets, in the one table below ([`ALL`]); code records through those constants
 //! (`metrics::OPERATIONS_ENQUEUED.inc(&[kind])`), never through a name typed elsewhere.
@@ -11,11 +19,13 @@
 //! no route matches `unmatched`). A metric that meets more than [`MAX_SERIES`] label sets folds
 //! the rest into `_other`, so a bug cannot grow memory.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::{LazyLock, Mutex};
 
 use sqlx::PgPool;
+
+mod registry;
+
+pub use registry::Registry;
 
 /// What a metric is, as Prometheus names it in `# TYPE`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,143 +156,11 @@ metrics! {
         "Time to answer an HTTP request, by method and route.";
 }
 
-enum Value {
-    Scalar(f64),
-    Histogram {
-        counts: Vec<u64>,
-        sum: f64,
-        count: u64,
-    },
-}
-
-/// Series by metric name, then by label values.
-type Series = BTreeMap<&'static str, BTreeMap<Vec<String>, Value>>;
-
-/// A set of metric series. The process uses [`global`]; tests may make their own.
-#[derive(Default)]
-pub struct Registry {
-    series: Mutex<Series>,
-}
-
 static GLOBAL: LazyLock<Registry> = LazyLock::new(Registry::default);
 
 /// The process's registry, which `/metrics` renders.
 pub fn global() -> &'static Registry {
     &GLOBAL
-}
-
-impl Registry {
-    fn update(&self, m: &Metric, labels: &[&str], f: impl FnOnce(&mut Value)) {
-        debug_assert_eq!(labels.len(), m.labels.len(), "labels of {}", m.name);
-        let mut all = self.series.lock().expect("metrics lock");
-        let family = all.entry(m.name).or_default();
-        let mut key: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
-        if !family.contains_key(&key) && family.len() >= MAX_SERIES {
-            key = vec!["_other".to_string(); labels.len()];
-        }
-        let value = family.entry(key).or_insert_with(|| match m.kind {
-            Kind::Histogram => Value::Histogram {
-                counts: vec![0; m.buckets.len()],
-                sum: 0.0,
-                count: 0,
-            },
-            _ => Value::Scalar(0.0),
-        });
-        f(value);
-    }
-
-    /// Adds `v` to a counter (or gauge).
-    pub fn add(&self, m: &Metric, labels: &[&str], v: f64) {
-        self.update(m, labels, |value| {
-            if let Value::Scalar(x) = value {
-                *x += v;
-            }
-        });
-    }
-
-    /// Sets a gauge.
-    pub fn set(&self, m: &Metric, labels: &[&str], v: f64) {
-        self.update(m, labels, |value| {
-            if let Value::Scalar(x) = value {
-                *x = v;
-            }
-        });
-    }
-
-    /// Records one observation of a histogram.
-    pub fn observe(&self, m: &Metric, labels: &[&str], v: f64) {
-        self.update(m, labels, |value| {
-            if let Value::Histogram { counts, sum, count } = value {
-                for (c, le) in counts.iter_mut().zip(m.buckets) {
-                    if v <= *le {
-                        *c += 1;
-                    }
-                }
-                *sum += v;
-                *count += 1;
-            }
-        });
-    }
-
-    /// Replaces every series of a gauge at once (database gauges: a status with no rows left
-    /// must disappear, not keep its last value).
-    pub fn replace(&self, m: &Metric, rows: Vec<(Vec<String>, f64)>) {
-        let mut all = self.series.lock().expect("metrics lock");
-        let family = all.entry(m.name).or_default();
-        family.clear();
-        for (labels, v) in rows.into_iter().take(MAX_SERIES) {
-            debug_assert_eq!(labels.len(), m.labels.len(), "labels of {}", m.name);
-            family.insert(labels, Value::Scalar(v));
-        }
-    }
-
-    /// A counter's or gauge's current value, or a histogram's count.
-    pub fn value(&self, m: &Metric, labels: &[&str]) -> Option<f64> {
-        let all = self.series.lock().expect("metrics lock");
-        let key: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
-        all.get(m.name)?.get(&key).map(|v| match v {
-            Value::Scalar(x) => *x,
-            Value::Histogram { count, .. } => *count as f64,
-        })
-    }
-
-    /// Every declared metric as Prometheus text (version 0.0.4): `# HELP` and `# TYPE` for each,
-    /// even one without samples yet.
-    pub fn render(&self) -> String {
-        let all = self.series.lock().expect("metrics lock");
-        let mut out = String::new();
-        for m in ALL {
-            let _ = writeln!(out, "# HELP {} {}", m.name, escape_help(m.help));
-            let _ = writeln!(out, "# TYPE {} {}", m.name, m.kind.as_str());
-            let Some(family) = all.get(m.name) else {
-                continue;
-            };
-            for (values, value) in family {
-                let labels = label_pairs(m.labels, values);
-                match value {
-                    Value::Scalar(x) => {
-                        let _ = writeln!(out, "{}{} {}", m.name, braces(&labels), number(*x));
-                    }
-                    Value::Histogram { counts, sum, count } => {
-                        let sep = if labels.is_empty() { "" } else { "," };
-                        for (c, le) in counts.iter().zip(m.buckets) {
-                            let _ = writeln!(
-                                out,
-                                "{}_bucket{{{labels}{sep}le=\"{}\"}} {c}",
-                                m.name,
-                                number(*le)
-                            );
-                        }
-                        let _ =
-                            writeln!(out, "{}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}", m.name);
-                        let _ = writeln!(out, "{}_sum{} {}", m.name, braces(&labels), number(*sum));
-                        let _ = writeln!(out, "{}_count{} {count}", m.name, braces(&labels));
-                    }
-                }
-            }
-        }
-        out
-    }
 }
 
 impl Metric {
@@ -397,48 +275,9 @@ fn gauges_due() -> bool {
     true
 }
 
-/// The content type of [`Registry::render`]'s text.
+/// The content type of [`Registry::render`]'s text: the `prometheus` crate's
+/// [`TEXT_FORMAT`](prometheus::TEXT_FORMAT) with its charset.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-fn label_pairs(names: &[&str], values: &[String]) -> String {
-    let mut s = String::new();
-    for (i, (n, v)) in names.iter().zip(values).enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        let _ = write!(s, "{n}=\"{}\"", escape_label(v));
-    }
-    s
-}
-
-fn braces(labels: &str) -> String {
-    if labels.is_empty() {
-        String::new()
-    } else {
-        format!("{{{labels}}}")
-    }
-}
-
-/// A label value as the text format requires: `\`, `"` and newlines escaped.
-pub fn escape_label(v: &str) -> String {
-    v.replace('\\', r"\\")
-        .replace('"', "\\\"")
-        .replace('\n', r"\n")
-}
-
-fn escape_help(v: &str) -> String {
-    v.replace('\\', r"\\").replace('\n', r"\n")
-}
-
-fn number(x: f64) -> String {
-    if x.is_nan() {
-        "NaN".into()
-    } else if x.is_infinite() {
-        if x > 0.0 { "+Inf" } else { "-Inf" }.into()
-    } else {
-        x.to_string()
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -505,6 +344,14 @@ mod tests {
             let value = line.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "{line}");
         }
+    }
+
+    #[test]
+    fn the_content_type_is_the_encoders_format() {
+        assert_eq!(
+            CONTENT_TYPE,
+            format!("{}; charset=utf-8", prometheus::TEXT_FORMAT)
+        );
     }
 
     #[test]
