@@ -14,6 +14,7 @@ use uuid::Uuid;
 use super::steps::{bind_journal, bind_steps, journal_cte, journal_many_cte, owned_rows};
 use super::{Result, StepWrite};
 use crate::operation::{Lane, OperationId, OperationView};
+use crate::state::transition::{FAIL_CANCEL, FAIL_DEAD, FAIL_RETRY, from_sql, to_sql};
 use crate::state::{ErrorClass, Status, terminal_sql};
 
 /// What an enqueue asks to store.
@@ -241,7 +242,9 @@ pub async fn claim_operations(
             SELECT id, tenant_id, kind, kind_version, ordering_key, concurrency_key,
                    concurrency_limit, created_at, batch_id
               FROM operations
-             WHERE id = ANY($1) AND COALESCE(status, '') = 'queued' AND run_at <= now()
+             WHERE id = ANY($1) AND COALESCE(status, '') IN ",
+        from_sql!(CLAIM),
+        " AND run_at <= now()
              ORDER BY id
                FOR UPDATE
          ), startable AS (
@@ -284,7 +287,9 @@ pub async fn claim_operations(
              WHERE s.free OR s.running + s.nth <= s.concurrency_limit
          )
          UPDATE operations o
-            SET status = 'running', epoch = o.epoch + 1, attempt = o.attempt + 1,
+            SET status = ",
+        to_sql!(CLAIM),
+        ", epoch = o.epoch + 1, attempt = o.attempt + 1,
                 lease_owner = $6, lease_expires_at = now() + make_interval(secs => $7),
                 updated_at = now(), version_parked = false, share_held = false,
                 -- The first claim pins the version: the claiming worker's for this kind.
@@ -367,16 +372,22 @@ pub async fn complete_operations(pool: &PgPool, batch: &[Completion]) -> Result<
          ), locked AS (
             -- Lock in id order, like the claim and the heartbeat, so they cannot deadlock.
             SELECT o.id, i.epoch, i.result FROM operations o JOIN input i ON o.id = i.id
-             WHERE o.epoch = i.epoch AND o.status = 'running'
+             WHERE o.epoch = i.epoch AND o.status IN ",
+        from_sql!(COMPLETE),
+        "
              ORDER BY o.id
                FOR UPDATE OF o
          ), done AS (
             UPDATE operations o
-               SET status = 'succeeded', result = l.result, finished_at = now(), updated_at = now(),
+               SET status = ",
+        to_sql!(COMPLETE),
+        ", result = l.result, finished_at = now(), updated_at = now(),
                    lease_owner = NULL, lease_expires_at = NULL,
                    error_class = NULL, error_message = NULL
               FROM locked l
-             WHERE o.id = l.id AND o.epoch = l.epoch AND o.status = 'running'
+             WHERE o.id = l.id AND o.epoch = l.epoch AND o.status IN ",
+        from_sql!(COMPLETE),
+        "
          RETURNING o.id, o.epoch
          ), ",
         journal_many_cte!("done", "$16"),
@@ -425,9 +436,9 @@ pub async fn fail_operation(
         FailTo::Retry {
             run_at,
             count_attempt,
-        } => (Status::Queued, Some(run_at), !count_attempt),
-        FailTo::Dead => (Status::Dead, None, false),
-        FailTo::Cancelled => (Status::Cancelled, None, false),
+        } => (FAIL_RETRY.to, Some(run_at), !count_attempt),
+        FailTo::Dead => (FAIL_DEAD.to, None, false),
+        FailTo::Cancelled => (FAIL_CANCEL.to, None, false),
     };
     let done: Option<Uuid> = bind_journal(
         sqlx::query_scalar(concat!(
@@ -435,10 +446,14 @@ pub async fn fail_operation(
                 UPDATE operations
                    SET status = $17, run_at = COALESCE($18, run_at), dispatched_at = NULL,
                        attempt = CASE WHEN $19 THEN attempt - 1 ELSE attempt END,
-                       finished_at = CASE WHEN $17 = 'queued' THEN NULL ELSE now() END,
+                       finished_at = CASE WHEN $17 = ",
+            to_sql!(FAIL_RETRY),
+            " THEN NULL ELSE now() END,
                        error_class = $15, error_message = $16, updated_at = now(),
                        lease_owner = NULL, lease_expires_at = NULL
-                 WHERE id = $14 AND epoch = $13 AND status = 'running'
+                 WHERE id = $14 AND epoch = $13 AND status IN ",
+            from_sql!(FAIL_RETRY),
+            "
              RETURNING id, tenant_id, kind, attempt, status
              ), letter AS (
                 INSERT INTO dead_letters (id, op_id, tenant_id, kind, class, reason, failed_step, attempts)
@@ -792,20 +807,27 @@ pub async fn reap_expired_leases(
 }
 
 /// The reaper's statement: `$1` the restart limit, `$2` how many rows at most.
-const REAP_EXPIRED_LEASES: &str = "WITH expired AS (
+const REAP_EXPIRED_LEASES: &str = concat!(
+    "WITH expired AS (
             SELECT o.id,
                    (SELECT s.seq FROM operation_steps s
                      WHERE s.op_id = o.id AND s.status = 'started'
                      ORDER BY s.seq DESC LIMIT 1) AS in_flight
               FROM operations o
-             WHERE o.status = 'running' AND o.lease_expires_at < now()
+             WHERE o.status IN ",
+    from_sql!(REAP),
+    " AND o.lease_expires_at < now()
              ORDER BY o.lease_expires_at
              LIMIT $2
                FOR UPDATE SKIP LOCKED
          ), reaped AS (
             UPDATE operations o
                SET restarts = o.restarts + 1,
-                   status = CASE WHEN o.restarts + 1 > $1 THEN 'dead' ELSE 'queued' END,
+                   status = CASE WHEN o.restarts + 1 > $1 THEN ",
+    to_sql!(CRASH_LOOP),
+    " ELSE ",
+    to_sql!(REAP),
+    " END,
                    -- An attempt cut short by a crash is not a failure of the job: it is given
                    -- back (the next claim counts it again); `restarts` has its own limit.
                    attempt = CASE WHEN o.restarts + 1 > $1 THEN o.attempt
@@ -832,7 +854,8 @@ const REAP_EXPIRED_LEASES: &str = "WITH expired AS (
               FROM reaped WHERE status = 'dead'
             ON CONFLICT (op_id) WHERE status = 'open' DO NOTHING
          )
-         SELECT id, tenant_id, kind, lane, epoch, status, restarts, in_flight FROM reaped";
+         SELECT id, tenant_id, kind, lane, epoch, status, restarts, in_flight FROM reaped"
+);
 
 /// Hands operations back on a graceful shutdown: each still running at `epoch` under `owner`
 /// returns to `queued` without counting a restart or using up its attempt, for the dispatch
@@ -841,14 +864,18 @@ const REAP_EXPIRED_LEASES: &str = "WITH expired AS (
 /// publish is in flight for them, so the sweeper's grace period has nothing to wait for.
 pub async fn release_leases(pool: &PgPool, owner: &str, held: &[(Uuid, i64)]) -> Result<u64> {
     let (ids, epochs): (Vec<Uuid>, Vec<i64>) = held.iter().copied().unzip();
-    let n = sqlx::query(
+    let n = sqlx::query(concat!(
         "UPDATE operations o
-            SET status = 'queued', run_at = now(), dispatched_at = NULL,
+            SET status = ",
+        to_sql!(RELEASE),
+        ", run_at = now(), dispatched_at = NULL,
                 attempt = GREATEST(o.attempt - 1, 0),
                 lease_owner = NULL, lease_expires_at = NULL, updated_at = now() - interval '1 hour'
            FROM unnest($2::uuid[], $3::bigint[]) AS h(id, epoch)
-          WHERE o.id = h.id AND o.epoch = h.epoch AND o.status = 'running' AND o.lease_owner = $1",
-    )
+          WHERE o.id = h.id AND o.epoch = h.epoch AND o.status IN ",
+        from_sql!(RELEASE),
+        " AND o.lease_owner = $1"
+    ))
     .bind(owner)
     .bind(&ids)
     .bind(&epochs)
@@ -873,11 +900,15 @@ pub async fn release_for_share(
         sqlx::query_scalar(concat!(
             "WITH released AS (
                 UPDATE operations
-                   SET status = 'queued', run_at = now(), share_held = true,
+                   SET status = ",
+            to_sql!(RELEASE_FOR_SHARE),
+            ", run_at = now(), share_held = true,
                        dispatched_at = COALESCE(dispatched_at, now()),
                        attempt = GREATEST(attempt - 1, 0),
                        lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-                 WHERE id = $14 AND epoch = $13 AND status = 'running' AND lease_owner = $15
+                 WHERE id = $14 AND epoch = $13 AND status IN ",
+            from_sql!(RELEASE_FOR_SHARE),
+            " AND lease_owner = $15
              RETURNING id
              ), ",
             journal_cte!("released"),
