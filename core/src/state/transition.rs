@@ -47,20 +47,20 @@ pub(crate) fn sql_list(statuses: &[Status]) -> String {
     format!("({})", names.join(", "))
 }
 
-/// A worker claims a queued, due operation (`db::operations::claim_operations`).
+/// A worker claims a queued, due operation (`db::claim::claim_operations`).
 pub const CLAIM: Transition = Transition {
     name: "claim",
     from: &[Queued],
     to: Running,
 };
-/// A run succeeds (`db::operations::complete_operations`).
+/// A run succeeds (`db::settle::complete_operations`).
 pub const COMPLETE: Transition = Transition {
     name: "complete",
     from: &[Running],
     to: Succeeded,
 };
 /// A failed attempt goes back to the queue: a retry after a backoff, or an overloaded
-/// provider's park (`db::operations::fail_operation`).
+/// provider's park (`db::settle::fail_operation`).
 pub const FAIL_RETRY: Transition = Transition {
     name: "fail_retry",
     from: &[Running],
@@ -103,7 +103,7 @@ pub const SIGNAL: Transition = Transition {
     from: &[Waiting],
     to: Queued,
 };
-/// The reaper restarts a run whose lease expired (`db::operations::reap_expired_leases`).
+/// The reaper restarts a run whose lease expired (`db::settle::reap_expired_leases`).
 pub const REAP: Transition = Transition {
     name: "reap",
     from: &[Running],
@@ -115,13 +115,13 @@ pub const CRASH_LOOP: Transition = Transition {
     from: &[Running],
     to: Dead,
 };
-/// A worker shutting down hands its runs back (`db::operations::release_leases`).
+/// A worker shutting down hands its runs back (`db::settle::release_leases`).
 pub const RELEASE: Transition = Transition {
     name: "release",
     from: &[Running],
     to: Queued,
 };
-/// A worker hands a run back for fair shares (`db::operations::release_for_share`).
+/// A worker hands a run back for fair shares (`db::settle::release_for_share`).
 pub const RELEASE_FOR_SHARE: Transition = Transition {
     name: "release_for_share",
     from: &[Running],
