@@ -8,9 +8,11 @@
 //! PostgreSQL `text`, so a corrupt value in a row is a decoding error where it is read, never a
 //! guess.
 //!
-//! Invariant kept here: the terminal set ([`Status::is_terminal`]) and the legal operation
-//! transitions ([`can_transition`]) are written once; SQL that needs the terminal set takes it
-//! from `terminal_sql!`, which a test compares with [`Status::is_terminal`].
+//! Invariant kept here: the terminal set ([`Status::is_terminal`]), the idle set
+//! ([`Status::IDLE`]), the legal operation transitions ([`can_transition`]) and the named
+//! transitions that write them ([`transition`]) are written once; SQL that needs a set takes it
+//! from `terminal_sql!`, `idle_sql!` or a transition's `from_sql!`/`to_sql!`, which tests
+//! compare with the Rust values.
 //!
 //! Where each decision lives:
 //! - what a failed attempt leads to: [`failure::after_failure`], pure; called by
@@ -23,7 +25,7 @@
 //!   `db::timers::expire_deadlines`, checked against [`failure::after_failure`] by a test there
 //!   (a running one is stopped by its worker and decided by `after_failure` itself); an
 //!   operator's cancel of one no worker holds: SQL in `db::timers::cancel_operation` (which
-//!   asks [`can_transition`]) and `db::batches::cancel_operations`;
+//!   asks [`transition::CANCEL`]) and `db::batches::cancel_operations`;
 //! - what replay does with a journal entry: [`replay::resume`], pure; called by
 //!   `worker::context` for every step (and its nondeterminism check for sleeps and waits);
 //! - what an operator action does to a dead letter: [`DlqAction`], used by
@@ -34,6 +36,7 @@ use std::str::FromStr;
 
 pub mod failure;
 pub mod replay;
+pub mod transition;
 
 /// A string that names no value of a state enum (a corrupt row, or a user's typo).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -192,6 +195,11 @@ impl Status {
             Status::Succeeded | Status::Dead | Status::Cancelled | Status::Discarded
         )
     }
+
+    /// The statuses of an operation no worker holds that is not finished: queued, sleeping,
+    /// waiting. What an operator's cancel, a cascade or a passed deadline ends at once, and
+    /// what an upgrade moves (`idle_sql!` is its SQL form).
+    pub const IDLE: &'static [Status] = &[Status::Queued, Status::Sleeping, Status::Waiting];
 }
 
 /// The terminal statuses as an SQL list, `('succeeded', 'dead', 'cancelled', 'discarded')`,
@@ -204,9 +212,19 @@ macro_rules! terminal_sql {
 }
 pub(crate) use terminal_sql;
 
+/// The idle statuses ([`Status::IDLE`]) as an SQL list, `('queued', 'sleeping', 'waiting')`, for
+/// `concat!` into statements. A test checks it names exactly [`Status::IDLE`].
+macro_rules! idle_sql {
+    () => {
+        "('queued', 'sleeping', 'waiting')"
+    };
+}
+pub(crate) use idle_sql;
+
 /// Whether an operation may move from `from` to `to`: the state diagram of ARCHITECTURE.md as
-/// a table. Every transition agentq writes is one of these (each is one SQL statement guarded
-/// by `from`).
+/// a table. Every transition agentq writes is a named [`transition`] whose edges are in this
+/// table (each is one SQL statement guarded by its from-set), and every edge of the table is
+/// one of them: a test checks both.
 pub const fn can_transition(from: Status, to: Status) -> bool {
     use Status::*;
     match (from, to) {
@@ -521,23 +539,30 @@ mod tests {
     }
 
     #[test]
+    fn the_sql_idle_list_is_the_idle_set() {
+        assert_eq!(idle_sql!(), transition::sql_list(Status::IDLE));
+        for &s in Status::ALL {
+            assert_eq!(
+                Status::IDLE.contains(&s),
+                !s.is_terminal() && s != Status::Running
+            );
+        }
+    }
+
+    /// The table is the named transitions' edges, no more and no less.
+    #[test]
     fn the_state_diagram() {
-        use Status::*;
-        #[rustfmt::skip]
-        let edges = [
-            (Queued, Running), (Queued, Cancelled), (Queued, Dead),
-            (Running, Succeeded), (Running, Queued), (Running, Dead), (Running, Sleeping),
-            (Running, Waiting), (Running, Cancelled),
-            (Sleeping, Queued), (Sleeping, Cancelled), (Sleeping, Dead),
-            (Waiting, Queued), (Waiting, Cancelled), (Waiting, Dead),
-            (Dead, Queued), (Dead, Discarded),
-        ];
         for &from in Status::ALL {
             for &to in Status::ALL {
+                let named: Vec<&str> = transition::ALL
+                    .iter()
+                    .filter(|t| t.starts_from(from) && t.to == to)
+                    .map(|t| t.name)
+                    .collect();
                 assert_eq!(
                     can_transition(from, to),
-                    edges.contains(&(from, to)),
-                    "{from} → {to}"
+                    !named.is_empty(),
+                    "{from} → {to}: named by {named:?}"
                 );
             }
         }
@@ -573,6 +598,15 @@ mod tests {
             assert_eq!(action.dead_letter_after(), letter, "{action}");
             assert_eq!(action.operation_after(), op, "{action}");
             assert!(can_transition(Status::Dead, op));
+            let named = match action {
+                Retry | Resolve => transition::RETRY,
+                Discard => transition::DISCARD,
+            };
+            assert_eq!(
+                (named.from, named.to),
+                (&[Status::Dead][..], op),
+                "{action}"
+            );
         }
     }
 }

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::{Dispatch, NewOperation, Result};
 use crate::state::BatchStatus;
+use crate::state::transition::{from_sql, to_sql};
 
 /// A batch as stored.
 #[derive(Clone, Debug, Serialize, FromRow)]
@@ -229,12 +230,15 @@ pub async fn lock_queued(
 /// Cancels every unfinished operation of a batch: at once when queued, sleeping or waiting,
 /// at the next step boundary when running. Returns (cancelled now, stop requested).
 pub async fn cancel_operations(pool: &PgPool, batch: Uuid, actor: &str) -> Result<(u64, u64)> {
-    let now = sqlx::query(
+    let now = sqlx::query(concat!(
         "UPDATE operations
-            SET status = 'cancelled', error_class = 'cancelled', error_message = $2,
+            SET status = ",
+        to_sql!(CANCEL),
+        ", error_class = 'cancelled', error_message = $2,
                 waiting_for = NULL, finished_at = now(), updated_at = now()
-          WHERE batch_id = $1 AND status IN ('queued', 'sleeping', 'waiting')",
-    )
+          WHERE batch_id = $1 AND status IN ",
+        from_sql!(CANCEL)
+    ))
     .bind(batch)
     .bind(format!("batch cancelled by {actor}"))
     .execute(pool)

@@ -11,6 +11,7 @@ use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
 use uuid::Uuid;
 
 use super::Result;
+use crate::state::transition::{from_sql, to_sql};
 use crate::state::{DeadLetterStatus, DlqAction, ErrorClass, Status, StepStatus};
 
 /// Largest raw message body kept for a poison message.
@@ -481,9 +482,12 @@ pub async fn act(
         }
         match action {
             Action::Discard => {
-                sqlx::query(
-                    "UPDATE operations SET status = 'discarded', updated_at = now() WHERE id = $1",
-                )
+                sqlx::query(concat!(
+                    "UPDATE operations SET status = ",
+                    to_sql!(DISCARD),
+                    ", updated_at = now() WHERE id = $1 AND status IN ",
+                    from_sql!(DISCARD)
+                ))
                 .bind(op_id)
                 .execute(&mut *tx)
                 .await?;
@@ -508,9 +512,11 @@ pub async fn act(
                     }
                     _ => None,
                 };
-                let row: Requeued = sqlx::query_as(
+                let row: Requeued = sqlx::query_as(concat!(
                     "UPDATE operations o
-                        SET status = 'queued', attempt = 0, restarts = 0, run_at = now(),
+                        SET status = ",
+                    to_sql!(RETRY),
+                    ", attempt = 0, restarts = 0, run_at = now(),
                             dispatched_at = NULL, finished_at = NULL, updated_at = now(),
                             -- An operator retrying it decided it runs: a passed deadline is lifted.
                             deadline = CASE WHEN deadline <= now() THEN NULL ELSE deadline END,
@@ -519,9 +525,11 @@ pub async fn act(
                             kind_version = COALESCE($4, kind_version),
                             upgrade_through = CASE WHEN $4::text IS NULL THEN upgrade_through
                                 ELSE (SELECT max(seq) FROM operation_steps s WHERE s.op_id = o.id) END
-                      WHERE id = $1
-                  RETURNING id, tenant_id, kind, lane, epoch",
-                )
+                      WHERE id = $1 AND status IN ",
+                    from_sql!(RETRY),
+                    "
+                  RETURNING id, tenant_id, kind, lane, epoch"
+                ))
                 .bind(op_id)
                 .bind(&input)
                 .bind(&sha)

@@ -9,13 +9,16 @@ pub mod access;
 pub mod batch_source;
 pub mod batches;
 pub mod children;
+pub mod claim;
 pub mod console;
 pub mod dead_letters;
+pub mod dispatch;
 pub mod events;
 pub mod gauges;
 pub mod listing;
 pub mod operations;
 pub mod schedules;
+pub mod settle;
 pub mod steps;
 pub mod stores;
 pub mod tenant_kinds;
@@ -29,7 +32,10 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection};
 
+pub use claim::*;
+pub use dispatch::*;
 pub use operations::*;
+pub use settle::*;
 pub use steps::*;
 
 /// Errors of the database layer.

@@ -12,7 +12,8 @@ use uuid::Uuid;
 
 use super::steps::{bind_journal, journal_cte};
 use super::{Dispatch, Result, StepWrite};
-use crate::state::{Status, can_transition, terminal_sql};
+use crate::state::transition::{CANCEL, from_sql, to_sql};
+use crate::state::{Status, terminal_sql};
 
 /// The CTE `step` completing a parked step (a wait, a join) with `decided.output` once it is
 /// decided, fenced by `lease` (the operation held at epoch `$2`); the step is `$3`.
@@ -45,10 +46,16 @@ pub async fn suspend_operation(
         sqlx::query_scalar(concat!(
             "WITH parked AS (
                 UPDATE operations
-                   SET status = CASE WHEN $16::text IS NULL THEN 'sleeping' ELSE 'waiting' END,
+                   SET status = CASE WHEN $16::text IS NULL THEN ",
+            to_sql!(PARK_SLEEP),
+            " ELSE ",
+            to_sql!(PARK_WAIT),
+            " END,
                        waiting_for = $16, run_at = $15, dispatched_at = NULL, updated_at = now(),
                        lease_owner = NULL, lease_expires_at = NULL
-                 WHERE id = $14 AND epoch = $13 AND status = 'running'
+                 WHERE id = $14 AND epoch = $13 AND status IN ",
+            from_sql!(PARK_SLEEP),
+            "
              RETURNING id
              ), ",
             journal_cte!("parked"),
@@ -151,7 +158,9 @@ pub async fn wake_due(pool: &PgPool, limit: i64) -> Result<Vec<Woken>> {
     let rows = sqlx::query_as(concat!(
         "WITH timed AS (
             SELECT id FROM operations
-             WHERE status IN ('sleeping', 'waiting') AND run_at <= now()
+             WHERE status IN ",
+        from_sql!(WAKE),
+        " AND run_at <= now()
              ORDER BY run_at
              LIMIT $1
                FOR UPDATE SKIP LOCKED
@@ -180,13 +189,17 @@ pub async fn wake_due(pool: &PgPool, limit: i64) -> Result<Vec<Woken>> {
             SELECT id FROM timed UNION SELECT id FROM signalled UNION SELECT id FROM joined
          )
          UPDATE operations o
-            SET status = 'queued', waiting_for = NULL, attempt = o.attempt - 1,
+            SET status = ",
+        to_sql!(WAKE),
+        ", waiting_for = NULL, attempt = o.attempt - 1,
                 -- A signal can wake a wait before its timeout: it may run now.
                 run_at = LEAST(o.run_at, now()),
                 -- Published and marked by this scheduler; the sweeper's grace period starts now.
                 dispatched_at = NULL, updated_at = clock_timestamp()
            FROM due
-          WHERE o.id = due.id AND o.status IN ('sleeping', 'waiting')
+          WHERE o.id = due.id AND o.status IN ",
+        from_sql!(WAKE),
+        "
       RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch, o.run_at AS due_at,
                 o.updated_at AS woken_at"
     ))
@@ -225,11 +238,13 @@ impl From<&Woken> for Dispatch {
 
 /// The plan of the due-timer query (reported by `agentq bench --scenario timers`).
 pub async fn explain_wake_due(pool: &PgPool) -> Result<String> {
-    let lines: Vec<String> = sqlx::query_scalar(
+    let lines: Vec<String> = sqlx::query_scalar(concat!(
         "EXPLAIN SELECT id FROM operations
-          WHERE status IN ('sleeping', 'waiting') AND run_at <= now()
-          ORDER BY run_at LIMIT 500 FOR UPDATE SKIP LOCKED",
-    )
+          WHERE status IN ",
+        from_sql!(WAKE),
+        " AND run_at <= now()
+          ORDER BY run_at LIMIT 500 FOR UPDATE SKIP LOCKED"
+    ))
     .fetch_all(pool)
     .await?;
     Ok(lines.join("\n"))
@@ -248,15 +263,20 @@ pub async fn expire_deadlines(pool: &PgPool, limit: i64) -> Result<Vec<(Uuid, St
 
 /// The deadline sweep: `$1` how many rows at most. Its outcome is what
 /// [`crate::state::failure::after_failure`] decides for `DeadlineExceeded` (a test checks).
-const EXPIRE_DEADLINES: &str = "WITH expired AS (
+const EXPIRE_DEADLINES: &str = concat!(
+    "WITH expired AS (
             SELECT id FROM operations
-             WHERE deadline < now() AND status IN ('queued', 'sleeping', 'waiting')
+             WHERE deadline < now() AND status IN ",
+    from_sql!(EXPIRE),
+    "
              ORDER BY deadline
              LIMIT $1
                FOR UPDATE SKIP LOCKED
          ), dead AS (
             UPDATE operations o
-               SET status = 'dead', error_class = 'deadline_exceeded',
+               SET status = ",
+    to_sql!(EXPIRE),
+    ", error_class = 'deadline_exceeded',
                    error_message = format('deadline %s passed while the operation was %s', o.deadline, o.status),
                    finished_at = now(), updated_at = now(), waiting_for = NULL
               FROM expired
@@ -268,7 +288,8 @@ const EXPIRE_DEADLINES: &str = "WITH expired AS (
               FROM dead
             ON CONFLICT (op_id) WHERE status = 'open' DO NOTHING
          )
-         SELECT id, kind FROM dead";
+         SELECT id, kind FROM dead"
+);
 
 /// Asks the workers of up to `limit` running operations past their deadline to stop them
 /// (`cancel_requested`: the next heartbeat interrupts the job, which ends it as
@@ -385,13 +406,17 @@ pub async fn send_signal(
     if stored == 0 {
         return Ok(Sent::AlreadyPending);
     }
-    let woke: Option<Dispatch> = sqlx::query_as(
+    let woke: Option<Dispatch> = sqlx::query_as(concat!(
         "UPDATE operations
-            SET status = 'queued', waiting_for = NULL, attempt = attempt - 1,
+            SET status = ",
+        to_sql!(SIGNAL),
+        ", waiting_for = NULL, attempt = attempt - 1,
                 run_at = now(), dispatched_at = NULL, updated_at = now()
-          WHERE id = $1 AND status = 'waiting' AND waiting_for = $2
-      RETURNING id, tenant_id, kind, lane, epoch",
-    )
+          WHERE id = $1 AND status IN ",
+        from_sql!(SIGNAL),
+        " AND waiting_for = $2
+      RETURNING id, tenant_id, kind, lane, epoch"
+    ))
     .bind(op)
     .bind(name)
     .fetch_optional(&mut *tx)
@@ -466,13 +491,16 @@ pub async fn cancel_operation(
                 .await?;
             Cancelled::Requested
         }
-        s if can_transition(s, Status::Cancelled) => {
-            sqlx::query(
+        s if CANCEL.starts_from(s) => {
+            sqlx::query(concat!(
                 "UPDATE operations
-                    SET status = 'cancelled', error_class = 'cancelled', error_message = $2,
+                    SET status = ",
+                to_sql!(CANCEL),
+                ", error_class = 'cancelled', error_message = $2,
                         waiting_for = NULL, finished_at = now(), updated_at = now()
-                  WHERE id = $1",
-            )
+                  WHERE id = $1 AND status IN ",
+                from_sql!(CANCEL)
+            ))
             .bind(op)
             .bind(format!(
                 "cancelled by {actor}{}",
@@ -506,6 +534,7 @@ pub async fn cancel_operation(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::can_transition;
     use crate::state::failure::{Failure, after_failure};
 
     /// The deadline sweep ends an operation as the failure decision ends a running one whose
@@ -523,7 +552,8 @@ mod tests {
                 "the deadline sweep lacks {expected:?}"
             );
         }
-        for from in [Status::Queued, Status::Sleeping, Status::Waiting] {
+        assert_eq!(status, crate::state::transition::EXPIRE.to);
+        for &from in crate::state::transition::EXPIRE.from {
             assert!(can_transition(from, status));
         }
     }

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::Result;
 use crate::operation::Lane;
+use crate::state::{Status, idle_sql};
 
 /// Whether an operation of kind `o.kind` at `o.kind_version` is one the caller may claim: a
 /// pinned one if the caller runs its version (`$2` kinds, `$3` versions), an unpinned one if
@@ -311,19 +312,21 @@ pub async fn select_upgradable(
     filter: &UpgradeFilter,
     max: i64,
 ) -> Result<Vec<Upgradable>> {
-    let rows = sqlx::query_as(
+    let rows = sqlx::query_as(concat!(
         "SELECT o.id, o.tenant_id, o.kind, o.kind_version AS version, o.status,
                 (SELECT count(*) FROM operation_steps s WHERE s.op_id = o.id) AS steps
            FROM operations o
-          WHERE o.status IN ('queued', 'sleeping', 'waiting')
+          WHERE o.status IN ",
+        idle_sql!(),
+        "
             AND ($1::text IS NULL OR o.tenant_id = $1)
             AND ($2::text IS NULL OR o.kind = $2)
             AND ($3::text IS NULL OR o.kind_version = $3)
             AND ($4::text IS NULL OR o.status = $4)
             AND ($5::uuid[] IS NULL OR o.id = ANY($5))
           ORDER BY o.created_at, o.id
-          LIMIT $6",
-    )
+          LIMIT $6"
+    ))
     .bind(&filter.tenant)
     .bind(&filter.kind)
     .bind(&filter.from_version)
@@ -387,7 +390,10 @@ pub async fn upgrade(
     .fetch_optional(&mut *tx)
     .await?;
     let (status, from_version) = current.ok_or(UpgradeError::NotFound(id))?;
-    if !matches!(status.as_str(), "queued" | "sleeping" | "waiting") {
+    if !status
+        .parse::<Status>()
+        .is_ok_and(|s| Status::IDLE.contains(&s))
+    {
         return Err(UpgradeError::NotUpgradable { id, status });
     }
     let row: Upgraded = sqlx::query_as(
@@ -426,16 +432,18 @@ pub async fn upgrade(
 /// worker runs, and the parked ones not run yet of a kind no live worker runs at all: the
 /// gauge behind the `AgentqVersionWithoutWorker` alert.
 pub async fn without_live_worker(pool: &PgPool) -> Result<Vec<(String, i64)>> {
-    let rows = sqlx::query_as(
+    let rows = sqlx::query_as(concat!(
         "SELECT o.kind, count(*) FROM operations o
-          WHERE o.status IN ('queued', 'sleeping', 'waiting')
+          WHERE o.status IN ",
+        idle_sql!(),
+        "
             AND (o.kind_version IS NOT NULL OR o.version_parked)
             AND NOT EXISTS (
                 SELECT 1 FROM workers w, unnest(w.kinds, w.versions) AS v(kind, version)
                  WHERE w.live_until > now() AND v.kind = o.kind
                    AND (o.kind_version IS NULL OR v.version = o.kind_version))
-          GROUP BY o.kind",
-    )
+          GROUP BY o.kind"
+    ))
     .fetch_all(pool)
     .await?;
     Ok(rows)
