@@ -95,6 +95,16 @@ const SQL_ALLOWED: &[Allowed] = &[
         found: "\"CREATE TABLE dead_letters\"",
         why: "a unit test looks this text up in a migration file; no statement is run",
     },
+    Allowed {
+        file: "core/src/state/transition/tests.rs",
+        found: "\"UPDATE operations\"",
+        why: "the status-writer test looks this text up in core/src/db and the migrations; no statement is run",
+    },
+    Allowed {
+        file: "core/src/state/transition/tests.rs",
+        found: "\"CREATE FUNCTION f() RETURNS trigger AS $$ BEGIN UPDATE operations SET status = 'dead' WHERE id = 1; END $$\"",
+        why: "the status-writer test's own check: a broken trigger it must flag; no statement is run",
+    },
 ];
 
 /// `lapin` outside `core/src/broker/` that the check tolerates: none.

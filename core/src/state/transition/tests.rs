@@ -356,7 +356,7 @@ fn the_writer_scan_sees_an_unnamed_write() {
     let src = "pub async fn f() {\n    sqlx::query(concat!(\"UPDATE operations o SET epoch = 1, status = \", to_sql!(EXPIRE), \" WHERE id = $1\"))\n}\n";
     let found = problems(&rust_writers("x.rs", src));
     assert!(found.len() == 1 && found[0].contains("guard"), "{found:?}");
-    let sql = "CREATE FUNCTION f() RETURNS trigger AS $$\nBEGIN\n    UPDATE operations SET status = 'dead' WHERE id = 1;\nEND\n$$ LANGUAGE plpgsql;";
+    let sql = "CREATE FUNCTION f() RETURNS trigger AS $$ BEGIN UPDATE operations SET status = 'dead' WHERE id = 1; END $$";
     let found = problems(&migration_writers("x.sql", sql));
     assert!(
         found.len() == 1 && found[0].contains("TRIGGERS"),
