@@ -72,7 +72,7 @@ impl Counts {
                 None => None,
             }
         };
-        let counted = db::unfinished_count(pool, tenant, cap).await;
+        let counted = db::operations::unfinished_count(pool, tenant, cap).await;
         let mut map = self.map.lock().expect("counts lock");
         match counted {
             Ok(n) => {

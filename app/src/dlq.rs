@@ -243,7 +243,7 @@ pub async fn act(
             refused => AppError::Conflict(refused.to_string()),
         })?;
     if let Some(r) = &requeued {
-        let target = Target::from(db::Dispatch {
+        let target = Target::from(db::dispatch::Dispatch {
             id: r.id,
             tenant_id: r.tenant_id.clone(),
             kind: r.kind.clone(),
@@ -266,7 +266,7 @@ async fn patched_input(app: &App, d: &DeadLetterView, patch: &Value) -> Result<(
     let op = d
         .op_id
         .ok_or_else(|| refuse(format!("dead letter {} has no operation to patch", d.id)))?;
-    let mut input = db::operation_input(&app.pool, op)
+    let mut input = db::operations::operation_input(&app.pool, op)
         .await?
         .ok_or_else(|| refuse(format!("operation {op} is gone")))?;
     merge_patch(&mut input, patch);
@@ -329,8 +329,8 @@ pub async fn details(app: &App, caller: &Caller, id: Uuid) -> Result<Details> {
     let pool = &app.pool;
     let (operation, steps) = match d.op_id {
         Some(o) => (
-            db::find_operation(pool, OperationId(o), None).await?,
-            db::list_steps(pool, o, None).await?,
+            db::operations::find_operation(pool, OperationId(o), None).await?,
+            db::steps::list_steps(pool, o, None).await?,
         ),
         None => (None, Vec::new()),
     };

@@ -26,7 +26,7 @@ pub async fn of_many(app: &App, ops: &[(Uuid, Option<i32>)], limit: i64) -> Resu
 /// The outcome (result and finish time) of `op` if its status is still `status`; `None` when
 /// it moved on or is gone. For a terminal event read without its outcome.
 pub async fn outcome_if(app: &App, op: OperationId, status: &str) -> Result<Option<Outcome>> {
-    let found = db::within(db::find_operation(&app.pool, op, None)).await?;
+    let found = db::within(db::operations::find_operation(&app.pool, op, None)).await?;
     Ok(found
         .filter(|v| v.status.as_str() == status)
         .map(|v| Outcome {

@@ -2,7 +2,7 @@
 //! signal it, approve or reject it (the approval convention), cancel it.
 
 use agentq_core::approval::{self, is_approval_signal};
-use agentq_core::db::{self, listing, timers};
+use agentq_core::db::{self, cancel, listing, signals};
 use agentq_core::dispatch::Target;
 use agentq_core::operation::OperationId;
 use agentq_core::state::Status;
@@ -85,7 +85,7 @@ pub async fn signal(
             ))
         })?;
     }
-    let sent = timers::send_signal(
+    let sent = signals::send_signal(
         &app.pool,
         op.0,
         caller.scope(),
@@ -97,24 +97,24 @@ pub async fn signal(
     )
     .await?;
     match sent {
-        timers::Sent::Woke(target) => {
+        signals::Sent::Woke(target) => {
             dispatch(app, &target.into()).await;
             Ok(Signalled::Delivered)
         }
-        timers::Sent::Kept {
+        signals::Sent::Kept {
             status,
             waiting_for,
         } => Ok(Signalled::Kept {
             status,
             waiting_for,
         }),
-        timers::Sent::AlreadyPending => Err(AppError::Conflict(format!(
+        signals::Sent::AlreadyPending => Err(AppError::Conflict(format!(
             "a signal {name:?} was already sent to {op} and not consumed yet; nothing changed"
         ))),
-        timers::Sent::Finished(status) => Err(AppError::Conflict(format!(
+        signals::Sent::Finished(status) => Err(AppError::Conflict(format!(
             "operation {op} is {status}; the signal was not delivered"
         ))),
-        timers::Sent::NotFound => Err(not_found(op)),
+        signals::Sent::NotFound => Err(not_found(op)),
     }
 }
 
@@ -167,13 +167,13 @@ pub async fn cancel(
     reason: Option<&str>,
 ) -> Result<Cancelled> {
     caller.require(Role::Producer)?;
-    match timers::cancel_operation(&app.pool, op.0, caller.scope(), &caller.actor, reason).await? {
-        timers::Cancelled::Now => Ok(Cancelled::Now),
-        timers::Cancelled::Requested => Ok(Cancelled::Requested),
-        timers::Cancelled::Finished(status) => Err(AppError::Conflict(format!(
+    match cancel::cancel_operation(&app.pool, op.0, caller.scope(), &caller.actor, reason).await? {
+        cancel::Cancelled::Now => Ok(Cancelled::Now),
+        cancel::Cancelled::Requested => Ok(Cancelled::Requested),
+        cancel::Cancelled::Finished(status) => Err(AppError::Conflict(format!(
             "operation {op} is already {status}; nothing to cancel"
         ))),
-        timers::Cancelled::NotFound => Err(not_found(op)),
+        cancel::Cancelled::NotFound => Err(not_found(op)),
     }
 }
 
@@ -184,7 +184,7 @@ pub async fn find(
     op: OperationId,
 ) -> Result<agentq_core::operation::OperationView> {
     caller.require(Role::Producer)?;
-    db::find_operation(&app.pool, op, caller.scope())
+    db::operations::find_operation(&app.pool, op, caller.scope())
         .await?
         .ok_or_else(|| not_found(op))
 }
@@ -202,10 +202,10 @@ pub struct Recorded {
 pub async fn recorded(app: &App, caller: &Caller, op: OperationId) -> Result<Recorded> {
     caller.require(Role::Operator)?;
     let operation = find(app, caller, op).await?;
-    let input = db::operation_input(&app.pool, op.0)
+    let input = db::operations::operation_input(&app.pool, op.0)
         .await?
         .ok_or_else(|| not_found(op))?;
-    let steps = db::list_steps(&app.pool, op.0, caller.scope()).await?;
+    let steps = db::steps::list_steps(&app.pool, op.0, caller.scope()).await?;
     Ok(Recorded {
         operation,
         input,
@@ -236,7 +236,7 @@ pub async fn steps(
 ) -> Result<StepsPage> {
     caller.require(Role::Producer)?;
     crate::page::check_limit(limit)?;
-    let (steps, more) = db::steps_page(
+    let (steps, more) = db::steps::steps_page(
         &app.pool,
         op.0,
         caller.scope(),

@@ -212,7 +212,7 @@ pub async fn upgrade(
 ) -> Result<Upgraded> {
     caller.require(Role::Operator)?;
     let to = parse_version("to", to)?;
-    let op = agentq_core::db::find_operation(
+    let op = agentq_core::db::operations::find_operation(
         &app.pool,
         agentq_core::operation::OperationId(id),
         caller.scope(),

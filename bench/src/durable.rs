@@ -151,7 +151,9 @@ async fn crash_cost(config: &Deployment, args: &Args, latency: u64) -> anyhow::R
     .await;
     progress.finish_and_clear();
     if done.is_none() {
-        let counts = db::count_by_status(&pool).await.unwrap_or_default();
+        let counts = db::operations::count_by_status(&pool)
+            .await
+            .unwrap_or_default();
         anyhow::bail!("not all agents succeeded within {deadline:?}: {counts:?}");
     }
     stop_all(&pool, procs).await;

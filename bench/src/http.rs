@@ -298,7 +298,7 @@ pub async fn http(config: &Deployment, args: &Args) -> anyhow::Result<()> {
         );
     }
 
-    let stored: i64 = db::count_by_status(&pool)
+    let stored: i64 = db::operations::count_by_status(&pool)
         .await
         .context("counting operations")?
         .iter()

@@ -293,7 +293,9 @@ pub(crate) async fn run_jobs(
     let elapsed = started.elapsed();
     progress.finish_and_clear();
     if finished.is_none() {
-        let counts = db::count_by_status(&pool).await.unwrap_or_default();
+        let counts = db::operations::count_by_status(&pool)
+            .await
+            .unwrap_or_default();
         anyhow::bail!("not all operations succeeded within {deadline:?}: {counts:?}");
     }
     let model = fake.as_ref().map(|f| {
@@ -303,7 +305,7 @@ pub(crate) async fn run_jobs(
         )
     });
     let (peaks, polls) = stop_all(&pool, procs).await;
-    let timings: Vec<_> = db::finished_timings(&pool)
+    let timings: Vec<_> = db::operations::finished_timings(&pool)
         .await?
         .into_iter()
         .filter(|(c, _, _)| *c >= t0)

@@ -200,7 +200,7 @@ pub async fn waiting(config: &Deployment, args: &Args) -> anyhow::Result<()> {
         })
         .await?;
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
-    while db::find_operation(&pool, warm.op_id, None)
+    while db::operations::find_operation(&pool, warm.op_id, None)
         .await?
         .map(|v| v.status)
         != Some(agentq_core::Status::Succeeded)

@@ -61,8 +61,8 @@ pub struct Target {
     pub traceparent: Option<String>,
 }
 
-impl From<db::Dispatch> for Target {
-    fn from(d: db::Dispatch) -> Self {
+impl From<db::dispatch::Dispatch> for Target {
+    fn from(d: db::dispatch::Dispatch) -> Self {
         Target {
             op_id: OperationId(d.id),
             tenant: d.tenant_id,
@@ -293,8 +293,11 @@ pub struct Published {
 
 impl Dispatcher {
     /// Publishes the pointers of rows locked for dispatch and commits the marks of those the
-    /// broker confirmed together with the release of the locks (see [`db::Locked`]).
-    pub async fn publish_locked(&self, locked: db::Locked) -> Result<Published, db::Error> {
+    /// broker confirmed together with the release of the locks (see [`db::dispatch::Locked`]).
+    pub async fn publish_locked(
+        &self,
+        locked: db::dispatch::Locked,
+    ) -> Result<Published, db::Error> {
         let targets: Vec<Target> = locked.rows.iter().cloned().map(Target::from).collect();
         let total = targets.len();
         let failed = if total == 0 {
@@ -323,7 +326,7 @@ async fn run_marker(pool: PgPool, mut rx: mpsc::Receiver<(Uuid, i64)>) {
     while rx.recv_many(&mut batch, MARK_BATCH).await > 0 {
         let mut delay = Duration::from_millis(50);
         loop {
-            match db::within(db::mark_dispatched(&pool, &batch)).await {
+            match db::within(db::dispatch::mark_dispatched(&pool, &batch)).await {
                 Ok(_) => break,
                 Err(e) => {
                     // Unmarked rows are re-published by the sweeper: harmless, so give up

@@ -197,7 +197,7 @@ impl Metric {
 /// gauge as it was. Called by whoever serves `/metrics` with a pool, at scrape time.
 pub async fn refresh_database_gauges(pool: &PgPool) {
     let registry = global();
-    match crate::db::count_by_status(pool).await {
+    match crate::db::operations::count_by_status(pool).await {
         Ok(rows) => registry.replace(
             &OPERATIONS_BY_STATUS,
             rows.into_iter().map(|(s, n)| (vec![s], n as f64)).collect(),

@@ -17,14 +17,14 @@
 //! Where each decision lives:
 //! - what a failed attempt leads to: [`failure::after_failure`], pure; called by
 //!   `worker::executor::settle`, which gathers the facts and writes the result with
-//!   `db::fail_operation`;
+//!   `db::settle::fail_operation`;
 //! - what an expired lease leads to (restart or `crash_loop`): [`failure::after_lease_expiry`],
-//!   mirrored by the `CASE` of `db::reap_expired_leases` (one statement for many rows), and a
+//!   mirrored by the `CASE` of `db::settle::reap_expired_leases` (one statement for many rows), and a
 //!   test there checks the SQL names the same statuses, classes and boundary;
 //! - what a passed deadline leads to for an operation no worker holds: SQL in
 //!   `db::timers::expire_deadlines`, checked against [`failure::after_failure`] by a test there
 //!   (a running one is stopped by its worker and decided by `after_failure` itself); an
-//!   operator's cancel of one no worker holds: SQL in `db::timers::cancel_operation` (which
+//!   operator's cancel of one no worker holds: SQL in `db::cancel::cancel_operation` (which
 //!   asks [`transition::CANCEL`]) and `db::batches::cancel_operations`;
 //! - what replay does with a journal entry: [`replay::resume`], pure; called by
 //!   `worker::context` for every step (and its nondeterminism check for sleeps and waits);

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use agentq_core::db::stores::{self, Need};
-use agentq_core::db::{self, Inserted, NewOperation};
+use agentq_core::db::{self, operations::Inserted, operations::NewOperation};
 use agentq_core::dispatch::{Dispatcher, Target};
 use agentq_core::kinds::{self, Catalog};
 use agentq_core::metrics;
@@ -165,7 +165,7 @@ impl Producer {
         req: EnqueueRequest,
     ) -> Result<Pending, Error> {
         let op = self.prepare(conn, req).await?;
-        match db::insert_operation(conn, &op).await? {
+        match db::operations::insert_operation(conn, &op).await? {
             Inserted::Created { id, epoch } => Ok(Pending {
                 enqueued: Enqueued {
                     op_id: id,
@@ -217,7 +217,8 @@ impl Producer {
             return Err(invalid("/input", why));
         }
         if let (Some(key), Some(wanted)) = (&op.concurrency_key, op.concurrency_limit)
-            && let Some(kept) = db::concurrency_key_limit(conn, &op.tenant, key, wanted).await?
+            && let Some(kept) =
+                db::operations::concurrency_key_limit(conn, &op.tenant, key, wanted).await?
         {
             return Err(invalid(
                 "/concurrency_limit",

@@ -231,7 +231,7 @@ impl Scheduler {
             tokio::spawn(async move {
                 // Locked, published, marked, released: a failure anywhere leaves the rows
                 // unmarked for the sweeper, nothing to undo.
-                let published = match db::within(db::lock_woken(&pool, &ids)).await {
+                let published = match db::within(db::dispatch::lock_woken(&pool, &ids)).await {
                     Ok(locked) => dispatcher.publish_locked(locked).await,
                     Err(e) => Err(e),
                 };
@@ -344,7 +344,7 @@ impl Scheduler {
     pub async fn retain(&self) -> anyhow::Result<u64> {
         let mut total = 0;
         loop {
-            let n = db::within(db::timers::delete_expired(
+            let n = db::within(db::retention::delete_expired(
                 &self.pool,
                 self.settings.retention_days,
                 500,
@@ -364,7 +364,7 @@ impl Scheduler {
 
     /// One pass of the reaper; returns how many expired leases it recovered.
     pub async fn reap(&self) -> anyhow::Result<usize> {
-        let reaped = db::within(db::reap_expired_leases(
+        let reaped = db::within(db::settle::reap_expired_leases(
             &self.pool,
             self.settings.restart_limit,
             self.settings.batch,
@@ -381,7 +381,7 @@ impl Scheduler {
             } else {
                 tracing::info!(op_id = %r.id, restarts = r.restarts, in_flight = ?r.in_flight, "recovered an expired lease");
                 metrics::LEASES_RESCUED.inc(&[&r.kind]);
-                requeued.push(Target::from(db::Dispatch {
+                requeued.push(Target::from(db::dispatch::Dispatch {
                     id: r.id,
                     tenant_id: r.tenant_id,
                     kind: r.kind,
@@ -403,7 +403,7 @@ impl Scheduler {
 
     /// One pass of the dispatch sweeper; returns how many pointers it published.
     pub async fn sweep_undispatched(&self) -> anyhow::Result<usize> {
-        let locked = db::within(db::lock_undispatched(
+        let locked = db::within(db::dispatch::lock_undispatched(
             &self.pool,
             self.settings.dispatch_grace,
             self.settings.batch,
@@ -424,7 +424,7 @@ impl Scheduler {
             if depth > 0 {
                 continue;
             }
-            let lost = db::within(db::lock_lost_dispatches(
+            let lost = db::within(db::dispatch::lock_lost_dispatches(
                 &self.pool,
                 lane,
                 self.settings.lost_after,
@@ -441,7 +441,7 @@ impl Scheduler {
 
     /// Publishes rows this scheduler locked for dispatch and marks the confirmed ones as it
     /// releases them; the others stay due for the next sweep.
-    async fn publish(&self, locked: db::Locked) -> anyhow::Result<usize> {
+    async fn publish(&self, locked: db::dispatch::Locked) -> anyhow::Result<usize> {
         let published = self.dispatcher.publish_locked(locked).await?;
         if let Some(e) = &published.error {
             tracing::warn!(error = %e, n = published.failed, "publishing failed; the sweeper will retry");

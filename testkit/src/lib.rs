@@ -351,7 +351,7 @@ impl World {
     /// Reads an operation straight from the database.
     pub async fn operation(&self, op: &str) -> OperationView {
         let id = agentq_core::OperationId::parse(op).unwrap();
-        db::find_operation(&self.pool, id, None)
+        db::operations::find_operation(&self.pool, id, None)
             .await
             .unwrap()
             .expect("operation exists")

@@ -217,7 +217,9 @@ async fn the_same_pointer_published_five_times_runs_the_job_once() {
         .unwrap();
     assert_eq!(epoch, 1, "exactly one claim");
     assert_eq!(done.attempt, 1);
-    let steps = db::list_steps(&app.pool, done.op_id.0, None).await.unwrap();
+    let steps = db::steps::list_steps(&app.pool, done.op_id.0, None)
+        .await
+        .unwrap();
     assert_eq!(steps.len(), 1);
     let _ = conn.close(200, "done".into()).await;
     app.cleanup().await;
@@ -325,7 +327,7 @@ async fn two_workers_racing_for_one_operation_claim_it_once() {
         let pool = app.pool.clone();
         async move {
             let echo = db::versions::Runnable::at_default(&["echo"]);
-            db::claim_operations(
+            db::claim::claim_operations(
                 &pool,
                 &[id],
                 &echo,
@@ -578,12 +580,12 @@ async fn a_sweep_that_never_commits_leaves_its_rows_due_and_a_concurrent_one_ski
     };
 
     // A sweep locks them and dies before publishing (its transaction rolls back).
-    let first = db::lock_undispatched(&app.pool, Duration::ZERO, 100)
+    let first = db::dispatch::lock_undispatched(&app.pool, Duration::ZERO, 100)
         .await
         .unwrap();
     assert_eq!(first.rows.len(), 3);
     // Meanwhile a second sweeper finds nothing to take: no second pointer per sweep.
-    let second = db::lock_undispatched(&app.pool, Duration::ZERO, 100)
+    let second = db::dispatch::lock_undispatched(&app.pool, Duration::ZERO, 100)
         .await
         .unwrap();
     assert!(second.rows.is_empty(), "{:?}", second.rows);
@@ -597,7 +599,7 @@ async fn a_sweep_that_never_commits_leaves_its_rows_due_and_a_concurrent_one_ski
     let names = app.names();
     let again = app
         .wait_until("the abandoned sweep's locks released", DEADLINE, || async {
-            let locked = db::lock_undispatched(&app.pool, Duration::ZERO, 100)
+            let locked = db::dispatch::lock_undispatched(&app.pool, Duration::ZERO, 100)
                 .await
                 .unwrap();
             (locked.rows.len() == 3).then_some(locked)
@@ -706,11 +708,12 @@ async fn a_batched_completion_writes_only_the_operations_whose_lease_it_holds() 
         )
         .await;
     let echo = db::versions::Runnable::at_default(&["echo"]);
-    let claimed = db::claim_operations(&app.pool, &ids, &echo, "batcher", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let claimed =
+        db::claim::claim_operations(&app.pool, &ids, &echo, "batcher", Duration::from_secs(30))
+            .await
+            .unwrap();
     assert_eq!(claimed.len(), 3);
-    let step = |id: uuid::Uuid| db::StepWrite {
+    let step = |id: uuid::Uuid| db::steps::StepWrite {
         seq: 0,
         name: "model".into(),
         kind: agentq_core::state::StepKind::Model,
@@ -724,9 +727,9 @@ async fn a_batched_completion_writes_only_the_operations_whose_lease_it_holds() 
         usage: None,
         wake_at: None,
     };
-    let batch: Vec<db::Completion> = claimed
+    let batch: Vec<db::settle::Completion> = claimed
         .iter()
-        .map(|c| db::Completion {
+        .map(|c| db::settle::Completion {
             id: c.id,
             // The second one's lease was lost: another claim bumped its epoch.
             epoch: if c.id == ids[1] { c.epoch - 1 } else { c.epoch },
@@ -734,7 +737,9 @@ async fn a_batched_completion_writes_only_the_operations_whose_lease_it_holds() 
             steps: vec![step(c.id)],
         })
         .collect();
-    let mut written = db::complete_operations(&app.pool, &batch).await.unwrap();
+    let mut written = db::settle::complete_operations(&app.pool, &batch)
+        .await
+        .unwrap();
     written.sort();
     let mut expected = vec![ids[0], ids[2]];
     expected.sort();

@@ -179,7 +179,7 @@ async fn a_thousand_signals_racing_their_timeouts_each_resolve_once() {
             let at = due + chrono::Duration::milliseconds(offset_ms);
             let wait = (at - Utc::now()).to_std().unwrap_or_default();
             tokio::time::sleep(wait).await; // scheduling the send, not waiting for a condition
-            let sent = db::timers::send_signal(
+            let sent = db::signals::send_signal(
                 &pool,
                 id,
                 None,
@@ -191,7 +191,7 @@ async fn a_thousand_signals_racing_their_timeouts_each_resolve_once() {
             )
             .await
             .unwrap();
-            if let db::timers::Sent::Woke(d) = sent {
+            if let db::signals::Sent::Woke(d) = sent {
                 let _ = dispatcher.dispatch(&d.into()).await;
             }
         }

@@ -113,7 +113,7 @@ async fn claim_batch(
     } else {
         // Not held (a failure), an operation is claimed below as usual: a share is a
         // preference, never a reason to lose or stall work.
-        match db::within(db::hold_for_share(shared.pool(), &held)).await {
+        match db::within(db::claim::hold_for_share(shared.pool(), &held)).await {
             Ok(n) => {
                 tracing::debug!(n, %lane, "held operations of tenants at their share");
                 held
@@ -132,7 +132,7 @@ async fn claim_batch(
     let runnable = shared.versions.runnable();
     let mut delay = Duration::from_millis(100);
     let mut claimed = loop {
-        match db::within(db::claim_operations(
+        match db::within(db::claim::claim_operations(
             shared.pool(),
             &ids,
             &runnable,
@@ -208,7 +208,7 @@ async fn claim_batch(
 fn start(
     shared: &Arc<Shared>,
     lane: Lane,
-    op: db::Claimed,
+    op: db::claim::Claimed,
     permit: OwnedSemaphorePermit,
     tasks: &TaskTracker,
 ) {
@@ -286,7 +286,7 @@ pub(crate) async fn pull_held(pull: Pull) {
         }
         let pool = shared.pool();
         // More candidates than slots: some may belong to tenants at their share here.
-        let held = match db::within(db::share_held_in(pool, lane, (free * 4) as i64)).await {
+        let held = match db::within(db::claim::share_held_in(pool, lane, (free * 4) as i64)).await {
             Ok(held) if !held.is_empty() => held,
             Ok(_) => continue,
             Err(e) => {
@@ -337,7 +337,7 @@ impl Pull {
             return 0;
         }
         let shared = &self.shared;
-        let claimed = db::within(db::claim_operations(
+        let claimed = db::within(db::claim::claim_operations(
             shared.pool(),
             ids,
             runnable,

@@ -7,7 +7,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use agentq_core::db::{self, Claimed, FailTo, StepWrite};
+use agentq_core::db::{self, claim::Claimed, settle::FailTo, steps::StepWrite};
 use agentq_core::metrics;
 use agentq_core::operation::OperationId;
 use agentq_core::retry;
@@ -36,7 +36,7 @@ pub(crate) struct Shared {
     /// Fair shares of this worker's slots between tenants.
     pub(crate) shares: crate::share::Shares,
     /// Writes successful attempts, many per statement.
-    pub(crate) completer: GroupCommit<db::Completion>,
+    pub(crate) completer: GroupCommit<db::settle::Completion>,
 }
 
 impl Shared {
@@ -84,7 +84,7 @@ async fn run(
     yielding: Arc<crate::share::Yield>,
 ) {
     let journal = if op.has_journal {
-        match db::within(db::load_journal(shared.pool(), op.id)).await {
+        match db::within(db::steps::load_journal(shared.pool(), op.id)).await {
             Ok(j) => j,
             Err(e) => {
                 // Without the journal nothing may run; the lease lapses and the reaper retries.
@@ -143,7 +143,7 @@ async fn run(
         // Its finished steps are written with it (a step boundary yield leaves the last
         // one pending); an unsafe call is never cut for a share, so none is in flight.
         let (steps, _) = ctx.take_pending();
-        match db::within(db::release_for_share(
+        match db::within(db::settle::release_for_share(
             shared.pool(),
             shared.leases.owner(),
             op.id,
@@ -209,7 +209,7 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
     let written = match &outcome {
         Ok(result) => {
             finished = Some((Status::Succeeded.as_str(), None));
-            let completion = db::Completion {
+            let completion = db::settle::Completion {
                 id: op.id,
                 epoch: op.epoch,
                 result: result.clone(),
@@ -332,7 +332,7 @@ async fn fail(
     };
     let class = next.class;
     tracing::info!(op_id = %op.id, class = class.as_str(), attempt = op.attempt, "operation attempt failed");
-    let written = db::within(db::fail_operation(
+    let written = db::within(db::settle::fail_operation(
         shared.pool(),
         op.id,
         op.epoch,

@@ -14,7 +14,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use agentq_core::db::{self, Completion, StepBatch};
+use agentq_core::db::{self, settle::Completion, steps::StepBatch};
 use futures_util::future::BoxFuture;
 use sqlx::PgPool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -50,7 +50,7 @@ impl Grouped for Completion {
         self.id
     }
     fn write_many<'a>(pool: &'a PgPool, batch: &'a [Self]) -> BoxFuture<'a, db::Result<Vec<Uuid>>> {
-        Box::pin(db::within(db::complete_operations(pool, batch)))
+        Box::pin(db::within(db::settle::complete_operations(pool, batch)))
     }
 }
 
@@ -61,7 +61,7 @@ impl Grouped for StepBatch {
         self.id
     }
     fn write_many<'a>(pool: &'a PgPool, batch: &'a [Self]) -> BoxFuture<'a, db::Result<Vec<Uuid>>> {
-        Box::pin(db::within(db::record_steps_many(pool, batch)))
+        Box::pin(db::within(db::steps::record_steps_many(pool, batch)))
     }
 }
 

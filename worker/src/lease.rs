@@ -165,7 +165,7 @@ impl Leases {
         if held.is_empty() {
             return;
         }
-        match db::within(db::release_leases(pool, &self.owner, &held)).await {
+        match db::within(db::settle::release_leases(pool, &self.owner, &held)).await {
             Ok(n) => tracing::info!(n, "released unfinished operations back to the queue"),
             Err(e) => {
                 tracing::warn!(error = %e, "releasing leases failed; they will lapse and be reaped")
@@ -214,7 +214,7 @@ impl Leases {
         if held.is_empty() {
             return true;
         }
-        match db::within(db::renew_leases(pool, &self.owner, &held, self.ttl)).await {
+        match db::within(db::claim::renew_leases(pool, &self.owner, &held, self.ttl)).await {
             Ok(kept) => {
                 {
                     let map = self.map();

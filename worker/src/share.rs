@@ -4,7 +4,7 @@
 //!
 //! The claim path asks [`Shares::hold`] which of a batch's deliveries to hold instead of
 //! claiming: those of a tenant already at its share here, when another tenant has work queued
-//! (`db::others_queued`, two index probes, cached a second per tenant). Held operations stay
+//! (`db::claim::others_queued`, two index probes, cached a second per tenant). Held operations stay
 //! `queued` (`share_held`, their pointers acked, so the worker reaches the deliveries behind
 //! them), and [`Shares::pullable`] picks, every second, the held ones this worker may start now:
 //! oldest first, of tenants under their share here, or of any tenant when nobody else waits.
@@ -112,7 +112,7 @@ impl Shares {
         {
             return *waiting;
         }
-        let waiting = db::within(db::others_queued(pool, lane, tenant))
+        let waiting = db::within(db::claim::others_queued(pool, lane, tenant))
             .await
             .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "reading whether other tenants wait failed");

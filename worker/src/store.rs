@@ -2,8 +2,8 @@
 //! ([`crate::testing`]) runs it: the journal, waits and joins kept in memory, and every step
 //! and effect watched. Only the tester implements it; a worker's contexts have none.
 
-use agentq_core::db::StepWrite;
 use agentq_core::db::children::Join;
+use agentq_core::db::steps::StepWrite;
 use agentq_core::db::timers::Wait;
 use agentq_core::state::{Replay, StepKind};
 use chrono::{DateTime, Utc};

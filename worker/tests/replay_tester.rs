@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agentq_core::db::JournalEntry;
+use agentq_core::db::steps::JournalEntry;
 use agentq_core::state::{StepKind, StepStatus};
 use agentq_worker::agent::AgentSpec;
 use agentq_worker::model::{Message, ModelRequest, Role};

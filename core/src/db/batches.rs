@@ -7,7 +7,7 @@ use serde_json::Value;
 use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
-use super::{Dispatch, NewOperation, Result};
+use super::{Result, dispatch::Dispatch, operations::NewOperation};
 use crate::state::BatchStatus;
 use crate::state::transition::{from_sql, to_sql};
 
@@ -204,14 +204,14 @@ pub async fn transition(
 }
 
 /// Locks up to `limit` queued operations of a batch not dispatched since `cutoff`, for the
-/// caller to publish and then mark ([`super::Locked`]). Retry delays are cut short: a resume
+/// caller to publish and then mark ([`super::dispatch::Locked`]). Retry delays are cut short: a resume
 /// means the operator fixed what made them fail.
 pub async fn lock_queued(
     pool: &PgPool,
     batch: Uuid,
     cutoff: DateTime<Utc>,
     limit: i64,
-) -> Result<super::Locked> {
+) -> Result<super::dispatch::Locked> {
     let query = sqlx::query_as(
         "UPDATE operations o SET run_at = LEAST(o.run_at, now())
           WHERE o.id IN (SELECT id FROM operations
@@ -224,7 +224,7 @@ pub async fn lock_queued(
     .bind(batch)
     .bind(cutoff)
     .bind(limit);
-    super::Locked::lock(pool, query).await
+    super::dispatch::Locked::lock(pool, query).await
 }
 
 /// Cancels every unfinished operation of a batch: at once when queued, sleeping or waiting,

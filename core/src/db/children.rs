@@ -10,7 +10,7 @@ use serde_json::Value;
 use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
-use super::{Dispatch, Result};
+use super::{Result, dispatch::Dispatch};
 use crate::state::Status;
 
 /// What [`spawn`] did.

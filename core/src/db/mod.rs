@@ -8,6 +8,7 @@
 pub mod access;
 pub mod batch_source;
 pub mod batches;
+pub mod cancel;
 pub mod children;
 pub mod claim;
 pub mod console;
@@ -17,8 +18,10 @@ pub mod events;
 pub mod gauges;
 pub mod listing;
 pub mod operations;
+pub mod retention;
 pub mod schedules;
 pub mod settle;
+pub mod signals;
 pub mod steps;
 pub mod stores;
 pub mod tenant_kinds;
@@ -31,12 +34,6 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection};
-
-pub use claim::*;
-pub use dispatch::*;
-pub use operations::*;
-pub use settle::*;
-pub use steps::*;
 
 /// Errors of the database layer.
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
-use super::{Dispatch, Inserted, NewOperation, Result};
+use super::{Result, dispatch::Dispatch, operations::Inserted, operations::NewOperation};
 use crate::operation::{Lane, OperationId, input_sha256};
 use crate::schedule::{self, Spec};
 use crate::state::{Overlap, terminal_sql};
@@ -348,7 +348,7 @@ pub async fn fire_due(
             None => {
                 let n: i64 = sqlx::query_scalar(concat!(
                     "SELECT count(*) FROM (SELECT 1 FROM operations ",
-                    super::unfinished_of_tenant!(),
+                    super::operations::unfinished_of_tenant!(),
                     " LIMIT $2) q"
                 ))
                 .bind(&d.tenant_id)
@@ -381,7 +381,7 @@ pub async fn fire_due(
                 schedule_id: Some(d.id),
                 parent_id: None,
             };
-            match super::insert_operation(&mut tx, &op).await? {
+            match super::operations::insert_operation(&mut tx, &op).await? {
                 Inserted::Created { id, epoch } => {
                     *unfinished.entry(d.tenant_id.clone()).or_insert(count) += 1;
                     created.push(Dispatch {

@@ -1,4 +1,5 @@
-//! SQL of durable sleeps, waits for signals, cancellation, deadlines and retention.
+//! SQL of durable sleeps and waits (parking, deciding a wait, waking) and of deadlines.
+//! Signals are `db::signals`, an operator's cancel `db::cancel`, retention `db::retention`.
 //!
 //! Suspending is one fenced statement (journal rows + status + wake time), so an operation is
 //! either still running or parked with something due to wake it. Every scheduler sweep takes
@@ -10,10 +11,11 @@ use serde_json::Value;
 use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
-use super::steps::{bind_journal, journal_cte};
-use super::{Dispatch, Result, StepWrite};
-use crate::state::transition::{CANCEL, from_sql, to_sql};
-use crate::state::{Status, terminal_sql};
+use super::Result;
+use super::dispatch::Dispatch;
+use super::steps::{StepWrite, bind_journal, journal_cte};
+use crate::state::terminal_sql;
+use crate::state::transition::{from_sql, to_sql};
 
 /// The CTE `step` completing a parked step (a wait, a join) with `decided.output` once it is
 /// decided, fenced by `lease` (the operation held at epoch `$2`); the step is `$3`.
@@ -311,224 +313,6 @@ pub async fn stop_running_past_deadline(pool: &PgPool, limit: i64) -> Result<u64
     .await?
     .rows_affected();
     Ok(n)
-}
-
-/// Deletes up to `limit` finished operations (with their journals and signals) that finished
-/// more than `days` ago; a dead one still waiting for a human (open dead letter) is kept, and
-/// so is a child whose parent is unfinished. Their dedupe keys become reusable.
-pub async fn delete_expired(pool: &PgPool, days: u32, limit: i64) -> Result<u64> {
-    let n = sqlx::query(concat!(
-        "DELETE FROM operations WHERE id IN (
-            SELECT o.id FROM operations o
-             WHERE o.status IN ",
-        terminal_sql!(),
-        "
-               AND o.finished_at < now() - make_interval(days => $1)
-               AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.op_id = o.id AND d.status = 'open')
-               -- A child stays while its parent is unfinished: the parent's join reads it.
-               AND NOT EXISTS (SELECT 1 FROM operations p
-                                WHERE p.id = o.parent_id AND p.status NOT IN ",
-        terminal_sql!(),
-        ")
-             ORDER BY o.finished_at
-             LIMIT $2
-               FOR UPDATE SKIP LOCKED)"
-    ))
-    .bind(days as i32)
-    .bind(limit)
-    .execute(pool)
-    .await?
-    .rows_affected();
-    Ok(n)
-}
-
-/// What sending a signal did.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Sent {
-    /// The operation was waiting for it and is queued again (dispatch it).
-    Woke(Dispatch),
-    /// Kept for a later wait of that name (the operation is not waiting for it now).
-    Kept {
-        status: Status,
-        waiting_for: Option<String>,
-    },
-    /// A signal of that name is already pending (not consumed yet); nothing changed.
-    AlreadyPending,
-    /// The operation is finished; nothing was kept.
-    Finished(Status),
-    /// No such operation (in this tenant).
-    NotFound,
-}
-
-/// Sends the signal `name` to an operation, audited as `action` by `actor`. One short
-/// transaction: lock the operation, store the signal (a consumed one of the same name is
-/// replaced), wake the operation if it waits for exactly this signal, write the audit row.
-#[allow(clippy::too_many_arguments)]
-pub async fn send_signal(
-    pool: &PgPool,
-    op: Uuid,
-    tenant: Option<&str>,
-    name: &str,
-    payload: &Value,
-    actor: &str,
-    action: &str,
-    reason: Option<&str>,
-) -> Result<Sent> {
-    let mut tx = pool.begin().await?;
-    let row: Option<(Status, Option<String>)> = sqlx::query_as(
-        "SELECT status, waiting_for FROM operations
-          WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2) FOR UPDATE",
-    )
-    .bind(op)
-    .bind(tenant)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some((status, waiting_for)) = row else {
-        return Ok(Sent::NotFound);
-    };
-    if status.is_terminal() {
-        return Ok(Sent::Finished(status));
-    }
-    let stored = sqlx::query(
-        "INSERT INTO signals (op_id, name, payload, sent_by) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (op_id, name) DO UPDATE
-            SET payload = EXCLUDED.payload, sent_by = EXCLUDED.sent_by,
-                received_at = now(), consumed_at = NULL
-          WHERE signals.consumed_at IS NOT NULL",
-    )
-    .bind(op)
-    .bind(name)
-    .bind(payload)
-    .bind(actor)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if stored == 0 {
-        return Ok(Sent::AlreadyPending);
-    }
-    let woke: Option<Dispatch> = sqlx::query_as(concat!(
-        "UPDATE operations
-            SET status = ",
-        to_sql!(SIGNAL),
-        ", waiting_for = NULL, attempt = attempt - 1,
-                run_at = now(), dispatched_at = NULL, updated_at = now()
-          WHERE id = $1 AND status IN ",
-        from_sql!(SIGNAL),
-        " AND waiting_for = $2
-      RETURNING id, tenant_id, kind, lane, epoch"
-    ))
-    .bind(op)
-    .bind(name)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let after = if woke.is_some() {
-        Status::Queued
-    } else {
-        status
-    };
-    sqlx::query(
-        "INSERT INTO operator_actions (actor, action, op_id, reason, status_before, status_after, details)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    )
-    .bind(actor)
-    .bind(action)
-    .bind(op)
-    .bind(reason)
-    .bind(status)
-    .bind(after)
-    .bind(serde_json::json!({ "signal": name }))
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(match woke {
-        Some(d) => Sent::Woke(d),
-        None => Sent::Kept {
-            status,
-            waiting_for,
-        },
-    })
-}
-
-/// What a cancel request did.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Cancelled {
-    /// It was queued, sleeping or waiting: cancelled now.
-    Now,
-    /// It is running: its worker stops it at the next step boundary.
-    Requested,
-    /// It had already finished (its status); nothing changed.
-    Finished(Status),
-    /// No such operation (in this tenant).
-    NotFound,
-}
-
-/// Cancels an operation, audited: at once unless a worker runs it, in which case the worker
-/// learns of it through its next heartbeat and stops at a step boundary.
-pub async fn cancel_operation(
-    pool: &PgPool,
-    op: Uuid,
-    tenant: Option<&str>,
-    actor: &str,
-    reason: Option<&str>,
-) -> Result<Cancelled> {
-    let mut tx = pool.begin().await?;
-    let status: Option<Status> = sqlx::query_scalar(
-        "SELECT status FROM operations WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2) FOR UPDATE",
-    )
-    .bind(op)
-    .bind(tenant)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(status) = status else {
-        return Ok(Cancelled::NotFound);
-    };
-    let outcome = match status {
-        // A running operation is stopped by its worker, which writes the transition.
-        Status::Running => {
-            sqlx::query("UPDATE operations SET cancel_requested = true WHERE id = $1")
-                .bind(op)
-                .execute(&mut *tx)
-                .await?;
-            Cancelled::Requested
-        }
-        s if CANCEL.starts_from(s) => {
-            sqlx::query(concat!(
-                "UPDATE operations
-                    SET status = ",
-                to_sql!(CANCEL),
-                ", error_class = 'cancelled', error_message = $2,
-                        waiting_for = NULL, finished_at = now(), updated_at = now()
-                  WHERE id = $1 AND status IN ",
-                from_sql!(CANCEL)
-            ))
-            .bind(op)
-            .bind(format!(
-                "cancelled by {actor}{}",
-                reason.map(|r| format!(": {r}")).unwrap_or_default()
-            ))
-            .execute(&mut *tx)
-            .await?;
-            Cancelled::Now
-        }
-        other => return Ok(Cancelled::Finished(other)),
-    };
-    sqlx::query(
-        "INSERT INTO operator_actions (actor, action, op_id, reason, status_before, status_after)
-         VALUES ($1, 'cancel', $2, $3, $4, $5)",
-    )
-    .bind(actor)
-    .bind(op)
-    .bind(reason)
-    .bind(status)
-    .bind(if outcome == Cancelled::Now {
-        Status::Cancelled
-    } else {
-        Status::Running
-    })
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(outcome)
 }
 
 #[cfg(test)]

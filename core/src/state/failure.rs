@@ -2,7 +2,7 @@
 //!
 //! [`after_failure`] decides a failed attempt (the worker's `settle` gathers the facts, calls
 //! it and writes the answer in one fenced statement); [`after_lease_expiry`] decides an expired
-//! lease, and the reaper's one statement (`db::reap_expired_leases`) mirrors it in SQL for many
+//! lease, and the reaper's one statement (`db::settle::reap_expired_leases`) mirrors it in SQL for many
 //! rows at once: a test there checks the statement names what this function answers. Neither
 //! touches a clock, a database or a random number: the retry time is computed by the caller
 //! from [`To::Retry`] / [`To::Park`] with `core::retry`.
@@ -138,7 +138,7 @@ pub const fn after_failure(
 
 /// Decides what the reaper does with an operation whose lease expired after `restarts` earlier
 /// recoveries: restart it (`queued`, `lease_expired`, the attempt given back) while `restarts + 1`
-/// is within `restart_limit`, else `dead` as `crash_loop`. `db::reap_expired_leases` is this
+/// is within `restart_limit`, else `dead` as `crash_loop`. `db::settle::reap_expired_leases` is this
 /// function in SQL.
 pub const fn after_lease_expiry(restarts: i32, restart_limit: i32) -> (Status, ErrorClass) {
     if restarts + 1 > restart_limit {

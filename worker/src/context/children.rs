@@ -100,7 +100,7 @@ impl Services {
         let count = match cached {
             Some(n) => n,
             None => {
-                let n = db::within(db::unfinished_count(&self.pool, tenant, cap))
+                let n = db::within(db::operations::unfinished_count(&self.pool, tenant, cap))
                     .await
                     .map_err(|e| {
                         JobError::retryable(format!("counting the tenant's operations: {e}"))
@@ -125,7 +125,7 @@ impl Services {
     }
 
     /// Publishes a new child's pointer; if that fails the dispatch sweeper publishes it.
-    async fn dispatch_child(&self, child: db::Dispatch) {
+    async fn dispatch_child(&self, child: db::dispatch::Dispatch) {
         let dispatcher = self.children.get_or_init(|| {
             Dispatcher::new(
                 self.pool.clone(),

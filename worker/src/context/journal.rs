@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use agentq_core::db::{self, JournalEntry, StepWrite};
+use agentq_core::db::{self, steps::JournalEntry, steps::StepWrite};
 use agentq_core::metrics;
 use agentq_core::state::replay::Recorded;
 use agentq_core::state::{StepKind, StepStatus};
@@ -239,7 +239,7 @@ impl JobContext {
         };
         let info = &self.inner.info;
         let services = &self.inner.services;
-        let write = db::StepBatch {
+        let write = db::steps::StepBatch {
             id: info.op_id.0,
             epoch: info.epoch,
             steps: rows,

@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use agentq_core::db::{self, JournalEntry, StepWrite};
+use agentq_core::db::{self, steps::JournalEntry, steps::StepWrite};
 use agentq_core::dispatch::Dispatcher;
 use agentq_core::origins::Origins;
 use chrono::{DateTime, Utc};
@@ -126,7 +126,7 @@ pub(crate) struct Services {
     /// Model calls, within the worker's limits and circuit breaker.
     pub(crate) model: Arc<ModelGate>,
     /// Writes finished steps (and unsafe starts), many operations per statement.
-    pub(crate) journal: GroupCommit<db::StepBatch>,
+    pub(crate) journal: GroupCommit<db::steps::StepBatch>,
     /// Whether a child's kind and input fit (`ctx.spawn`).
     pub(crate) check_child: ChildCheck,
     /// The deployment's registered tools ([`JobContext::registered_tool`]).

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use agentq_core::db::{self, StepWrite};
+use agentq_core::db::{self, steps::StepWrite};
 use agentq_core::operation::step_idempotency_key;
 use agentq_core::state::replay::{Resume, resume};
 use agentq_core::state::{StepKind, StepStatus};

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
-use agentq_core::db::{self, JournalEntry};
+use agentq_core::db::{self, steps::JournalEntry};
 use agentq_core::operation::step_idempotency_key;
 use agentq_core::state::{StepKind, StepStatus};
 use chrono::Utc;

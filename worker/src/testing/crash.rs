@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use agentq_core::db::StepWrite;
+use agentq_core::db::steps::StepWrite;
 use agentq_core::state::{StepKind, StepStatus};
 use serde_json::Value;
 

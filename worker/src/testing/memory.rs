@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use agentq_core::db::{self, JournalEntry, StepWrite};
+use agentq_core::db::{self, steps::JournalEntry, steps::StepWrite};
 use agentq_core::operation::{OperationId, step_idempotency_key};
 use agentq_core::state::{Status, StepKind, StepStatus};
 use chrono::Utc;

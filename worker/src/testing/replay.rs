@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use agentq_core::db::{JournalEntry, StepWrite};
+use agentq_core::db::{steps::JournalEntry, steps::StepWrite};
 use agentq_core::operation::{OperationId, StepView, step_idempotency_key};
 use chrono::Utc;
 use serde_json::Value;
