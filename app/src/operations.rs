@@ -65,7 +65,7 @@ pub struct Audit<'a> {
 
 /// Sends the signal `name` with `payload` to `op` (in the caller's scope): delivered to its
 /// wait, or kept for a later one. Approving or rejecting (the signals of
-/// [`agentq_core::operation::APPROVAL_SIGNALS`]) needs an operator, unless the deployment lets
+/// [`agentq_core::approval::APPROVAL_SIGNALS`]) needs an operator, unless the deployment lets
 /// producers ([`crate::Settings::producer_may_approve`]).
 pub async fn signal(
     app: &App,

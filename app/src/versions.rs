@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 pub use agentq_core::db::versions::UpgradeFilter;
 use agentq_core::db::versions::{self, LiveWorker, Upgradable, UpgradeError, Upgraded};
+use agentq_core::state::Status;
 use agentq_core::version;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -187,7 +188,7 @@ pub async fn select(
 ) -> Result<Vec<Upgradable>> {
     caller.require(Role::Operator)?;
     if let Some(status) = &filter.status
-        && !matches!(status.as_str(), "queued" | "sleeping" | "waiting")
+        && !Status::IDLE.iter().any(|s| s.as_str() == status.as_str())
     {
         return Err(AppError::malformed(
             "status",
