@@ -96,6 +96,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Pause live work: one operation, or every operation of a kind, a tenant, a lane or a
+    /// schedule, or everything (--all: drain mode). Paused operations are not claimed; running
+    /// ones stop at their next step boundary, journal and attempt kept. Audited; --dry-run counts.
+    Pause(crate::pauses::PauseArgs),
+    /// Lift a pause (by what it names, or --pause ID) and re-dispatch what it held.
+    Resume(crate::pauses::ResumeArgs),
+    /// The pauses in force: what each holds, who paused it, when and why.
+    Pauses {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// JSON Lines, one pause per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// API tokens: create (shown once, stored hashed), list, revoke.
     #[command(subcommand)]
     Tokens(crate::access::TokensCommand),

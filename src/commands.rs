@@ -146,6 +146,9 @@ pub async fn run(
         Command::Kinds { kind, json } => crate::kinds::run(config, kind, json).await,
         Command::Replay(args) => crate::replay::run(config, args).await,
         Command::Schedules(cmd) => crate::schedules::run(config, cmd).await,
+        Command::Pause(args) => crate::pauses::pause(config, args).await,
+        Command::Resume(args) => crate::pauses::resume(config, args).await,
+        Command::Pauses { tenant, json } => crate::pauses::list(config, tenant, json).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
         // `main` runs it before the runtime; here for completeness.
         Command::Probe { url, timeout_secs } => {

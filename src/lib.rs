@@ -51,6 +51,7 @@ mod commands;
 mod dlq;
 mod interrupt;
 mod kinds;
+mod pauses;
 mod probe;
 mod replay;
 mod schedules;

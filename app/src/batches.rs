@@ -553,20 +553,10 @@ pub async fn cancel(
 /// it was paused). Returns how many were published.
 async fn redispatch(app: &App, batch: Uuid) -> Result<usize> {
     let cutoff = chrono::Utc::now();
-    let mut total = 0;
-    loop {
-        let locked = batches::lock_queued(&app.pool, batch, cutoff, CHUNK as i64).await?;
-        if locked.rows.is_empty() {
-            break;
-        }
-        let published = app.dispatcher.publish_locked(locked).await?;
-        total += published.sent;
-        if published.failed > 0 {
-            // The sweeper publishes these once the broker is back.
-            break;
-        }
-    }
-    Ok(total)
+    app.publish_all(|| async {
+        Ok(batches::lock_queued(&app.pool, batch, cutoff, CHUNK as i64).await?)
+    })
+    .await
 }
 
 /// A batch's progress: totals by status, rate, ETA, token usage and the top failure reasons

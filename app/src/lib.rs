@@ -13,6 +13,8 @@
 //! - [`operations`]: enqueue, find, list and search, signal, approve / reject, cancel;
 //! - [`dlq`]: list, retry, resolve, discard one dead letter;
 //! - [`page`]: keyset pages and their cursors;
+//! - [`pauses`]: pause and resume live work (an operation, a kind, a tenant, a lane, a
+//!   schedule, or the whole deployment);
 //! - [`batches`]: start, pause, resume, cancel a batch, and its progress;
 //! - [`schedules`]: add, list, pause, resume, delete schedules (cron or interval firings);
 //! - [`tenants`]: the kinds each tenant may use (an admin's lists), and their check;
@@ -37,6 +39,7 @@ pub mod health;
 pub mod kinds;
 pub mod operations;
 pub mod page;
+pub mod pauses;
 pub mod schedules;
 pub mod tenants;
 pub mod time;
@@ -65,6 +68,32 @@ pub struct App {
     pub counts: Arc<capacity::Counts>,
     /// Tenants' lists of kinds, cached for [`tenants::check_kind`].
     pub policies: Arc<tenants::Policies>,
+}
+
+impl App {
+    /// Publishes what `lock` locks (queued operations, a chunk at a time, each chunk marked
+    /// once the broker confirms it) until it locks nothing more. Stops early when the broker
+    /// refuses a chunk: the dispatch sweeper publishes the rest once it is back. Returns how
+    /// many pointers were published.
+    pub(crate) async fn publish_all<F, Fut>(&self, mut lock: F) -> Result<usize>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<agentq_core::db::dispatch::Locked>>,
+    {
+        let mut total = 0;
+        loop {
+            let locked = lock().await?;
+            if locked.rows.is_empty() {
+                break;
+            }
+            let published = self.dispatcher.publish_locked(locked).await?;
+            total += published.sent;
+            if published.failed > 0 {
+                break;
+            }
+        }
+        Ok(total)
+    }
 }
 
 /// The deployment's choices the flows apply.

@@ -17,6 +17,7 @@ mod kinds;
 pub mod meta;
 pub mod openapi;
 mod operations;
+mod pauses;
 mod problem;
 pub mod routes;
 mod schedules;

@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 
 use crate::problem::Problem;
 use crate::routes::{Access, ROUTES, Route};
-use crate::{batches, dlq, meta, operations, schedules, tenants};
+use crate::{batches, dlq, meta, operations, pauses, schedules, tenants};
 
 fn parameters(path: &str, method: &str) -> Vec<Value> {
     let mut out: Vec<Value> = path
@@ -174,7 +174,7 @@ fn operation(route: &Route) -> Value {
         _ => op["security"] = json!([]),
     }
     if let Some(body) = route.body {
-        op["requestBody"] = json!({ "required": route.path == "/v1/operations" || route.path == "/v1/batches" || route.path == "/v1/schedules" || route.path.ends_with("/discard") || route.path.ends_with("/resolve"),
+        op["requestBody"] = json!({ "required": route.path == "/v1/operations" || route.path == "/v1/batches" || route.path == "/v1/schedules" || route.path == "/v1/pauses" || route.path.ends_with("/discard") || route.path.ends_with("/resolve"),
             "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{body}") } } } });
     }
     op
@@ -195,6 +195,8 @@ const REQUESTS: &[Describe] = &[
     SchemaGenerator::subschema_for::<batches::StartBatch>,
     SchemaGenerator::subschema_for::<app::schedules::NewSchedule>,
     SchemaGenerator::subschema_for::<tenants::SetTenantKinds>,
+    SchemaGenerator::subschema_for::<app::pauses::PauseRequest>,
+    SchemaGenerator::subschema_for::<pauses::PauseReason>,
 ];
 
 /// Every JSON answer of the API, described as it is written.
@@ -220,6 +222,9 @@ const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<meta::Ready>,
     SchemaGenerator::subschema_for::<app::kinds::Kinds>,
     SchemaGenerator::subschema_for::<app::tenants::TenantKinds>,
+    SchemaGenerator::subschema_for::<app::pauses::Paused>,
+    SchemaGenerator::subschema_for::<app::pauses::Resumed>,
+    SchemaGenerator::subschema_for::<pauses::PauseList>,
 ];
 
 /// JSON Schema 2020-12 (OpenAPI 3.1's dialect), shared schemas under `#/components/schemas/`.

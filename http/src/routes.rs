@@ -15,7 +15,7 @@ use axum::routing::{MethodRouter, delete, get, post, put};
 use crate::auth::{Caller, Role};
 use crate::problem::ApiError;
 use crate::{
-    ApiState, batches, dlq, events, kinds, meta, operations, schedules, tenants, webhooks,
+    ApiState, batches, dlq, events, kinds, meta, operations, pauses, schedules, tenants, webhooks,
 };
 
 /// Who may call a route: [`enforce`] checks it before the handler runs.
@@ -179,6 +179,51 @@ pub const ROUTES: &[Route] = &[
         Access::Approver,
         Some("CancelRequest"),
         (202, "SignalResult"),
+    ),
+    r(
+        "post",
+        "/v1/operations/{id}/pause",
+        || post(pauses::pause_operation),
+        "Pause one operation: not claimed while paused; if running, it stops at its next step boundary with its journal and attempt kept (a reason is required; audited; dry_run counts)",
+        Access::Operator,
+        Some("PauseReason"),
+        (200, "Paused"),
+    ),
+    r(
+        "post",
+        "/v1/operations/{id}/resume",
+        || post(pauses::resume_operation),
+        "Lift one operation's own pause and re-dispatch it (audited)",
+        Access::Operator,
+        Some("PauseReason"),
+        (200, "Resumed"),
+    ),
+    r(
+        "get",
+        "/v1/pauses",
+        || get(pauses::list),
+        "The pauses in force (an admin may pass ?tenant=)",
+        Access::Operator,
+        None,
+        (200, "PauseList"),
+    ),
+    r(
+        "post",
+        "/v1/pauses",
+        || post(pauses::create),
+        "Pause every operation of a scope (a kind, a tenant, a lane, a schedule, any combination; or everything: drain mode); running ones stop at their next step boundary (a reason is required; audited; dry_run counts and changes nothing)",
+        Access::Operator,
+        Some("PauseRequest"),
+        (200, "Paused"),
+    ),
+    r(
+        "post",
+        "/v1/pauses/{id}/resume",
+        || post(pauses::resume),
+        "Lift a pause and re-dispatch what it held that no other pause holds (audited)",
+        Access::Operator,
+        Some("PauseReason"),
+        (200, "Resumed"),
     ),
     r(
         "post",

@@ -120,6 +120,20 @@ impl FakeModel {
         *self.hook.lock().unwrap() = Some(hook);
     }
 
+    /// Holds every completion request until the returned gate has a permit for it (one permit
+    /// lets one request through): a test decides when a model call in flight ends.
+    pub fn hold_requests(&self) -> Arc<tokio::sync::Semaphore> {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let held = gate.clone();
+        self.set_hook(Arc::new(move |_| {
+            let held = held.clone();
+            Box::pin(async move {
+                held.acquire().await.expect("gate open").forget();
+            })
+        }));
+        gate
+    }
+
     pub fn requests(&self) -> usize {
         self.counters.requests.load(Ordering::SeqCst)
     }

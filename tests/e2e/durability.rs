@@ -2,7 +2,6 @@
 //! expiry and the reaper, unsafe side effects, nondeterminism, ordering keys, graceful
 //! shutdown, and a chaos run.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_core::broker::{self, Publisher};
@@ -297,14 +296,7 @@ async fn operations_sharing_an_ordering_key_run_one_at_a_time_in_order() {
 #[tokio::test]
 async fn sigterm_lets_short_work_finish_and_hands_long_work_back() {
     let fake = FakeModel::start(Mode::Echo).await;
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let held = gate.clone();
-    fake.set_hook(Arc::new(move |_| {
-        let held = held.clone();
-        Box::pin(async move {
-            held.acquire().await.expect("gate open").forget();
-        })
-    }));
+    let gate = fake.hold_requests();
     let mut app = TestApp::start().await;
     app.set_env("AGENTQ_SHUTDOWN_GRACE_SECS", "2");
     app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);

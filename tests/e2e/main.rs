@@ -24,6 +24,7 @@ mod hostile_producer;
 mod limits;
 mod metrics;
 mod models;
+mod pauses;
 mod real_model;
 mod schedules;
 mod timers;

@@ -7,7 +7,8 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use agentq_core::db::{self, claim::Claimed, settle::FailTo, steps::StepWrite};
+use agentq_core::db::settle::{FailTo, HandBack};
+use agentq_core::db::{self, claim::Claimed, steps::StepWrite};
 use agentq_core::metrics;
 use agentq_core::operation::OperationId;
 use agentq_core::retry;
@@ -136,31 +137,43 @@ async fn run(
         }
     };
     record_outcome(&outcome);
-    if matches!(outcome, Err(JobError::LeaseLost)) && shared.leases.yielded(op.id, op.epoch) {
-        // Stopped to give its slot back (fair shares): back to the queue, held for a worker
-        // with room for its tenant; it resumes from its journal.
-        shared.leases.settling(op.id, op.epoch);
-        // Its finished steps are written with it (a step boundary yield leaves the last
-        // one pending); an unsafe call is never cut for a share, so none is in flight.
-        let (steps, _) = ctx.take_pending();
-        match db::within(db::settle::release_for_share(
-            shared.pool(),
-            shared.leases.owner(),
-            op.id,
-            op.epoch,
-            &steps,
-        ))
-        .await
-        {
-            Ok(true) => tracing::info!(op_id = %op.id, "gave its slot back to other tenants; held"),
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(op_id = %op.id, error = %e, "handing back a yielded operation failed; its lease will lapse")
-            }
+    if matches!(outcome, Err(JobError::LeaseLost)) {
+        let why = if shared.leases.paused(op.id, op.epoch) {
+            Some(HandBack::Pause)
+        } else if shared.leases.yielded(op.id, op.epoch) {
+            Some(HandBack::Share)
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            hand_back(shared, &op, &ctx, why).await;
+            return;
         }
-        return;
     }
     settle(shared, &op, &ctx, outcome).await;
+}
+
+/// Hands a stopped run back to the queue ([`HandBack`]: fenced by its epoch and this worker's
+/// lease, its attempt given back), with its finished steps not yet written: a step-boundary
+/// stop leaves the last one pending, and neither a pause nor a share cuts an unsafe call, so
+/// none is in flight.
+async fn hand_back(shared: &Shared, op: &Claimed, ctx: &JobContext, why: HandBack) {
+    shared.leases.settling(op.id, op.epoch);
+    let (steps, _) = ctx.take_pending();
+    let (pool, owner) = (shared.pool(), shared.leases.owner());
+    let written = db::settle::hand_back(pool, owner, op.id, op.epoch, &steps, why);
+    match (db::within(written).await, why) {
+        (Ok(true), HandBack::Pause) => {
+            tracing::info!(op_id = %op.id, "paused at a step boundary; back in the queue")
+        }
+        (Ok(true), HandBack::Share) => {
+            tracing::info!(op_id = %op.id, "gave its slot back to other tenants; held")
+        }
+        (Ok(false), _) => {}
+        (Err(e), _) => {
+            tracing::warn!(op_id = %op.id, error = %e, "handing a stopped operation back failed; its lease will lapse")
+        }
+    }
 }
 
 /// Why a running job was told to stop: its deadline, if that has passed (the scheduler flags

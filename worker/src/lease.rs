@@ -134,6 +134,13 @@ impl Leases {
             .is_some_and(|h| h.epoch == epoch && h.yielding.requested())
     }
 
+    /// Whether `id` (at `epoch`) was asked to stop for an operator's pause.
+    pub(crate) fn paused(&self, id: Uuid, epoch: i64) -> bool {
+        self.map()
+            .get(&id)
+            .is_some_and(|h| h.epoch == epoch && h.yielding.paused())
+    }
+
     /// The operation is about to write its outcome; stop renewing it.
     pub(crate) fn settling(&self, id: Uuid, epoch: i64) {
         if let Some(h) = self.map().get_mut(&id).filter(|h| h.epoch == epoch) {
@@ -218,16 +225,20 @@ impl Leases {
             Ok(kept) => {
                 {
                     let map = self.map();
-                    for (id, cancel) in &kept {
-                        if *cancel && let Some(h) = map.get(id) {
+                    for r in &kept {
+                        let Some(h) = map.get(&r.id) else { continue };
+                        if r.cancel_requested {
                             h.cancel.cancel();
+                        } else if r.paused && !h.yielding.paused() {
+                            tracing::info!(op_id = %r.id, "paused by an operator; stopping at the next step boundary");
+                            h.yielding.pause();
                         }
                     }
                 }
                 let lost = held
                     .iter()
                     .map(|(id, _)| *id)
-                    .filter(|id| !kept.iter().any(|(k, _)| k == id));
+                    .filter(|id| !kept.iter().any(|k| k.id == *id));
                 self.lose(lost);
                 true
             }

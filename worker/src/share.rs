@@ -29,13 +29,29 @@ use uuid::Uuid;
 /// asked. The two flags are read and written in opposite orders (sequentially consistent), so
 /// either the job sees the request before it begins an unsafe step, or the request sees the
 /// step and waits for its end.
+///
+/// An operator's pause asks the same, except that it never cuts a call: the operation stops at
+/// its next step boundary, whatever the step (`pause`).
 #[derive(Default)]
 pub(crate) struct Yield {
     requested: AtomicBool,
     unsafe_running: AtomicBool,
+    /// Asked by an operator's pause (not by fair shares).
+    paused: AtomicBool,
 }
 
 impl Yield {
+    /// Asks the operation to stop at its next step boundary for an operator's pause.
+    pub(crate) fn pause(&self) {
+        self.paused.store(true, Ordering::SeqCst);
+        self.requested.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether an operator's pause asked it to stop.
+    pub(crate) fn paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
     /// Asks the operation to yield; true when it may be stopped at once.
     pub(crate) fn request(&self) -> bool {
         self.requested.store(true, Ordering::SeqCst);

@@ -62,12 +62,14 @@ pub async fn claim_operations(
             -- estimates for those indexes are stale (hundreds, not the 100k queued), and it
             -- would scan the whole backlog bitmap per claim, O(backlog) instead of O(batch).
             -- The columns read below are the locked (latest) row versions'.
-            SELECT id, tenant_id, kind, kind_version, ordering_key, concurrency_key,
-                   concurrency_limit, created_at, batch_id
+            -- An operator's pause marks the rows it holds under their locks (`paused_by`), so a
+            -- claim that waited for one of those locks re-reads the mark here.
+            SELECT id, tenant_id, kind, lane, schedule_id, kind_version, ordering_key,
+                   concurrency_key, concurrency_limit, created_at, batch_id
               FROM operations
              WHERE id = ANY($1) AND COALESCE(status, '') IN ",
         from_sql!(CLAIM),
-        " AND run_at <= now()
+        " AND run_at <= now() AND paused_by IS NULL
              ORDER BY id
                FOR UPDATE
          ), startable AS (
@@ -87,6 +89,8 @@ pub async fn claim_operations(
                           AND (p.created_at, p.id) < (o.created_at, o.id)))
                -- A paused or cancelled batch starts nothing; resuming re-dispatches its queue.
                AND NOT in_stopped_batch(o.batch_id)
+               -- Nor does an operator's pause made after this operation was born.
+               AND NOT agentq_paused(o.tenant_id, o.kind, o.lane, o.schedule_id, o.id)
          ), counters AS (
             -- Concurrency keys: lock the batch's counters (after its operations, in key order,
             -- like every other statement that takes both) and read how many run now.
@@ -136,14 +140,25 @@ pub async fn claim_operations(
     Ok(rows)
 }
 
+/// A lease renewed: the operation, and what its worker must do with it.
+#[derive(Clone, Copy, Debug, FromRow)]
+pub struct Renewed {
+    pub id: Uuid,
+    /// A cancel was requested: stop now.
+    pub cancel_requested: bool,
+    /// An operator paused it: stop at the next step boundary and hand it back.
+    pub paused: bool,
+}
+
 /// Extends the leases of every operation `owner` runs, in one statement. Returns the ids still
-/// held, each with whether a cancel was requested; an id missing from the answer was lost.
+/// held, each with whether a cancel was requested or a pause holds it; an id missing from the
+/// answer was lost.
 pub async fn renew_leases(
     pool: &PgPool,
     owner: &str,
     held: &[(Uuid, i64)],
     lease_ttl: Duration,
-) -> Result<Vec<(Uuid, bool)>> {
+) -> Result<Vec<Renewed>> {
     let (ids, epochs): (Vec<Uuid>, Vec<i64>) = held.iter().copied().unzip();
     let rows = sqlx::query_as(
         "WITH locked AS (
@@ -159,7 +174,9 @@ pub async fn renew_leases(
            FROM locked
           WHERE o.id = locked.id AND o.status = 'running' AND o.lease_owner = $1
             AND o.lease_expires_at > now()
-      RETURNING o.id, o.cancel_requested",
+      RETURNING o.id, o.cancel_requested,
+                o.paused_by IS NOT NULL
+                OR agentq_paused(o.tenant_id, o.kind, o.lane, o.schedule_id, o.id) AS paused",
     )
     .bind(owner)
     .bind(&ids)
@@ -195,11 +212,11 @@ pub async fn others_queued(pool: &PgPool, lane: Lane, tenant: &str) -> Result<bo
         "SELECT EXISTS (SELECT 1 FROM operations
                          WHERE lane = $1 AND status = 'queued' AND tenant_id > $2
                            AND run_at <= now() AND dispatched_at IS NOT NULL
-                           AND NOT version_parked AND NOT share_held)
+                           AND NOT version_parked AND NOT share_held AND paused_by IS NULL)
              OR EXISTS (SELECT 1 FROM operations
                          WHERE lane = $1 AND status = 'queued' AND tenant_id < $2
                            AND run_at <= now() AND dispatched_at IS NOT NULL
-                           AND NOT version_parked AND NOT share_held)",
+                           AND NOT version_parked AND NOT share_held AND paused_by IS NULL)",
     )
     .bind(lane.as_str())
     .bind(tenant)
@@ -213,6 +230,7 @@ pub async fn share_held_in(pool: &PgPool, lane: Lane, limit: i64) -> Result<Vec<
     let rows = sqlx::query_as(
         "SELECT id, tenant_id FROM operations
           WHERE share_held AND status = 'queued' AND lane = $1 AND run_at <= now()
+            AND paused_by IS NULL AND NOT agentq_paused(tenant_id, kind, lane, schedule_id, id)
           ORDER BY created_at, id
           LIMIT $2",
     )

@@ -111,6 +111,8 @@ pub async fn lock_undispatched(pool: &PgPool, grace: Duration, limit: i64) -> Re
         "SELECT id, tenant_id, kind, lane, epoch, traceparent FROM operations
           WHERE status = 'queued' AND dispatched_at IS NULL
             AND run_at <= now() AND NOT in_stopped_batch(batch_id)
+            -- A paused operation is published when its pause is lifted.
+            AND paused_by IS NULL AND NOT agentq_paused(tenant_id, kind, lane, schedule_id, id)
             -- The grace period waits out a producer's own publish; a row
             -- scheduled for later (a retry) has none in flight.
             AND (updated_at < now() - make_interval(secs => $1)
@@ -154,6 +156,7 @@ pub async fn lock_lost_dispatches(
             AND NOT in_stopped_batch(batch_id)
             -- A parked or held operation's pointer was acked on purpose: a worker pulls it.
             AND NOT version_parked AND NOT share_held
+            AND paused_by IS NULL AND NOT agentq_paused(tenant_id, kind, lane, schedule_id, id)
             AND dispatched_at < now() - make_interval(secs => $2)
           ORDER BY run_at
           LIMIT $3

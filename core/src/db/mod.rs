@@ -18,6 +18,7 @@ pub mod events;
 pub mod gauges;
 pub mod listing;
 pub mod operations;
+pub mod pauses;
 pub mod retention;
 pub mod schedules;
 pub mod settle;

@@ -262,29 +262,44 @@ pub async fn release_leases(pool: &PgPool, owner: &str, held: &[(Uuid, i64)]) ->
     Ok(n)
 }
 
-/// Hands a running operation this worker stopped for fair shares back to the queue, held
-/// (`share_held`: a worker with room for its tenant pulls it), its attempt given back and no
-/// restart counted: it resumes from its journal. Its finished steps not yet written (`steps`)
-/// are written in the same statement. Fenced by the epoch and the lease owner.
-pub async fn release_for_share(
+/// Why a worker stopped a run to hand it back to the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandBack {
+    /// Fair shares: held (`share_held`) for a worker with room for its tenant, which pulls it.
+    Share,
+    /// An operator's pause, at a step boundary: the claim refuses it until the pause is lifted.
+    Pause,
+}
+
+/// Hands a running operation this worker stopped back to the queue ([`HandBack`]), its attempt
+/// given back and no restart counted: it resumes from its journal. Its finished steps not yet
+/// written (`steps`) are written in the same statement. Fenced by the epoch and the lease
+/// owner, so a run that finished (or lost its lease) meanwhile is left as it is. Its pointer
+/// stays spent while it is held (a pull, or the resume, dispatches it); if the pause that
+/// stopped it was lifted meanwhile, the dispatch sweeper publishes it.
+pub async fn hand_back(
     pool: &PgPool,
     owner: &str,
     id: Uuid,
     epoch: i64,
     steps: &[StepWrite],
+    why: HandBack,
 ) -> Result<bool> {
     let released: Option<Uuid> = bind_journal(
         sqlx::query_scalar(concat!(
             "WITH released AS (
                 UPDATE operations
                    SET status = ",
-            to_sql!(RELEASE_FOR_SHARE),
-            ", run_at = now(), share_held = true,
-                       dispatched_at = COALESCE(dispatched_at, now()),
+            to_sql!(HAND_BACK),
+            ", run_at = now(), share_held = $16,
+                       dispatched_at = CASE
+                           WHEN $16 OR paused_by IS NOT NULL
+                             OR agentq_paused(tenant_id, kind, lane, schedule_id, id)
+                           THEN COALESCE(dispatched_at, now()) END,
                        attempt = GREATEST(attempt - 1, 0),
                        lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
                  WHERE id = $14 AND epoch = $13 AND status IN ",
-            from_sql!(RELEASE_FOR_SHARE),
+            from_sql!(HAND_BACK),
             " AND lease_owner = $15
              RETURNING id
              ), ",
@@ -296,6 +311,7 @@ pub async fn release_for_share(
         id,
     )
     .bind(owner)
+    .bind(why == HandBack::Share)
     .fetch_optional(pool)
     .await?;
     Ok(released.is_some())

@@ -163,6 +163,8 @@ pub async fn parked_for(
     let q = sqlx::query_as(concat!(
         "SELECT o.id FROM operations o
           WHERE o.version_parked AND o.lane = $1 AND o.status = 'queued' AND o.run_at <= now()
+            AND o.paused_by IS NULL
+            AND NOT agentq_paused(o.tenant_id, o.kind, o.lane, o.schedule_id, o.id)
             AND ",
         runnable_sql!(),
         "

@@ -121,9 +121,10 @@ pub const RELEASE: Transition = Transition {
     from: &[Running],
     to: Queued,
 };
-/// A worker hands a run back for fair shares (`db::settle::release_for_share`).
-pub const RELEASE_FOR_SHARE: Transition = Transition {
-    name: "release_for_share",
+/// A worker hands a run back, its attempt given back, for fair shares or at a step boundary
+/// for an operator's pause (`db::settle::hand_back`).
+pub const HAND_BACK: Transition = Transition {
+    name: "hand_back",
     from: &[Running],
     to: Queued,
 };
@@ -174,7 +175,7 @@ pub const ALL: &[Transition] = &[
     REAP,
     CRASH_LOOP,
     RELEASE,
-    RELEASE_FOR_SHARE,
+    HAND_BACK,
     CANCEL,
     CASCADE,
     EXPIRE,
@@ -225,7 +226,7 @@ macro_rules! from_sql {
     (RELEASE) => {
         "('running')"
     };
-    (RELEASE_FOR_SHARE) => {
+    (HAND_BACK) => {
         "('running')"
     };
     (CANCEL) => {
@@ -285,7 +286,7 @@ macro_rules! to_sql {
     (RELEASE) => {
         "'queued'"
     };
-    (RELEASE_FOR_SHARE) => {
+    (HAND_BACK) => {
         "'queued'"
     };
     (CANCEL) => {

@@ -597,6 +597,39 @@ async fn answers_as_sent_match_their_schemas() {
         source: "own".into(),
         paused_schedules: vec![uuid::Uuid::nil()],
     });
+    let pause = app::pauses::PauseView {
+        pause_id: Uuid::nil(),
+        scope: app::pauses::Scope {
+            tenant: Some("acme".into()),
+            kind: Some("triage".into()),
+            lane: Some("batch".into()),
+            schedule_id: Some(Uuid::nil()),
+            op_id: None,
+        },
+        reason: "provider degraded".into(),
+        paused_by: "token:agq_1234abcd".into(),
+        paused_at: Utc::now(),
+    };
+    let counts = app::pauses::Counts {
+        queued: 3,
+        sleeping: 1,
+        waiting: 0,
+        running: 2,
+    };
+    for (pause, created, dry_run) in [(Some(pause.clone()), true, false), (None, false, true)] {
+        c.answer(&app::pauses::Paused {
+            pause,
+            created,
+            dry_run,
+            operations: counts,
+        });
+    }
+    c.answer(&app::pauses::Resumed {
+        pause: pause.clone(),
+        freed: counts,
+        redispatched: 3,
+    });
+    c.answer(&pauses::PauseList { items: vec![pause] });
     let mut bad = serde_json::to_value(operation(true)).unwrap();
     bad["surprise"] = json!(1);
     assert!(!c.errors("Operation", &bad).is_empty(), "strict checks");
@@ -704,6 +737,27 @@ fn request_schemas_accept_what_the_handlers_read() {
         json!({ "kinds": ["echo"] }),
     ] {
         c.request::<tenants::SetTenantKinds>(body);
+    }
+    for body in [
+        json!({ "scope": { "kind": "triage", "tenant": "acme" }, "reason": "degraded" }),
+        json!({ "scope": { "everything": true }, "reason": "drain", "dry_run": true }),
+        json!({ "scope": { "lane": "batch", "schedule_id": Uuid::nil() }, "reason": "x" }),
+        json!({ "scope": { "op_id": Uuid::nil() }, "reason": "x" }),
+        json!({ "scope": { "lane": "sideways" }, "reason": "x" }),
+        json!({ "scope": {}, "reason": 1 }),
+        json!({ "scope": { "kind": "triage" } }),
+        json!({ "scope": { "kinds": ["triage"] }, "reason": "x" }),
+    ] {
+        c.request::<app::pauses::PauseRequest>(body);
+    }
+    for body in [
+        json!({}),
+        json!({ "reason": "back" }),
+        json!({ "reason": "hold", "dry_run": true }),
+        json!({ "reason": 5 }),
+        json!({ "why": "x" }),
+    ] {
+        c.request::<pauses::PauseReason>(body);
     }
     let unchecked: Vec<_> = names(REQUESTS)
         .into_iter()

@@ -51,7 +51,7 @@ fn the_sql_of_each_transition_is_its_value() {
         REAP,
         CRASH_LOOP,
         RELEASE,
-        RELEASE_FOR_SHARE,
+        HAND_BACK,
         CANCEL,
         CASCADE,
         EXPIRE,
