@@ -2,7 +2,7 @@
 
 use agentq_core::Config;
 use agentq_core::operation::Lane;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// agentq: durable, crash-safe execution of long-running AI-agent jobs on PostgreSQL + RabbitMQ.
 #[derive(Parser)]
@@ -13,6 +13,44 @@ pub struct Cli {
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// What a subcommand's help says of the global options it hides.
+const GLOBALS_POINTER: &str = "Global options (database, broker, namespace, models, limits, …) \
+                               apply here too: `agentq --help` lists them.";
+
+/// The command line, with each subcommand's help showing its own options and a pointer to
+/// `agentq --help` for the global ones (the settings of every process), which a subcommand
+/// still accepts.
+pub fn command() -> clap::Command {
+    let root = Cli::command();
+    let globals: Vec<clap::Arg> = root
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .cloned()
+        .collect();
+    hide_globals(root, &globals)
+}
+
+/// Gives every subcommand below `cmd` a hidden copy of each of `globals` (clap propagates a
+/// global option only where the subcommand has none of that name: the copy, which parses the
+/// same, is what the subcommand keeps).
+fn hide_globals(cmd: clap::Command, globals: &[clap::Arg]) -> clap::Command {
+    cmd.mut_subcommands(|mut sub| {
+        for g in globals {
+            if sub.get_arguments().all(|a| a.get_id() != g.get_id()) {
+                sub = sub.arg(g.clone().hide(true));
+            }
+        }
+        hide_globals(sub.after_help(GLOBALS_POINTER), globals)
+    })
+}
+
+/// Parses this process's arguments with [`command`] (exits with clap's message and code 2 on
+/// a bad one, 0 after `--help`).
+pub fn parse() -> Cli {
+    let matches = command().get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 #[derive(Subcommand)]

@@ -62,8 +62,6 @@ mod wiring;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
-
 pub use agentq_kinds as builtin;
 pub use agentq_worker::agent::{AgentOutcome, AgentSpec};
 pub use agentq_worker::context::check_park;
@@ -102,7 +100,7 @@ fn quiet_on_broken_pipe() {
 /// `main`.
 pub fn main(registry: Registry) -> ExitCode {
     quiet_on_broken_pipe();
-    let cli = cli::Cli::parse();
+    let cli = cli::parse();
     // A container's health check, run every few seconds: no logging, tracing or runtime.
     if let cli::Command::Probe { url, timeout_secs } = &cli.command {
         return match probe::run(url, std::time::Duration::from_secs(*timeout_secs)) {

@@ -6,8 +6,10 @@
 
 use std::time::Duration;
 
-/// Shared settings of every agentq process (`agentq <cmd> --help` lists them with defaults).
+/// Shared settings of every agentq process (`agentq --help` lists them with defaults, under
+/// "Global options"; a subcommand's help shows its own options).
 #[derive(clap::Args, Clone)]
+#[command(next_help_heading = "Global options")]
 pub struct Config {
     /// PostgreSQL URL; `agentq migrate` creates the database if it does not exist.
     #[arg(

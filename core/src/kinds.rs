@@ -86,13 +86,95 @@ impl InputError {
 }
 
 impl std::fmt::Display for InputError {
+    /// `steps[1].fail: needs "times"`: the place as a person reads it (see [`path`]), then
+    /// what is wrong there.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.pointer.is_empty() {
             f.write_str(&self.message)
         } else {
-            write!(f, "at {}: {}", self.pointer, self.message)
+            write!(f, "{}: {}", path(&self.pointer), self.message)
         }
     }
+}
+
+/// A decoder's (serde's) message about an input, in the words of the input's author: `missing
+/// field `times`` is `needs "times"`, `unknown field `x`, expected one of `a`, `b`` names the
+/// fields there are, a Rust integer type is a range, and an untagged enum that nothing fit
+/// points at the kind's schema instead of naming a Rust type.
+pub fn readable(message: &str) -> String {
+    let quoted = |list: &str| -> Vec<String> {
+        list.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|f| format!("\"{f}\""))
+            .collect()
+    };
+    if let Some(name) = message
+        .strip_prefix("missing field `")
+        .and_then(|r| r.strip_suffix('`'))
+    {
+        return format!("needs \"{name}\"");
+    }
+    for (head, what) in [("unknown field `", "field"), ("unknown variant `", "value")] {
+        if let Some((name, rest)) = message.strip_prefix(head).and_then(|r| r.split_once('`')) {
+            let known = quoted(rest);
+            return match (what, known.is_empty()) {
+                ("field", true) => format!("unknown field \"{name}\": this object takes no fields"),
+                ("field", false) => format!(
+                    "unknown field \"{name}\"; the fields here are {}",
+                    known.join(", ")
+                ),
+                (_, true) => format!("unknown value \"{name}\""),
+                _ => format!("unknown value \"{name}\"; use one of {}", known.join(", ")),
+            };
+        }
+    }
+    if message.starts_with("data did not match any variant of untagged enum") {
+        return "fits none of the forms this field takes (`agentq kinds KIND` shows the kind's \
+                input schema)"
+            .into();
+    }
+    let Some((head, rust)) = message.rsplit_once(", expected ") else {
+        return message.to_string();
+    };
+    let range = |min: i128, max: i128| format!("a whole number from {min} to {max}");
+    let expected = match rust {
+        "u8" => range(0, u8::MAX.into()),
+        "u16" => range(0, u16::MAX.into()),
+        "u32" => range(0, u32::MAX.into()),
+        "u64" | "usize" => range(0, u64::MAX.into()),
+        "i8" => range(i8::MIN.into(), i8::MAX.into()),
+        "i16" => range(i16::MIN.into(), i16::MAX.into()),
+        "i32" => range(i32::MIN.into(), i32::MAX.into()),
+        "i64" | "isize" => range(i64::MIN.into(), i64::MAX.into()),
+        "f32" | "f64" => "a number".into(),
+        _ => return message.to_string(),
+    };
+    format!("{head}, expected {expected}")
+}
+
+/// A JSON Pointer as a person reads the place it names: `/steps/1/fail` is `steps[1].fail`, a
+/// key that is not a plain name is quoted (`config["a b"]`).
+pub fn path(pointer: &str) -> String {
+    let mut out = String::new();
+    for raw in pointer.split('/').skip(1) {
+        let segment = raw.replace("~1", "/").replace("~0", "~");
+        let plain = !segment.is_empty()
+            && segment
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !segment.is_empty() && segment.chars().all(|c| c.is_ascii_digit()) {
+            out.push_str(&format!("[{segment}]"));
+        } else if plain {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(&segment);
+        } else {
+            out.push_str(&format!("[{segment:?}]"));
+        }
+    }
+    out
 }
 
 /// The kinds and tools a deployment runs, and the check of an input against its kind.
@@ -139,10 +221,48 @@ mod tests {
     }
 
     #[test]
+    fn serde_messages_read_as_the_input_author_would_write_them() {
+        assert_eq!(readable("missing field `times`"), "needs \"times\"");
+        assert_eq!(
+            readable("unknown field `txt`, expected `text`"),
+            "unknown field \"txt\"; the fields here are \"text\""
+        );
+        assert_eq!(
+            readable("unknown field `x`, expected one of `a`, `b`"),
+            "unknown field \"x\"; the fields here are \"a\", \"b\""
+        );
+        assert_eq!(
+            readable("unknown variant `fast`, expected one of `safe`, `unsafe`"),
+            "unknown value \"fast\"; use one of \"safe\", \"unsafe\""
+        );
+        assert_eq!(
+            readable("invalid value: integer `-1`, expected u32"),
+            "invalid value: integer `-1`, expected a whole number from 0 to 4294967295"
+        );
+        assert_eq!(
+            readable("invalid type: string \"x\", expected a boolean"),
+            "invalid type: string \"x\", expected a boolean"
+        );
+        assert!(!readable("data did not match any variant of untagged enum Step").contains("enum"));
+    }
+
+    #[test]
+    fn a_pointer_reads_as_a_path() {
+        assert_eq!(path("/steps/0/work_ms"), "steps[0].work_ms");
+        assert_eq!(path("/variants/v2/3/then/0"), "variants.v2[3].then[0]");
+        assert_eq!(path("/a~1b/c d"), "[\"a/b\"][\"c d\"]");
+        assert_eq!(path(""), "");
+    }
+
+    #[test]
     fn an_input_error_names_its_place() {
         assert_eq!(
             InputError::at("/steps/0", "bad").to_string(),
-            "at /steps/0: bad"
+            "steps[0]: bad"
+        );
+        assert_eq!(
+            InputError::at("/steps/1/fail", "needs \"times\"").to_string(),
+            "steps[1].fail: needs \"times\""
         );
         assert_eq!(InputError::whole("bad").to_string(), "bad");
     }

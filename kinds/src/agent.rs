@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use agentq_core::operation::{Requires, ToolRef};
 use agentq_worker::agent::{AgentOutcome, AgentSpec};
-use agentq_worker::context::check_park;
+use agentq_worker::context::check_park_length;
 use agentq_worker::model::{Message, Role, ToolChoice};
 use agentq_worker::tool::with_approval;
 use agentq_worker::{JobContext, JobError, Tool};
@@ -99,12 +99,33 @@ impl TryFrom<Fields> for AgentInput {
     }
 }
 
-/// The `tool_choice` of an [`AgentInput`].
-#[derive(Debug, Deserialize, Serialize, Clone, PartialEq, schemars::JsonSchema)]
+/// The `tool_choice` of an [`AgentInput`]: a string, one of the modes or else a tool's name.
+#[derive(Debug, Serialize, Clone, PartialEq, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum AgentToolChoice {
     Mode(ChoiceMode),
     Tool(String),
+}
+
+impl<'de> Deserialize<'de> for AgentToolChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Choice;
+        impl serde::de::Visitor<'_> for Choice {
+            type Value = AgentToolChoice;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"auto\", \"required\", \"none\" or the name of one of tools")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<AgentToolChoice, E> {
+                Ok(match s {
+                    "auto" => AgentToolChoice::Mode(ChoiceMode::Auto),
+                    "required" => AgentToolChoice::Mode(ChoiceMode::Required),
+                    "none" => AgentToolChoice::Mode(ChoiceMode::None),
+                    tool => AgentToolChoice::Tool(tool.to_string()),
+                })
+            }
+        }
+        d.deserialize_str(Choice)
+    }
 }
 
 /// `tool_choice` modes.
@@ -130,8 +151,7 @@ fn default_approval_timeout() -> u64 {
 
 fn approval_timeout<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     let secs = u64::deserialize(d)?;
-    check_park("approval_timeout_s", Duration::from_secs(secs))
-        .map_err(serde::de::Error::custom)?;
+    check_park_length(Duration::from_secs(secs)).map_err(serde::de::Error::custom)?;
     Ok(secs)
 }
 

@@ -193,4 +193,111 @@ mod tests {
                 .is_err()
         );
     }
+
+    /// Every built-in kind refuses a bad input at the place of the field at fault, in words:
+    /// never a serde internal ("untagged enum", a Rust type name).
+    #[test]
+    fn every_built_in_kind_names_the_field_at_fault() {
+        let r = registry();
+        let doc = |extra: serde_json::Value| {
+            let mut input = json!({ "doc_id": "a.md", "source": { "store": "in" },
+                                    "target": { "store": "out" }, "instructions": "x" });
+            input
+                .as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            input
+        };
+        let triage = |config: serde_json::Value| json!({ "event": {}, "source": "s", "webhook_id": "w", "config": config });
+        let cases = [
+            ("echo", json!({}), "needs \"text\""),
+            (
+                "echo",
+                json!({ "text": 7 }),
+                "text: invalid type: integer `7`, expected a string",
+            ),
+            (
+                "script",
+                json!({ "steps": [{ "work_ms": 1 }, { "fail": "retryable" }] }),
+                "steps[1]: a \"fail\" step needs \"times\"",
+            ),
+            (
+                "script",
+                json!({ "steps": [{ "wait_signal": "go" }] }),
+                "steps[0]: a \"wait_signal\" step needs \"timeout_ms\"",
+            ),
+            (
+                "script",
+                json!({ "steps": [{ "fail": "sometimes", "times": 1 }] }),
+                "steps[0].fail: unknown value \"sometimes\"; use one of \"retryable\", \
+                 \"non_retryable\", \"overloaded\"",
+            ),
+            (
+                "script",
+                json!({ "steps": [{ "work_ms": "x" }] }),
+                "steps[0].work_ms: invalid type: string \"x\", expected a whole number from 0 to \
+                 18446744073709551615",
+            ),
+            (
+                "script",
+                json!({ "steps": [{ "work_ms": 1, "times": 2 }] }),
+                "steps[0]: \"times\" is not a field of a \"work_ms\" step, which takes: work_ms, \
+                 deferred",
+            ),
+            (
+                "script",
+                json!({ "steps": [{ "work_ms": 1, "sleep_ms": 2 }] }),
+                "steps[0]: a step is one instruction, and \"work_ms\" and \"sleep_ms\" are two: \
+                 make them two steps",
+            ),
+            (
+                "script",
+                json!({ "steps": [{ "patched": "c", "then": [{ "tool": "ledger", "label": "x" }] }] }),
+                "steps[0].then[0]: a \"tool\" step needs \"replay\"",
+            ),
+            (
+                "script",
+                json!({ "steps": [], "variants": { "v2": [{ "sleep_ms": u64::MAX }] } }),
+                "variants.v2[0].sleep_ms: 18446744073709551 s is longer than the longest sleep \
+                 or wait, 100 years (3153600000 s)",
+            ),
+            (
+                "agent",
+                json!({ "user": "x", "tool_choice": 3 }),
+                "tool_choice: invalid type: integer `3`, expected \"auto\", \"required\", \"none\" \
+                 or the name of one of tools",
+            ),
+            (
+                "agent",
+                json!({ "user": "x", "max_turns": -1 }),
+                "max_turns: invalid value: integer `-1`, expected a whole number from 0 to \
+                 4294967295",
+            ),
+            (
+                "doc_migration",
+                doc(json!({ "chunk_chars": "big" })),
+                "chunk_chars: invalid type: string \"big\", expected a whole number from 0 to \
+                 18446744073709551615",
+            ),
+            (
+                "doc_migration",
+                doc(json!({ "review": { "timeout": 5 } })),
+                "review.timeout: unknown field \"timeout\"; the fields here are \"timeout_ms\"",
+            ),
+            (
+                "triage",
+                triage(json!({ "callback_url": "ftp://x" })),
+                "config.callback_url: \"ftp://x\" must be an http:// or https:// URL with a host",
+            ),
+            (
+                "triage",
+                triage(json!({ "labels": ["bug"] })),
+                "config: needs \"callback_url\"",
+            ),
+        ];
+        for (kind, input, expected) in cases {
+            let refused = r.check_input(kind, &input).unwrap_err();
+            assert_eq!(refused, expected, "{kind} {input}");
+        }
+    }
 }

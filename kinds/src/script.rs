@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use agentq_worker::context::check_park;
 use agentq_worker::model::ModelRequest;
 use agentq_worker::{JobContext, JobError, Replay, SignalOutcome};
 use serde::{Deserialize, Serialize};
@@ -15,9 +14,12 @@ use serde_json::{Value, json};
 
 use crate::tools::Ledger;
 
-/// Input of `script`: the steps to run, in order.
+mod decode;
+
+/// Input of `script`: the steps to run, in order. Every step is checked as it is read (see
+/// [`ScriptStep`]'s `Deserialize`): a refusal names the step and the field.
 #[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, try_from = "ScriptProgram")]
+#[serde(deny_unknown_fields)]
 pub struct ScriptInput {
     pub steps: Vec<ScriptStep>,
     /// The program of other "builds" of the script's code, for tests of code changes: a worker
@@ -30,70 +32,17 @@ pub struct ScriptInput {
 /// Test hook: the variant of its input a `script` worker runs (see [`ScriptInput::variants`]).
 pub const VARIANT_VAR: &str = "AGENTQ_SCRIPT_VARIANT";
 
-/// `script`'s input as written, before its durations are checked.
-#[derive(Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct ScriptProgram {
-    steps: Vec<ScriptStep>,
-    #[serde(default)]
-    variants: BTreeMap<String, Vec<ScriptStep>>,
-}
-
-impl TryFrom<ScriptProgram> for ScriptInput {
-    type Error = String;
-
-    fn try_from(p: ScriptProgram) -> Result<Self, String> {
-        check_durations("steps", &p.steps)?;
-        for (name, steps) in &p.variants {
-            check_durations(&format!("variants.{name}"), steps)?;
-        }
-        Ok(Self {
-            steps: p.steps,
-            variants: p.variants,
-        })
-    }
-}
-
 /// The longest a script step may hold its worker slot (`work_ms`, a ledger call's `after_ms`):
-/// one hour. A script is for tests and demos; a longer step would only hold a slot.
+/// one hour. A script is for tests and demos; a longer step would only hold a slot. Sleeps and
+/// waits are at most [`MAX_PARK`](agentq_worker::context::MAX_PARK). Both are checked when
+/// the input is read, naming the field.
 pub const MAX_STEP_MS: u64 = 3_600_000;
 
-/// Checks every sleep's and wait's length of `steps` (and of patched branches), and how long
-/// each step holds a slot, naming the field.
-fn check_durations(at: &str, steps: &[ScriptStep]) -> Result<(), String> {
-    for (i, step) in steps.iter().enumerate() {
-        let held = match step {
-            ScriptStep::Work { work_ms, .. } => Some(("work_ms", *work_ms)),
-            ScriptStep::Tool { after_ms, .. } => Some(("after_ms", *after_ms)),
-            _ => None,
-        };
-        if let Some((field, ms)) = held
-            && ms > MAX_STEP_MS
-        {
-            return Err(format!(
-                "{at}[{i}].{field}: {ms} ms is longer than a script step may hold a worker, \
-                 1 hour ({MAX_STEP_MS} ms)"
-            ));
-        }
-        let (field, ms) = match step {
-            ScriptStep::Sleep { sleep_ms } => ("sleep_ms", *sleep_ms),
-            ScriptStep::WaitSignal { timeout_ms, .. } => ("timeout_ms", *timeout_ms),
-            ScriptStep::Patched {
-                then, otherwise, ..
-            } => {
-                check_durations(&format!("{at}[{i}].then"), then)?;
-                check_durations(&format!("{at}[{i}].else"), otherwise)?;
-                continue;
-            }
-            _ => continue,
-        };
-        check_park(&format!("{at}[{i}].{field}"), Duration::from_millis(ms))?;
-    }
-    Ok(())
-}
-
-/// One instruction of a `script` program.
-#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
+/// One instruction of a `script` program: an object whose key says which (`work_ms`, `tool`,
+/// `model`, `sleep_ms`, `wait_signal`, `fail`, `panic`, `spawn`, `join`, `patched`). It is read
+/// by that key (`decode`), so a refusal says what the step lacks or has too much of; the
+/// `serde` attributes below shape its serialization and JSON Schema.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 #[serde(untagged, deny_unknown_fields)]
 pub enum ScriptStep {
     /// `{"work_ms": N, "deferred": bool}`: a replay-safe step taking N ms of wall time,

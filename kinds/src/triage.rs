@@ -73,10 +73,10 @@ impl TryFrom<String> for CallbackUrl {
     type Error = String;
 
     fn try_from(s: String) -> Result<Self, String> {
-        let url = Url::parse(&s).map_err(|e| format!("callback_url {s:?} is not a URL: {e}"))?;
+        let url = Url::parse(&s).map_err(|e| format!("{s:?} is not a URL: {e}"))?;
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
             return Err(format!(
-                "callback_url {s:?} must be an http:// or https:// URL with a host"
+                "{s:?} must be an http:// or https:// URL with a host"
             ));
         }
         Ok(Self(url))
@@ -99,12 +99,10 @@ impl TryFrom<Vec<String>> for Labels {
 
     fn try_from(v: Vec<String>) -> Result<Self, String> {
         if v.len() > 100 {
-            return Err("labels: at most 100".into());
+            return Err(format!("{} labels: at most 100", v.len()));
         }
         if let Some(bad) = v.iter().find(|l| l.trim().is_empty() || l.len() > 64) {
-            return Err(format!(
-                "labels: {bad:?} must be 1-64 characters, not blank"
-            ));
+            return Err(format!("{bad:?} must be 1-64 characters, not blank"));
         }
         Ok(Self(v.into_iter().map(|l| l.trim().to_string()).collect()))
     }

@@ -368,7 +368,7 @@ async fn a_patched_input_that_does_not_fit_is_refused_and_changes_nothing() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("does not fit") && stderr.contains("at /steps"),
+        stderr.contains("does not fit") && stderr.contains("steps: invalid type"),
         "{stderr}"
     );
     assert_eq!(app.operation(&op).await.status.as_str(), "dead");

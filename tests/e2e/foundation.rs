@@ -101,7 +101,7 @@ async fn same_key_returns_the_same_operation_and_different_input_is_refused() {
 async fn bad_input_is_refused_with_exit_code_2_and_writes_nothing() {
     let app = TestApp::start().await;
     // (tenant, kind, input, further flags, what the refusal must say)
-    let cases: [(&str, &str, &str, &[&str], &str); 10] = [
+    let cases: [(&str, &str, &str, &[&str], &str); 11] = [
         ("t1", "echo", "{not json", &[], "not valid JSON"),
         ("t1", "nope", "{}", &[], "unknown kind"),
         (
@@ -148,6 +148,14 @@ async fn bad_input_is_refused_with_exit_code_2_and_writes_nothing() {
             r#"{"user":"x","approval_timeout_s":18446744073709551615}"#,
             &[],
             "approval_timeout_s",
+        ),
+        // A field missing from a step: its place and its name, never a serde internal.
+        (
+            "t1",
+            "script",
+            r#"{"steps":[{"work_ms":0},{"fail":"retryable"}]}"#,
+            &[],
+            r#"steps[1]: a "fail" step needs "times""#,
         ),
     ];
     for (tenant, kind, input, extra, expected) in cases {

@@ -22,6 +22,7 @@ mod flows;
 mod foundation;
 mod hostile_producer;
 mod limits;
+mod messages;
 mod metrics;
 mod models;
 mod pauses;

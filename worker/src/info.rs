@@ -30,7 +30,8 @@ pub struct OperationInfo {
     pub deadline: Option<DateTime<Utc>>,
 }
 
-/// Decodes `value` into `T`; a misfit names where (a JSON Pointer into `value`) and why.
+/// Decodes `value` into `T`; a misfit names where (a JSON Pointer into `value`) and why, in
+/// the input author's words ([`agentq_core::kinds::readable`]).
 pub(crate) fn decode<T: DeserializeOwned>(value: &Value) -> Result<T, InputError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let mut segments = Vec::new();
@@ -43,6 +44,9 @@ pub(crate) fn decode<T: DeserializeOwned>(value: &Value) -> Result<T, InputError
             }
         }
         let pointer = agentq_core::kinds::pointer(segments.iter().map(String::as_str));
-        InputError::at(pointer, e.into_inner().to_string())
+        InputError::at(
+            pointer,
+            agentq_core::kinds::readable(&e.into_inner().to_string()),
+        )
     })
 }

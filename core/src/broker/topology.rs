@@ -50,42 +50,53 @@ fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
 }
 
-/// Declares quorum queue `name` with `args` unless it exists. RabbitMQ refuses a declaration
-/// whose arguments differ from an existing queue's in any way, the replica count included
-/// (given where the queue was created without one, or missing where it was created with one):
-/// an existing queue is left as it is, so setting `AGENTQ_QUORUM_SIZE` on a running deployment,
-/// or processes that disagree about it, never stop a process. A new queue gets the size this
-/// process declares with ([`super::set_quorum_size`]); `rabbitmq-queues grow` changes an
-/// existing queue's members.
-async fn declare_quorum_queue(
-    conn: &Connection,
-    ch: &lapin::Channel,
-    name: &str,
-    mut args: FieldTable,
-) -> Result<()> {
-    // A passive declaration of a missing queue closes its channel: a channel of its own.
-    let probe = conn.create_channel().await?;
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    if probe
-        .queue_declare(name.into(), passive, FieldTable::default())
-        .await
-        .is_ok()
-    {
-        let _ = probe.close(200, "exists".into()).await;
-        return Ok(());
-    }
+/// Declares quorum queue `name` with `args` unless it exists with other arguments. RabbitMQ
+/// refuses a declaration whose arguments differ from an existing queue's in any way, the
+/// replica count included (given where the queue was created without one, or missing where it
+/// was created with one): such a queue is left as it is, so setting `AGENTQ_QUORUM_SIZE` on a
+/// running deployment, or processes that disagree about it, never stop a process. A new queue
+/// gets the size this process declares with ([`super::set_quorum_size`]); `rabbitmq-queues
+/// grow` changes an existing queue's members.
+///
+/// The declaration is an ordinary one, never a passive probe first: the broker answers a
+/// passive declaration of a missing queue by closing the channel, which the client logs as an
+/// error, and a first start would print one per queue although nothing is wrong. Only a queue
+/// whose arguments differ from this process's (a deployment changing its quorum size) makes
+/// the broker close the channel, logged with a warning saying so.
+async fn declare_quorum_queue(conn: &Connection, name: &str, mut args: FieldTable) -> Result<()> {
     if let Some(size) = super::quorum_size() {
         args.insert(
             "x-quorum-initial-group-size".into(),
             AMQPValue::LongInt(size as i32),
         );
     }
-    ch.queue_declare(name.into(), QueueDeclareOptions::durable(), args)
-        .await?;
-    Ok(())
+    // A refused declaration closes its channel: a channel of its own.
+    let ch = conn.create_channel().await?;
+    match ch
+        .queue_declare(name.into(), QueueDeclareOptions::durable(), args)
+        .await
+    {
+        Ok(_) => {
+            let _ = ch.close(200, "declared".into()).await;
+            Ok(())
+        }
+        Err(e) if differs(&e) => {
+            tracing::warn!(
+                queue = name,
+                "the queue exists with other arguments (another quorum size): left as it is"
+            );
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether the broker refused a declaration because the queue exists with other arguments.
+fn differs(e: &lapin::Error) -> bool {
+    matches!(e.kind(), lapin::ErrorKind::ProtocolError(p)
+    if p.kind() == &lapin::protocol::AMQPErrorKind::Soft(
+        lapin::protocol::AMQPSoftError::PRECONDITIONFAILED
+    ))
 }
 
 /// Declares the exchanges, queues and bindings of a namespace. Safe to call at every start-up.
@@ -112,7 +123,7 @@ pub async fn declare_topology(conn: &Connection, names: &Names) -> Result<()> {
 
     let mut dlq_args = FieldTable::default();
     dlq_args.insert("x-queue-type".into(), text("quorum"));
-    declare_quorum_queue(conn, &ch, &names.dead_letter_queue(), dlq_args).await?;
+    declare_quorum_queue(conn, &names.dead_letter_queue(), dlq_args).await?;
     ch.queue_bind(
         names.dead_letter_queue().into(),
         names.dead_letter_exchange().into(),
@@ -136,7 +147,7 @@ pub async fn declare_topology(conn: &Connection, names: &Names) -> Result<()> {
             "x-delivery-limit".into(),
             AMQPValue::LongInt(DELIVERY_LIMIT),
         );
-        declare_quorum_queue(conn, &ch, &names.lane_queue(lane), args).await?;
+        declare_quorum_queue(conn, &names.lane_queue(lane), args).await?;
         ch.queue_bind(
             names.lane_queue(lane).into(),
             names.jobs_exchange().into(),

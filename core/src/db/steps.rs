@@ -161,13 +161,21 @@ macro_rules! journal_insert {
 pub(crate) use journal_insert;
 
 /// What a journal write does to a row it finds (a replay rewrites a step's outcome): shared by
-/// [`journal_cte!`] and the batched completion.
+/// [`journal_cte!`] and the batched completion. A step that runs again (its row `failed` or
+/// `unknown` from an earlier run, or an unsafe call's `started` row written again by a new
+/// run) takes the new run's start, so its duration is its own run's; a sleep or wait resolved
+/// later (a `started` row with a wake time) keeps the time it began.
 macro_rules! journal_upsert {
     () => {
         "ON CONFLICT (op_id, seq) DO UPDATE
                SET name = EXCLUDED.name, kind = EXCLUDED.kind, replay = EXCLUDED.replay,
                    idempotency_key = EXCLUDED.idempotency_key,
                    status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
+                   started_at = CASE
+                       WHEN operation_steps.status IN ('failed', 'unknown')
+                         OR (operation_steps.status = 'started' AND EXCLUDED.status = 'started'
+                             AND operation_steps.wake_at IS NULL)
+                       THEN EXCLUDED.started_at ELSE operation_steps.started_at END,
                    epoch = EXCLUDED.epoch, completed_at = EXCLUDED.completed_at,
                    usage = EXCLUDED.usage,
                    wake_at = COALESCE(EXCLUDED.wake_at, operation_steps.wake_at)"

@@ -138,7 +138,7 @@ impl TryFrom<RawInput> for DocMigrationInput {
         let chunk_chars = raw.chunk_chars.unwrap_or(DEFAULT_CHUNK_CHARS);
         if !CHUNK_CHARS_RANGE.contains(&chunk_chars) {
             return Err(format!(
-                "chunk_chars must be between {} and {}",
+                "chunk_chars: {chunk_chars} is not between {} and {}",
                 CHUNK_CHARS_RANGE.start(),
                 CHUNK_CHARS_RANGE.end()
             ));
@@ -149,11 +149,11 @@ impl TryFrom<RawInput> for DocMigrationInput {
         if let Some(r) = raw.validate.min_ratio
             && !(r.is_finite() && r >= 0.0)
         {
-            return Err("validate.min_ratio must be a number ≥ 0".into());
+            return Err("validate.min_ratio: must be a number ≥ 0".into());
         }
         let timeout_ms = raw.review.timeout_ms.unwrap_or(DEFAULT_REVIEW_TIMEOUT_MS);
         if timeout_ms == 0 {
-            return Err("review.timeout_ms must be more than 0".into());
+            return Err("review.timeout_ms: must be more than 0".into());
         }
         agentq_worker::context::check_park("review.timeout_ms", Duration::from_millis(timeout_ms))?;
         Ok(Self {

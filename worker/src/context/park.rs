@@ -25,9 +25,15 @@ pub const MAX_PARK: std::time::Duration = std::time::Duration::from_secs(100 * 3
 /// limit. Kinds call it on their inputs so a producer's too-long duration is refused at
 /// enqueue.
 pub fn check_park(field: &str, d: std::time::Duration) -> Result<(), String> {
+    check_park_length(d).map_err(|e| format!("{field}: {e}"))
+}
+
+/// [`check_park`] for a caller that names the field itself (a decoder whose errors carry
+/// their place).
+pub fn check_park_length(d: std::time::Duration) -> Result<(), String> {
     if d > MAX_PARK {
         return Err(format!(
-            "{field}: {} s is longer than the longest sleep or wait, 100 years ({} s)",
+            "{} s is longer than the longest sleep or wait, 100 years ({} s)",
             d.as_secs(),
             MAX_PARK.as_secs()
         ));
