@@ -6,7 +6,6 @@
 
 use agentq_app as app;
 use agentq_core::kinds::Catalog;
-use agentq_core::operation::OperationView;
 use schemars::Schema;
 use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
@@ -75,6 +74,11 @@ fn parameters(path: &str, method: &str) -> Vec<Value> {
             out.push(json!({ "name": q, "in": "query", "required": false,
                 "description": description, "schema": schema }));
         }
+    }
+    if path == "/v1/operations/{id}" && method == "get" {
+        out.push(json!({ "name": "include", "in": "query", "required": false,
+            "description": "`input` (comma-separated with `result`, which is always shown): the operation's input too; needs an operator or admin token (a producer's gets 403) and is audited as reveal_payloads",
+            "schema": { "type": "string" } }));
     }
     if path == "/v1/schedules" && method == "get" {
         out.push(json!({ "name": "tenant", "in": "query", "required": false, "schema": { "type": "string" } }));
@@ -201,7 +205,7 @@ const REQUESTS: &[Describe] = &[
 const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<Problem>,
     SchemaGenerator::subschema_for::<operations::Accepted>,
-    SchemaGenerator::subschema_for::<OperationView>,
+    SchemaGenerator::subschema_for::<app::decision::Shown>,
     SchemaGenerator::subschema_for::<operations::OperationPage>,
     SchemaGenerator::subschema_for::<operations::Steps>,
     SchemaGenerator::subschema_for::<operations::SignalResult>,
