@@ -28,12 +28,22 @@ pub fn redact_keys(list: Option<&str>) -> Vec<String> {
         .collect()
 }
 
-/// Replaces the value of every object key in `keys`, at any depth, with `"[redacted]"`.
+/// Replaces the value of every object key in `keys`, at any depth, with `"[redacted]"`,
+/// also inside strings that hold JSON (a model's tool call carries its arguments as JSON text).
 pub fn redact(value: &mut Value, keys: &[String]) {
     if keys.is_empty() {
         return;
     }
     match value {
+        Value::String(text) if text.trim_start().starts_with(['{', '[']) => {
+            if let Ok(mut inner) = serde_json::from_str::<Value>(text) {
+                let before = inner.clone();
+                redact(&mut inner, keys);
+                if inner != before {
+                    *text = inner.to_string();
+                }
+            }
+        }
         Value::Object(map) => {
             for (k, v) in map.iter_mut() {
                 if keys.iter().any(|r| r == k) {
@@ -232,6 +242,9 @@ mod tests {
             v,
             serde_json::json!({ "email": "[redacted]", "doc": { "items": [{ "email": "[redacted]", "x": 1 }] } })
         );
+        let mut call = serde_json::json!({ "arguments": "{\"email\":\"a@b\",\"n\":1}" });
+        redact(&mut call, &["email".to_string()]);
+        assert_eq!(call["arguments"], "{\"email\":\"[redacted]\",\"n\":1}");
         assert_eq!(redact_keys(Some(" a, ,b ")), vec!["a", "b"]);
         assert!(redact_keys(None).is_empty());
     }
