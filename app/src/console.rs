@@ -72,7 +72,7 @@ pub struct Operation {
 }
 
 /// The operation `op` for its page, with its pending decision. With `reveal`, its payloads
-/// too ([`reveal`]: audited as `reveal_payloads` under the caller's name before they are
+/// too ([`crate::decision::reveal`]: audited as `reveal_payloads` under the caller's name before they are
 /// read).
 pub async fn operation(
     app: &App,
@@ -100,7 +100,7 @@ pub async fn operation(
         crate::decision::redact_event(app, &mut e.data);
     }
     let payloads = if reveal {
-        self::reveal(app, caller, &operation, "console").await?
+        crate::decision::reveal(app, caller, &operation, "console").await?
     } else {
         None
     };
@@ -118,29 +118,6 @@ pub async fn operation(
         children,
         more_children,
     })
-}
-
-/// The payloads of `operation` (found in the caller's scope) for an operator: the read is
-/// audited as `reveal_payloads` under the caller's name, with `via` (`console`, `api`, `cli`),
-/// before it is made; keys of `AGENTQ_CONSOLE_REDACT` are redacted.
-pub async fn reveal(
-    app: &App,
-    caller: &Caller,
-    operation: &OperationView,
-    via: &str,
-) -> Result<Option<Payloads>> {
-    caller.require(Role::Operator)?;
-    let (pool, op) = (&app.pool, operation.op_id.0);
-    console::audit_reveal(pool, op, &caller.actor, operation.status.as_str(), via).await?;
-    let mut payloads = console::payloads(pool, op, caller.scope()).await?;
-    if let Some(p) = &mut payloads {
-        let keys = &app.settings.redact;
-        crate::decision::redact(&mut p.input, keys);
-        if let Some(r) = &mut p.result {
-            crate::decision::redact(r, keys);
-        }
-    }
-    Ok(payloads)
 }
 
 /// An operation waiting for an approval, with what it waits for.

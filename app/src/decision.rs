@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use agentq_core::approval;
-use agentq_core::db::{self, steps};
+use agentq_core::db::{self, console, steps};
 use agentq_core::operation::{OperationId, OperationView};
 use agentq_core::state::Status;
 use chrono::{DateTime, Utc};
@@ -147,6 +147,29 @@ pub fn redact_event(app: &App, data: &mut Value) {
     }
 }
 
+/// The payloads of `operation` (found in the caller's scope) for an operator: the read is
+/// audited as `reveal_payloads` under the caller's name, with `via` (`console`, `api`, `cli`),
+/// before it is made; keys of `AGENTQ_CONSOLE_REDACT` are redacted.
+pub async fn reveal(
+    app: &App,
+    caller: &Caller,
+    operation: &OperationView,
+    via: &str,
+) -> Result<Option<console::Payloads>> {
+    caller.require(Role::Operator)?;
+    let (pool, op) = (&app.pool, operation.op_id.0);
+    console::audit_reveal(pool, op, &caller.actor, operation.status.as_str(), via).await?;
+    let mut payloads = console::payloads(pool, op, caller.scope()).await?;
+    if let Some(p) = &mut payloads {
+        let keys = &app.settings.redact;
+        redact(&mut p.input, keys);
+        if let Some(r) = &mut p.result {
+            redact(r, keys);
+        }
+    }
+    Ok(payloads)
+}
+
 /// What to show of an operation besides its row.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Include {
@@ -216,9 +239,7 @@ pub async fn show(
     let operation = crate::operations::find(app, caller, op).await?;
     let waiting = pending(app, &operation).await?;
     let input = if include.input {
-        crate::console::reveal(app, caller, &operation, via)
-            .await?
-            .map(|p| p.input)
+        reveal(app, caller, &operation, via).await?.map(|p| p.input)
     } else {
         None
     };
