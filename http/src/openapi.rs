@@ -145,6 +145,11 @@ fn operation(route: &Route) -> Value {
     if route.path.contains('{') {
         responses["404"] = problem("No such id in the caller's tenant");
     }
+    if route.method == "get" && route.path == "/v1/operations/{id}" {
+        responses["403"] = problem(
+            "`include=input` with a producer's token: reading an input needs an operator or admin token; nothing was read",
+        );
+    }
     let parameters = parameters(route.path, route.method);
     let queried = parameters.iter().any(|p| p["in"] == "query");
     if queried {
