@@ -71,13 +71,17 @@ pub enum Command {
     Serve,
     /// Enqueue an operation.
     Enqueue(EnqueueArgs),
-    /// Show an operation.
+    /// Show an operation, and what it waits for (an agent's pending tool call, or what the job
+    /// needs from whoever sends the signal).
     Status {
         /// Operation id.
         op: String,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+        /// Show its input too (recorded in the audit trail as reveal_payloads).
+        #[arg(long)]
+        show_input: bool,
     },
     /// List and search operations, newest first, one keyset page at a time (no inputs or results).
     List(ListArgs),

@@ -67,7 +67,11 @@ pub async fn run(
             .await
         }
         Command::Enqueue(args) => enqueue(config, args).await,
-        Command::Status { op, json } => status(config, &op, json).await,
+        Command::Status {
+            op,
+            json,
+            show_input,
+        } => status(config, &op, json, show_input).await,
         Command::List(args) => list(&config, args).await,
         Command::Steps { op, json } => steps(config, &op, json).await,
         Command::Signal {
@@ -294,20 +298,18 @@ async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The operation `op`, through the application layer (the CLI acts as an admin).
-async fn find(config: &Deployment, op: &str) -> anyhow::Result<OperationView> {
+/// `agentq status`: `agentq_app::decision::show`, the flow of `GET /v1/operations/{id}`.
+async fn status(config: Deployment, op: &str, json: bool, show_input: bool) -> anyhow::Result<()> {
     let op = agentq_app::operations::parse_id(op).map_err(cli_error)?;
-    let (app, caller) = cli_app(config, &None).await?;
-    let found = agentq_app::operations::find(&app, &caller, op).await;
-    done(app, found).await
-}
-
-async fn status(config: Deployment, op: &str, json: bool) -> anyhow::Result<()> {
-    let v = find(&config, op).await?;
+    let (app, caller) = cli_app(&config, &None).await?;
+    let include = agentq_app::decision::Include { input: show_input };
+    let shown = agentq_app::decision::show(&app, &caller, op, include, "cli").await;
+    let shown = done(app, shown).await?;
     if json {
-        println!("{}", serde_json::to_string(&v)?);
+        println!("{}", serde_json::to_string(&shown)?);
         return Ok(());
     }
+    let v = &shown.operation;
     println!("op_id:       {}", v.op_id);
     println!("status:      {}", v.status);
     println!(
@@ -332,10 +334,45 @@ async fn status(config: Deployment, op: &str, json: bool) -> anyhow::Result<()> 
             v.error_message.as_deref().unwrap_or("")
         );
     }
+    print_waiting(v, shown.waiting.as_ref());
+    if let Some(input) = &shown.input {
+        println!("input:       {input}");
+    }
     if let Some(r) = &v.result {
         println!("result:      {r}");
     }
     Ok(())
+}
+
+/// What a waiting operation waits for, in `agentq status`'s text.
+fn print_waiting(v: &OperationView, pending: Option<&agentq_app::decision::Pending>) {
+    let Some(signal) = v
+        .waiting_for
+        .as_deref()
+        .filter(|_| v.status == agentq_core::Status::Waiting)
+    else {
+        return;
+    };
+    let Some(p) = pending else {
+        println!("waiting for: signal {signal:?} (times out {})", v.run_at);
+        return;
+    };
+    println!(
+        "waiting for: signal {:?} (times out {}; step {})",
+        p.signal, p.timeout_at, p.step
+    );
+    if let Some(call) = &p.tool_call {
+        println!("tool call:   {} {}", call.tool, call.arguments);
+        if !call.text.is_empty() {
+            println!("model text:  {}", call.text);
+        }
+        println!(
+            "decide:      agentq approve {0} | agentq reject {0}",
+            v.op_id
+        );
+    } else if let Some(about) = &p.about {
+        println!("needs:       {about}");
+    }
 }
 
 /// `agentq list`: one page of `agentq_app::operations::list`, the flow of `GET /v1/operations`.

@@ -51,6 +51,8 @@ pub const CHILDREN: i64 = 200;
 /// One operation as its console page shows it.
 pub struct Operation {
     pub operation: OperationView,
+    /// What it waits for, when it waits for a signal.
+    pub waiting: Option<crate::decision::Pending>,
     /// The first page of its journal (at most [`JOURNAL_STEPS`], about four API pages of
     /// bytes), oldest first; outputs are there even when the page hides them.
     pub steps: Vec<StepView>,
@@ -69,8 +71,9 @@ pub struct Operation {
     pub more_children: bool,
 }
 
-/// The operation `op` for its page. With `reveal`, its payloads too, the reveal audited as
-/// `reveal_payloads` under the caller's name before they are read.
+/// The operation `op` for its page, with its pending decision. With `reveal`, its payloads
+/// too ([`crate::decision::reveal`]: audited as `reveal_payloads` under the caller's name before they are
+/// read).
 pub async fn operation(
     app: &App,
     caller: &Caller,
@@ -92,17 +95,21 @@ pub async fn operation(
         4 * crate::operations::STEPS_PAGE_BYTES,
     )
     .await?;
-    let events = events::events_after(pool, op.0, 0, EVENTS).await?;
+    let mut events = events::events_after(pool, op.0, 0, EVENTS).await?;
+    for e in &mut events {
+        crate::decision::redact_event(app, &mut e.data);
+    }
     let payloads = if reveal {
-        console::audit_reveal(pool, op.0, &caller.actor, operation.status.as_str()).await?;
-        console::payloads(pool, op.0, scope).await?
+        crate::decision::reveal(app, caller, &operation, "console").await?
     } else {
         None
     };
+    let waiting = crate::decision::pending(app, &operation).await?;
     let actions = console::operation_actions(pool, op.0).await?;
     let (children, more_children) = children::descendants(pool, op.0, CHILDREN).await?;
     Ok(Operation {
         operation,
+        waiting,
         steps,
         more_steps,
         events,
@@ -113,15 +120,33 @@ pub async fn operation(
     })
 }
 
-/// The operations waiting for an `approval` signal, newest first, at most `limit`.
-pub async fn approvals(app: &App, caller: &Caller, limit: i64) -> Result<Vec<Summary>> {
+/// An operation waiting for an approval, with what it waits for.
+pub struct Approval {
+    pub summary: Summary,
+    /// The pending decision (the agent's tool call, or what the job said it needs); `None`
+    /// when its wait step has not been recorded.
+    pub pending: Option<crate::decision::Pending>,
+}
+
+/// The operations waiting for an `approval` signal, newest first, at most `limit`, each with
+/// its pending decision.
+pub async fn approvals(app: &App, caller: &Caller, limit: i64) -> Result<Vec<Approval>> {
     caller.require(Role::Operator)?;
     let filter = listing::Filter {
         tenant: caller.tenant_filter(None)?,
         waiting_for: Some("approval".into()),
         ..Default::default()
     };
-    Ok(listing::list(&app.pool, &filter, limit, None).await?)
+    let rows = listing::list(&app.pool, &filter, limit, None).await?;
+    let ids: Vec<_> = rows.iter().map(|r| r.op_id).collect();
+    let mut pending = crate::decision::pending_of(app, &ids).await?;
+    Ok(rows
+        .into_iter()
+        .map(|summary| Approval {
+            pending: pending.remove(&summary.op_id),
+            summary,
+        })
+        .collect())
 }
 
 /// The newest `limit` batches, each with its operations counted by status.

@@ -9,6 +9,9 @@
 //! - [`capacity`]: the caps of a tenant every way an operation is born goes through;
 //! - [`console`]: the operator console's read views (overview, one operation, approvals,
 //!   batches, the dead-letter inbox);
+//! - [`decision`]: what a person decides on (a waiting operation's pending decision: the
+//!   signal, its timeout, what the job needs, the agent's tool call), and an operation shown
+//!   with it and, for an operator, with its input (audited);
 //! - [`kinds`]: the deployment's kinds and tools, with the versions live workers run;
 //! - [`operations`]: enqueue, find, list and search, signal, approve / reject, cancel;
 //! - [`dlq`]: list, retry, resolve, discard one dead letter;
@@ -32,6 +35,7 @@ pub mod caller;
 pub mod capacity;
 pub mod console;
 pub mod database;
+pub mod decision;
 pub mod dlq;
 pub mod error;
 pub mod events;
@@ -103,6 +107,9 @@ pub struct Settings {
     pub producer_may_approve: bool,
     /// The caps of a tenant.
     pub limits: capacity::Limits,
+    /// JSON keys shown as `[redacted]` wherever a payload, a step output or a pending
+    /// decision's context is shown (`AGENTQ_CONSOLE_REDACT`; [`decision::redact`]).
+    pub redact: Vec<String>,
 }
 
 impl App {

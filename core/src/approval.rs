@@ -20,6 +20,24 @@ pub fn is_approval_signal(name: &str) -> bool {
     APPROVAL_SIGNALS.contains(&name)
 }
 
+/// The output a wait step carries while it waits: `{"about": about}`, what the job said it
+/// needs from whoever sends the signal (`ctx.wait_for_signal_about`); `None` for a wait that
+/// says nothing (`about` is null). The decided wait's output replaces it.
+pub fn about_output(about: Value) -> Option<Value> {
+    (!about.is_null()).then(|| json!({ "about": about }))
+}
+
+/// What a waiting step's output says the job needs (see [`about_output`]).
+pub fn about_of(output: Option<&Value>) -> Option<&Value> {
+    output?.get("about").filter(|v| !v.is_null())
+}
+
+/// What the built-in agent says about a pending approval-gated tool call: the tool, its
+/// arguments and the text of the model turn that asked for it.
+pub fn tool_call_about(tool: &str, arguments: &Value, text: &str) -> Value {
+    json!({ "tool": tool, "arguments": arguments, "text": text })
+}
+
 /// A decision as a signal's payload carries it. Read leniently: a payload that is not an
 /// object, or lacks `approved`, is neither an approval nor a rejection.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -94,6 +112,16 @@ mod tests {
         assert_eq!(Decision::read(&d.payload()), d);
         assert!(d.is_rejected() && !d.is_approved());
         assert_eq!(d.refusal(Some("token:x")), "rejected by ana: wrong account");
+    }
+
+    #[test]
+    fn a_waits_about_reads_back_and_null_says_nothing() {
+        let about = tool_call_about("kv_put", &json!({ "key": "k" }), "saving it");
+        let out = about_output(about.clone());
+        assert_eq!(about_of(out.as_ref()), Some(&about));
+        assert_eq!(about_output(Value::Null), None);
+        assert_eq!(about_of(Some(&json!({ "payload": 1 }))), None);
+        assert_eq!(about_of(None), None);
     }
 
     #[test]

@@ -68,8 +68,6 @@ pub(crate) fn traceparent() -> Option<String> {
 pub struct ApiState {
     /// The application layer every handler calls, with the pool, producer and dispatcher.
     app: agentq_app::App,
-    /// JSON keys the console redacts in revealed payloads (`AGENTQ_CONSOLE_REDACT`).
-    redact_keys: Vec<String>,
     /// Open event streams, per token and in all (`AGENTQ_STREAMS_PER_TOKEN`, `AGENTQ_STREAMS_MAX`),
     /// and the one poller they share.
     streams: events::Streams,
@@ -363,14 +361,6 @@ pub fn state(config: &Config, app: agentq_app::App, shutdown: CancellationToken)
     Arc::new(ApiState {
         app,
         streams: events::Streams::new(config.streams_per_token, config.streams_max),
-        redact_keys: config
-            .console_redact
-            .as_deref()
-            .unwrap_or_default()
-            .split(',')
-            .map(|k| k.trim().to_string())
-            .filter(|k| !k.is_empty())
-            .collect(),
         broker: Mutex::new(None),
         metrics: meta::Metrics,
         shutdown,

@@ -6,7 +6,6 @@
 
 use agentq_app as app;
 use agentq_core::kinds::Catalog;
-use agentq_core::operation::OperationView;
 use schemars::Schema;
 use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
@@ -76,6 +75,11 @@ fn parameters(path: &str, method: &str) -> Vec<Value> {
                 "description": description, "schema": schema }));
         }
     }
+    if path == "/v1/operations/{id}" && method == "get" {
+        out.push(json!({ "name": "include", "in": "query", "required": false,
+            "description": "`input` (comma-separated with `result`, which is always shown): the operation's input too; needs an operator or admin token (a producer's gets 403) and is audited as reveal_payloads",
+            "schema": { "type": "string" } }));
+    }
     if path == "/v1/schedules" && method == "get" {
         out.push(json!({ "name": "tenant", "in": "query", "required": false, "schema": { "type": "string" } }));
     }
@@ -141,6 +145,11 @@ fn operation(route: &Route) -> Value {
     if route.path.contains('{') {
         responses["404"] = problem("No such id in the caller's tenant");
     }
+    if route.method == "get" && route.path == "/v1/operations/{id}" {
+        responses["403"] = problem(
+            "`include=input` with a producer's token: reading an input needs an operator or admin token; nothing was read",
+        );
+    }
     let parameters = parameters(route.path, route.method);
     let queried = parameters.iter().any(|p| p["in"] == "query");
     if queried {
@@ -203,7 +212,7 @@ const REQUESTS: &[Describe] = &[
 const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<Problem>,
     SchemaGenerator::subschema_for::<operations::Accepted>,
-    SchemaGenerator::subschema_for::<OperationView>,
+    SchemaGenerator::subschema_for::<app::decision::Shown>,
     SchemaGenerator::subschema_for::<operations::OperationPage>,
     SchemaGenerator::subschema_for::<operations::Steps>,
     SchemaGenerator::subschema_for::<operations::SignalResult>,

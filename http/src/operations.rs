@@ -319,15 +319,25 @@ pub async fn list(
     }))
 }
 
-/// `GET /v1/operations/{id}`.
+/// `GET /v1/operations/{id}`'s query: `include=input` (an operator's, audited).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShowQuery {
+    include: Option<String>,
+}
+
+/// `GET /v1/operations/{id}`: the operation, what it waits for, and with `include=input` its
+/// input (`agentq_app::decision::show`).
 pub async fn show(
     State(state): State<Arc<ApiState>>,
     caller: Caller,
     Params(id): Params<String>,
-) -> ApiResult<Json<agentq_core::operation::OperationView>> {
+    QueryParams(q): QueryParams<ShowQuery>,
+) -> ApiResult<Json<app::decision::Shown>> {
     let op = OperationId(parse_id(&id, "id")?);
+    let include = app::decision::Include::parse(q.include.as_deref())?;
     Ok(Json(
-        app::operations::find(&state.app, &caller.app(), op).await?,
+        app::decision::show(&state.app, &caller.app(), op, include, "api").await?,
     ))
 }
 

@@ -94,10 +94,10 @@ pub const ROUTES: &[Route] = &[
         "get",
         "/v1/operations/{id}",
         || get(operations::show),
-        "Read an operation",
+        "Read an operation: what it waits for (`waiting`: the signal, its timeout, what the job needs, an agent's pending tool call) and, with `include=input`, its input (operator or admin; audited)",
         Access::Producer,
         None,
-        (200, "Operation"),
+        (200, "OperationDetail"),
     ),
     r(
         "get",
@@ -556,7 +556,6 @@ mod tests {
         };
         Arc::new(ApiState {
             app: agentq_app::App::new(pool, producer, dispatcher, settings),
-            redact_keys: Vec::new(),
             streams: crate::events::Streams::new(1, 1),
             broker: Mutex::new(None),
             metrics: meta::Metrics,

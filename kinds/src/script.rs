@@ -265,7 +265,17 @@ async fn run_step(ctx: &JobContext, step: ScriptStep) -> Result<Value, JobError>
             timeout_ms,
             on_timeout,
         } => match ctx
-            .wait_for_signal(&wait_signal, Duration::from_millis(timeout_ms))
+            .wait_for_signal_about(
+                &wait_signal,
+                Duration::from_millis(timeout_ms),
+                json!({
+                    "needs": format!("a {wait_signal:?} signal"),
+                    "on_timeout": match on_timeout {
+                        OnTimeout::Fail => "the operation fails",
+                        OnTimeout::Continue => "the script goes on",
+                    },
+                }),
+            )
             .await?
         {
             SignalOutcome::Received { payload, sent_by } => {

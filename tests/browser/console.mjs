@@ -1,6 +1,7 @@
 // Drives the operator console in headless Debian chromium (playwright-core, no downloaded
 // browser): sign in, retry a dead operation from the DLQ inbox with a patched input and see it
-// succeed, approve a waiting operation, pause a batch; a screenshot of every page goes to OUTDIR.
+// succeed, see an agent's pending tool call with its arguments (a secret redacted) and approve
+// it, pause a batch; a screenshot of every page goes to OUTDIR.
 //
 // Usage: node tests/browser/console.mjs BASE TOKEN OUTDIR DEAD_OP WAITING_OP BATCH
 // (NODE_PATH must hold playwright-core: see .ci/browser-deps). Exits non-zero on any failure.
@@ -68,10 +69,21 @@ try {
   if (!succeeded) throw new Error(`operation ${deadOp} did not succeed after the retry`);
   await shot('operation-retried');
 
-  step('approve the waiting operation');
+  step('see the pending tool call and its arguments, then approve it');
   await page.goto(`${base}/ui/approvals`);
-  await shot('approvals');
   const waiting = page.locator(`tr[data-op="${waitingOp}"]`);
+  await waiting.locator('[data-tool="kv_put"]').waitFor();
+  const call = await waiting.locator('.pending').textContent();
+  for (const needle of ['kv_put', '"key": "stripe"', '"note": "rotate monthly"', '"api_key": "[redacted]"',
+    'I will keep the Stripe key']) {
+    if (!call.includes(needle)) throw new Error(`the approval lacks ${needle}: ${call}`);
+  }
+  if (call.includes('sk-live')) throw new Error(`the approval shows the secret: ${call}`);
+  await shot('approvals');
+  await page.goto(`${base}/ui/operations/${waitingOp}`);
+  await waiting.page().locator('.pending [data-tool="kv_put"]').waitFor();
+  await shot('operation-waiting');
+  await page.goto(`${base}/ui/approvals`);
   await waiting.locator('form[action$="/approve"] input[name=reason]').fill('looks right');
   await waiting.locator('button[data-action=approve]').click();
   await page.waitForURL(`${base}/ui/approvals`);

@@ -1819,15 +1819,15 @@ fn fill_params(path: &str) -> String {
 
 /// One server-sent event.
 #[derive(Debug, Clone, PartialEq)]
-struct SseEvent {
-    id: u64,
-    event: String,
-    data: Value,
+pub(crate) struct SseEvent {
+    pub(crate) id: u64,
+    pub(crate) event: String,
+    pub(crate) data: Value,
 }
 
 /// A `text/event-stream` reader over reqwest's byte stream; cancel-safe (a timed-out `next`
 /// loses nothing).
-struct Sse {
+pub(crate) struct Sse {
     stream: BoxStream<'static, reqwest::Result<Vec<u8>>>,
     buf: Vec<u8>,
     id: Option<u64>,
@@ -1837,7 +1837,7 @@ struct Sse {
 
 impl Sse {
     /// Opens the stream of `op`, resuming after `last_event_id` if given.
-    async fn open(api: &Api, token: &str, op: &str, last_event_id: Option<u64>) -> Self {
+    pub(crate) async fn open(api: &Api, token: &str, op: &str, last_event_id: Option<u64>) -> Self {
         let mut rb = api
             .client
             .get(format!("{}/v1/operations/{op}/events", api.base))
@@ -1874,7 +1874,7 @@ impl Sse {
     }
 
     /// The next event, or `None` once the server ends the stream.
-    async fn next(&mut self) -> Option<SseEvent> {
+    pub(crate) async fn next(&mut self) -> Option<SseEvent> {
         loop {
             while let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
                 let mut line: Vec<u8> = self.buf.drain(..=end).collect();

@@ -1,8 +1,8 @@
 //! The operator console (`/ui`): driven in headless Debian chromium (playwright-core, installed
-//! by `.ci/browser-deps`, which `.ci/test` runs) to retry a dead operation, approve a waiting
-//! one and pause a batch, with the database checked afterwards; and over plain HTTP for its
-//! refusals (producer tokens, missing CSRF tokens, another tenant's ids) and for payload
-//! redaction until an audited reveal.
+//! by `.ci/browser-deps`, which `.ci/test` runs) to retry a dead operation, approve an agent's
+//! pending tool call seen with its arguments and pause a batch, with the database checked afterwards; and over plain HTTP for its
+//! refusals (producer tokens, missing CSRF tokens, another tenant's ids) and for payloads:
+//! shown on an operation's page only, each view audited, redacted keys never shown.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -73,9 +73,12 @@ async fn console_in_a_browser_retries_a_dead_operation_approves_and_pauses_a_bat
         modules.display()
     );
 
-    let fake = FakeModel::start(Mode::Slow(Duration::from_millis(300))).await;
+    // The model first asks an agent's approval-gated tool call (with a secret among its
+    // arguments), then, for the batch, answers slowly.
+    let fake = FakeModel::start(crate::approval_context::secret_storing_model()).await;
     let mut app = TestApp::start().await;
     app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.set_env("AGENTQ_CONSOLE_REDACT", "api_key");
     app.spawn(&["scheduler"]);
     app.spawn(&["worker"]);
     let (_, base) = app.serve().await;
@@ -84,10 +87,9 @@ async fn console_in_a_browser_retries_a_dead_operation_approves_and_pauses_a_bat
         json!([{ "work_ms": 1 }, { "fail": "non_retryable", "times": 9 }]),
         &[],
     );
-    let waiting = app.enqueue_script(
-        json!([{ "wait_signal": "approval", "timeout_ms": 120000 }, { "work_ms": 1 }]),
-        &[],
-    );
+    let waiting = crate::approval_context::enqueue_gated_agent(&app);
+    app.wait_status(&waiting, "waiting", DEADLINE).await;
+    fake.set(Mode::Slow(Duration::from_millis(300)));
     let (src, dst, tmp) = (
         TempDir::new("src"),
         TempDir::new("dst"),
@@ -164,6 +166,7 @@ async fn console_in_a_browser_retries_a_dead_operation_approves_and_pauses_a_bat
         "dlq",
         "operation-dead",
         "approvals",
+        "operation-waiting",
         "batches",
     ] {
         assert!(shots.join(format!("{page}.png")).exists(), "{page}.png");
@@ -389,12 +392,11 @@ async fn console_refuses_producers_forged_forms_and_other_tenants_and_hides_payl
     let (status, _) = ui.get(&format!("/ui/operations/{other}")).await;
     assert_eq!(status, 404);
 
-    // No page shows the input, the result or the step output before a reveal.
+    // No list page shows an input, a result or a step output.
     let pages = [
         "/ui".to_string(),
         "/ui/operations".to_string(),
         "/ui/operations?kind=echo&status=succeeded&since=1h".to_string(),
-        format!("/ui/operations/{op}"),
         "/ui/dlq".to_string(),
         "/ui/approvals".to_string(),
         "/ui/batches".to_string(),
@@ -404,10 +406,7 @@ async fn console_refuses_producers_forged_forms_and_other_tenants_and_hides_payl
     for p in &pages {
         let (status, body) = ui.get(p).await;
         assert_eq!(status, 200, "{p}: {body}");
-        assert!(
-            !body.contains(CANARY),
-            "{p} shows the payload before a reveal"
-        );
+        assert!(!body.contains(CANARY), "{p} shows the payload");
         csrf = csrf_of(&body);
     }
     // The Kinds page shows what the binary runs: its kinds with their schemas, and the tools.
@@ -445,7 +444,11 @@ async fn console_refuses_producers_forged_forms_and_other_tenants_and_hides_payl
         .unwrap();
     assert_eq!(cross.status().as_u16(), 403);
 
-    // The reveal shows the payloads and is audited.
+    // The operation's page shows an operator the payloads, each view audited (the reveal
+    // form of earlier pages answers the same page).
+    let (status, page) = ui.get(&format!("/ui/operations/{op}")).await;
+    assert_eq!(status, 200);
+    assert!(page.contains(CANARY), "the page shows the input");
     let r = ui.post(&path, &[("csrf", &csrf)]).await;
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(r.headers()["cache-control"], "no-store");
@@ -457,11 +460,12 @@ async fn console_refuses_producers_forged_forms_and_other_tenants_and_hides_payl
         count_sql(
             &app,
             "SELECT count(*) FROM operator_actions WHERE op_id = $1::uuid
-                AND action = 'reveal_payloads' AND actor LIKE 'token:%'",
+                AND action = 'reveal_payloads' AND actor LIKE 'token:%'
+                AND details->>'via' = 'console'",
             &op
         )
         .await,
-        1
+        2
     );
     // Keys named in AGENTQ_CONSOLE_REDACT stay hidden even in a reveal: it adds no occurrence
     // of their values (the script's step names carry the label, as code-defined names do).
@@ -478,10 +482,7 @@ async fn console_refuses_producers_forged_forms_and_other_tenants_and_hides_payl
         plain.matches(REDACTED).count(),
         "the reveal shows no redacted value"
     );
-    assert!(revealed.contains("[redacted]"));
-    // Revealing stays a separate request: the plain page still hides them.
-    let (_, body) = ui.get(&format!("/ui/operations/{op}")).await;
-    assert!(!body.contains(CANARY));
+    assert!(revealed.contains("[redacted]") && plain.contains("[redacted]"));
 
     // Signing out ends the session.
     let r = ui.post("/ui/logout", &[("csrf", &csrf)]).await;

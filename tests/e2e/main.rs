@@ -9,6 +9,7 @@ mod api;
 mod api_backpressure;
 mod api_hostile;
 mod api_list;
+mod approval_context;
 mod batch;
 mod capacity;
 mod children;

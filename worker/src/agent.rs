@@ -5,7 +5,7 @@
 //! turn is a replay-safe model step (its answer, tool calls included, is the journal entry);
 //! each tool call is a step through its `Tool` with the tool's replay policy and its own
 //! idempotency key; a tool that requires approval first waits for the signal `approval`
-//! (holding no worker). A rejection, an approval timeout, a bad argument or a tool's
+//! (holding no worker), stating the tool, its arguments and the turn's text. A rejection, an approval timeout, a bad argument or a tool's
 //! non-retryable error is reported back to the model as that tool's result. The transcript is
 //! journaled and returned, never logged.
 
@@ -93,7 +93,12 @@ impl JobContext {
             for call in &reply.tool_calls {
                 calls_made += 1;
                 let result = self
-                    .run_tool_call(&spec, &call.function.name, &call.function.arguments)
+                    .run_tool_call(
+                        &spec,
+                        &call.function.name,
+                        &call.function.arguments,
+                        &reply.content,
+                    )
                     .await?;
                 transcript.push(Message {
                     role: Role::Tool,
@@ -109,12 +114,14 @@ impl JobContext {
         )))
     }
 
-    /// One tool call, as the text the model gets back.
+    /// One tool call, as the text the model gets back. `text` is the model turn's text that
+    /// asked for it, which an approval's wait states with the tool and its arguments.
     async fn run_tool_call(
         &self,
         spec: &AgentSpec,
         name: &str,
         arguments: &str,
+        text: &str,
     ) -> Result<String, JobError> {
         let Some(tool) = spec.tools.iter().find(|t| t.name() == name) else {
             return Ok(json!({ "error": format!("there is no tool named {name:?}") }).to_string());
@@ -132,8 +139,9 @@ impl JobContext {
             }
         };
         if tool.requires_approval() {
+            let about = approval::tool_call_about(name, &args, text);
             match self
-                .wait_for_signal(approval::SIGNAL, spec.approval_timeout)
+                .wait_for_signal_about(approval::SIGNAL, spec.approval_timeout, about)
                 .await?
             {
                 SignalOutcome::Received { payload, sent_by } => {

@@ -336,3 +336,35 @@ async fn an_exported_journal_replays_against_new_code_without_running_anything()
             .agrees()
     );
 }
+
+/// A kind that says what its wait needs, with a count of its runs in `about` (so a replay
+/// that rewrote it would show a later count).
+async fn asks(ctx: JobContext, input: Value) -> Result<Value, JobError> {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, Ordering::SeqCst);
+    let about = json!({ "question": "refund this?", "cents": input["cents"], "run": run });
+    match ctx
+        .wait_for_signal_about("approval", Duration::from_secs(60), about)
+        .await?
+    {
+        SignalOutcome::Received { payload, .. } => Ok(payload),
+        SignalOutcome::TimedOut => Ok(json!("timed out")),
+    }
+}
+
+#[tokio::test]
+async fn a_waits_about_is_journaled_with_the_wait_and_shown_by_the_tester() {
+    let mut r = Registry::new();
+    r.register("asks", asks);
+    let report = Tester::new(&r, "asks", json!({ "cents": 700 }))
+        .signal("approval", json!({ "approved": true }))
+        .run()
+        .await;
+    report.assert_ok();
+    assert_eq!(report.output(), Some(&json!({ "approved": true })));
+    assert_eq!(report.waits.len(), 1, "{:?}", report.waits);
+    let (seq, name, about) = &report.waits[0];
+    assert_eq!((*seq, name.as_str()), (0, "approval"));
+    assert_eq!(about["question"], "refund this?");
+    assert_eq!(about["cents"], 700);
+}

@@ -127,15 +127,22 @@ pub async fn payloads(pool: &PgPool, op: Uuid, tenant: Option<&str>) -> Result<O
     Ok(row)
 }
 
-/// Audits that `actor` revealed the payloads of `op` in the console.
-pub async fn audit_reveal(pool: &PgPool, op: Uuid, actor: &str, status: &str) -> Result<()> {
+/// Audits that `actor` read the payloads of `op` through `via` (`console`, `api`, `cli`).
+pub async fn audit_reveal(
+    pool: &PgPool,
+    op: Uuid,
+    actor: &str,
+    status: &str,
+    via: &str,
+) -> Result<()> {
     sqlx::query(
         "INSERT INTO operator_actions (actor, action, op_id, status_before, status_after, details)
-         VALUES ($1, 'reveal_payloads', $2, $3, $3, '{\"via\": \"console\"}')",
+         VALUES ($1, 'reveal_payloads', $2, $3, $3, jsonb_build_object('via', $4::text))",
     )
     .bind(actor)
     .bind(op)
     .bind(status)
+    .bind(via)
     .execute(pool)
     .await?;
     Ok(())

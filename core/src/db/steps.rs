@@ -433,3 +433,38 @@ pub async fn usage(
     .await?;
     Ok(rows)
 }
+
+/// The wait an operation is parked on, as a person deciding it sees it: its step, the signal,
+/// when it times out and what the job said it needs.
+#[derive(Clone, Debug, FromRow)]
+pub struct PendingWait {
+    pub op_id: Uuid,
+    /// The wait step's place in the journal.
+    pub seq: i32,
+    /// The signal waited for (the operation's `waiting_for`).
+    pub signal: String,
+    /// When the wait times out (the operation's `run_at` while it waits).
+    pub timeout_at: DateTime<Utc>,
+    /// The wait step's output while it waits: `{"about": …}`
+    /// (`agentq_core::approval::about_of` reads it), or null.
+    pub output: Option<Value>,
+}
+
+/// The pending waits for a signal of the operations `ids` that are `waiting` on one (not on
+/// a join): the newest started wait step of each, in one read. An operation parked on a
+/// signal before its wait step recorded anything has no row.
+pub async fn pending_waits(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<PendingWait>> {
+    let rows = sqlx::query_as(
+        "SELECT DISTINCT ON (o.id) o.id AS op_id, s.seq, o.waiting_for AS signal,
+                o.run_at AS timeout_at, s.output
+           FROM operations o
+           JOIN operation_steps s ON s.op_id = o.id AND s.kind = 'signal' AND s.status = 'started'
+                                 AND s.name = 'signal:' || o.waiting_for
+          WHERE o.id = ANY($1) AND o.status = 'waiting'
+          ORDER BY o.id, s.seq DESC",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}

@@ -8,6 +8,10 @@
 //!   step's idempotency key, and after a crash asks the API whether that refund happened
 //!   (reconcile) instead of refunding again.
 //!
+//! The `handoff` kind hands a customer's message to a person: it looks the order up, then
+//! waits for the signal `reply`, saying with `ctx.wait_for_signal_about` what it needs (the
+//! order and the message), which `support-agent status OP`, the API and the console show.
+//!
 //! Both tools are registered for the deployment, so the built-in `agent` kind may name them
 //! too (`"tools": ["lookup_order", "refund"]`). `src/main.rs` hands the registry to
 //! `agentq::main`, which gives the binary every agentq subcommand.
@@ -17,8 +21,9 @@ mod tools;
 use std::time::Duration;
 
 use agentq::model::{Message, Role};
-use agentq::{AgentSpec, JobContext, JobError, Registry};
+use agentq::{AgentSpec, JobContext, JobError, Registry, SignalOutcome};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 pub use tools::{LookupOrder, Refund, Refunded};
 
@@ -51,6 +56,48 @@ pub fn register(registry: &mut Registry, settings: Settings) {
         "Answers a customer about an order: looks the order up, refunds it when that is \
          what the customer needs (with a human's approval if asked), and replies.",
     );
+    registry.register("handoff", handoff).describe(
+        "Hands a customer's message to a person: looks the order up and waits up to three \
+         days for the signal \"reply\" with {\"text\": …}, the reply to send.",
+    );
+}
+
+/// Input of `handoff`.
+#[derive(Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HandoffInput {
+    /// The order the customer writes about.
+    pub order_id: String,
+    /// What the customer wrote.
+    pub message: String,
+}
+
+/// The `handoff` kind: the order looked up, then a person's reply waited for, with what the
+/// person needs to write it.
+pub async fn handoff(ctx: JobContext, input: HandoffInput) -> Result<SupportReply, JobError> {
+    let lookup = ctx
+        .registered_tool("lookup_order")
+        .ok_or_else(|| JobError::NonRetryable("this worker registers no lookup_order".into()))?;
+    let order = ctx
+        .tool(lookup.as_ref(), json!({ "order_id": input.order_id }))
+        .await?;
+    let about = json!({
+        "needs": "a reply to the customer: send signal \"reply\" with {\"text\": …}",
+        "order": order,
+        "message": input.message,
+    });
+    match ctx
+        .wait_for_signal_about("reply", Duration::from_secs(72 * 3600), about)
+        .await?
+    {
+        SignalOutcome::Received { payload, .. } => Ok(SupportReply {
+            reply: payload["text"].as_str().unwrap_or_default().to_string(),
+            tool_calls: 1,
+        }),
+        SignalOutcome::TimedOut => Err(JobError::NonRetryable(
+            "nobody replied within three days".into(),
+        )),
+    }
 }
 
 /// Input of `support`.

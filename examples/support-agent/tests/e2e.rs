@@ -289,6 +289,54 @@ async fn the_built_in_agent_calls_the_deployments_own_tool_within_its_tenant() {
 }
 
 #[tokio::test]
+async fn a_handoff_says_what_it_needs_from_the_person_who_replies() {
+    let model = FakeModel::start(model_script()).await;
+    let payments = Payments::start(true).await;
+    let mut world = running(&model, &payments).await;
+    let (_, base) = world.serve().await;
+    let input = json!({ "order_id": "A-1001", "message": "Where is my parcel?" });
+    let op = enqueue(&world, "acme", "handoff", &input.to_string());
+    world.wait_status(&op, "waiting", DEADLINE).await;
+
+    // `status` (text and JSON) and the API show what the kind said it needs.
+    let shown = world.agentq_json(&["status", &op, "--json"]);
+    let waiting = &shown["waiting"];
+    assert_eq!(waiting["signal"], "reply", "{shown}");
+    assert_eq!(waiting["about"]["order"]["customer"], "Ada", "{shown}");
+    assert_eq!(
+        waiting["about"]["message"], "Where is my parcel?",
+        "{shown}"
+    );
+    let text = String::from_utf8_lossy(&world.agentq_ok(&["status", &op]).stdout).into_owned();
+    assert!(
+        text.contains("waiting for: signal \"reply\"") && text.contains("Where is my parcel?"),
+        "{text}"
+    );
+    let api: Value = reqwest::Client::new()
+        .get(format!("{base}/v1/operations/{op}"))
+        .bearer_auth(world.token("acme", "producer"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(api["waiting"], *waiting);
+
+    // The reply resumes it.
+    world.agentq_ok(&[
+        "signal",
+        &op,
+        "reply",
+        "--payload",
+        r#"{"text": "It ships today."}"#,
+    ]);
+    let done = world.wait_status(&op, "succeeded", DEADLINE).await;
+    assert_eq!(done.result.unwrap()["reply"], "It ships today.");
+    world.cleanup().await;
+}
+
+#[tokio::test]
 async fn replay_checks_a_recorded_journal_against_this_binary() {
     let model = FakeModel::start(model_script()).await;
     let payments = Payments::start(true).await;

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use agentq_app::batches::Failure;
 use agentq_app::dlq::{ActionView, DeadLetterView, StatRow};
 use agentq_app::operations::Summary;
-use agentq_core::operation::{Lane, OperationId, Status, StepView};
+use agentq_core::operation::{Lane, OperationId, OperationView, Status, StepView};
 use agentq_core::state::{BatchStatus, DeadLetterStatus, Overlap, Replay, StepKind, StepStatus};
 use axum::response::IntoResponse;
 use chrono::Utc;
@@ -386,7 +386,21 @@ async fn answers_as_sent_match_their_schemas() {
 
     // The handlers' answer types, filled as the application layer fills them.
     for done in [true, false] {
-        c.answer(&operation(done));
+        c.answer(&app::decision::Shown {
+            operation: operation(done),
+            waiting: (!done).then(|| app::decision::Pending {
+                signal: "approval".into(),
+                step: 2,
+                timeout_at: Utc::now(),
+                about: Some(json!({ "tool": "kv_put", "arguments": {}, "text": "" })),
+                tool_call: Some(app::decision::ToolCall {
+                    tool: "kv_put".into(),
+                    arguments: json!({ "key": "k", "api_key": "[redacted]" }),
+                    text: "saving".into(),
+                }),
+            }),
+            input: done.then(|| json!({ "message": "hi" })),
+        });
         c.answer(&app::dlq::Acted {
             id: Uuid::new_v4(),
             done: "retried",

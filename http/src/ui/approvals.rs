@@ -1,5 +1,6 @@
 //! The console's pending approvals (`GET /ui/approvals`, through
-//! `agentq_app::console::approvals`) and the approve / reject forms and actions, the approval
+//! `agentq_app::console::approvals`), each with what it asks to decide (the agent's tool call
+//! and its arguments, redacted, and the model's text), and the approve / reject forms and actions, the approval
 //! convention of `agentq approve` / `reject` (`agentq_app::operations::decide`).
 
 use std::sync::Arc;
@@ -29,15 +30,17 @@ pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResu
             table {
                 thead { tr {
                     th { "operation" } th { "tenant" } th { "kind" } th { "waiting since" }
-                    th { "decide" }
+                    th { "to decide" } th { "decide" }
                 } }
                 tbody {
-                    @for r in &rows {
+                    @for a in &rows {
+                        @let r = &a.summary;
                         tr data-op=(r.op_id) {
                             td { a class="mono" href={ "/ui/operations/" (r.op_id) } { (r.op_id) } }
                             td { (r.tenant) }
                             td { (r.kind) }
                             td { (time(r.updated_at)) }
+                            td { (pending(a.pending.as_ref())) }
                             td { (approval_forms(&session, r.op_id, "/ui/approvals")) }
                         }
                     }
@@ -46,6 +49,32 @@ pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResu
         }
     };
     Ok(html::page(&session, "Approvals", "/ui/approvals", body))
+}
+
+/// What a waiting operation asks a person to decide (`agentq_app::decision::Pending`,
+/// redacted there): the agent's tool call (tool, arguments, the model's text), or what the job
+/// said it needs, and when the wait times out.
+pub(super) fn pending(p: Option<&app::decision::Pending>) -> Markup {
+    let Some(p) = p else {
+        return html! { span class="muted" { "(its wait is not recorded yet)" } };
+    };
+    html! {
+        div class="pending" data-signal=(p.signal) {
+            @if let Some(call) = &p.tool_call {
+                div { "call " strong class="mono" data-tool=(call.tool) { (call.tool) } }
+                (html::json_block(&call.arguments))
+                @if !call.text.is_empty() {
+                    blockquote class="model-text" { (call.text) }
+                }
+            } @else if let Some(about) = &p.about {
+                div { "signal " span class="mono" { (p.signal) } }
+                (html::json_block(about))
+            } @else {
+                div { "signal " span class="mono" { (p.signal) } " (the job said nothing more)" }
+            }
+            div class="meta" { "times out " (time(p.timeout_at)) }
+        }
+    }
 }
 
 /// The approve and reject forms of an operation waiting for an approval; after the action the

@@ -1,7 +1,7 @@
 //! HTML building blocks of the console, on maud's compile-checked `html!` templates: the page
-//! frame, the CSRF field every form carries, badges, inline SVG charts, JSON blocks, and the
-//! redaction of payloads. No JavaScript. Every value spliced into markup as `(value)` is
-//! escaped by maud; nothing here or in the pages uses `PreEscaped` (only maud's `DOCTYPE`).
+//! frame, the CSRF field every form carries, badges, inline SVG charts and JSON blocks
+//! (payloads come redacted from `agentq_app`). No JavaScript. Every value spliced into markup
+//! as `(value)` is escaped by maud; nothing here or in the pages uses `PreEscaped` (only maud's `DOCTYPE`).
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -230,40 +230,9 @@ pub fn json_block(v: &serde_json::Value) -> Markup {
     html! { pre class="json" { (serde_json::to_string_pretty(v).unwrap_or_default()) } }
 }
 
-/// Replaces the value of every object key in `keys`, at any depth, with `"[redacted]"`.
-pub fn redact(value: &mut serde_json::Value, keys: &[String]) {
-    if keys.is_empty() {
-        return;
-    }
-    match value {
-        serde_json::Value::Object(map) => {
-            for (k, v) in map.iter_mut() {
-                if keys.iter().any(|r| r == k) {
-                    *v = serde_json::Value::String("[redacted]".into());
-                } else {
-                    redact(v, keys);
-                }
-            }
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| redact(v, keys)),
-        _ => {}
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redact_replaces_named_keys_at_any_depth() {
-        let mut v =
-            serde_json::json!({ "email": "a@b", "doc": { "items": [{ "email": "c@d", "x": 1 }] } });
-        redact(&mut v, &["email".to_string()]);
-        assert_eq!(
-            v,
-            serde_json::json!({ "email": "[redacted]", "doc": { "items": [{ "email": "[redacted]", "x": 1 }] } })
-        );
-    }
 
     #[test]
     fn spliced_values_are_escaped_in_text_and_attributes() {

@@ -1,6 +1,6 @@
-//! One operation's console page (`/ui/operations/{id}`): its row, its children, its journal
-//! as a timeline, its events and its audit trail, payloads hidden until an audited reveal
-//! (`POST …/reveal`); and the signal and cancel forms of an unfinished one, through
+//! One operation's console page (`/ui/operations/{id}`): its row, what it waits for (the
+//! agent's pending tool call, or what the job needs), its children, its payloads (each view
+//! audited), its journal as a timeline, its events and its audit trail; and the signal and cancel forms of an unfinished one, through
 //! `agentq_app::operations` (the flows of `agentq signal` / `cancel`).
 
 use std::sync::Arc;
@@ -12,47 +12,40 @@ use axum::extract::{Path, State};
 use maud::{Markup, html};
 use uuid::Uuid;
 
-use super::approvals::approval_forms;
+use super::approvals::{approval_forms, pending};
 use super::form::{FormPost, parse_id};
-use super::html::{self, badge, csrf, reason_field, secs, short, time};
+use super::html::{self, badge, reason_field, secs, short, time};
 use super::session::Session;
 use super::{UiResult, UiState};
 
-/// `GET /ui/operations/{id}`: the operation, its journal as a timeline, its events and audit
-/// trail; payloads hidden.
+/// `GET /ui/operations/{id}`: the operation, what it waits for, its payloads (the console's
+/// sessions are operators': shown, each view audited as `reveal_payloads`), its journal as a
+/// timeline, its events and audit trail.
 pub async fn show(
     State(state): State<Arc<UiState>>,
     session: Session,
     Path(id): Path<String>,
 ) -> UiResult {
-    page(&state, &session, &id, false).await
+    page(&state, &session, &id).await
 }
 
-/// `POST /ui/operations/{id}/reveal`: the same page with the input, result and step outputs
-/// shown; audited as `reveal_payloads`.
+/// `POST /ui/operations/{id}/reveal`: the same page (kept for forms of earlier pages).
 pub async fn reveal(
     State(state): State<Arc<UiState>>,
     Path(id): Path<String>,
     post: FormPost,
 ) -> UiResult {
-    page(&state, &post.session, &id, true).await
+    page(&state, &post.session, &id).await
 }
 
-async fn page(state: &UiState, session: &Session, id: &str, reveal: bool) -> UiResult {
+async fn page(state: &UiState, session: &Session, id: &str) -> UiResult {
     let op_id = parse_id(id, "operation")?;
     let mut o =
-        app::console::operation(&state.api.app, &session.caller, OperationId(op_id), reveal)
-            .await?;
-    let keys = &state.api.redact_keys;
+        app::console::operation(&state.api.app, &session.caller, OperationId(op_id), true).await?;
+    let keys = &state.api.app.settings.redact;
     for s in &mut o.steps {
         if let Some(out) = &mut s.output {
-            html::redact(out, keys);
-        }
-    }
-    if let Some(p) = &mut o.payloads {
-        html::redact(&mut p.input, keys);
-        if let Some(r) = &mut p.result {
-            html::redact(r, keys);
+            app::decision::redact(out, keys);
         }
     }
     let op = &o.operation;
@@ -84,6 +77,9 @@ async fn page(state: &UiState, session: &Session, id: &str, reveal: bool) -> UiR
             dt { "finished" } dd { (op.finished_at.map(time).unwrap_or_else(|| "–".into())) }
             @if let Some(w) = &op.waiting_for {
                 dt { "waiting for" } dd { "signal " (w) }
+            }
+            @if let Some(p) = &o.waiting {
+                dt { "to decide" } dd { (pending(Some(p))) }
             }
             @if let Some(p) = op.parent_id {
                 dt { "parent" } dd { a class="mono" href={ "/ui/operations/" (p) } { (p) } }
@@ -120,7 +116,7 @@ async fn page(state: &UiState, session: &Session, id: &str, reveal: bool) -> UiR
         @match &o.payloads {
             Some(p) => {
                 p class="muted" {
-                    "Revealed for you; this reveal is recorded in the audit trail."
+                    "Shown to you as an operator; each view is recorded in the audit trail."
                 }
                 h3 { "input" }
                 (html::json_block(&p.input))
@@ -129,15 +125,7 @@ async fn page(state: &UiState, session: &Session, id: &str, reveal: bool) -> UiR
                     (html::json_block(r))
                 }
             }
-            None => {
-                form method="post" action={ (path) "/reveal" } class="inline" {
-                    (csrf(session))
-                    button type="submit" class="secondary" id="reveal" {
-                        "Reveal input, result and step outputs"
-                    }
-                }
-                " " span class="muted" { "(recorded in the audit trail)" }
-            }
+            None => p class="muted" { "Not found." }
         }
         (journal(op_id, &o, o.payloads.is_some()))
         h2 { "Events" }

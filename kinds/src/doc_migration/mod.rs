@@ -22,6 +22,7 @@ mod store_io;
 
 use agentq_core::state::StepStatus;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use agentq_worker::model::{Message, ModelRequest, Role};
@@ -173,7 +174,18 @@ pub async fn doc_migration(
             let replayed = ctx.peek_recorded().is_some_and(|(name, status)| {
                 name == "signal:review" && status == StepStatus::Completed
             });
-            let failure = match ctx.wait_for_signal("review", input.review_timeout).await? {
+            let about = json!({
+                "needs": "a review of a low-confidence document: send signal \"review\" with \
+                          {\"decision\": \"approve\"|\"edit\"|\"reject\"}",
+                "doc_id": input.doc_id,
+                "confidence": verdict.confidence,
+                "chars_in": verdict.chars_in,
+                "chars_out": verdict.chars_out,
+            });
+            let failure = match ctx
+                .wait_for_signal_about("review", input.review_timeout, about)
+                .await?
+            {
                 SignalOutcome::Received { payload, .. } => match review_decision(&payload) {
                     Ok(Decision::Approve) => None,
                     Ok(Decision::Edit(text)) => {

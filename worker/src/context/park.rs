@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
+use agentq_core::approval;
 use agentq_core::db::{self, steps::StepWrite};
 use agentq_core::operation::step_idempotency_key;
 use agentq_core::state::replay::{Resume, resume};
@@ -114,6 +115,23 @@ impl JobContext {
         name: &str,
         timeout: std::time::Duration,
     ) -> Result<SignalOutcome, JobError> {
+        self.wait_for_signal_about(name, timeout, Value::Null).await
+    }
+
+    /// [`wait_for_signal`](Self::wait_for_signal), saying what the job needs from whoever
+    /// sends the signal: `about` (any JSON, e.g. `{"question": "ship it?", "amount": 120}`) is
+    /// journaled with the wait step, in the same write that parks, and shown wherever a person
+    /// decides (`agentq status`, `GET /v1/operations/{id}`'s `waiting`, the console's approvals
+    /// and operation pages, the wait's event). It is recorded once: a replay of the wait keeps
+    /// the first run's `about` whatever this run passes. Keys named in
+    /// `AGENTQ_CONSOLE_REDACT` are shown as `[redacted]`; it is never logged. `Value::Null`
+    /// says nothing (plain `wait_for_signal`).
+    pub async fn wait_for_signal_about(
+        &self,
+        name: &str,
+        timeout: std::time::Duration,
+        about: Value,
+    ) -> Result<SignalOutcome, JobError> {
         let step = format!("signal:{name}");
         let (seq, key) = self.begin_park(&step, StepKind::Signal).await?;
         let deadline = match self.recorded(seq) {
@@ -125,11 +143,11 @@ impl JobContext {
             Some(e) => e.wake_at.unwrap_or_else(Utc::now),
             None => {
                 let deadline = wake_after(&format!("wait for {name:?}"), timeout)?;
-                // The wait step must exist before it can be resolved.
-                self.push(
-                    self.park_row(seq, &step, StepKind::Signal, key.clone(), deadline),
-                    true,
-                );
+                // The wait step must exist before it can be resolved; it carries `about`
+                // until the wait is decided (its output then is the decision).
+                let mut row = self.park_row(seq, &step, StepKind::Signal, key.clone(), deadline);
+                row.output = approval::about_output(about);
+                self.push(row, true);
                 self.flush().await?;
                 deadline
             }

@@ -45,6 +45,25 @@ pub(super) enum Event {
     },
 }
 
+/// The waits of `timeline` that said what they need, as they were written when they parked:
+/// seq, signal name, `about` (each once, in order).
+pub(super) fn waits(timeline: &[Event]) -> Vec<(i32, String, Value)> {
+    let mut seen = Vec::new();
+    for e in timeline {
+        let Event::Durable(journal) = e else { continue };
+        for r in journal {
+            if r.kind != StepKind::Signal || seen.iter().any(|(s, _, _)| *s == r.seq) {
+                continue;
+            }
+            if let Some(about) = agentq_core::approval::about_of(r.output.as_ref()) {
+                let name = r.name.strip_prefix("signal:").unwrap_or(&r.name);
+                seen.push((r.seq, name.to_string(), about.clone()));
+            }
+        }
+    }
+    seen
+}
+
 /// Every point of `timeline` where a crash leaves a different state: before anything, after
 /// each durable write, and after each effect.
 pub(super) fn crash_points(timeline: &[Event]) -> Vec<CrashPoint> {

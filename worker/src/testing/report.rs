@@ -90,6 +90,9 @@ pub struct Report {
     pub outcome: End,
     /// The first run's journal: seq, step name, step kind.
     pub steps: Vec<(i32, String, StepKind)>,
+    /// The first run's waits for a signal that said what they need
+    /// (`ctx.wait_for_signal_about`): seq, signal name, `about`, in the order they parked.
+    pub waits: Vec<(i32, String, Value)>,
     /// Crash points the tester replayed from.
     pub crash_points: usize,
     /// What went wrong, one entry per check and step.
@@ -104,6 +107,7 @@ impl Report {
                 message: why.clone(),
             },
             steps: Vec::new(),
+            waits: Vec::new(),
             crash_points: 0,
             violations: vec![Violation {
                 check: Check::Failed,

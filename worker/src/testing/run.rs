@@ -75,6 +75,7 @@ impl Tester {
                 .iter()
                 .map(|r| (r.seq, r.name.clone(), r.kind))
                 .collect(),
+            waits: super::crash::waits(&timeline),
             crash_points: 0,
             violations: first.take_violations(),
         };
