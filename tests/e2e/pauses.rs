@@ -53,12 +53,15 @@ async fn pausing_a_kind_mid_run_holds_it_and_resume_finishes_every_operation_onc
     // Heartbeats every second, so running work learns of the pause quickly.
     app.set_env("AGENTQ_LEASE_TTL_SECS", "3");
     app.spawn(&["scheduler"]);
+    // 48 slots in all, so the kind is still mid-run when the pause comes whatever the speed.
     for _ in 0..3 {
-        app.spawn(&["worker"]);
+        app.spawn(&["worker", "--concurrency", "16"]);
     }
+    // A long first step: most running operations are inside it when the pause comes, and stop
+    // at the boundary after it.
     let program = |i: usize| {
         json!({ "steps": [
-            { "work_ms": 300 },
+            { "work_ms": 2000 },
             { "tool": "ledger", "replay": "unsafe", "label": format!("effect-{i}") },
             { "work_ms": 300 },
             { "work_ms": 300 },
