@@ -68,6 +68,7 @@ pub async fn run(
         }
         Command::Enqueue(args) => enqueue(config, args).await,
         Command::Status { op, json } => status(config, &op, json).await,
+        Command::Why { op, json } => crate::why::run(config, &op, json).await,
         Command::List(args) => list(&config, args).await,
         Command::Steps { op, json } => steps(config, &op, json).await,
         Command::Signal {

@@ -56,6 +56,7 @@ mod replay;
 mod schedules;
 mod tenants;
 mod versions;
+mod why;
 mod wiring;
 
 use std::process::ExitCode;

@@ -22,7 +22,8 @@
 //! - [`versions`]: the versions report, and upgrading an operation to another version;
 //! - [`webhooks`]: verifying a signed webhook delivery and enqueueing it;
 //! - [`events`]: operations' event logs as the event streams read them;
-//! - [`health`]: whether the database answers.
+//! - [`health`]: whether the database answers;
+//! - [`why`]: what an operation is doing, or the one gate that holds it, with its evidence.
 
 pub mod access;
 pub mod batches;
@@ -43,6 +44,7 @@ pub mod time;
 pub mod usage;
 pub mod versions;
 pub mod webhooks;
+pub mod why;
 
 use std::sync::Arc;
 

@@ -1,6 +1,7 @@
 //! One operation's console page (`/ui/operations/{id}`): its row, its children, its journal
 //! as a timeline, its events and its audit trail, payloads hidden until an audited reveal
-//! (`POST …/reveal`); and the signal and cancel forms of an unfinished one, through
+//! (`POST …/reveal`); why it is not running (`agentq_app::why`, the answer of `agentq why`);
+//! and the signal and cancel forms of an unfinished one, through
 //! `agentq_app::operations` (the flows of `agentq signal` / `cancel`).
 
 use std::sync::Arc;
@@ -55,6 +56,8 @@ async fn page(state: &UiState, session: &Session, id: &str, reveal: bool) -> UiR
             html::redact(r, keys);
         }
     }
+    // What it does now, or the one gate that holds it: the answer of `agentq why`.
+    let why = app::why::why(&state.api.app, &session.caller, OperationId(op_id)).await?;
     let op = &o.operation;
     let path = format!("/ui/operations/{op_id}");
     let body = html! {
@@ -104,6 +107,13 @@ async fn page(state: &UiState, session: &Session, id: &str, reveal: bool) -> UiR
                     (badge(c)) " "
                     span class="error-text" { (op.error_message.as_deref().unwrap_or("")) }
                 }
+            }
+        }
+        section id="why" {
+            h2 { "Why" }
+            p { strong { (why.headline) } }
+            @if !why.evidence.is_empty() {
+                ul { @for line in &why.evidence { li { (line) } } }
             }
         }
         @if op.waiting_for.as_deref() == Some("approval") && op.status.as_str() == "waiting" {
