@@ -5,11 +5,11 @@
 //! applies them (`agentq_core::db::claim::CLAIM_GATES`: due, version, ordering key, batch,
 //! concurrency key), then the fair share a worker applies before claiming, else it is ready.
 //! A new gate is one [`Reason`] variant, its evidence query in `core/src/db/why.rs`, and one
-//! line in [`queued`]; the test below fails while a gate of the claim has no variant.
+//! line in `queued`; the test below fails while a gate of the claim has no variant.
 
 use agentq_core::db::{self, why as facts};
 use agentq_core::operation::{JOIN_WAIT, Lane, OperationId};
-use agentq_core::state::Status;
+use agentq_core::state::{ErrorClass, Status};
 use agentq_core::version;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -270,13 +270,11 @@ async fn queued(app: &App, row: &facts::Row) -> Result<Reason> {
 }
 
 fn not_due(row: &facts::Row) -> Reason {
-    let parked = (row.error_class.as_deref() == Some("overloaded"))
-        .then(|| {
-            row.error_message
-                .as_deref()
-                .and_then(agentq_core::retry::breaker_parked_until)
-        })
-        .flatten();
+    let parked = row
+        .error_message
+        .as_deref()
+        .filter(|_| row.error_class.as_deref() == Some(ErrorClass::Overloaded.as_str()))
+        .and_then(agentq_core::retry::breaker_parked_until);
     match parked {
         Some((provider, may_close_at)) => Reason::BreakerOpen {
             provider,

@@ -41,15 +41,8 @@ async fn ask(app: &TestApp, base: &str, token: &str, op: &str) -> (String, Value
     (text, api)
 }
 
-fn reason(why: &Value) -> &str {
-    why["detail"]["reason"].as_str().unwrap_or_default()
-}
-
-/// One world for the holds a running worker shows: an ordering key and a concurrency key held
-/// by an operation whose model call the fake provider holds, a retry's backoff with its last
-/// error, a wait for a signal, a join, a sleep; each named, then lifted.
-#[tokio::test]
-async fn why_names_keys_a_retry_a_signal_a_join_and_a_sleep_then_each_lifts() {
+/// A fake provider that holds every model call until `gate` has a permit for it.
+async fn held_model() -> (FakeModel, Arc<tokio::sync::Semaphore>) {
     let fake = FakeModel::start(Mode::Echo).await;
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let held = gate.clone();
@@ -59,6 +52,19 @@ async fn why_names_keys_a_retry_a_signal_a_join_and_a_sleep_then_each_lifts() {
             held.acquire().await.expect("gate open").forget();
         })
     }));
+    (fake, gate)
+}
+
+fn reason(why: &Value) -> &str {
+    why["detail"]["reason"].as_str().unwrap_or_default()
+}
+
+/// One world for the holds a running worker shows: an ordering key and a concurrency key held
+/// by an operation whose model call the fake provider holds, a retry's backoff with its last
+/// error, a wait for a signal, a join, a sleep; each named, then lifted.
+#[tokio::test]
+async fn why_names_keys_a_retry_a_signal_a_join_and_a_sleep_then_each_lifts() {
+    let (fake, gate) = held_model().await;
     let mut app = TestApp::start().await;
     app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
     app.spawn(&["scheduler"]);
@@ -380,15 +386,7 @@ fn script_of(app: &TestApp, tenant: &str, steps: Value, extra: &[&str]) -> Strin
 /// Once the calls answer, the worker pulls it and it finishes.
 #[tokio::test]
 async fn why_names_a_tenants_fair_share_then_it_lifts() {
-    let fake = FakeModel::start(Mode::Echo).await;
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let held = gate.clone();
-    fake.set_hook(Arc::new(move |_| {
-        let held = held.clone();
-        Box::pin(async move {
-            held.acquire().await.expect("gate open").forget();
-        })
-    }));
+    let (fake, gate) = held_model().await;
     let mut app = TestApp::start().await;
     app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
     app.spawn(&["scheduler"]);
