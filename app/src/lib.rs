@@ -76,6 +76,9 @@ pub struct Settings {
     pub producer_may_approve: bool,
     /// The caps of a tenant.
     pub limits: capacity::Limits,
+    /// The share of a worker's lane slots a tenant keeps while another waits
+    /// (`AGENTQ_TENANT_SHARE` as this process reads it), for [`why`]'s answers; `None`: unknown.
+    pub tenant_share: Option<f64>,
 }
 
 impl App {

@@ -115,6 +115,10 @@ pub enum Reason {
         running_in_lane: i64,
         /// Whether another tenant has work queued in the lane now.
         others_queued: bool,
+        /// The share of a worker's lane slots a tenant keeps while another waits
+        /// (`AGENTQ_TENANT_SHARE` as the answering process reads it; a worker may be set
+        /// otherwise).
+        share: Option<f64>,
     },
     /// Nothing holds it: it waits for its pointer (not yet dispatched) or for a free slot.
     Ready {
@@ -255,6 +259,7 @@ async fn queued(app: &App, row: &facts::Row) -> Result<Reason> {
             lane,
             running_in_lane: facts::running_in_lane(&app.pool, &row.tenant_id, lane).await?,
             others_queued: db::claim::others_queued(&app.pool, lane, &row.tenant_id).await?,
+            share: app.settings.tenant_share,
         });
     }
     let workers = db::versions::live_workers(&app.pool).await?;
@@ -581,10 +586,19 @@ pub fn describe(r: &Reason) -> (String, Vec<String>) {
             lane,
             running_in_lane,
             others_queued,
+            share,
         } => (
             format!("held for fair share: tenant {tenant} is at its share of the {lane} lane"),
             vec![
-                format!("tenant {tenant} runs {running_in_lane} operations in the {lane} lane"),
+                format!(
+                    "tenant {tenant} runs {running_in_lane} operations in the {lane} lane{}",
+                    share
+                        .map(|s| format!(
+                            "; its share is {:.0}% of each worker's lane slots",
+                            s * 100.0
+                        ))
+                        .unwrap_or_default()
+                ),
                 match others_queued {
                     true => {
                         "other tenants have work queued in the lane (AGENTQ_TENANT_SHARE)".into()
@@ -688,6 +702,7 @@ pub fn one_of_each() -> Vec<Reason> {
             lane: Lane::Interactive,
             running_in_lane: 1,
             others_queued: true,
+            share: Some(0.5),
         },
         Reason::Ready {
             lane: Lane::Interactive,

@@ -9,14 +9,37 @@ use serde_json::{Value, json};
 
 use crate::api::send;
 use crate::batch::{TempDir, start_batch, write_docs};
+use crate::console::Browser;
 use crate::fake_model::{FakeModel, Mode};
 use crate::harness::{DEADLINE, TestApp};
 use crate::versions::{stop_worker, worker};
 
-/// The answer for `op` through the command line (its text, and its JSON) and the API (checked
-/// against the OpenAPI document by `send`): the two JSON answers agree; returns the text and
-/// the API's answer.
-async fn ask(app: &TestApp, base: &str, token: &str, op: &str) -> (String, Value) {
+/// Where a test asks: the API's base URL, a token of the tenant, and the console signed in
+/// with an operator token.
+struct Front {
+    base: String,
+    token: String,
+    ui: Browser,
+}
+
+impl Front {
+    async fn new(app: &TestApp, base: &str, tenant: &str) -> Self {
+        let mut ui = Browser::new(base);
+        let (status, _) = ui.login(&app.token(tenant, "operator")).await;
+        assert!(status < 400, "console sign-in: {status}");
+        Self {
+            base: base.to_string(),
+            token: app.token(tenant, "producer"),
+            ui,
+        }
+    }
+}
+
+/// The answer for `op` through the command line (its text, and its JSON), the API (checked
+/// against the OpenAPI document by `send`) and the console's operation page: they agree;
+/// returns the text and the API's answer.
+async fn ask(app: &TestApp, front: &Front, op: &str) -> (String, Value) {
+    let (base, token) = (&front.base, &front.token);
     let out = app.agentq_ok(&["why", op]);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let cli = app.agentq_json(&["why", op, "--json"]);
@@ -37,6 +60,19 @@ async fn ask(app: &TestApp, base: &str, token: &str, op: &str) -> (String, Value
         text.lines().next(),
         api["headline"].as_str(),
         "the text's first line is the headline"
+    );
+    let (status, page) = front.ui.get(&format!("/ui/operations/{op}")).await;
+    assert_eq!(status, 200, "{page}");
+    let escaped = api["headline"]
+        .as_str()
+        .unwrap()
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;");
+    assert!(
+        page.contains("id=\"why\"") && page.contains(&escaped),
+        "the console's operation page shows {escaped}"
     );
     (text, api)
 }
@@ -70,7 +106,7 @@ async fn why_names_keys_a_retry_a_signal_a_join_and_a_sleep_then_each_lifts() {
     app.spawn(&["scheduler"]);
     app.spawn(&["worker"]);
     let (_, base) = app.serve().await;
-    let token = app.token("t1", "producer");
+    let front = Front::new(&app, &base, "t1").await;
 
     let hour = 3_600_000;
     let first = app.enqueue_script(json!([{ "model": "first" }]), &["--ordering-key", "k"]);
@@ -111,7 +147,7 @@ async fn why_names_keys_a_retry_a_signal_a_join_and_a_sleep_then_each_lifts() {
     app.wait_status(&sleeper, "sleeping", DEADLINE).await;
 
     // Running: the worker, since when, the attempt, the lease.
-    let (text, why) = ask(&app, &base, &token, &first).await;
+    let (text, why) = ask(&app, &front, &first).await;
     assert_eq!(reason(&why), "running", "{why}");
     assert!(why["detail"]["worker"].is_string(), "{why}");
     assert!(why["detail"]["since"].is_string(), "{why}");
@@ -121,7 +157,7 @@ async fn why_names_keys_a_retry_a_signal_a_join_and_a_sleep_then_each_lifts() {
     );
 
     // Ordering key: the operation ahead, running on its worker.
-    let (text, why) = ask(&app, &base, &token, &second).await;
+    let (text, why) = ask(&app, &front, &second).await;
     assert_eq!(reason(&why), "ordering_key", "{why}");
     assert_eq!(why["detail"]["key"], "k");
     assert_eq!(why["detail"]["holder"]["id"], first.as_str(), "{why}");
@@ -132,28 +168,28 @@ async fn why_names_keys_a_retry_a_signal_a_join_and_a_sleep_then_each_lifts() {
     );
 
     // Concurrency key: its running count and limit.
-    let (text, why) = ask(&app, &base, &token, &next).await;
+    let (text, why) = ask(&app, &front, &next).await;
     assert_eq!(reason(&why), "concurrency_key", "{why}");
     assert_eq!(why["detail"]["running"], 1, "{why}");
     assert_eq!(why["detail"]["limit"], 1, "{why}");
     assert!(text.contains("1 of 1 running"), "{text}");
 
     // Not due: the retry time and the failed attempt's error.
-    let (text, why) = ask(&app, &base, &token, &retry).await;
+    let (text, why) = ask(&app, &front, &retry).await;
     assert_eq!(reason(&why), "not_due", "{why}");
     assert_eq!(why["detail"]["error_class"], "retryable", "{why}");
     assert!(why["detail"]["retry_at"].is_string(), "{why}");
     assert!(text.contains("last error: [retryable]"), "{text}");
 
     // A wait for a signal none sent yet.
-    let (text, why) = ask(&app, &base, &token, &waiter).await;
+    let (text, why) = ask(&app, &front, &waiter).await;
     assert_eq!(reason(&why), "waiting_for_signal", "{why}");
     assert_eq!(why["detail"]["signal"], "go");
     assert_eq!(why["detail"]["pending"], 0);
     assert!(text.contains("waiting for signal \"go\""), "{text}");
 
     // A join: which child is unfinished.
-    let (text, why) = ask(&app, &base, &token, &parent).await;
+    let (text, why) = ask(&app, &front, &parent).await;
     assert_eq!(reason(&why), "waiting_for_children", "{why}");
     assert_eq!(why["detail"]["children"], 1);
     let child = why["detail"]["unfinished"][0]["id"]
@@ -163,7 +199,7 @@ async fn why_names_keys_a_retry_a_signal_a_join_and_a_sleep_then_each_lifts() {
     assert!(text.contains(&format!("child {child} is")), "{text}");
 
     // A sleep: until when.
-    let (text, why) = ask(&app, &base, &token, &sleeper).await;
+    let (text, why) = ask(&app, &front, &sleeper).await;
     assert_eq!(reason(&why), "sleeping", "{why}");
     assert!(text.starts_with("sleeping until"), "{text}");
 
@@ -193,7 +229,7 @@ async fn why_names_keys_a_retry_a_signal_a_join_and_a_sleep_then_each_lifts() {
     ] {
         app.wait_status(op, "succeeded", DEADLINE).await;
     }
-    let (text, why) = ask(&app, &base, &token, &second).await;
+    let (text, why) = ask(&app, &front, &second).await;
     assert_eq!(reason(&why), "finished", "{why}");
     assert!(text.starts_with("finished: succeeded"), "{text}");
     app.cleanup().await;
@@ -209,11 +245,11 @@ async fn why_names_a_missing_version_and_a_paused_batch_then_each_lifts() {
     app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
     app.spawn(&["scheduler"]);
     let (_, base) = app.serve().await;
-    let token = app.token("t1", "operator");
+    let front = Front::new(&app, &base, "t1").await;
 
     // No worker at all: nobody runs `script`.
     let unpinned = app.enqueue_script(json!([{ "work_ms": 1 }]), &[]);
-    let (text, why) = ask(&app, &base, &token, &unpinned).await;
+    let (text, why) = ask(&app, &front, &unpinned).await;
     assert_eq!(reason(&why), "version", "{why}");
     assert!(why["detail"]["pinned"].is_null(), "{why}");
     assert_eq!(why["detail"]["workers"], json!([]), "{why}");
@@ -261,7 +297,7 @@ async fn why_names_a_missing_version_and_a_paused_batch_then_each_lifts() {
     assert_eq!(v.kind_version.as_deref(), Some("1"));
 
     // The paused batch holds its operations although a worker runs their kind.
-    let (text, why) = ask(&app, &base, &token, &docs[0]).await;
+    let (text, why) = ask(&app, &front, &docs[0]).await;
     assert_eq!(reason(&why), "batch", "{why}");
     assert_eq!(why["detail"]["batch_status"], "paused", "{why}");
     let paused = why["detail"]["paused_reason"].as_str().unwrap_or_default();
@@ -284,7 +320,7 @@ async fn why_names_a_missing_version_and_a_paused_batch_then_each_lifts() {
     .await;
     app.agentq_ok(&["signal", &pinned, "go", "--payload", "{}"]);
     app.wait_status(&pinned, "queued", DEADLINE).await;
-    let (text, why) = ask(&app, &base, &token, &pinned).await;
+    let (text, why) = ask(&app, &front, &pinned).await;
     assert_eq!(reason(&why), "version", "{why}");
     assert_eq!(why["detail"]["pinned"], "1", "{why}");
     assert_eq!(why["detail"]["newest_live"], "2", "{why}");
@@ -303,7 +339,7 @@ async fn why_names_a_missing_version_and_a_paused_batch_then_each_lifts() {
     for doc in &docs {
         app.wait_status(doc, "succeeded", DEADLINE).await;
     }
-    let (_, why) = ask(&app, &base, &token, &docs[0]).await;
+    let (_, why) = ask(&app, &front, &docs[0]).await;
     assert_eq!(reason(&why), "finished", "{why}");
     let _ = w2;
     app.cleanup().await;
@@ -325,7 +361,7 @@ async fn why_names_an_open_model_breaker_then_it_closes() {
     app.spawn(&["scheduler"]);
     app.spawn(&["worker"]);
     let (_, base) = app.serve().await;
-    let token = app.token("t1", "producer");
+    let front = Front::new(&app, &base, "t1").await;
     let ops: Vec<String> = (0..8)
         .map(|i| app.enqueue_script(json!([{ "model": format!("call {i}") }]), &[]))
         .collect();
@@ -351,7 +387,7 @@ async fn why_names_an_open_model_breaker_then_it_closes() {
             },
         )
         .await;
-    let (text, why) = ask(&app, &base, &token, &parked).await;
+    let (text, why) = ask(&app, &front, &parked).await;
     assert_eq!(reason(&why), "breaker_open", "{why}");
     assert!(why["detail"]["may_close_at"].is_string(), "{why}");
     assert!(
@@ -392,7 +428,7 @@ async fn why_names_a_tenants_fair_share_then_it_lifts() {
     app.spawn(&["scheduler"]);
     app.spawn(&["worker", "--concurrency", "4"]);
     let (_, base) = app.serve().await;
-    let token = app.token("a", "producer");
+    let front = Front::new(&app, &base, "a").await;
 
     // b: one running (its call held), one queued behind it: b has work waiting.
     let b1 = script_of(
@@ -427,12 +463,16 @@ async fn why_names_a_tenants_fair_share_then_it_lifts() {
         },
     )
     .await;
-    let (text, why) = ask(&app, &base, &token, &a3).await;
+    let (text, why) = ask(&app, &front, &a3).await;
     assert_eq!(reason(&why), "tenant_share", "{why}");
     assert_eq!(why["detail"]["tenant"], "a");
     assert_eq!(why["detail"]["running_in_lane"], 2, "{why}");
     assert_eq!(why["detail"]["others_queued"], true, "{why}");
-    assert!(text.contains("tenant a runs 2 operations"), "{text}");
+    assert_eq!(why["detail"]["share"], 0.5, "{why}");
+    assert!(
+        text.contains("tenant a runs 2 operations in the interactive lane; its share is 50%"),
+        "{text}"
+    );
 
     gate.add_permits(1000);
     for op in [&b1, &b2, &a1, &a2, &a3] {
