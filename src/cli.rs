@@ -83,6 +83,15 @@ pub enum Command {
         #[arg(long)]
         show_input: bool,
     },
+    /// Why an operation is not running (or what it is doing): the one gate that holds it now,
+    /// with its evidence.
+    Why {
+        /// Operation id.
+        op: String,
+        /// Print one JSON object (`headline`, `evidence`, and `detail` with the typed answer).
+        #[arg(long)]
+        json: bool,
+    },
     /// List and search operations, newest first, one keyset page at a time (no inputs or results).
     List(ListArgs),
     /// Show an operation's journal, one step per line.

@@ -72,6 +72,7 @@ pub async fn run(
             json,
             show_input,
         } => status(config, &op, json, show_input).await,
+        Command::Why { op, json } => crate::why::run(config, &op, json).await,
         Command::List(args) => list(&config, args).await,
         Command::Steps { op, json } => steps(config, &op, json).await,
         Command::Signal {

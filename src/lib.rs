@@ -57,6 +57,7 @@ mod replay;
 mod schedules;
 mod tenants;
 mod versions;
+mod why;
 mod wiring;
 
 use std::process::ExitCode;

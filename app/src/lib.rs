@@ -27,7 +27,8 @@
 //! - [`versions`]: the versions report, and upgrading an operation to another version;
 //! - [`webhooks`]: verifying a signed webhook delivery and enqueueing it;
 //! - [`events`]: operations' event logs as the event streams read them;
-//! - [`health`]: whether the database answers.
+//! - [`health`]: whether the database answers;
+//! - [`why`]: what an operation is doing, or the one gate that holds it, with its evidence.
 
 pub mod access;
 pub mod batches;
@@ -50,6 +51,7 @@ pub mod time;
 pub mod usage;
 pub mod versions;
 pub mod webhooks;
+pub mod why;
 
 use std::sync::Arc;
 
@@ -110,6 +112,9 @@ pub struct Settings {
     /// JSON keys shown as `[redacted]` wherever a payload, a step output or a pending
     /// decision's context is shown (`AGENTQ_CONSOLE_REDACT`; [`decision::redact`]).
     pub redact: Vec<String>,
+    /// The share of a worker's lane slots a tenant keeps while another waits
+    /// (`AGENTQ_TENANT_SHARE` as this process reads it), for [`why`]'s answers; `None`: unknown.
+    pub tenant_share: Option<f64>,
 }
 
 impl App {

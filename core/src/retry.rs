@@ -51,6 +51,29 @@ pub fn overloaded_run_at(attempt: i32, not_before: Option<DateTime<Utc>>) -> Dat
     )
 }
 
+/// What an operation parked by its worker's open model circuit breaker records as its error
+/// (class `overloaded`): the provider and when the breaker may close. The one codec of it: the
+/// worker's gate writes it, `agentq why` reads it back ([`breaker_parked_until`]).
+pub fn breaker_parked(provider: &str, until: DateTime<Utc>) -> String {
+    format!(
+        "{BREAKER_PARKED}{provider}{OPEN_UNTIL}{} after repeated failures",
+        until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    )
+}
+
+const BREAKER_PARKED: &str = "parked: the circuit for model provider ";
+const OPEN_UNTIL: &str = " is open until ";
+
+/// The provider and the time [`breaker_parked`] wrote into `message`, if it is such a message
+/// (anywhere in it: a step may have wrapped it).
+pub fn breaker_parked_until(message: &str) -> Option<(String, DateTime<Utc>)> {
+    let rest = &message[message.find(BREAKER_PARKED)? + BREAKER_PARKED.len()..];
+    let (provider, rest) = rest.split_once(OPEN_UNTIL)?;
+    let until = rest.split_whitespace().next()?;
+    let until = DateTime::parse_from_rfc3339(until).ok()?;
+    Some((provider.to_string(), until.with_timezone(&Utc)))
+}
+
 fn at(delay: Duration, not_before: Option<DateTime<Utc>>) -> DateTime<Utc> {
     let after = Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
     not_before.map_or(after, |nb| nb.max(after))
@@ -59,6 +82,21 @@ fn at(delay: Duration, not_before: Option<DateTime<Utc>>) -> DateTime<Utc> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_breaker_park_reads_back_its_provider_and_time() {
+        let until = DateTime::parse_from_rfc3339("2026-12-03T08:15:30Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let m = breaker_parked("openai", until);
+        assert_eq!(breaker_parked_until(&m), Some(("openai".into(), until)));
+        let wrapped = format!("step 3 (model) failed: {m}");
+        assert_eq!(
+            breaker_parked_until(&wrapped),
+            Some(("openai".into(), until))
+        );
+        assert_eq!(breaker_parked_until("model provider overloaded: 529"), None);
+    }
 
     #[test]
     fn delays_grow_exponentially_with_bounded_jitter_and_cap() {

@@ -215,6 +215,7 @@ const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<app::decision::Shown>,
     SchemaGenerator::subschema_for::<operations::OperationPage>,
     SchemaGenerator::subschema_for::<operations::Steps>,
+    SchemaGenerator::subschema_for::<app::why::Why>,
     SchemaGenerator::subschema_for::<operations::SignalResult>,
     SchemaGenerator::subschema_for::<operations::CancelResult>,
     SchemaGenerator::subschema_for::<dlq::DeadLetterPage>,

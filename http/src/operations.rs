@@ -365,6 +365,16 @@ pub async fn steps(
     }))
 }
 
+/// `GET /v1/operations/{id}/why`: the one gate that holds it now, or what it is doing.
+pub async fn why(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Params(id): Params<String>,
+) -> ApiResult<Json<app::why::Why>> {
+    let op = OperationId(parse_id(&id, "id")?);
+    Ok(Json(app::why::why(&state.app, &caller.app(), op).await?))
+}
+
 /// `POST /v1/operations/{id}/signals/{name}`: the body is the signal's payload (or null).
 pub async fn signal(
     State(state): State<Arc<ApiState>>,

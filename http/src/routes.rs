@@ -110,6 +110,15 @@ pub const ROUTES: &[Route] = &[
     ),
     r(
         "get",
+        "/v1/operations/{id}/why",
+        || get(operations::why),
+        "Why the operation is not running (or what it is doing): the one gate that holds it now, with its evidence",
+        Access::Producer,
+        None,
+        (200, "Why"),
+    ),
+    r(
+        "get",
         "/v1/operations/{id}/events",
         || get(events::stream),
         "Server-Sent Events of the operation's life, resumable with Last-Event-ID; ends at a terminal status",

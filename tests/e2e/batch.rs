@@ -78,7 +78,7 @@ fn files(root: &Path) -> BTreeMap<String, Vec<u8>> {
 
 /// `agentq batch start --json` from `src` to `dst` with `instructions` (written to a file in
 /// `tmp`) and `extra` flags.
-fn start_batch(
+pub(crate) fn start_batch(
     app: &TestApp,
     dirs: (&Path, &Path, &Path),
     instructions: &str,

@@ -33,3 +33,4 @@ mod timers;
 mod traces;
 mod usecase_webhook;
 mod versions;
+mod why;

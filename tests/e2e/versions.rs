@@ -71,7 +71,7 @@ fn signal(app: &TestApp, op: &str, name: &str) {
 }
 
 /// Starts a worker that runs `script` at `versions` (and the build `variant`, if any).
-fn worker(app: &mut TestApp, versions: &str, variant: Option<&str>) -> usize {
+pub(crate) fn worker(app: &mut TestApp, versions: &str, variant: Option<&str>) -> usize {
     app.set_env("AGENTQ_SCRIPT_VERSIONS", versions);
     match variant {
         Some(v) => app.set_env("AGENTQ_SCRIPT_VARIANT", v),
@@ -84,7 +84,7 @@ fn worker(app: &mut TestApp, versions: &str, variant: Option<&str>) -> usize {
 }
 
 /// Stops worker `w` with SIGTERM and waits until it exited and removed its registration.
-async fn stop_worker(app: &mut TestApp, w: usize, live_after: usize) {
+pub(crate) async fn stop_worker(app: &mut TestApp, w: usize, live_after: usize) {
     app.signal(w, "TERM");
     assert!(app.wait_exit(w, DEADLINE).await, "the worker did not stop");
     let n = workers(app).await.len();

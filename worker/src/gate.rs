@@ -281,11 +281,7 @@ impl ModelGate {
     fn parked(&self, for_: Duration) -> ModelError {
         let until = Utc::now() + chrono::Duration::from_std(for_).unwrap_or_default();
         ModelError::Overloaded {
-            message: format!(
-                "parked: the circuit for model provider {} is open until {} after repeated failures",
-                self.client.provider(),
-                until.format("%H:%M:%S")
-            ),
+            message: agentq_core::retry::breaker_parked(self.client.provider(), until),
             retry_after: Some(until),
         }
     }

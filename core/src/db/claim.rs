@@ -42,6 +42,21 @@ pub struct Claimed {
     pub has_journal: bool,
 }
 
+/// The gates the claim statement ([`claim_operations`]) applies, in order, each named by a
+/// `-- gate: <name>` comment above its condition there (a test checks that every condition of
+/// the statement has such a comment, or a `-- not a gate:` one, and that this list is theirs).
+/// `agentq why` explains an operation by the first of these that holds it
+/// (`agentq_app::why`, whose test checks it has an answer for each).
+pub const CLAIM_GATES: &[&str] = &[
+    "status",
+    "due",
+    "paused",
+    "version",
+    "ordering_key",
+    "batch",
+    "concurrency_key",
+];
+
 /// Claims every operation of `ids` that is queued and due, in one committed statement: status
 /// `running`, a new epoch, the next attempt and a lease for `owner`. Ids that are running
 /// elsewhere, finished, not yet due, behind an unfinished operation of their ordering key, over
@@ -62,24 +77,31 @@ pub async fn claim_operations(
             -- estimates for those indexes are stale (hundreds, not the 100k queued), and it
             -- would scan the whole backlog bitmap per claim, O(backlog) instead of O(batch).
             -- The columns read below are the locked (latest) row versions'.
-            -- An operator's pause marks the rows it holds under their locks (`paused_by`), so a
-            -- claim that waited for one of those locks re-reads the mark here.
             SELECT id, tenant_id, kind, lane, schedule_id, kind_version, ordering_key,
                    concurrency_key, concurrency_limit, created_at, batch_id
               FROM operations
-             WHERE id = ANY($1) AND COALESCE(status, '') IN ",
+             -- not a gate: the pointers' operations
+             WHERE id = ANY($1)
+             -- gate: status (only a queued operation starts)
+               AND COALESCE(status, '') IN ",
         from_sql!(CLAIM),
-        " AND run_at <= now() AND paused_by IS NULL
+        "
+             -- gate: due (not before its run_at: a retry's backoff, a breaker's park)
+               AND run_at <= now()
+             -- gate: paused. An operator's pause marked it (under this lock, so a claim that
+             -- waited for the pause's lock reads the mark), or holds its scope since it was born.
+               AND (paused_by IS NULL
+                    AND NOT agentq_paused(tenant_id, kind, lane, schedule_id, id))
              ORDER BY id
                FOR UPDATE
          ), startable AS (
             SELECT o.* FROM locked o
-             -- Only a worker that runs the operation's version (or, for one not run yet, the
-             -- newest live version of its kind) may claim it.
+             -- gate: version. Only a worker that runs the operation's version (or, for one not
+             -- run yet, the newest live version of its kind) may claim it.
              WHERE ",
         super::versions::runnable_sql!(),
         "
-               -- Ordering keys: only the oldest unfinished operation of its key may start.
+               -- gate: ordering_key. Only the oldest unfinished operation of its key may start.
                AND (o.ordering_key IS NULL OR NOT EXISTS (
                        SELECT 1 FROM operations p
                         WHERE p.tenant_id = o.tenant_id AND p.ordering_key = o.ordering_key
@@ -87,14 +109,14 @@ pub async fn claim_operations(
         terminal_sql!(),
         "
                           AND (p.created_at, p.id) < (o.created_at, o.id)))
-               -- A paused or cancelled batch starts nothing; resuming re-dispatches its queue.
+               -- gate: batch. A paused or cancelled batch starts nothing; resuming
+               -- re-dispatches its queue.
                AND NOT in_stopped_batch(o.batch_id)
-               -- Nor does an operator's pause made after this operation was born.
-               AND NOT agentq_paused(o.tenant_id, o.kind, o.lane, o.schedule_id, o.id)
          ), counters AS (
             -- Concurrency keys: lock the batch's counters (after its operations, in key order,
             -- like every other statement that takes both) and read how many run now.
             SELECT c.tenant_id, c.key, c.running, c.lim FROM concurrency_keys c
+             -- not a gate: the counters of the keys of what passed the gates above
              WHERE (c.tenant_id, c.key) IN (SELECT tenant_id, concurrency_key FROM startable
                                              WHERE concurrency_key IS NOT NULL)
              ORDER BY c.tenant_id, c.key
@@ -111,6 +133,7 @@ pub async fn claim_operations(
                   FROM startable o
                   LEFT JOIN counters c
                     ON c.tenant_id = o.tenant_id AND c.key = o.concurrency_key) s
+             -- gate: concurrency_key. At most the key's limit run at once.
              WHERE s.free OR s.running + s.nth <= s.concurrency_limit
          )
          UPDATE operations o
@@ -124,6 +147,7 @@ pub async fn claim_operations(
                     (SELECT p.version FROM unnest($4::text[], $5::text[]) AS p(kind, version)
                       WHERE p.kind = o.kind LIMIT 1))
            FROM admitted
+          -- not a gate: what was admitted
           WHERE o.id = admitted.id
       RETURNING o.id, o.tenant_id, o.kind, o.kind_version, o.upgrade_through, o.input,
                 o.epoch, o.attempt, o.max_attempts, o.restarts, o.deadline, o.request_id,
@@ -239,4 +263,131 @@ pub async fn share_held_in(pool: &PgPool, lane: Lane, limit: i64) -> Result<Vec<
     .fetch_all(pool)
     .await?;
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CLAIM_GATES;
+
+    /// The SQL text of `claim_operations`'s statement as written in this file: its string
+    /// literals joined (what its macros add, a status set and the version test, is left out).
+    fn claim_sql() -> String {
+        let src = include_str!("claim.rs");
+        let start = src
+            .find("pub async fn claim_operations(")
+            .expect("claim_operations");
+        let body = &src[start..];
+        let body = &body[..body.find("\n}\n").expect("its end")];
+        let mut out = String::new();
+        let mut inside = false;
+        let mut chars = body.chars();
+        while let Some(c) = chars.next() {
+            match (inside, c) {
+                (false, '"') => inside = true,
+                (true, '"') => {
+                    inside = false;
+                    out.push(' ');
+                }
+                (true, '\\') => {
+                    chars.next();
+                }
+                (true, c) => out.push(c),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// The markers (`gate: x`, or `not a gate`) and the conditions (`WHERE`, `AND`) of `sql`
+    /// at the top level of the statement or of one of its CTEs, in order, up to `RETURNING`.
+    fn markers_and_conditions(sql: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut depth = 0i32;
+        for line in sql.lines() {
+            let (code, comment) = match line.find("--") {
+                Some(i) => (&line[..i], Some(line[i + 2..].trim())),
+                None => (line, None),
+            };
+            if code.contains("RETURNING") {
+                break;
+            }
+            let mut quoted = false;
+            let mut word = String::new();
+            for c in code.chars().chain([' ']) {
+                if c == '\'' {
+                    quoted = !quoted;
+                }
+                if quoted {
+                    continue;
+                }
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    word.push(c);
+                    continue;
+                }
+                if (word == "WHERE" || word == "AND") && depth <= 1 {
+                    out.push(word.clone());
+                }
+                word.clear();
+                match c {
+                    '(' => depth += 1,
+                    ')' => depth -= 1,
+                    _ => {}
+                }
+            }
+            if let Some(c) = comment {
+                if let Some(gate) = c.strip_prefix("gate: ") {
+                    let name: String = gate
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    out.push(format!("gate: {name}"));
+                } else if c.starts_with("not a gate") {
+                    out.push("not a gate".into());
+                }
+            }
+        }
+        out
+    }
+
+    /// Every condition of the claim statement is a named gate (or says it is none), and the
+    /// named gates are [`CLAIM_GATES`], in order: a condition added to the claim without a
+    /// name, or a name missing from the list that `agentq why` answers for, fails here.
+    #[test]
+    fn every_condition_of_the_claim_is_a_gate_in_claim_gates() {
+        let items = markers_and_conditions(&claim_sql());
+        let mut gates = Vec::new();
+        let mut named = false;
+        for item in &items {
+            if let Some(gate) = item.strip_prefix("gate: ") {
+                gates.push(gate.to_string());
+                named = true;
+            } else if item == "not a gate" {
+                named = true;
+            } else {
+                assert!(
+                    named,
+                    "a condition of the claim statement has no `-- gate: <name>` (or \
+                     `-- not a gate: …`) comment above it: {items:?}"
+                );
+                named = false;
+            }
+        }
+        assert_eq!(
+            gates, CLAIM_GATES,
+            "the claim's gates, in the statement's order"
+        );
+    }
+
+    #[test]
+    fn an_unnamed_condition_is_seen() {
+        let sql = "WITH a AS (SELECT 1 FROM t\n -- gate: x\n WHERE x\n AND y)\n UPDATE t";
+        assert_eq!(
+            markers_and_conditions(sql),
+            ["gate: x", "WHERE", "AND"],
+            "the AND after the named WHERE has no name of its own"
+        );
+        let nested =
+            "WITH a AS (SELECT 1 FROM t\n -- gate: x\n WHERE EXISTS (SELECT 1 WHERE z AND w))";
+        assert_eq!(markers_and_conditions(nested), ["gate: x", "WHERE"]);
+    }
 }

@@ -28,6 +28,7 @@ pub mod stores;
 pub mod tenant_kinds;
 pub mod timers;
 pub mod versions;
+pub mod why;
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};

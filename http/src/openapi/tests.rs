@@ -442,6 +442,16 @@ async fn answers_as_sent_match_their_schemas() {
             next_after,
         });
     }
+    for detail in app::why::one_of_each() {
+        let (headline, evidence) = app::why::describe(&detail);
+        c.answer(&app::why::Why {
+            op_id: op,
+            status: Status::Queued,
+            headline,
+            evidence,
+            detail,
+        });
+    }
     for result in [operations::Delivery::Delivered, operations::Delivery::Kept] {
         c.answer(&operations::SignalResult {
             op_id: op,

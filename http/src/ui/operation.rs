@@ -1,6 +1,8 @@
 //! One operation's console page (`/ui/operations/{id}`): its row, what it waits for (the
-//! agent's pending tool call, or what the job needs), its children, its payloads (each view
-//! audited), its journal as a timeline, its events and its audit trail; and the signal and cancel forms of an unfinished one, through
+//! agent's pending tool call, or what the job needs), why it is not running
+//! (`agentq_app::why`, the answer of `agentq why`), its children, its payloads (each view
+//! audited), its journal as a timeline, its events and its audit trail; and the signal and
+//! cancel forms of an unfinished one, through
 //! `agentq_app::operations` (the flows of `agentq signal` / `cancel`).
 
 use std::sync::Arc;
@@ -48,6 +50,8 @@ async fn page(state: &UiState, session: &Session, id: &str) -> UiResult {
             app::decision::redact(out, keys);
         }
     }
+    // What it does now, or the one gate that holds it: the answer of `agentq why`.
+    let why = app::why::why(&state.api.app, &session.caller, OperationId(op_id)).await?;
     let op = &o.operation;
     let path = format!("/ui/operations/{op_id}");
     let body = html! {
@@ -100,6 +104,13 @@ async fn page(state: &UiState, session: &Session, id: &str) -> UiResult {
                     (badge(c)) " "
                     span class="error-text" { (op.error_message.as_deref().unwrap_or("")) }
                 }
+            }
+        }
+        section id="why" {
+            h2 { "Why" }
+            p { strong { (why.headline) } }
+            @if !why.evidence.is_empty() {
+                ul { @for line in &why.evidence { li { (line) } } }
             }
         }
         @if op.waiting_for.as_deref() == Some("approval") && op.status.as_str() == "waiting" {
