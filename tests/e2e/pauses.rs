@@ -239,7 +239,10 @@ async fn a_step_finishing_just_after_the_pause_is_kept_and_the_run_stops_at_that
     assert_eq!(why["detail"]["reason"], "paused", "{why}");
     assert_eq!(why["detail"]["pause"]["reason"], "hold it", "{why}");
     let text = String::from_utf8_lossy(&app.agentq_ok(&["why", &op]).stdout).to_string();
-    assert!(text.contains("paused") && text.contains("hold it"), "{text}");
+    assert!(
+        text.contains("paused") && text.contains("hold it"),
+        "{text}"
+    );
     let before = app.operation(&op).await;
     probe_script(&app).await;
     let after = app.operation(&op).await;
@@ -386,7 +389,11 @@ async fn pauses_hold_their_scope_refuse_bad_requests_and_drain_mode_holds_everyt
         .await
         .unwrap();
     assert_eq!(why["detail"]["reason"], "paused", "{why}");
-    assert_eq!(why["detail"]["pause"]["scope"], json!({ "tenant": "t2" }), "{why}");
+    assert_eq!(
+        why["detail"]["pause"]["scope"],
+        json!({ "tenant": "t2" }),
+        "{why}"
+    );
     let listed: Value = http
         .get(format!("{base}/v1/pauses"))
         .bearer_auth(&operator_t2)
