@@ -52,6 +52,9 @@ async fn pausing_a_kind_mid_run_holds_it_and_resume_finishes_every_operation_onc
     let mut app = TestApp::start().await;
     // Heartbeats every second, so running work learns of the pause quickly.
     app.set_env("AGENTQ_LEASE_TTL_SECS", "3");
+    // Four processes of small pools: the tests running beside this one need connections too
+    // (PostgreSQL's default max_connections is 100).
+    app.set_env("AGENTQ_DB_POOL", "6");
     app.spawn(&["scheduler"]);
     // 48 slots in all, so the kind is still mid-run when the pause comes whatever the speed.
     for _ in 0..3 {

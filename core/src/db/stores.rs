@@ -32,6 +32,7 @@ pub const AGENTQ_TABLES: &[&str] = &[
     "operation_steps_superseded",
     "operations",
     "operator_actions",
+    "pauses",
     "schedules",
     "signals",
     "stores",
