@@ -57,9 +57,14 @@ impl TypedTool for KvPut {
     }
 
     async fn call(&self, cx: &ToolContext<'_>, args: PutArgs) -> Result<Stored, JobError> {
-        crate::tables::kv::put(cx.pool(), &cx.info().tenant, &args.key, &args.value)
-            .await
-            .map_err(unavailable)?;
+        agentq_core::db::within(crate::tables::kv::put(
+            cx.pool(),
+            &cx.info().tenant,
+            &args.key,
+            &args.value,
+        ))
+        .await
+        .map_err(unavailable)?;
         Ok(Stored { ok: true })
     }
 }
@@ -86,9 +91,13 @@ impl TypedTool for KvGet {
     }
 
     async fn call(&self, cx: &ToolContext<'_>, args: GetArgs) -> Result<Read, JobError> {
-        let value = crate::tables::kv::get(cx.pool(), &cx.info().tenant, &args.key)
-            .await
-            .map_err(unavailable)?;
+        let value = agentq_core::db::within(crate::tables::kv::get(
+            cx.pool(),
+            &cx.info().tenant,
+            &args.key,
+        ))
+        .await
+        .map_err(unavailable)?;
         Ok(Read { value })
     }
 }

@@ -58,13 +58,15 @@ impl Tool for Ledger {
             .get("label")
             .and_then(Value::as_str)
             .unwrap_or(&self.label);
-        let id = crate::tables::ledger::record_effect(
+        // Under the call deadline like every engine call: a silent server must not hold the
+        // run forever (a lost answer leaves the effect unknown, as `ledger_error` says).
+        let id = agentq_core::db::within(crate::tables::ledger::record_effect(
             cx.pool(),
             cx.info().op_id.0,
             label,
             cx.idempotency_key(),
             self.replay == Replay::Safe,
-        )
+        ))
         .await
         .map_err(ledger_error)?;
         // The effect has happened; its answer takes a while to arrive.
@@ -76,9 +78,12 @@ impl Tool for Ledger {
         if !self.reconcile {
             return Ok(Reconciled::Unsupported);
         }
-        let found = crate::tables::ledger::find_effect(cx.pool(), cx.idempotency_key())
-            .await
-            .map_err(|e| JobError::retryable(format!("ledger unavailable: {e}")))?;
+        let found = agentq_core::db::within(crate::tables::ledger::find_effect(
+            cx.pool(),
+            cx.idempotency_key(),
+        ))
+        .await
+        .map_err(|e| JobError::retryable(format!("ledger unavailable: {e}")))?;
         Ok(match found {
             Some(id) => Reconciled::Happened(json!({ "effect_id": id })),
             None => Reconciled::NotHappened,
