@@ -291,6 +291,10 @@ async fn pauses_hold_their_scope_refuse_bad_requests_and_drain_mode_holds_everyt
             .json(&body)
             .send()
     };
+    let get = |path: String, token: &str| {
+        let sent = http.get(format!("{base}{path}")).bearer_auth(token).send();
+        async move { sent.await.unwrap().json::<Value>().await.unwrap() }
+    };
 
     // Refusals change nothing.
     for (token, body, status) in [
@@ -382,30 +386,14 @@ async fn pauses_hold_their_scope_refuse_bad_requests_and_drain_mode_holds_everyt
     .await;
     probe(&app).await;
     assert_eq!(app.operation(&t2).await.status.as_str(), "queued");
-    let why: Value = http
-        .get(format!("{base}/v1/operations/{t2}/why"))
-        .bearer_auth(&operator_t2)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let why = get(format!("/v1/operations/{t2}/why"), &operator_t2).await;
     assert_eq!(why["detail"]["reason"], "paused", "{why}");
     assert_eq!(
         why["detail"]["pause"]["scope"],
         json!({ "tenant": "t2" }),
         "{why}"
     );
-    let listed: Value = http
-        .get(format!("{base}/v1/pauses"))
-        .bearer_auth(&operator_t2)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = get("/v1/pauses".into(), &operator_t2).await;
     let id = listed["items"][0]["pause_id"].as_str().unwrap().to_string();
     let r = post(format!("/v1/pauses/{id}/resume"), &operator_t2, json!({}))
         .await
