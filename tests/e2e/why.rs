@@ -450,6 +450,19 @@ async fn why_names_a_tenants_fair_share_then_it_lifts() {
         fake.requests() == 3
     })
     .await;
+    // b2's pointer is out (its mark skips a row a refused claim holds locked at that moment,
+    // and then the sweeper publishes it again after its grace): only then is b2 work another
+    // tenant has waiting, for the share.
+    app.wait_for("b2's pointer confirmed", DEADLINE, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT dispatched_at IS NOT NULL FROM operations WHERE id = $1::uuid",
+        )
+        .bind(&b2)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+    })
+    .await;
     let a3 = script_of(&app, "a", json!([{ "work_ms": 1 }]), &[]);
     app.wait_for(
         "a's third operation to be held for the share",
