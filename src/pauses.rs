@@ -3,7 +3,7 @@
 //! deployment), lift the hold, list the holds. The flows are `agentq_app::pauses` (the API and
 //! the console call the same); this module parses flags and prints.
 
-use agentq_app::pauses::{self, Counts, PauseView, Target};
+use agentq_app::pauses::{self, PauseView, Target};
 use agentq_core::operation::Lane;
 use clap::Args;
 
@@ -100,24 +100,7 @@ pub async fn pause(config: Deployment, args: PauseArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&paused)?);
         return Ok(());
     }
-    match (&paused.pause, paused.dry_run) {
-        (_, true) => println!("dry run: would hold {}", counts(&paused.operations)),
-        (Some(p), false) if paused.created => println!(
-            "paused {} (pause {}): holds {}",
-            p.describe(),
-            p.pause_id,
-            counts(&paused.operations)
-        ),
-        (Some(p), false) => println!(
-            "{} was already paused (pause {}, by {} at {}: {}); nothing changed",
-            p.describe(),
-            p.pause_id,
-            p.paused_by,
-            p.paused_at.to_rfc3339(),
-            p.reason
-        ),
-        (None, false) => {}
-    }
+    println!("{}", paused.summary());
     Ok(())
 }
 
@@ -141,13 +124,7 @@ pub async fn resume(config: Deployment, args: ResumeArgs) -> anyhow::Result<()> 
     if args.json {
         println!("{}", serde_json::to_string(&resumed)?);
     } else {
-        println!(
-            "resumed {} (pause {}): freed {}; {} re-dispatched",
-            resumed.pause.describe(),
-            resumed.pause.pause_id,
-            counts(&resumed.freed),
-            resumed.redispatched
-        );
+        println!("{}", resumed.summary());
     }
     Ok(())
 }
@@ -179,11 +156,4 @@ fn print_line(p: &PauseView) {
         p.paused_at.to_rfc3339(),
         p.reason
     );
-}
-
-fn counts(c: &Counts) -> String {
-    format!(
-        "{} queued, {} sleeping, {} waiting, {} running (each stops at its next step boundary)",
-        c.queued, c.sleeping, c.waiting, c.running
-    )
 }

@@ -149,6 +149,38 @@ pub async fn pause(
     })
 }
 
+impl Paused {
+    /// What it did, in words (the CLI's line and the console's message).
+    pub fn summary(&self) -> String {
+        match (&self.pause, self.dry_run) {
+            (_, true) => format!("dry run: would hold {}", counts(&self.operations)),
+            (Some(p), false) if self.created => format!(
+                "paused {} (pause {}): holds {}",
+                p.describe(),
+                p.pause_id,
+                counts(&self.operations)
+            ),
+            (Some(p), false) => format!(
+                "{} was already paused (pause {}, by {} at {}: {}); nothing changed",
+                p.describe(),
+                p.pause_id,
+                p.paused_by,
+                p.paused_at.to_rfc3339(),
+                p.reason
+            ),
+            (None, false) => "nothing paused".to_string(),
+        }
+    }
+}
+
+/// `c` in words.
+fn counts(c: &Counts) -> String {
+    format!(
+        "{} queued, {} sleeping, {} waiting, {} running (each stops at its next step boundary)",
+        c.queued, c.sleeping, c.waiting, c.running
+    )
+}
+
 /// What lifting a pause did.
 #[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
 #[schemars(rename = "Resumed")]
@@ -158,6 +190,19 @@ pub struct Resumed {
     pub freed: Counts,
     /// Queued operations whose pointers were published again.
     pub redispatched: usize,
+}
+
+impl Resumed {
+    /// What it did, in words (the CLI's line and the console's message).
+    pub fn summary(&self) -> String {
+        format!(
+            "resumed {} (pause {}): freed {}; {} re-dispatched",
+            self.pause.describe(),
+            self.pause.pause_id,
+            counts(&self.freed),
+            self.redispatched
+        )
+    }
 }
 
 /// Lifts the pause `id` (an operator's act, audited) and re-dispatches the queued operations

@@ -123,12 +123,32 @@ impl FakeModel {
     /// Holds every completion request until the returned gate has a permit for it (one permit
     /// lets one request through): a test decides when a model call in flight ends.
     pub fn hold_requests(&self) -> Arc<tokio::sync::Semaphore> {
+        self.hold_where(|_| true)
+    }
+
+    /// Holds, like [`FakeModel::hold_requests`], only the requests with a message whose content
+    /// is `prompt` (a `script` operation's `{"model": prompt}` step); the rest are answered.
+    pub fn hold_prompt(&self, prompt: &str) -> Arc<tokio::sync::Semaphore> {
+        let prompt = prompt.to_string();
+        self.hold_where(move |body| {
+            body["messages"]
+                .as_array()
+                .is_some_and(|m| m.iter().any(|m| m["content"] == prompt.as_str()))
+        })
+    }
+
+    fn hold_where(
+        &self,
+        pick: impl Fn(&Value) -> bool + Send + Sync + 'static,
+    ) -> Arc<tokio::sync::Semaphore> {
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let held = gate.clone();
-        self.set_hook(Arc::new(move |_| {
-            let held = held.clone();
+        self.set_hook(Arc::new(move |body| {
+            let held = pick(&body).then(|| held.clone());
             Box::pin(async move {
-                held.acquire().await.expect("gate open").forget();
+                if let Some(held) = held {
+                    held.acquire().await.expect("gate open").forget();
+                }
             })
         }));
         gate

@@ -1,9 +1,11 @@
 // Drives the operator console in headless Debian chromium (playwright-core, no downloaded
 // browser): sign in, retry a dead operation from the DLQ inbox with a patched input and see it
 // succeed, see an agent's pending tool call with its arguments (a secret redacted) and approve
-// it, pause a batch; a screenshot of every page goes to OUTDIR.
+// it, pause a batch, pause a running operation from its page (its Why section names the pause),
+// preview a pause of its kind and resume the operation from the Pauses page; a screenshot of
+// every page goes to OUTDIR.
 //
-// Usage: node tests/browser/console.mjs BASE TOKEN OUTDIR DEAD_OP WAITING_OP BATCH
+// Usage: node tests/browser/console.mjs BASE TOKEN OUTDIR DEAD_OP WAITING_OP BATCH RUNNING_OP
 // (NODE_PATH must hold playwright-core: see .ci/browser-deps). Exits non-zero on any failure.
 import { createRequire } from 'node:module';
 import { mkdirSync } from 'node:fs';
@@ -12,9 +14,9 @@ import { join } from 'node:path';
 const require = createRequire(import.meta.url);
 const { chromium } = require('playwright-core');
 
-const [base, token, outdir, deadOp, waitingOp, batch] = process.argv.slice(2);
-if (!batch) {
-  console.error('usage: console.mjs BASE TOKEN OUTDIR DEAD_OP WAITING_OP BATCH');
+const [base, token, outdir, deadOp, waitingOp, batch, runningOp] = process.argv.slice(2);
+if (!runningOp) {
+  console.error('usage: console.mjs BASE TOKEN OUTDIR DEAD_OP WAITING_OP BATCH RUNNING_OP');
   process.exit(2);
 }
 mkdirSync(outdir, { recursive: true });
@@ -82,6 +84,8 @@ try {
   await shot('approvals');
   await page.goto(`${base}/ui/operations/${waitingOp}`);
   await waiting.page().locator('.pending [data-tool="kv_put"]').waitFor();
+  const why = await page.locator('#why').textContent();
+  if (!why.includes('approval')) throw new Error(`the Why section does not name the approval: ${why}`);
   await shot('operation-waiting');
   await page.goto(`${base}/ui/approvals`);
   await waiting.locator('form[action$="/approve"] input[name=reason]').fill('looks right');
@@ -100,12 +104,50 @@ try {
   if (!paused.startsWith('paused')) throw new Error(`pause: ${paused}`);
   await shot('batches');
 
+  step('pause a running operation from its page');
+  const opPage = `${base}/ui/operations/${runningOp}`;
+  await page.goto(opPage);
+  await page.locator('form[action$="/pause"] input[name=reason]').fill('provider degraded');
+  await page.locator('button[data-action=pause]').click();
+  await page.waitForURL(opPage);
+  const opPaused = await flash();
+  if (!opPaused.startsWith('paused operation')) throw new Error(`pause: ${opPaused}`);
+  // It stops at its next step boundary; then its Why section names the pause.
+  let held = '';
+  for (let i = 0; i < 150 && !held.includes('paused: operation'); i++) {
+    if (i > 0) await page.waitForTimeout(200);
+    await page.goto(opPage);
+    held = await page.locator('#why').textContent();
+  }
+  if (!held.includes('paused: operation') || !held.includes('provider degraded')) {
+    throw new Error(`the Why section does not name the pause: ${held}`);
+  }
+  await page.locator('button[data-action=resume]').waitFor();
+  await shot('operation-paused');
+
+  step('preview a pause of its kind, then resume the operation from the Pauses page');
+  await page.goto(`${base}/ui/pauses`);
+  await page.locator('form[action="/ui/pauses"] input[name=kind]').fill('script');
+  await page.locator('form[action="/ui/pauses"] input[name=reason]').fill('how much would this hold?');
+  await page.locator('button[data-action=preview]').click();
+  await page.waitForURL(`${base}/ui/pauses`);
+  const preview = await flash();
+  if (!preview.startsWith('dry run: would hold')) throw new Error(`preview: ${preview}`);
+  const pauseRow = page.locator('tr[data-pause]', { hasText: runningOp });
+  if ((await page.locator('tr[data-pause]').count()) !== 1) throw new Error('the preview made a pause');
+  await shot('pauses');
+  await pauseRow.locator('input[name=reason]').fill('provider recovered');
+  await pauseRow.locator('button[data-action=resume]').click();
+  await page.waitForURL(`${base}/ui/pauses`);
+  const resumed = await flash();
+  if (!resumed.startsWith('resumed operation')) throw new Error(`resume: ${resumed}`);
+
   step('the operations list');
   await page.goto(`${base}/ui/operations`);
   await shot('operations');
   await page.goto(`${base}/ui`);
   await shot('overview-after');
-  console.log(JSON.stringify({ ok: true, retried, approved, paused }));
+  console.log(JSON.stringify({ ok: true, retried, approved, paused, opPaused, preview, resumed }));
 } catch (e) {
   await shot('failure').catch(() => {});
   console.error(`console.mjs: FAILED: ${e.message}`);

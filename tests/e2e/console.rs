@@ -124,6 +124,34 @@ async fn console_in_a_browser_retries_a_dead_operation_approves_and_pauses_a_bat
     let batch = started["batch_id"].as_str().unwrap().to_string();
     app.wait_status(&dead, "dead", DEADLINE).await;
     app.wait_status(&waiting, "waiting", DEADLINE).await;
+    // Running when the browser pauses it: its model call is held until the pause is made.
+    let call = fake.hold_prompt("held for the pause");
+    let running = app.enqueue_script(
+        json!([{ "model": "held for the pause" }, { "work_ms": 1 }]),
+        &[],
+    );
+    app.wait_status(&running, "running", DEADLINE).await;
+    let release = tokio::spawn({
+        let (pool, op) = (app.pool.clone(), running.clone());
+        async move {
+            loop {
+                let paused: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM pauses WHERE op_id = $1::uuid)",
+                )
+                .bind(&op)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                if paused {
+                    // Its worker learns of the pause at a lease renewal: then the call ends.
+                    crate::pauses::two_renewals(&pool, &op).await;
+                    call.add_permits(1);
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
     let token = app.token("t1", "operator");
 
     let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
@@ -131,6 +159,7 @@ async fn console_in_a_browser_retries_a_dead_operation_approves_and_pauses_a_bat
     let out = tokio::task::spawn_blocking({
         let (base, token, shots) = (base.clone(), token.clone(), shots.clone());
         let (dead, waiting, batch) = (dead.clone(), waiting.clone(), batch.clone());
+        let running = running.clone();
         move || {
             Command::new("node")
                 .arg(concat!(
@@ -144,6 +173,7 @@ async fn console_in_a_browser_retries_a_dead_operation_approves_and_pauses_a_bat
                     &dead,
                     &waiting,
                     &batch,
+                    &running,
                 ])
                 .env("NODE_PATH", &modules)
                 .output()
@@ -152,6 +182,7 @@ async fn console_in_a_browser_retries_a_dead_operation_approves_and_pauses_a_bat
     })
     .await
     .unwrap();
+    release.abort();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -168,6 +199,8 @@ async fn console_in_a_browser_retries_a_dead_operation_approves_and_pauses_a_bat
         "approvals",
         "operation-waiting",
         "batches",
+        "operation-paused",
+        "pauses",
     ] {
         assert!(shots.join(format!("{page}.png")).exists(), "{page}.png");
     }
@@ -232,6 +265,25 @@ async fn console_in_a_browser_retries_a_dead_operation_approves_and_pauses_a_bat
     )
     .await;
     assert_eq!(paused, 1, "the pause is audited");
+    // The operation paused from its page and resumed from the Pauses page, both audited; it
+    // finishes on the attempt it began.
+    assert_eq!(
+        audited("pause", &running).await,
+        1,
+        "the op's pause is audited"
+    );
+    assert_eq!(
+        audited("resume", &running).await,
+        1,
+        "its resume is audited"
+    );
+    app.wait_status(&running, "succeeded", DEADLINE).await;
+    let attempt: i32 = sqlx::query_scalar("SELECT attempt FROM operations WHERE id = $1::uuid")
+        .bind(&running)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(attempt, 1, "a pause uses no attempt");
     app.cleanup().await;
 }
 

@@ -198,28 +198,8 @@ async fn a_step_finishing_just_after_the_pause_is_kept_and_the_run_stops_at_that
     .await;
     app.agentq_ok(&["pause", &op, "--reason", "hold it"]);
     app.agentq_ok(&["pause", &last, "--reason", "hold it too"]);
-    // Two renewals after the pauses committed: the second began after them, so the worker's
-    // heartbeat has seen them.
     for op in [&op, &last] {
-        let lease = || async {
-            sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
-                "SELECT lease_expires_at FROM operations WHERE id = $1::uuid",
-            )
-            .bind(op.as_str())
-            .fetch_one(&app.pool)
-            .await
-            .unwrap()
-        };
-        let mut seen = lease().await;
-        for _ in 0..2 {
-            let was = seen;
-            seen = app
-                .wait_until("a lease renewal", DEADLINE, || async {
-                    let now = lease().await;
-                    (now != was).then_some(now)
-                })
-                .await;
-        }
+        two_renewals(&app.pool, op).await;
     }
     assert_eq!(app.operation(&op).await.status.as_str(), "running");
     gate.add_permits(2);
@@ -444,4 +424,31 @@ async fn pauses_hold_their_scope_refuse_bad_requests_and_drain_mode_holds_everyt
     app.wait_status(&held, "succeeded", DEADLINE).await;
     let _ = conn.close(200, "done".into()).await;
     app.cleanup().await;
+}
+
+/// Waits for two renewals of `op`'s lease after this call: the second began after whatever
+/// committed before it (a pause), so the worker's heartbeat has seen that.
+pub(crate) async fn two_renewals(pool: &sqlx::PgPool, op: &str) {
+    let lease = || async {
+        sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
+            "SELECT lease_expires_at FROM operations WHERE id = $1::uuid",
+        )
+        .bind(op)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    let deadline = std::time::Instant::now() + DEADLINE;
+    let mut seen = lease().await;
+    for _ in 0..2 {
+        let was = seen;
+        while seen == was {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for a lease renewal of {op}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            seen = lease().await;
+        }
+    }
 }

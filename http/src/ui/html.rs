@@ -91,7 +91,7 @@ pub fn badge(status: &str) -> Markup {
     html! { span class={ "badge " (class) } { (status) } }
 }
 
-const NAV: [(&str, &str); 8] = [
+const NAV: [(&str, &str); 9] = [
     ("/ui", "Overview"),
     ("/ui/operations", "Operations"),
     ("/ui/dlq", "Dead letters"),
@@ -99,6 +99,7 @@ const NAV: [(&str, &str); 8] = [
     ("/ui/batches", "Batches"),
     ("/ui/versions", "Versions"),
     ("/ui/schedules", "Schedules"),
+    ("/ui/pauses", "Pauses"),
     ("/ui/kinds", "Kinds"),
 ];
 

@@ -1,6 +1,6 @@
 //! The operator console at `/ui`: server-rendered HTML pages over the same application layer
 //! as the CLI and the JSON API (`agentq_app::operations::decide`, `agentq_app::dlq::act`,
-//! `agentq_app::batches::pause` / `resume`, `agentq_app::schedules`), so the three never
+//! `agentq_app::batches::pause` / `resume`, `agentq_app::schedules`, `agentq_app::pauses`), so the three never
 //! disagree.
 //!
 //! Invariants kept here:
@@ -26,6 +26,7 @@ mod kinds;
 mod operation;
 mod operations;
 mod overview;
+mod pauses;
 mod schedules;
 mod session;
 mod versions;
@@ -68,6 +69,8 @@ pub fn router<S>(api: Arc<ApiState>) -> Router<S> {
         .route("/ui/operations/{id}/reject", post(approvals::reject))
         .route("/ui/operations/{id}/signal", post(operation::signal))
         .route("/ui/operations/{id}/cancel", post(operation::cancel))
+        .route("/ui/operations/{id}/pause", post(pauses::pause_operation))
+        .route("/ui/operations/{id}/resume", post(pauses::resume_operation))
         .route("/ui/approvals", get(approvals::list))
         .route("/ui/batches", get(batches::list))
         .route("/ui/versions", get(versions::report))
@@ -79,6 +82,8 @@ pub fn router<S>(api: Arc<ApiState>) -> Router<S> {
         .route("/ui/schedules/{id}/pause", post(schedules::pause))
         .route("/ui/schedules/{id}/resume", post(schedules::resume))
         .route("/ui/schedules/{id}/delete", post(schedules::delete))
+        .route("/ui/pauses", get(pauses::list).post(pauses::create))
+        .route("/ui/pauses/{id}/resume", post(pauses::resume))
         .route("/ui/dlq", get(dlq::inbox))
         .route("/ui/dlq/{id}/retry", post(dlq::retry))
         .route("/ui/dlq/{id}/resolve", post(dlq::resolve))

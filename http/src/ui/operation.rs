@@ -3,7 +3,8 @@
 //! (`agentq_app::why`, the answer of `agentq why`), its children, its payloads (each view
 //! audited), its journal as a timeline, its events and its audit trail; and the signal and
 //! cancel forms of an unfinished one, through
-//! `agentq_app::operations` (the flows of `agentq signal` / `cancel`).
+//! `agentq_app::operations` (the flows of `agentq signal` / `cancel`), and its pause or resume
+//! form (`agentq_app::pauses`).
 
 use std::sync::Arc;
 
@@ -52,6 +53,7 @@ async fn page(state: &UiState, session: &Session, id: &str) -> UiResult {
     }
     // What it does now, or the one gate that holds it: the answer of `agentq why`.
     let why = app::why::why(&state.api.app, &session.caller, OperationId(op_id)).await?;
+    let holding = app::pauses::holding(&state.api.app, OperationId(op_id)).await?;
     let op = &o.operation;
     let path = format!("/ui/operations/{op_id}");
     let body = html! {
@@ -116,6 +118,13 @@ async fn page(state: &UiState, session: &Session, id: &str) -> UiResult {
         @if op.waiting_for.as_deref() == Some("approval") && op.status.as_str() == "waiting" {
             (approval_forms(session, op_id, &path))
         }
+        (super::pauses::operation_forms(
+            session,
+            op_id,
+            holding.as_ref(),
+            op.status.is_terminal(),
+            &path,
+        ))
         @if !op.status.is_terminal() {
             (control_forms(session, op_id, &path))
         }
