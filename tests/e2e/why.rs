@@ -77,17 +77,10 @@ async fn ask(app: &TestApp, front: &Front, op: &str) -> (String, Value) {
     (text, api)
 }
 
-/// A fake provider that holds every model call until `gate` has a permit for it.
+/// A fake provider whose every call is held until the returned gate lets it through.
 async fn held_model() -> (FakeModel, Arc<tokio::sync::Semaphore>) {
     let fake = FakeModel::start(Mode::Echo).await;
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let held = gate.clone();
-    fake.set_hook(Arc::new(move |_| {
-        let held = held.clone();
-        Box::pin(async move {
-            held.acquire().await.expect("gate open").forget();
-        })
-    }));
+    let gate = fake.hold_requests();
     (fake, gate)
 }
 
