@@ -95,6 +95,8 @@ pub async fn operation(
         4 * crate::operations::STEPS_PAGE_BYTES,
     )
     .await?;
+    let mut steps = steps;
+    crate::decision::redact_steps(app, &mut steps);
     let mut events = events::events_after(pool, op.0, 0, EVENTS).await?;
     for e in &mut events {
         crate::decision::redact_event(app, &mut e.data);

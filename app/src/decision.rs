@@ -147,6 +147,17 @@ pub fn redact_event(app: &App, data: &mut Value) {
     }
 }
 
+/// Redacts the `AGENTQ_CONSOLE_REDACT` keys in the outputs of journal `steps` (a model turn's
+/// tool call carries its arguments): every reader of a journal (the API, the CLI, the console)
+/// sees them as the approval views do.
+pub fn redact_steps(app: &App, steps: &mut [agentq_core::operation::StepView]) {
+    for s in steps {
+        if let Some(out) = &mut s.output {
+            redact(out, &app.settings.redact);
+        }
+    }
+}
+
 /// The payloads of `operation` (found in the caller's scope) for an operator: the read is
 /// audited as `reveal_payloads` under the caller's name, with `via` (`console`, `api`, `cli`),
 /// before it is made; keys of `AGENTQ_CONSOLE_REDACT` are redacted.

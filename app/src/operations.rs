@@ -236,7 +236,7 @@ pub async fn steps(
 ) -> Result<StepsPage> {
     caller.require(Role::Producer)?;
     crate::page::check_limit(limit)?;
-    let (steps, more) = db::steps::steps_page(
+    let (mut steps, more) = db::steps::steps_page(
         &app.pool,
         op.0,
         caller.scope(),
@@ -249,6 +249,7 @@ pub async fn steps(
         // An operation with no step (after `after`) yet, or none the caller may see.
         find(app, caller, op).await?;
     }
+    crate::decision::redact_steps(app, &mut steps);
     let next_after = more.then(|| steps.last().map(|s| s.seq)).flatten();
     Ok(StepsPage { steps, next_after })
 }

@@ -119,6 +119,17 @@ async fn an_agent_waiting_before_a_gated_tool_shows_the_call_everywhere_with_sec
     assert!(!r.text().contains(SECRET), "{}", r.text());
     assert_tool_call(&body["waiting"], "GET /v1/operations/{id}");
 
+    // The journal holds the model's turn with the call: redacted for its readers too.
+    let r = api
+        .get(&format!("/v1/operations/{op}/steps"), Some(&producer))
+        .await;
+    r.expect(200);
+    assert!(r.text().contains("[redacted]"), "{}", r.text());
+    assert!(!r.text().contains(SECRET), "GET …/steps: {}", r.text());
+    let out = app.agentq_ok(&["steps", &op, "--json"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains(SECRET), "agentq steps: {text}");
+
     // The console's approvals list and the operation's page.
     let mut ui = Browser::new(&base);
     ui.login(&app.token("t1", "operator")).await;

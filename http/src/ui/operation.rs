@@ -43,14 +43,8 @@ pub async fn reveal(
 
 async fn page(state: &UiState, session: &Session, id: &str) -> UiResult {
     let op_id = parse_id(id, "operation")?;
-    let mut o =
+    let o =
         app::console::operation(&state.api.app, &session.caller, OperationId(op_id), true).await?;
-    let keys = &state.api.app.settings.redact;
-    for s in &mut o.steps {
-        if let Some(out) = &mut s.output {
-            app::decision::redact(out, keys);
-        }
-    }
     // What it does now, or the one gate that holds it: the answer of `agentq why`.
     let why = app::why::why(&state.api.app, &session.caller, OperationId(op_id)).await?;
     let holding = app::pauses::holding(&state.api.app, OperationId(op_id)).await?;
