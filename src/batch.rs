@@ -2,7 +2,8 @@
 //! controls a large migration needs: a canary, pause / resume / cancel, automatic pause when
 //! too many recent operations fail (the scheduler's job), progress, and a per-document report.
 //! The flows are `agentq_app::batches` (the console's controls call the same); this module
-//! parses flags and prints.
+//! parses flags and prints. Wherever a batch is named, its id or its name is taken
+//! (`agentq_app::names`); `--tenant` picks the tenant of a name several tenants use.
 //!
 //! Re-running `batch start` with the same arguments finds the same batch (its id is derived
 //! from tenant, kind, source, target and instructions) and enqueues only what is missing, so a
@@ -20,15 +21,42 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 
 use crate::interrupt::{Interrupt, Interrupted};
-use crate::wiring::{cli_app, cli_error, done, refuse};
+use crate::wiring::{cli_app, done, flag_error_app, refuse};
+
+/// A batch as a command names it: its id or its name.
+#[derive(Args)]
+pub struct BatchRef {
+    /// The batch's id, or its name.
+    pub batch: String,
+    /// The tenant whose batch of that name is meant (when several tenants use the name).
+    #[arg(long)]
+    pub tenant: Option<String>,
+}
 
 #[derive(Subcommand)]
 pub enum BatchCommand {
     /// Create a batch (or find it again) and enqueue one operation per document it is missing.
     Start(StartArgs),
-    /// Totals by status, rate, ETA, token usage and the top failure reasons.
+    /// List batches, newest first, with their progress (one keyset page at a time).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// canary, running, paused, cancelled or completed.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        /// Continue after this cursor (the `cursor` of the last item of the previous page).
+        #[arg(long)]
+        after: Option<String>,
+        /// JSON Lines, one batch per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Totals by status, times, rate, ETA, token usage and the top failure reasons.
     Status {
-        batch: String,
+        #[command(flatten)]
+        batch: BatchRef,
         /// Redraw every 2 s until nothing is left to run (or the batch is paused).
         #[arg(long)]
         watch: bool,
@@ -37,7 +65,8 @@ pub enum BatchCommand {
     },
     /// Stop starting the batch's operations (running ones finish their current run).
     Pause {
-        batch: String,
+        #[command(flatten)]
+        batch: BatchRef,
         #[arg(long)]
         reason: Option<String>,
         #[arg(long = "as")]
@@ -45,7 +74,8 @@ pub enum BatchCommand {
     },
     /// Resume a paused batch, or run the rest of a canary batch.
     Resume {
-        batch: String,
+        #[command(flatten)]
+        batch: BatchRef,
         #[arg(long = "as")]
         actor: Option<String>,
         #[arg(long)]
@@ -53,7 +83,8 @@ pub enum BatchCommand {
     },
     /// Cancel every unfinished operation of the batch.
     Cancel {
-        batch: String,
+        #[command(flatten)]
+        batch: BatchRef,
         #[arg(long)]
         reason: Option<String>,
         #[arg(long = "as")]
@@ -61,7 +92,8 @@ pub enum BatchCommand {
     },
     /// One line per document: its operation, status, error and written hash (CSV or JSON Lines).
     Report {
-        batch: String,
+        #[command(flatten)]
+        batch: BatchRef,
         /// csv or jsonl.
         #[arg(long, default_value = "jsonl")]
         format: String,
@@ -102,6 +134,10 @@ pub struct StartArgs {
     /// Characters per model call (large documents are split).
     #[arg(long)]
     pub chunk_chars: Option<u32>,
+    /// A name for the batch, unique in its tenant (not a UUID): every `agentq batch` command
+    /// takes it instead of the id.
+    #[arg(long)]
+    pub name: Option<String>,
     /// Operations per INSERT (tuning; smaller chunks show progress sooner).
     #[arg(long, default_value_t = app::batches::CHUNK, hide = true)]
     pub chunk: usize,
@@ -157,12 +193,43 @@ impl Progress for Bar {
     }
 }
 
+/// The id of the batch `r` names (an id, or a name in the tenants the caller sees).
+async fn resolve(app: &app::App, caller: &app::Caller, r: &BatchRef) -> app::Result<uuid::Uuid> {
+    app::names::resolve_batch(app, caller, &r.batch, r.tenant.as_deref()).await
+}
+
 pub async fn run(config: Deployment, cmd: BatchCommand) -> anyhow::Result<()> {
     match cmd {
         BatchCommand::Start(args) => start(config, args).await,
-        BatchCommand::Status { batch, watch, json } => {
-            let id = app::batches::parse_id(&batch).map_err(cli_error)?;
+        BatchCommand::List {
+            tenant,
+            status,
+            limit,
+            after,
+            json,
+        } => {
+            let query = app::batches::ListQuery { tenant, status };
             let (app, caller) = cli_app(&config, &None).await?;
+            let page = app::batches::list(&app, &caller, &query, limit, after.as_deref()).await;
+            let page = done(app, page.map_err(flag_error_app)).await?;
+            for b in &page.items {
+                if json {
+                    println!("{}", serde_json::to_string(&app::batches::Item::of(b))?);
+                } else {
+                    print_listed(b);
+                }
+            }
+            if let (false, Some(next)) = (json, &page.next_cursor) {
+                eprintln!("next page: --after {next}");
+            }
+            Ok(())
+        }
+        BatchCommand::Status { batch, watch, json } => {
+            let (app, caller) = cli_app(&config, &None).await?;
+            let id = match resolve(&app, &caller, &batch).await {
+                Ok(id) => id,
+                Err(e) => return done(app, Err(e)).await,
+            };
             let interrupt = Interrupt::install();
             loop {
                 let s = match app::batches::status(&app, &caller, id).await {
@@ -194,20 +261,28 @@ pub async fn run(config: Deployment, cmd: BatchCommand) -> anyhow::Result<()> {
             reason,
             actor,
         } => {
-            let id = app::batches::parse_id(&batch).map_err(cli_error)?;
             let (app, caller) = cli_app(&config, &actor).await?;
-            let paused = app::batches::pause(&app, &caller, id, reason.as_deref()).await;
-            done(app, paused).await?;
+            let paused = async {
+                let id = resolve(&app, &caller, &batch).await?;
+                app::batches::pause(&app, &caller, id, reason.as_deref()).await?;
+                Ok(id)
+            }
+            .await;
+            let id = done(app, paused).await?;
             println!(
                 "batch {id} paused: nothing new starts; running operations finish their current run"
             );
             Ok(())
         }
         BatchCommand::Resume { batch, actor, json } => {
-            let id = app::batches::parse_id(&batch).map_err(cli_error)?;
             let (app, caller) = cli_app(&config, &actor).await?;
-            let resumed = app::batches::resume(&app, &caller, id, &Bar::new("enqueue")).await;
-            let r = done(app, resumed).await?;
+            let resumed = async {
+                let id = resolve(&app, &caller, &batch).await?;
+                let r = app::batches::resume(&app, &caller, id, &Bar::new("enqueue")).await?;
+                Ok((id, r))
+            }
+            .await;
+            let (id, r) = done(app, resumed).await?;
             if r.left > 0 {
                 return Err(Interrupted(format!(
                     "batch {id} is running with {} documents enqueued now and {} not enqueued; \
@@ -234,10 +309,14 @@ pub async fn run(config: Deployment, cmd: BatchCommand) -> anyhow::Result<()> {
             reason,
             actor,
         } => {
-            let id = app::batches::parse_id(&batch).map_err(cli_error)?;
             let (app, caller) = cli_app(&config, &actor).await?;
-            let cancelled = app::batches::cancel(&app, &caller, id, reason.as_deref()).await;
-            let c = done(app, cancelled).await?;
+            let cancelled = async {
+                let id = resolve(&app, &caller, &batch).await?;
+                let c = app::batches::cancel(&app, &caller, id, reason.as_deref()).await?;
+                Ok((id, c))
+            }
+            .await;
+            let (id, c) = done(app, cancelled).await?;
             println!(
                 "batch {id} cancelled: {} operations cancelled, {} running ones stop at their next step",
                 c.now, c.requested
@@ -270,11 +349,14 @@ async fn start(config: Deployment, args: StartArgs) -> anyhow::Result<()> {
         canary: args.canary,
         pause_window: args.pause_window,
         pause_ratio: args.pause_ratio,
+        name: args.name,
     };
     let (app, caller) = cli_app(&config, &args.actor).await?;
     let started = app::batches::start(&app, &caller, new, args.chunk, &Bar::new("enqueue")).await;
     let s = done(app, started).await?;
     let (id, batch, filled) = (s.batch.id, &s.batch, &s.filled);
+    // How the next commands name it: by its name when it has one.
+    let named = batch.name.clone().unwrap_or_else(|| id.to_string());
     if filled.left > 0 {
         return Err(Interrupted(format!(
             "batch {id}: {} of {} documents enqueued ({} now), {} not yet; run the same \
@@ -290,7 +372,12 @@ async fn start(config: Deployment, args: StartArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&s.summary())?);
     } else {
         println!(
-            "batch {id} ({}): {} documents, {} enqueued now, {} already enqueued{}",
+            "batch {id}{} ({}): {} documents, {} enqueued now, {} already enqueued{}",
+            batch
+                .name
+                .as_deref()
+                .map(|n| format!(" {n:?}"))
+                .unwrap_or_default(),
             batch.status,
             s.documents,
             filled.enqueued,
@@ -303,24 +390,37 @@ async fn start(config: Deployment, args: StartArgs) -> anyhow::Result<()> {
         );
         if batch.status == agentq_core::state::BatchStatus::Canary {
             println!(
-                "canary: the first {} run; check them, then: agentq batch resume {id}",
+                "canary: the first {} run; check them, then: agentq batch resume {named}",
                 batch.canary.unwrap_or(0)
             );
         }
-        println!("watch it: agentq batch status {id} --watch");
+        println!("watch it: agentq batch status {named} --watch");
     }
     Ok(())
 }
 
 fn print_status(s: &app::batches::Overview) {
     println!(
-        "batch {}  {}{}",
+        "batch {}{}  {}{}",
         s.batch_id,
+        s.name
+            .as_deref()
+            .map(|n| format!(" {n:?}"))
+            .unwrap_or_default(),
         s.status,
         s.paused_reason
             .as_deref()
             .map(|r| format!(" ({r})"))
             .unwrap_or_default()
+    );
+    println!(
+        "  started {}  finished {}  running {}",
+        s.started_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        s.finished_at
+            .map(|f| f.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .unwrap_or_else(|| "-".into()),
+        secs(s.running_secs.round() as i64),
     );
     let by: Vec<String> = s
         .by_status
@@ -334,11 +434,9 @@ fn print_status(s: &app::batches::Overview) {
         by.join("  ")
     );
     println!(
-        "  rate {:?}/s  eta {}  model calls {}  tokens {} prompt / {} completion",
+        "  rate {:?}/s (of running time)  eta {}  model calls {}  tokens {} prompt / {} completion",
         s.succeeded_per_s,
-        s.eta_secs
-            .map(|e| format!("{e}s"))
-            .unwrap_or_else(|| "-".into()),
+        s.eta_secs.map(secs).unwrap_or_else(|| "-".into()),
         s.usage.model_calls,
         s.usage.prompt_tokens,
         s.usage.completion_tokens
@@ -346,6 +444,34 @@ fn print_status(s: &app::batches::Overview) {
     for f in &s.top_failures {
         println!("  {:>6}  {:<20} {}", f.count, f.error_class, f.reason);
     }
+}
+
+/// Seconds as people read them: `42s`, `3m05s`, `2h10m`.
+fn secs(s: i64) -> String {
+    match s {
+        ..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+fn print_listed(b: &app::batches::Listed) {
+    println!(
+        "{}  {}  {:<24} {:<12} {:<14} {:<9} {}/{} succeeded, {} failed, {} unfinished{}",
+        b.created_at.format("%Y-%m-%d %H:%M:%S"),
+        b.batch_id,
+        b.name.as_deref().unwrap_or("-"),
+        b.tenant,
+        b.kind,
+        b.status,
+        b.succeeded,
+        b.documents,
+        b.failed,
+        b.unfinished,
+        b.finished_at
+            .map(|f| format!("  finished {}", f.format("%Y-%m-%d %H:%M:%S")))
+            .unwrap_or_default()
+    );
 }
 
 fn csv_field(s: &str) -> String {
@@ -358,16 +484,19 @@ fn csv_field(s: &str) -> String {
 
 async fn report(
     config: Deployment,
-    batch: &str,
+    batch: &BatchRef,
     format: &str,
     out: Option<PathBuf>,
 ) -> anyhow::Result<()> {
-    let id = app::batches::parse_id(batch).map_err(cli_error)?;
     if !["csv", "jsonl"].contains(&format) {
         return Err(refuse(format!("--format {format:?}: use csv or jsonl")));
     }
     let (app, caller) = cli_app(&config, &None).await?;
-    let report = app::batches::report(&app, &caller, id).await;
+    let report = async {
+        let id = resolve(&app, &caller, batch).await?;
+        app::batches::report(&app, &caller, id).await
+    }
+    .await;
     let report = done(app, report).await?;
     let mut sink: Box<dyn Write> = match &out {
         Some(p) => Box::new(std::io::BufWriter::new(
@@ -417,6 +546,13 @@ async fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_read_as_people_read_them() {
+        assert_eq!(secs(42), "42s");
+        assert_eq!(secs(185), "3m05s");
+        assert_eq!(secs(7800), "2h10m");
+    }
 
     #[test]
     fn csv_quotes_when_needed() {

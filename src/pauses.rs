@@ -7,7 +7,7 @@ use agentq_app::pauses::{self, PauseView, Target};
 use agentq_core::operation::Lane;
 use clap::Args;
 
-use crate::wiring::{Deployment, cli_app, cli_error, done};
+use crate::wiring::{Deployment, cli_app, done};
 
 /// What to pause or resume.
 #[derive(Args, Clone, Debug)]
@@ -23,7 +23,7 @@ pub struct TargetArgs {
     /// Every operation of this lane (interactive or batch).
     #[arg(long)]
     pub lane: Option<Lane>,
-    /// Every operation this schedule fired (its id).
+    /// Every operation this schedule fired (its id or its name).
     #[arg(long)]
     pub schedule: Option<String>,
     /// Everything: the whole deployment (drain mode).
@@ -32,19 +32,24 @@ pub struct TargetArgs {
 }
 
 impl TargetArgs {
-    fn target(&self) -> anyhow::Result<Target> {
+    /// The target these flags name; a schedule by its id or its name (in `--tenant`, if
+    /// given).
+    async fn target(
+        &self,
+        app: &agentq_app::App,
+        caller: &agentq_app::Caller,
+    ) -> agentq_app::Result<Target> {
         let op = self
             .op
             .as_deref()
             .map(agentq_app::operations::parse_id)
-            .transpose()
-            .map_err(cli_error)?;
-        let schedule = self
-            .schedule
-            .as_deref()
-            .map(agentq_app::schedules::parse_id)
-            .transpose()
-            .map_err(cli_error)?;
+            .transpose()?;
+        let schedule = match self.schedule.as_deref() {
+            Some(s) => Some(
+                agentq_app::names::resolve_schedule(app, caller, s, self.tenant.as_deref()).await?,
+            ),
+            None => None,
+        };
         Ok(Target {
             op_id: op.map(|o| o.0),
             tenant: self.tenant.clone(),
@@ -92,9 +97,12 @@ pub struct ResumeArgs {
 }
 
 pub async fn pause(config: Deployment, args: PauseArgs) -> anyhow::Result<()> {
-    let target = args.target.target()?;
     let (app, caller) = cli_app(&config, &args.actor).await?;
-    let paused = pauses::pause(&app, &caller, &target, &args.reason, args.dry_run).await;
+    let paused = async {
+        let target = args.target.target(&app, &caller).await?;
+        pauses::pause(&app, &caller, &target, &args.reason, args.dry_run).await
+    }
+    .await;
     let paused = done(app, paused).await?;
     if args.json {
         println!("{}", serde_json::to_string(&paused)?);
@@ -112,12 +120,9 @@ pub async fn resume(config: Deployment, args: ResumeArgs) -> anyhow::Result<()> 
             Ok(id) => pauses::resume(&app, &caller, id, reason).await,
             Err(e) => Err(e),
         },
-        None => match args.target.target() {
+        None => match args.target.target(&app, &caller).await {
             Ok(target) => pauses::resume_target(&app, &caller, &target, reason).await,
-            Err(e) => {
-                done(app, Ok(())).await?;
-                return Err(e);
-            }
+            Err(e) => Err(e),
         },
     };
     let resumed = done(app, resumed).await?;

@@ -1,7 +1,8 @@
 //! `agentq schedules …`: add, list, pause, resume and delete schedules (a kind and input fired
 //! as an operation at every tick of a cron expression in a time zone, or of an interval). The
 //! flows are `agentq_app::schedules` (the API and the console call the same); this module
-//! parses flags and prints.
+//! parses flags and prints. A schedule is named by its id or its name (`--tenant` picks the
+//! tenant of a name several tenants use).
 
 use crate::wiring::Deployment;
 use agentq_app::schedules::{self, Control, NewSchedule, ScheduleView};
@@ -9,7 +10,7 @@ use agentq_core::operation::Lane;
 use agentq_core::state::Overlap;
 use clap::{Args, Subcommand};
 
-use crate::wiring::{cli_app, cli_error, done, refuse};
+use crate::wiring::{cli_app, done, refuse};
 
 #[derive(Subcommand)]
 pub enum SchedulesCommand {
@@ -24,36 +25,32 @@ pub enum SchedulesCommand {
         json: bool,
     },
     /// Pause a schedule: nothing fires until it is resumed.
-    Pause {
-        id: String,
-        #[arg(long = "as")]
-        actor: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
+    Pause(ScheduleRef),
     /// Resume a paused schedule from its next tick after now (ticks while paused are not fired).
-    Resume {
-        id: String,
-        #[arg(long = "as")]
-        actor: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
+    Resume(ScheduleRef),
     /// Delete a schedule (its operations stay).
-    Delete {
-        id: String,
-        #[arg(long = "as")]
-        actor: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
+    Delete(ScheduleRef),
+}
+
+/// A schedule as a control names it, and who acts.
+#[derive(Args)]
+pub struct ScheduleRef {
+    /// The schedule's id, or its name.
+    id: String,
+    /// The tenant whose schedule of that name is meant (when several tenants use it).
+    #[arg(long)]
+    tenant: Option<String>,
+    #[arg(long = "as")]
+    actor: Option<String>,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
 pub struct AddArgs {
     #[arg(long)]
     pub tenant: String,
-    /// Unique in the tenant.
+    /// Unique in the tenant, not a UUID: the other `schedules` commands take it for the id.
     #[arg(long)]
     pub name: String,
     #[arg(long)]
@@ -148,29 +145,21 @@ pub async fn run(config: Deployment, cmd: SchedulesCommand) -> anyhow::Result<()
             }
             Ok(())
         }
-        SchedulesCommand::Pause { id, actor, json } => {
-            control(&config, &id, &actor, json, Control::Pause).await
-        }
-        SchedulesCommand::Resume { id, actor, json } => {
-            control(&config, &id, &actor, json, Control::Resume).await
-        }
-        SchedulesCommand::Delete { id, actor, json } => {
-            control(&config, &id, &actor, json, Control::Delete).await
-        }
+        SchedulesCommand::Pause(r) => control(&config, r, Control::Pause).await,
+        SchedulesCommand::Resume(r) => control(&config, r, Control::Resume).await,
+        SchedulesCommand::Delete(r) => control(&config, r, Control::Delete).await,
     }
 }
 
-async fn control(
-    config: &Deployment,
-    id: &str,
-    actor: &Option<String>,
-    json: bool,
-    what: Control,
-) -> anyhow::Result<()> {
-    let id = schedules::parse_id(id).map_err(cli_error)?;
-    let (app, caller) = cli_app(config, actor).await?;
-    let done_now = schedules::control(&app, &caller, id, what).await;
-    print(&done(app, done_now).await?, json, what.done())
+async fn control(config: &Deployment, r: ScheduleRef, what: Control) -> anyhow::Result<()> {
+    let (app, caller) = cli_app(config, &r.actor).await?;
+    let done_now = async {
+        let id =
+            agentq_app::names::resolve_schedule(&app, &caller, &r.id, r.tenant.as_deref()).await?;
+        schedules::control(&app, &caller, id, what).await
+    }
+    .await;
+    print(&done(app, done_now).await?, r.json, what.done())
 }
 
 fn print(s: &ScheduleView, json: bool, what: &str) -> anyhow::Result<()> {

@@ -1,26 +1,31 @@
 //! Batches: campaigns of one operation per document of a source store. Starting one (or
 //! starting it again: its id is derived from what identifies it, so only missing documents are
 //! enqueued), its controls — pause, resume (also the rest of a canary), cancel — and its
-//! progress. Every control is audited and needs an operator of the batch's tenant.
+//! progress, and the list of batches. A batch is `completed` by the scheduler once every
+//! document it enqueued has an outcome (`db::batches::complete`); a completed batch takes no
+//! pause or cancel. Every control is audited and needs an operator of the batch's tenant.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
-use std::time::Duration;
 
-use agentq_core::db::batches::{self, Batch};
+use agentq_core::db::batches::{self, Batch, Created};
 use agentq_core::db::stores::{self, Access, Location, Need};
 use agentq_core::db::{self};
 use agentq_core::operation::{Lane, TenantId};
 use agentq_core::state::BatchStatus;
+use agentq_core::state::transition::batch;
 use agentq_producer::EnqueueRequest;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use crate::page::{self, After};
 use crate::{App, AppError, Caller, Result, Role};
 
 /// A group of a batch's failures, as its [`Overview`] lists them.
 pub use agentq_core::db::batches::Failure;
+/// A batch as [`list`] shows it.
+pub use agentq_core::db::batches::Listed;
 
 /// Operations inserted per statement.
 pub const CHUNK: usize = 1000;
@@ -51,16 +56,6 @@ pub trait Progress: Sync {
 pub struct Quiet;
 
 impl Progress for Quiet {}
-
-/// Parses a batch id as a user typed it.
-pub fn parse_id(s: &str) -> Result<Uuid> {
-    Uuid::parse_str(s.trim()).map_err(|_| {
-        AppError::malformed(
-            "id",
-            format!("{s:?} is not a batch id (a UUID from `agentq batch start`)"),
-        )
-    })
-}
 
 /// The batch `id` as the caller may see it.
 pub async fn find(app: &App, caller: &Caller, id: Uuid) -> Result<Batch> {
@@ -180,11 +175,15 @@ pub struct Filled {
 
 /// Enqueues the documents of `batch` it does not have yet (only the canary's while it is a
 /// canary), in chunks of `chunk`: one INSERT per chunk, its pointers published concurrently.
+/// Once every document is enqueued the batch is filled (it may complete); documents missing
+/// from a completed batch reopen it first (as `actor`), and a fill stopped midway leaves it
+/// unfilled until the next.
 pub async fn fill(
     app: &App,
     batch: &Batch,
     chunk: usize,
     progress: &dyn Progress,
+    actor: &str,
 ) -> Result<Filled> {
     let source: Value = serde_json::from_str(&batch.source).unwrap_or(Value::Null);
     let target: Value = serde_json::from_str(&batch.target).unwrap_or(Value::Null);
@@ -205,9 +204,14 @@ pub async fn fill(
         existing: docs.len() - missing.len(),
         ..Filled::default()
     };
+    let whole = batch.status != BatchStatus::Canary;
     if missing.is_empty() {
+        if whole {
+            batches::mark_filled(&app.pool, batch.id).await?;
+        }
         return Ok(filled);
     }
+    batches::begin_fill(&app.pool, batch.id, actor).await?;
     // Every document is an operation of the tenant: all of them fit under its cap, or none
     // is enqueued.
     crate::capacity::admit(app, &batch.tenant, &batch.kind, missing.len() as i64).await?;
@@ -266,6 +270,9 @@ pub async fn fill(
         progress.inc(chunk.len() as u64);
     }
     progress.finish();
+    if whole && filled.left == 0 {
+        batches::mark_filled(&app.pool, batch.id).await?;
+    }
     Ok(filled)
 }
 
@@ -283,6 +290,8 @@ pub struct NewBatch {
     pub canary: Option<u32>,
     pub pause_window: i32,
     pub pause_ratio: f32,
+    /// Unique in its tenant, accepted wherever the batch's id is.
+    pub name: Option<String>,
 }
 
 /// The options every input of a batch carries: the strings each output must contain
@@ -313,6 +322,7 @@ pub struct Started {
 #[schemars(rename = "BatchStarted")]
 pub struct StartedSummary {
     pub batch_id: Uuid,
+    pub name: Option<String>,
     /// False when the same batch existed (a re-run enqueues only what it is missing).
     pub created: bool,
     pub status: BatchStatus,
@@ -330,6 +340,7 @@ impl Started {
     pub fn summary(&self) -> StartedSummary {
         StartedSummary {
             batch_id: self.batch.id,
+            name: self.batch.name.clone(),
             created: self.created,
             status: self.batch.status,
             documents: self.documents,
@@ -363,6 +374,9 @@ pub async fn start(
             "pause_ratio",
             "--pause-ratio must be above 0 and at most 1",
         ));
+    }
+    if let Some(name) = &new.name {
+        crate::names::check(name, "batch", "name")?;
     }
     if new.canary == Some(0) {
         return Err(AppError::invalid("canary", "--canary must be at least 1"));
@@ -422,16 +436,41 @@ pub async fn start(
         pause_window: new.pause_window,
         pause_ratio: new.pause_ratio,
         paused_reason: None,
+        name: new.name.clone(),
+        started_at: chrono::Utc::now(),
+        finished_at: None,
+        filled_at: None,
+        running_secs: 0.0,
         created_at: chrono::Utc::now(),
         updated_at: chrono::Utc::now(),
     };
-    let (batch, created) = batches::create_batch(&app.pool, &wanted, &caller.actor).await?;
+    let (batch, created) = match batches::create_batch(&app.pool, &wanted, &caller.actor).await? {
+        Created::New(b) => (b, true),
+        Created::Existing(b) => (b, false),
+        Created::NameTaken => {
+            return Err(AppError::Conflict(format!(
+                "tenant {} already has a batch named {:?}; choose another name (nothing was \
+                 started)",
+                new.tenant,
+                new.name.unwrap_or_default()
+            )));
+        }
+    };
+    if let Some(name) = &new.name
+        && batch.name.as_ref() != Some(name)
+    {
+        return Err(AppError::Conflict(format!(
+            "batch {id} is named {:?} already; start it again with that name or none \
+             (nothing was enqueued)",
+            batch.name.clone().unwrap_or_default()
+        )));
+    }
     if batch.status == BatchStatus::Cancelled {
         return Err(AppError::Conflict(format!(
             "batch {id} was cancelled; nothing was enqueued"
         )));
     }
-    let filled = fill(app, &batch, chunk, progress).await?;
+    let filled = fill(app, &batch, chunk, progress, &caller.actor).await?;
     Ok(Started {
         batch,
         created,
@@ -442,22 +481,27 @@ pub async fn start(
 
 /// Stops starting the batch's operations (running ones finish their current run).
 pub async fn pause(app: &App, caller: &Caller, id: Uuid, reason: Option<&str>) -> Result<()> {
-    let b = find(app, caller, id).await?;
-    batches::transition(
-        &app.pool,
-        id,
-        &[BatchStatus::Running, BatchStatus::Canary],
-        BatchStatus::Paused,
-        &caller.actor,
-        reason,
-    )
-    .await?
-    .map(|_| ())
-    .ok_or_else(|| {
-        AppError::Conflict(format!(
-            "batch {id} is {}, not running; nothing changed",
-            b.status
-        ))
+    find(app, caller, id).await?;
+    let was = batches::transition(&app.pool, id, &[batch::PAUSE], &caller.actor, reason).await?;
+    match was {
+        Some(_) => Ok(()),
+        None => Err(refused(app, caller, id, "paused").await),
+    }
+}
+
+/// Why a control found the batch `id` in a status it does not start from.
+async fn refused(app: &App, caller: &Caller, id: Uuid, act: &str) -> AppError {
+    let status = match find(app, caller, id).await {
+        Ok(b) => b.status,
+        Err(e) => return e,
+    };
+    AppError::Conflict(match status {
+        BatchStatus::Completed => format!(
+            "batch {id} is completed: every document has an outcome, so it cannot be {act}; \
+             nothing changed (`agentq dlq retry --batch {id}` reopens it)"
+        ),
+        BatchStatus::Cancelled => format!("batch {id} is cancelled; nothing changed"),
+        s => format!("batch {id} is {s}: it cannot be {act}; nothing changed"),
     })
 }
 
@@ -489,8 +533,7 @@ pub async fn resume(
     let was = batches::transition(
         &app.pool,
         id,
-        &[BatchStatus::Paused, BatchStatus::Canary],
-        BatchStatus::Running,
+        &[batch::RESUME, batch::PROMOTE],
         &caller.actor,
         None,
     )
@@ -502,7 +545,7 @@ pub async fn resume(
         ))
     })?;
     let b = find(app, caller, id).await?;
-    let filled = fill(app, &b, CHUNK, progress).await?;
+    let filled = fill(app, &b, CHUNK, progress, &caller.actor).await?;
     let redispatched = redispatch(app, id).await?;
     Ok(Resumed {
         was,
@@ -531,20 +574,10 @@ pub async fn cancel(
     reason: Option<&str>,
 ) -> Result<CancelledBatch> {
     find(app, caller, id).await?;
-    batches::transition(
-        &app.pool,
-        id,
-        &[
-            BatchStatus::Running,
-            BatchStatus::Canary,
-            BatchStatus::Paused,
-        ],
-        BatchStatus::Cancelled,
-        &caller.actor,
-        reason,
-    )
-    .await?
-    .ok_or_else(|| AppError::Conflict(format!("batch {id} is already cancelled")))?;
+    let was = batches::transition(&app.pool, id, &[batch::CANCEL], &caller.actor, reason).await?;
+    if was.is_none() {
+        return Err(refused(app, caller, id, "cancelled").await);
+    }
     let (now, requested) = batches::cancel_operations(&app.pool, id, &caller.actor).await?;
     Ok(CancelledBatch { now, requested })
 }
@@ -559,19 +592,28 @@ async fn redispatch(app: &App, batch: Uuid) -> Result<usize> {
     .await
 }
 
-/// A batch's progress: totals by status, rate, ETA, token usage and the top failure reasons
-/// (`GET /v1/batches/{id}`, `agentq batch status`).
+/// A batch's progress: totals by status, times, rate, ETA, token usage and the top failure
+/// reasons (`GET /v1/batches/{id}`, `agentq batch status`).
 #[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
 #[schemars(rename = "BatchStatus")]
 pub struct Overview {
     pub batch_id: Uuid,
+    /// Unique in its tenant, accepted wherever the id is.
+    pub name: Option<String>,
     pub tenant: String,
     pub kind: String,
+    /// `completed` once every document it enqueued has an outcome (dead ones count, as
+    /// failures: see `by_status`).
     pub status: BatchStatus,
     /// Why it was paused (an operator's reason or the auto-pause).
     pub paused_reason: Option<String>,
     /// How many documents run before an operator promotes a canary.
     pub canary: Option<i32>,
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    /// When it completed or was cancelled.
+    pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Seconds it has spent running: not paused, not a canary waiting for its promotion.
+    pub running_secs: f64,
     /// Documents in its source store when it started.
     pub documents: i32,
     /// Operations enqueued so far.
@@ -580,9 +622,10 @@ pub struct Overview {
     pub by_status: BTreeMap<String, i64>,
     /// Queued, running, sleeping or waiting operations.
     pub unfinished: i64,
-    /// Operations succeeded per second over the last minute.
+    /// Operations succeeded per second of running time.
     pub succeeded_per_s: f64,
-    /// Seconds until every document is done at that rate (none while nothing succeeds).
+    /// Seconds until every document is done at that rate: only while it is `running` (not
+    /// paused, not a canary waiting) and something has succeeded.
     pub eta_secs: Option<i64>,
     pub usage: Usage,
     /// The most common failures of its unfinished or dead operations.
@@ -606,20 +649,25 @@ pub async fn status(app: &App, caller: &Caller, id: Uuid) -> Result<Overview> {
     let get = |s: &str| counts.get(s).copied().unwrap_or(0);
     let unfinished = get("queued") + get("running") + get("sleeping") + get("waiting");
     let enqueued: i64 = counts.values().sum();
-    let window = Duration::from_secs(60);
-    let recent = batches::succeeded_since(pool, id, chrono::Utc::now() - window).await?;
-    let rate = recent as f64 / window.as_secs_f64();
-    let remaining = unfinished + (i64::from(b.documents) - enqueued).max(0);
-    let eta = (rate > 0.0).then(|| (remaining as f64 / rate).round() as i64);
+    let (rate, eta) = pace(
+        b.status,
+        get("succeeded"),
+        b.running_secs,
+        unfinished + (i64::from(b.documents) - enqueued).max(0),
+    );
     let (model_calls, prompt_tokens, completion_tokens) = batches::usage(pool, id).await?;
     let top_failures = batches::top_failures(pool, id, 5).await?;
     Ok(Overview {
         batch_id: id,
+        name: b.name,
         tenant: b.tenant,
         kind: b.kind,
         status: b.status,
         paused_reason: b.paused_reason,
         canary: b.canary,
+        started_at: b.started_at,
+        finished_at: b.finished_at,
+        running_secs: (b.running_secs * 10.0).round() / 10.0,
         documents: b.documents,
         enqueued,
         by_status: counts,
@@ -633,6 +681,87 @@ pub async fn status(app: &App, caller: &Caller, id: Uuid) -> Result<Overview> {
         },
         top_failures,
     })
+}
+
+/// A batch's rate (operations succeeded per second of running time) and, only while it runs,
+/// the seconds its `remaining` documents take at that rate.
+fn pace(
+    status: BatchStatus,
+    succeeded: i64,
+    running_secs: f64,
+    remaining: i64,
+) -> (f64, Option<i64>) {
+    let rate = if running_secs >= 1.0 {
+        succeeded as f64 / running_secs
+    } else {
+        0.0
+    };
+    let eta = (status == BatchStatus::Running && rate > 0.0)
+        .then(|| (remaining as f64 / rate).round() as i64);
+    (rate, eta)
+}
+
+/// Which batches a list shows, as a user typed it.
+#[derive(Clone, Debug, Default)]
+pub struct ListQuery {
+    /// An admin's choice of tenant; a non-admin may name only its own.
+    pub tenant: Option<String>,
+    /// One status (`running`, `completed`…).
+    pub status: Option<String>,
+}
+
+/// One keyset page of batches, newest first.
+pub type Page = page::Page<Listed>;
+
+/// A listed batch with its keyset cursor, as `GET /v1/batches` and `batch list --json` show it.
+#[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "BatchListItem")]
+pub struct Item {
+    #[serde(flatten)]
+    pub batch: Listed,
+    /// Pass it as `after` to list what comes after this one.
+    pub cursor: String,
+}
+
+impl Item {
+    /// `b` with its cursor.
+    pub fn of(b: &Listed) -> Self {
+        Self {
+            batch: b.clone(),
+            cursor: page::cursor((b.created_at, b.batch_id)),
+        }
+    }
+}
+
+/// The batches `query` selects for the caller, newest first: `limit` (1–[`page::MAX_PAGE`])
+/// after the cursor `after` (a previous page's [`page::Page::next_cursor`]). The one list of
+/// `agentq batch list`, `GET /v1/batches` and the console's batches page.
+pub async fn list(
+    app: &App,
+    caller: &Caller,
+    query: &ListQuery,
+    limit: i64,
+    after: Option<&str>,
+) -> Result<Page> {
+    caller.require(Role::Operator)?;
+    let tenant = caller.tenant_filter(query.tenant.as_deref())?;
+    let status = query
+        .status
+        .as_deref()
+        .map(|s| {
+            s.trim().parse::<BatchStatus>().map_err(|_| {
+                AppError::malformed(
+                    "status",
+                    format!("status {s:?}: use {}", BatchStatus::NAMES.join(", ")),
+                )
+            })
+        })
+        .transpose()?;
+    page::check_limit(limit)?;
+    let after: After = page::after(after)?;
+    let filter = batches::Filter { tenant, status };
+    let items = batches::list(&app.pool, &filter, limit, after).await?;
+    Ok(Page::new(items, limit, |b| (b.created_at, b.batch_id)))
 }
 
 /// One document of a batch's report: its operation's outcome, or `not_enqueued`.
@@ -730,6 +859,22 @@ pub async fn report(app: &App, caller: &Caller, id: Uuid) -> Result<Report> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rate_is_over_running_time_and_the_eta_only_while_running() {
+        // 100 succeeded in 50 s of running time, 300 to go: 2/s, 150 s.
+        assert_eq!(pace(BatchStatus::Running, 100, 50.0, 300), (2.0, Some(150)));
+        for waiting in [
+            BatchStatus::Canary,
+            BatchStatus::Paused,
+            BatchStatus::Completed,
+        ] {
+            assert_eq!(pace(waiting, 100, 50.0, 300), (2.0, None), "{waiting}");
+        }
+        // Nothing run yet: no rate, no ETA.
+        assert_eq!(pace(BatchStatus::Running, 0, 0.0, 300), (0.0, None));
+        assert_eq!(pace(BatchStatus::Running, 5, 0.2, 300), (0.0, None));
+    }
 
     #[test]
     fn batch_ids_are_stable_and_distinct() {

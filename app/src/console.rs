@@ -1,7 +1,8 @@
 //! The operator console's read views, each taking the [`Caller`] (an operator's or an admin's;
 //! a non-admin sees only its own tenant, another tenant's id is "not found"): the overview,
 //! one operation with its journal, events, children and audit trail (and, after an audited
-//! reveal, its payloads), the pending approvals, the batches, and the dead-letter inbox.
+//! reveal, its payloads), the pending approvals, and the dead-letter inbox (its batches page
+//! lists through `batches::list`, as the API does).
 //!
 //! The SQL is the engine's tables' queries in `agentq_core::db` (`db::console` and the shared
 //! ones); the console names none of it, only the row types re-exported here.
@@ -12,7 +13,7 @@ use agentq_core::operation::{OperationId, OperationView, StepView};
 use crate::{App, AppError, Caller, Result, Role};
 
 pub use agentq_core::db::children::Node;
-pub use agentq_core::db::console::{BatchRow, InboxItem, Minute, Payloads};
+pub use agentq_core::db::console::{InboxItem, Minute, Payloads};
 pub use agentq_core::db::dead_letters::{ActionView, DeadLetterView, Filter, StatRow};
 pub use agentq_core::db::events::Event;
 pub use agentq_core::db::listing::Summary;
@@ -149,12 +150,6 @@ pub async fn approvals(app: &App, caller: &Caller, limit: i64) -> Result<Vec<App
             summary,
         })
         .collect())
-}
-
-/// The newest `limit` batches, each with its operations counted by status.
-pub async fn batches(app: &App, caller: &Caller, limit: i64) -> Result<Vec<BatchRow>> {
-    caller.require(Role::Operator)?;
-    Ok(console::list_batches(&app.pool, caller.scope(), limit).await?)
 }
 
 /// The dead-letter inbox `query` selects.

@@ -13,12 +13,13 @@
 //!   signal, its timeout, what the job needs, the agent's tool call), and an operation shown
 //!   with it and, for an operator, with its input (audited);
 //! - [`kinds`]: the deployment's kinds and tools, with the versions live workers run;
+//! - [`names`]: names of batches and schedules, and the one resolver of an id or a name;
 //! - [`operations`]: enqueue, find, list and search, signal, approve / reject, cancel;
 //! - [`dlq`]: list, retry, resolve, discard one dead letter;
 //! - [`page`]: keyset pages and their cursors;
 //! - [`pauses`]: pause and resume live work (an operation, a kind, a tenant, a lane, a
 //!   schedule, or the whole deployment);
-//! - [`batches`]: start, pause, resume, cancel a batch, and its progress;
+//! - [`batches`]: start, list, pause, resume, cancel a batch, and its progress;
 //! - [`schedules`]: add, list, pause, resume, delete schedules (cron or interval firings);
 //! - [`tenants`]: the kinds each tenant may use (an admin's lists), and their check;
 //! - [`time`]: times and durations as people type them;
@@ -42,6 +43,7 @@ pub mod error;
 pub mod events;
 pub mod health;
 pub mod kinds;
+pub mod names;
 pub mod operations;
 pub mod page;
 pub mod pauses;

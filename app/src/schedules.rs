@@ -32,7 +32,8 @@ pub const LIST_LIMIT: i64 = 1000;
 #[serde(deny_unknown_fields)]
 #[schemars(rename = "CreateSchedule")]
 pub struct NewSchedule {
-    /// Unique in its tenant: 1-128 letters, digits, `_`, `-`, `.` or `:`
+    /// Unique in its tenant: 1-128 letters, digits, `_`, `-`, `.` or `:`, not a UUID;
+    /// accepted wherever the schedule's id is
     pub name: String,
     /// A job kind this deployment runs
     pub kind: String,
@@ -100,32 +101,6 @@ pub fn view(s: Schedule) -> ScheduleView {
     }
 }
 
-/// Parses a schedule id as a user typed it.
-pub fn parse_id(s: &str) -> Result<Uuid> {
-    Uuid::parse_str(s.trim()).map_err(|_| {
-        AppError::malformed(
-            "id",
-            format!("{s:?} is not a schedule id (a UUID from `agentq schedules list`)"),
-        )
-    })
-}
-
-/// A schedule's name: 1-128 letters, digits, `_`, `-`, `.` or `:`.
-fn check_name(name: &str) -> Result<()> {
-    if name.is_empty()
-        || name.len() > 128
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
-    {
-        return Err(AppError::invalid(
-            "/name",
-            format!("schedule name {name:?}: use 1-128 letters, digits, '_', '-', '.' or ':'"),
-        ));
-    }
-    Ok(())
-}
-
 /// When `new` fires, checked.
 fn spec(new: &NewSchedule) -> Result<Spec> {
     match (&new.cron, new.interval_secs) {
@@ -161,7 +136,7 @@ fn spec(new: &NewSchedule) -> Result<Spec> {
 pub async fn add(app: &App, caller: &Caller, new: NewSchedule) -> Result<ScheduleView> {
     caller.require(Role::Operator)?;
     let tenant = caller.tenant_for_write(new.tenant.as_deref())?;
-    check_name(&new.name)?;
+    crate::names::check(&new.name, "schedule", "/name")?;
     let spec = spec(&new)?;
     crate::tenants::check_kind(app, &tenant, &new.kind).await?;
     let gap_field = if new.cron.is_some() {

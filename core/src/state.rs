@@ -315,6 +315,16 @@ text_enum! {
         Paused = "paused",
         /// Stopped for good.
         Cancelled = "cancelled",
+        /// Every document has an outcome (succeeded, or dead and counted as a failure); a DLQ
+        /// retry of one of its operations reopens it.
+        Completed = "completed",
+    }
+}
+
+impl BatchStatus {
+    /// Whether nothing of the batch runs any more and nothing will unless a person acts.
+    pub fn is_finished(self) -> bool {
+        matches!(self, BatchStatus::Cancelled | BatchStatus::Completed)
     }
 }
 
@@ -468,7 +478,9 @@ mod tests {
     #[test]
     fn the_enums_name_what_the_schema_allows() {
         let initial = include_str!("../../migrations/20261130000001_initial.sql");
-        let batches = include_str!("../../migrations/20261130000009_batches.sql");
+        // Migration 20261203000003 added `completed` to the batches' statuses.
+        let batches =
+            include_str!("../../migrations/20261203000003_batch_completion_and_names.sql");
         let children = include_str!("../../migrations/20261130000017_child_operations.sql");
         let schedules = include_str!("../../migrations/20261130000014_schedules.sql");
         let sorted = |mut v: Vec<String>| {

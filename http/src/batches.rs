@@ -1,6 +1,7 @@
-//! The batch routes: start a batch, its progress, its controls (pause, resume — also the rest
-//! of a canary — and cancel) and its per-document report: the same `agentq_app::batches` flows
-//! as `agentq batch` and the console, for an operator of the batch's tenant.
+//! The batch routes: start a batch, list batches, a batch's progress, its controls (pause,
+//! resume — also the rest of a canary — and cancel) and its per-document report: the same
+//! `agentq_app::batches` flows as `agentq batch` and the console, for an operator of the
+//! batch's tenant. A path's `{id}` is the batch's id or its name (`agentq_app::names`).
 
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ use uuid::Uuid;
 
 use super::auth::{Caller, Role};
 use super::problem::ApiResult;
-use super::{ApiState, Params, body, parse_id};
+use super::{ApiState, Params, QueryParams, body, page_limit};
 
 /// The optional body of a batch control.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -67,6 +68,50 @@ pub struct StartBatch {
     require: Option<Vec<String>>,
     /// Characters per model call (large documents are split)
     chunk_chars: Option<u32>,
+    /// Unique in the tenant, not a UUID: every batch route takes it instead of the id
+    name: Option<String>,
+}
+
+/// The batch a path's `{id}` names: its id, or its name in the caller's tenant.
+async fn resolve(state: &ApiState, caller: &Caller, id: &str) -> ApiResult<Uuid> {
+    Ok(app::names::resolve_batch(&state.app, &caller.app(), id, None).await?)
+}
+
+/// `GET /v1/batches`'s query: an admin may name one tenant; `status` one batch status.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    tenant: Option<String>,
+    status: Option<String>,
+    limit: Option<String>,
+    after: Option<String>,
+}
+
+/// One page of batches, newest first.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BatchPage {
+    pub items: Vec<app::batches::Item>,
+    /// Pass it as `after` for the next page; none on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// `GET /v1/batches`: one keyset page of the batches the caller may see, newest first.
+pub async fn list(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    QueryParams(q): QueryParams<ListQuery>,
+) -> ApiResult<Json<BatchPage>> {
+    let query = app::batches::ListQuery {
+        tenant: q.tenant,
+        status: q.status,
+    };
+    let limit = page_limit(q.limit.as_deref());
+    let page =
+        app::batches::list(&state.app, &caller.app(), &query, limit, q.after.as_deref()).await?;
+    Ok(Json(BatchPage {
+        items: page.items.iter().map(app::batches::Item::of).collect(),
+        next_cursor: page.next_cursor,
+    }))
 }
 
 /// `POST /v1/batches`: creates a batch (or finds it again: its id is derived from tenant,
@@ -94,6 +139,7 @@ pub async fn start(
         canary: req.canary,
         pause_window: req.pause_window.unwrap_or(20),
         pause_ratio: req.pause_ratio.unwrap_or(0.5),
+        name: req.name,
     };
     let started = app::batches::start(
         &state.app,
@@ -117,7 +163,7 @@ pub async fn report(
     caller: Caller,
     Params(id): Params<String>,
 ) -> ApiResult<Json<app::batches::Report>> {
-    let id = parse_id(&id, "id")?;
+    let id = resolve(&state, &caller, &id).await?;
     Ok(Json(
         app::batches::report(&state.app, &caller.app(), id).await?,
     ))
@@ -129,7 +175,7 @@ pub async fn show(
     caller: Caller,
     Params(id): Params<String>,
 ) -> ApiResult<Json<app::batches::Overview>> {
-    let id = parse_id(&id, "id")?;
+    let id = resolve(&state, &caller, &id).await?;
     Ok(Json(
         app::batches::status(&state.app, &caller.app(), id).await?,
     ))
@@ -143,7 +189,7 @@ pub async fn pause(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<BatchResult>> {
-    let id = parse_id(&id, "id")?;
+    let id = resolve(&state, &caller, &id).await?;
     let req: ReasonRequest = body::optional_json(&headers, body).await?;
     app::batches::pause(&state.app, &caller.app(), id, req.reason.as_deref()).await?;
     Ok(Json(BatchResult {
@@ -160,7 +206,7 @@ pub async fn resume(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<BatchResult>> {
-    let id = parse_id(&id, "id")?;
+    let id = resolve(&state, &caller, &id).await?;
     let _: ReasonRequest = body::optional_json(&headers, body).await?;
     let r = app::batches::resume(&state.app, &caller.app(), id, &app::batches::Quiet).await?;
     Ok(Json(BatchResult {
@@ -177,7 +223,7 @@ pub async fn cancel(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<BatchResult>> {
-    let id = parse_id(&id, "id")?;
+    let id = resolve(&state, &caller, &id).await?;
     let req: ReasonRequest = body::optional_json(&headers, body).await?;
     let c = app::batches::cancel(&state.app, &caller.app(), id, req.reason.as_deref()).await?;
     Ok(Json(BatchResult {

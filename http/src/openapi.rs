@@ -83,6 +83,27 @@ fn parameters(path: &str, method: &str) -> Vec<Value> {
     if path == "/v1/schedules" && method == "get" {
         out.push(json!({ "name": "tenant", "in": "query", "required": false, "schema": { "type": "string" } }));
     }
+    if path == "/v1/batches" && method == "get" {
+        out.push(json!({ "name": "tenant", "in": "query", "required": false,
+            "description": "Admins only: one tenant", "schema": { "type": "string" } }));
+        out.push(json!({ "name": "status", "in": "query", "required": false,
+            "description": "One batch status",
+            "schema": { "type": "string", "enum": agentq_core::state::BatchStatus::NAMES } }));
+        out.push(json!({ "name": "limit", "in": "query", "required": false,
+            "description": "Page size (default 100)",
+            "schema": { "type": "integer", "minimum": 1, "maximum": app::page::MAX_PAGE } }));
+        out.push(json!({ "name": "after", "in": "query", "required": false,
+            "description": "The next_cursor of the previous page (opaque)",
+            "schema": { "type": "string" } }));
+    }
+    if (path.starts_with("/v1/batches/{id}") || path.starts_with("/v1/schedules/{id}"))
+        && let Some(id) = out
+            .iter_mut()
+            .find(|p| p["name"] == "id" && p["in"] == "path")
+    {
+        id["description"] = json!("Its id, or its name (unique in its tenant)");
+        id["schema"] = json!({ "type": "string" });
+    }
     if path == "/v1/dlq" || path == "/v1/dlq/stats" {
         for q in ["tenant", "kind", "class", "since", "batch", "status"] {
             out.push(json!({ "name": q, "in": "query", "required": false, "schema": { "type": "string" } }));
@@ -117,6 +138,9 @@ fn operation(route: &Route) -> Value {
     if route.method == "post" && route.path == "/v1/batches" {
         responses["200"] = json!({ "description": "The same batch, found again (only missing documents were enqueued)",
             "content": { "application/json": { "schema": { "$ref": "#/components/schemas/BatchStarted" } } } });
+        responses["409"] = problem(
+            "The tenant has another batch of that name, or this batch was cancelled; nothing started",
+        );
         responses["429"] = problem("Tenant over its queued limit; not started (Retry-After)");
         responses["503"] = problem("Database or broker unavailable; not started (Retry-After)");
     }
@@ -143,7 +167,8 @@ fn operation(route: &Route) -> Value {
         }
     }
     if route.path.contains('{') {
-        responses["404"] = problem("No such id in the caller's tenant");
+        responses["404"] =
+            problem("No such id (or, for a batch or schedule, name) in the caller's tenant");
     }
     if route.method == "get" && route.path == "/v1/operations/{id}" {
         responses["403"] = problem(
@@ -226,6 +251,7 @@ const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<batches::BatchResult>,
     SchemaGenerator::subschema_for::<app::batches::StartedSummary>,
     SchemaGenerator::subschema_for::<app::batches::Report>,
+    SchemaGenerator::subschema_for::<batches::BatchPage>,
     SchemaGenerator::subschema_for::<app::schedules::ScheduleView>,
     SchemaGenerator::subschema_for::<schedules::ScheduleList>,
     SchemaGenerator::subschema_for::<meta::Health>,

@@ -1,6 +1,7 @@
 //! The schedule routes: add, list, read, pause, resume and delete schedules, the same
 //! `agentq_app::schedules` flows as `agentq schedules` and the console, for an operator of the
-//! schedule's tenant (another tenant's schedule is not found).
+//! schedule's tenant (another tenant's schedule is not found). A path's `{id}` is the
+//! schedule's id or its name (`agentq_app::names`).
 
 use std::sync::Arc;
 
@@ -64,10 +65,9 @@ pub async fn show(
     caller: Caller,
     Params(id): Params<String>,
 ) -> ApiResult<Json<ScheduleView>> {
-    let id = app::schedules::parse_id(&id)?;
-    Ok(Json(
-        app::schedules::find(&state.app, &caller.app(), id).await?,
-    ))
+    let caller = caller.app();
+    let id = app::names::resolve_schedule(&state.app, &caller, &id, None).await?;
+    Ok(Json(app::schedules::find(&state.app, &caller, id).await?))
 }
 
 /// `POST /v1/schedules/{id}/pause`.
@@ -103,8 +103,9 @@ async fn control(
     Params(id): Params<String>,
     what: Control,
 ) -> ApiResult<Json<ScheduleView>> {
-    let id = app::schedules::parse_id(&id)?;
+    let caller = caller.app();
+    let id = app::names::resolve_schedule(&state.app, &caller, &id, None).await?;
     Ok(Json(
-        app::schedules::control(&state.app, &caller.app(), id, what).await?,
+        app::schedules::control(&state.app, &caller, id, what).await?,
     ))
 }

@@ -21,6 +21,8 @@
 //!
 //! - batch auto-pause: a batch whose newest outcomes failed too often (its configured window
 //!   and ratio) is paused, so a provider outage or a bad prompt does not burn the whole batch;
+//! - batch completion: a running batch whose every document was enqueued and has an outcome
+//!   becomes `completed` (`db::batches::complete`, one index probe per running batch);
 //!
 //! - the broker dead-letter recorder: every message that reaches `<ns>.dlq` becomes a
 //!   `poison_message` dead letter (see `broker_dlq`).
@@ -170,6 +172,9 @@ impl Scheduler {
             }
             if let Err(e) = self.auto_pause().await {
                 tracing::warn!(error = %e, "checking batches for auto-pause failed");
+            }
+            if let Err(e) = self.complete_batches().await {
+                tracing::warn!(error = %e, "checking batches for completion failed");
             }
             if last_retention.elapsed() >= self.settings.retention_every {
                 last_retention = Instant::now();
@@ -337,6 +342,16 @@ impl Scheduler {
             );
         }
         Ok(paused.len())
+    }
+
+    /// Completes the filled, running batches whose every operation has an outcome; returns
+    /// how many.
+    pub async fn complete_batches(&self) -> anyhow::Result<usize> {
+        let done = db::within(db::batches::complete(&self.pool)).await?;
+        for b in &done {
+            tracing::info!(batch_id = %b.id, tenant = %b.tenant_id, "batch completed");
+        }
+        Ok(done.len())
     }
 
     /// One retention pass: deletes finished operations past the retention period, in small

@@ -1043,7 +1043,7 @@ fn battery(
     c.content_type = Some(HeaderValue::from_bytes(b"application/json\xff").expect("obs-text"));
     cases.push(c);
 
-    // Invalid ids in every per-id route: 400.
+    // Invalid ids in every per-id route: 400 (404 for a batch's name that no batch has).
     let long_id = "x".repeat(5000);
     let mut ids: Vec<String> = [
         "not-a-uuid",
@@ -1127,14 +1127,25 @@ fn battery(
                 Some(json!({ "reason": "x" })),
             ),
         ];
+        // A batch's routes take its name too: a string that could be a name (and is none the
+        // tenant has) is not found; one that could not is refused.
+        let name_shaped = !id.is_empty()
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
         for (method, path, token, body) in routes {
+            let code = if name_shaped && path.starts_with("/v1/batches/") {
+                404
+            } else {
+                400
+            };
             let mut c = Case::new(
                 format!("{method} {} (invalid id)", truncate(&path, 80)),
                 method,
                 path,
                 token,
             )
-            .expect(400);
+            .expect(code);
             if let Some(b) = body {
                 c = c.json(&b);
             }

@@ -1,14 +1,18 @@
 //! Batch campaigns of `doc_migration`: a 2,000-document migration survives an interrupted
 //! enqueue and a killed worker with every target written once; auto-pause stops a batch when
-//! the provider starts failing, and resume finishes it.
+//! the provider starts failing, and resume finishes it; batches complete (dead documents
+//! counted), a DLQ retry reopens one; names, `batch list` and `GET /v1/batches`, confined to
+//! the caller's tenant.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::process::Output;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::api::Api;
 use crate::fake_model::{FakeModel, Mode};
 use crate::harness::{DEADLINE, TestApp};
 
@@ -87,25 +91,7 @@ pub(crate) fn start_batch(
     let (src, dst, tmp) = dirs;
     let file = tmp.join("instructions.txt");
     std::fs::write(&file, instructions).unwrap();
-    let (src, dst) = (
-        app.dir_store("t1", src, "read"),
-        app.dir_store("t1", dst, "write"),
-    );
-    let mut args = vec![
-        "batch",
-        "start",
-        "--tenant",
-        "t1",
-        "--source",
-        &src,
-        "--target",
-        &dst,
-        "--instructions",
-        file.to_str().unwrap(),
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    app.agentq_json(&args)
+    json_of(&start_in(app, "t1", (src, dst, &file), extra))
 }
 
 async fn batch_status(app: &TestApp, batch: &str) -> Value {
@@ -413,7 +399,30 @@ async fn batch_auto_pauses_when_the_provider_fails_and_resume_finishes_it() {
     )
     .await;
     assert_eq!(files(&dst.0).len(), N);
-    assert_eq!(batch_status(&app, &batch).await["status"], "running");
+    let done = app
+        .wait_until("the batch to complete", DEADLINE, || async {
+            let s = batch_status(&app, &batch).await;
+            (s["status"] == "completed").then_some(s)
+        })
+        .await;
+    // Its rate is over its running time: the stretch it was paused is not in it.
+    let times: (f64, f64) = sqlx::query_as(
+        "SELECT extract(epoch FROM finished_at - started_at)::float8,
+                (SELECT extract(epoch FROM max(created_at) FILTER (WHERE action = 'batch_running')
+                                         - min(created_at) FILTER (WHERE action = 'batch_paused'))
+                   FROM operator_actions)::float8
+           FROM batches",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    let (wall, paused) = times;
+    let running = done["running_secs"].as_f64().unwrap();
+    assert!(
+        running > 0.0 && running <= wall - paused + 0.2,
+        "running {running} s of {wall} s, {paused} s of it paused: {done}"
+    );
+    assert_eq!(done["eta_secs"], Value::Null, "{done}");
     app.cleanup().await;
 }
 
@@ -473,6 +482,16 @@ async fn batch_dlq_drain_walkthrough() {
         .await;
     assert_eq!(settled["by_status"]["succeeded"], 20, "{settled}");
     assert_eq!(settled["by_status"]["dead"], 23, "{settled}");
+    // Every document has an outcome, dead ones too: the batch completes, with its failures.
+    let completed = app
+        .wait_until("the batch to complete", DEADLINE, || async {
+            let s = batch_status(&app, &batch).await;
+            (s["status"] == "completed").then_some(s)
+        })
+        .await;
+    assert!(completed["finished_at"].is_string(), "{completed}");
+    assert_eq!(completed["by_status"]["dead"], 23, "{completed}");
+    assert_eq!(completed["eta_secs"], Value::Null);
     let reasons: Vec<&str> = settled["top_failures"]
         .as_array()
         .unwrap()
@@ -536,21 +555,29 @@ async fn batch_dlq_drain_walkthrough() {
         "--patch-input",
         &patch,
     ]);
+    // The retry reopened the batch (in its own transaction), and it completes again.
     let done = app
         .wait_until("the batch to complete", Duration::from_secs(60), || async {
             let s = batch_status(&app, &batch).await;
-            (s["unfinished"] == 0 && s["by_status"]["succeeded"] == 40).then_some(s)
+            (s["status"] == "completed" && s["by_status"]["succeeded"] == 40).then_some(s)
         })
         .await;
     assert_eq!(done["by_status"]["discarded"], 3, "{done}");
+    assert_eq!(done["unfinished"], 0, "{done}");
+    let first: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(completed["finished_at"].clone()).unwrap();
+    let again: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(done["finished_at"].clone()).unwrap();
+    assert!(again > first, "{first} then {again}");
     for (rel, text) in &docs {
         let got = std::fs::read_to_string(dst.0.join(rel)).unwrap();
         assert_eq!(&got, text, "{rel} migrated with its title");
     }
-    // The audit trail shows each step.
+    // The audit trail shows each step, and the batch completing, reopening and completing.
     let actions: Vec<(String, i64)> = sqlx::query_as(
         "SELECT action || ':' || COALESCE(reason, ''), count(*) FROM operator_actions
-          WHERE action IN ('discard', 'retry') GROUP BY 1 ORDER BY 1",
+          WHERE action IN ('discard', 'retry', 'batch_completed', 'batch_reopen')
+          GROUP BY 1 ORDER BY 1",
     )
     .fetch_all(&app.pool)
     .await
@@ -558,6 +585,8 @@ async fn batch_dlq_drain_walkthrough() {
     assert_eq!(
         actions,
         vec![
+            ("batch_completed:".to_string(), 2),
+            ("batch_reopen:".to_string(), 1),
             ("discard:empty source file; owner notified".to_string(), 3),
             ("retry:instructions fixed".to_string(), 20)
         ]
@@ -619,6 +648,17 @@ async fn batch_canary_runs_first_then_resume_runs_the_rest_from_a_table() {
     })
     .await;
     assert_eq!(app.operation_count().await, 5, "nothing but the canary ran");
+    // The canary waits for a person: no ETA, and no running time while it waits.
+    let waiting = batch_status(&app, &batch).await;
+    assert_eq!(
+        (
+            &waiting["status"],
+            &waiting["eta_secs"],
+            &waiting["running_secs"]
+        ),
+        (&json!("canary"), &Value::Null, &json!(0.0)),
+        "{waiting}"
+    );
     // A paused batch refuses a second pause; resume runs the rest.
     assert_eq!(
         app.agentq(&["batch", "cancel", "not-a-uuid"]).status.code(),
@@ -627,11 +667,19 @@ async fn batch_canary_runs_first_then_resume_runs_the_rest_from_a_table() {
     let resumed = app.agentq_json(&["batch", "resume", &batch, "--json"]);
     assert_eq!(resumed["enqueued"], N - 5, "{resumed}");
     assert_eq!(resumed["was"], "canary");
-    app.wait_until("the batch to finish", Duration::from_secs(60), || async {
-        let s = batch_status(&app, &batch).await;
-        (s["by_status"]["succeeded"] == N).then_some(())
-    })
-    .await;
+    let done = app
+        .wait_until("the batch to complete", Duration::from_secs(60), || async {
+            let s = batch_status(&app, &batch).await;
+            (s["status"] == "completed").then_some(s)
+        })
+        .await;
+    assert_eq!(done["by_status"], json!({ "succeeded": N }), "{done}");
+    let (started, finished): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) = (
+        serde_json::from_value(done["started_at"].clone()).unwrap(),
+        serde_json::from_value(done["finished_at"].clone()).unwrap(),
+    );
+    assert!(finished > started, "{done}");
+    assert!(done["running_secs"].as_f64().unwrap() > 0.0, "{done}");
     let rows: Vec<(String, String)> =
         sqlx::query_as("SELECT doc_id, body FROM docs_out ORDER BY doc_id")
             .fetch_all(&app.pool)
@@ -642,14 +690,14 @@ async fn batch_canary_runs_first_then_resume_runs_the_rest_from_a_table() {
         rows.iter()
             .all(|(id, body)| body.starts_with("Title: ") && id.starts_with("doc-"))
     );
-    // Finished, it can still be paused and cancelled; nothing is left to cancel.
-    app.agentq_ok(&["batch", "pause", &batch, "--reason", "done anyway"]);
-    assert_eq!(
-        app.agentq(&["batch", "pause", &batch]).status.code(),
-        Some(2),
-        "a paused batch is not paused twice"
-    );
-    app.agentq_ok(&["batch", "cancel", &batch]);
+    // Completed, it is neither paused nor cancelled, and says why.
+    for control in ["pause", "cancel"] {
+        let out = app.agentq(&["batch", control, &batch, "--reason", "done anyway"]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{control}: {said}");
+        assert!(said.contains("is completed"), "{control}: {said}");
+    }
+    assert_eq!(batch_status(&app, &batch).await["status"], "completed");
     let report = app.agentq_ok(&["batch", "report", &batch]);
     let lines: Vec<Value> = String::from_utf8_lossy(&report.stdout)
         .lines()
@@ -721,5 +769,253 @@ async fn workers_dying_do_not_auto_pause_a_batch_failing_documents_do() {
         .await
         .unwrap();
     assert_eq!(paused.iter().map(|p| p.id).collect::<Vec<_>>(), vec![batch]);
+    app.cleanup().await;
+}
+
+/// `agentq batch start` in `tenant` from `src` to `dst` with `instructions`, as JSON; `extra`
+/// flags after (a name, a canary).
+fn start_in(app: &TestApp, tenant: &str, dirs: (&Path, &Path, &Path), extra: &[&str]) -> Output {
+    let (src, dst, file) = dirs;
+    let (src, dst) = (
+        app.dir_store(tenant, src, "read"),
+        app.dir_store(tenant, dst, "write"),
+    );
+    let mut args = vec![
+        "batch",
+        "start",
+        "--tenant",
+        tenant,
+        "--source",
+        &src,
+        "--target",
+        &dst,
+        "--instructions",
+        file.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    app.agentq(&args)
+}
+
+fn json_of(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A named batch runs to `completed` with its times; `batch list` and `GET /v1/batches` show
+/// it by name, newest first, a page at a time; `batch status NAME` and `/v1/batches/NAME`
+/// find it; a name is unique in its tenant (a duplicate changes nothing) and free in another;
+/// another tenant's operator neither sees nor resolves it (404, not 403), and a name two
+/// tenants use needs `--tenant` on the command line.
+#[tokio::test]
+async fn a_named_batch_completes_and_is_listed_and_found_by_name_in_its_tenant_only() {
+    let mut app = TestApp::start().await;
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let operator = app.token("t1", "operator");
+    let other = app.token("t2", "operator");
+    let producer = app.token("t1", "producer");
+    let admin = app.token("t1", "admin");
+    let (src, dst, tmp) = (
+        TempDir::new("src"),
+        TempDir::new("dst"),
+        TempDir::new("cfg"),
+    );
+    write_docs(&src.0, 4);
+    let file = tmp.0.join("instructions.txt");
+    std::fs::write(&file, "Keep the text as it is.").unwrap();
+    let dirs = (src.0.as_path(), dst.0.as_path(), file.as_path());
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+
+    // A name that reads as a UUID is refused before anything is written.
+    let out = start_in(
+        &app,
+        "t1",
+        dirs,
+        &["--name", &uuid::Uuid::new_v4().to_string()],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("reads as a UUID"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let started = json_of(&start_in(&app, "t1", dirs, &["--name", "nightly"]));
+    assert_eq!(started["name"], "nightly", "{started}");
+    let id = started["batch_id"].as_str().unwrap().to_string();
+    let done = app
+        .wait_until("the batch to complete", DEADLINE, || async {
+            let s = batch_status(&app, "nightly").await;
+            (s["status"] == "completed").then_some(s)
+        })
+        .await;
+    assert_eq!(
+        (&done["batch_id"], &done["name"], &done["by_status"]),
+        (&json!(id), &json!("nightly"), &json!({ "succeeded": 4 })),
+        "{done}"
+    );
+    assert!(done["started_at"].is_string() && done["finished_at"].is_string());
+    assert_eq!(done["eta_secs"], Value::Null);
+    let text = app.agentq_ok(&["batch", "status", "nightly"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("\"nightly\"  completed") && text.contains("finished 20"),
+        "{text}"
+    );
+
+    // A second batch (other instructions: another id) may not take the name; nothing changes.
+    let (batches, operations) = (
+        count(&app, "SELECT count(*) FROM batches").await,
+        app.operation_count().await,
+    );
+    let file2 = tmp.0.join("instructions-2.txt");
+    std::fs::write(&file2, "Keep it, again.").unwrap();
+    let dirs2 = (src.0.as_path(), dst.0.as_path(), file2.as_path());
+    let out = start_in(&app, "t1", dirs2, &["--name", "nightly"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("already has a batch named"), "{said}");
+    let body = json!({ "source": app.dir_store("t1", &src.0, "read"),
+                       "target": app.dir_store("t1", &dst.0, "write"),
+                       "instructions": "Keep it, again.", "name": "nightly" });
+    api.post("/v1/batches", Some(&operator), &body)
+        .await
+        .problem(409, "conflict");
+    assert_eq!(count(&app, "SELECT count(*) FROM batches").await, batches);
+    assert_eq!(app.operation_count().await, operations);
+    // Unnamed, it starts; it is the newest.
+    let second = json_of(&start_in(&app, "t1", dirs2, &[]));
+    let second = second["batch_id"].as_str().unwrap().to_string();
+
+    // The CLI's list, newest first, filtered by status.
+    let listed = app.agentq_json_lines(&["batch", "list", "--json"]);
+    let ids: Vec<&str> = listed
+        .iter()
+        .map(|b| b["batch_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [second.as_str(), id.as_str()], "{listed:?}");
+    assert_eq!(listed[1]["name"], "nightly");
+    assert_eq!(listed[1]["status"], "completed");
+    assert_eq!(listed[1]["succeeded"], 4);
+    let completed = app.agentq_json_lines(&["batch", "list", "--status", "completed", "--json"]);
+    assert!(
+        completed.iter().all(|b| b["status"] == "completed"),
+        "{completed:?}"
+    );
+    assert!(completed.iter().any(|b| b["batch_id"] == json!(id)));
+    assert_eq!(
+        app.agentq(&["batch", "list", "--status", "done"])
+            .status
+            .code(),
+        Some(2)
+    );
+
+    // The API's list, a page of one at a time, and the batch by name.
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..10 {
+        let path = match &after {
+            Some(a) => format!("/v1/batches?limit=1&after={}", crate::api::urlencode(a)),
+            None => "/v1/batches?limit=1".to_string(),
+        };
+        let page = api.get(&path, Some(&operator)).await.expect(200);
+        for b in page["items"].as_array().unwrap() {
+            seen.push(b["batch_id"].as_str().unwrap().to_string());
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) => after = Some(next.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, [second.clone(), id.clone()]);
+    let only = api
+        .get("/v1/batches?status=completed", Some(&operator))
+        .await
+        .expect(200);
+    assert!(
+        only["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["batch_id"] == json!(id) && b["name"] == "nightly"),
+        "{only}"
+    );
+    let shown = api
+        .get("/v1/batches/nightly", Some(&operator))
+        .await
+        .expect(200);
+    assert_eq!(
+        (&shown["batch_id"], &shown["status"]),
+        (&json!(id), &json!("completed"))
+    );
+    // Completed: pause and cancel are refused and change nothing.
+    for control in ["pause", "cancel"] {
+        api.post(
+            &format!("/v1/batches/nightly/{control}"),
+            Some(&operator),
+            &json!({}),
+        )
+        .await
+        .problem(409, "conflict");
+    }
+
+    // Another tenant's operator: nothing listed, nothing found by name or id; a producer's
+    // token is below the route's role.
+    let theirs = api.get("/v1/batches", Some(&other)).await.expect(200);
+    assert_eq!(theirs["items"], json!([]), "{theirs}");
+    for path in [
+        "/v1/batches/nightly".to_string(),
+        format!("/v1/batches/{id}"),
+        "/v1/batches/nightly/report".to_string(),
+    ] {
+        api.get(&path, Some(&other)).await.problem(404, "not-found");
+    }
+    api.post("/v1/batches/nightly/pause", Some(&other), &json!({}))
+        .await
+        .problem(404, "not-found");
+    api.get("/v1/batches", Some(&producer))
+        .await
+        .problem(403, "forbidden");
+    let admins = api
+        .get("/v1/batches?tenant=t2", Some(&admin))
+        .await
+        .expect(200);
+    assert_eq!(admins["items"], json!([]), "{admins}");
+
+    // The name is free in another tenant; then a bare name is ambiguous for the command line
+    // (an admin of every tenant) until --tenant says which.
+    let (src2, dst2) = (TempDir::new("src"), TempDir::new("dst"));
+    write_docs(&src2.0, 1);
+    let t2 = json_of(&start_in(
+        &app,
+        "t2",
+        (src2.0.as_path(), dst2.0.as_path(), file.as_path()),
+        &["--name", "nightly"],
+    ));
+    let out = app.agentq(&["batch", "status", "nightly"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("t1, t2") && said.contains("--tenant"),
+        "{said}"
+    );
+    let mine = app.agentq_json(&["batch", "status", "nightly", "--tenant", "t2", "--json"]);
+    assert_eq!(mine["batch_id"], t2["batch_id"]);
+    let theirs = api
+        .get("/v1/batches/nightly", Some(&other))
+        .await
+        .expect(200);
+    assert_eq!(theirs["batch_id"], t2["batch_id"]);
+    let missing = app.agentq(&["batch", "status", "no-such-batch"]);
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("no batch named \"no-such-batch\""),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
     app.cleanup().await;
 }

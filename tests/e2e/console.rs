@@ -119,6 +119,10 @@ async fn console_in_a_browser_retries_a_dead_operation_approves_and_pauses_a_bat
         &dst,
         "--instructions",
         instructions.to_str().unwrap(),
+        // A canary waits for its promotion, so it is still there to pause (a batch whose
+        // documents all finished is completed, and takes no pause).
+        "--canary",
+        "5",
         "--json",
     ]);
     let batch = started["batch_id"].as_str().unwrap().to_string();

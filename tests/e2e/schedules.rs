@@ -525,10 +525,14 @@ async fn schedules_refuse_bad_input_and_another_tenants_id_writing_nothing() {
     }
     let list = api.get("/v1/schedules", Some(&operator)).await.expect(200);
     assert_eq!(list["items"], json!([]), "{list}");
-    // A malformed id is a 400, the same name twice a 409.
-    api.get("/v1/schedules/not-a-uuid", Some(&operator))
+    // Neither an id nor a name is a 400; a name the tenant has no schedule of, a 404; the same
+    // name twice, a 409.
+    api.get("/v1/schedules/not%20a%20name", Some(&operator))
         .await
         .problem(400, "invalid-request");
+    api.get("/v1/schedules/not-a-uuid", Some(&operator))
+        .await
+        .problem(404, "not-found");
     api.post("/v1/schedules", Some(&other), &good)
         .await
         .problem(409, "conflict");
@@ -651,9 +655,33 @@ async fn schedules_over_the_api_and_in_the_console_fire_and_are_audited() {
         page.contains("paused") && page.contains("/resume"),
         "{page}"
     );
-    // Pausing again is a conflict; resuming over the API fires again.
+    // Its name is taken wherever its id is: pausing again by name is a conflict; resuming by
+    // name over the API fires again. Another tenant's operator finds no schedule of that name.
+    let by_name = api
+        .get("/v1/schedules/nightly-ish", Some(&operator))
+        .await
+        .expect(200);
+    assert_eq!(by_name["schedule_id"], json!(id), "{by_name}");
+    let other = app.token("t2", "operator");
+    api.get("/v1/schedules/nightly-ish", Some(&other))
+        .await
+        .problem(404, "not-found");
+    api.post("/v1/schedules/nightly-ish/resume", Some(&other), &json!({}))
+        .await
+        .problem(404, "not-found");
+    // A name that reads as a UUID is refused: it would be taken for an id.
+    let uuid_named = api
+        .post(
+            "/v1/schedules",
+            Some(&operator),
+            &json!({ "name": uuid::Uuid::new_v4().to_string(), "kind": "echo",
+                     "input": { "text": "x" }, "interval_secs": 60 }),
+        )
+        .await
+        .problem(422, "unprocessable");
+    assert_eq!(uuid_named["field"], "/name", "{uuid_named}");
     api.post(
-        &format!("/v1/schedules/{id}/pause"),
+        "/v1/schedules/nightly-ish/pause",
         Some(&operator),
         &json!({}),
     )
@@ -661,7 +689,7 @@ async fn schedules_over_the_api_and_in_the_console_fire_and_are_audited() {
     .problem(409, "conflict");
     let resumed = api
         .post(
-            &format!("/v1/schedules/{id}/resume"),
+            "/v1/schedules/nightly-ish/resume",
             Some(&operator),
             &json!({}),
         )

@@ -1,5 +1,10 @@
 //! SQL of batch campaigns (`batches`, `batch_outcomes`): bulk enqueue, the controls (pause,
-//! resume, cancel), auto-pause, progress and the per-document report.
+//! resume, cancel), auto-pause, completion and reopening, names, the list, progress and the
+//! per-document report.
+//!
+//! Every write of `batches.status` is a named transition of `state::transition::batch`, and
+//! every one keeps the running clock: `running_since` is set exactly while a batch is
+//! `running`, and leaving `running` adds the open interval to `running_secs` ([`CLOCK`]).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -9,6 +14,7 @@ use uuid::Uuid;
 
 use super::{Result, dispatch::Dispatch, operations::NewOperation};
 use crate::state::BatchStatus;
+use crate::state::transition::batch::{self, Transition};
 use crate::state::transition::{from_sql, to_sql};
 
 /// A batch as stored.
@@ -29,21 +35,93 @@ pub struct Batch {
     pub pause_window: i32,
     pub pause_ratio: f32,
     pub paused_reason: Option<String>,
+    /// Unique in its tenant; accepted wherever its id is.
+    pub name: Option<String>,
+    pub started_at: DateTime<Utc>,
+    /// When it completed or was cancelled (none while it may still run).
+    pub finished_at: Option<DateTime<Utc>>,
+    /// When a `batch start` (or resume) had enqueued every document; none while one is under
+    /// way or was interrupted. Nothing completes before it.
+    pub filled_at: Option<DateTime<Utc>>,
+    /// Seconds spent `running` up to now (not paused, not a canary waiting for its promotion).
+    pub running_secs: f64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
 
 const COLUMNS: &str = "id, tenant_id, kind, source, target, instructions, options, status, canary,
-    documents, pause_window, pause_ratio, paused_reason, created_at, updated_at";
+    documents, pause_window, pause_ratio, paused_reason, name, started_at, finished_at, filled_at,
+    (running_secs + COALESCE(extract(epoch FROM now() - running_since), 0))::float8
+        AS running_secs,
+    created_at, updated_at";
+
+/// The `SET` items every status write of a batch `b` carries (with `$to` replaced by the new
+/// status' SQL literal): the running clock closes the open interval when the batch leaves
+/// `running` (and, leaving `canary`, counts the canary's run: from the start to its last
+/// operation's end, not the wait for a person after it), opens one when it enters `running`;
+/// `finished_at` is set by the finishing statuses and cleared by the others.
+pub const CLOCK: &str = "running_secs = b.running_secs
+        + COALESCE(extract(epoch FROM now() - b.running_since), 0)
+        + CASE WHEN b.status = 'canary'
+               THEN COALESCE(GREATEST(0, extract(epoch FROM
+                        (SELECT max(o.finished_at) FROM operations o WHERE o.batch_id = b.id)
+                        - b.started_at)), 0)
+               ELSE 0 END,
+    running_since = CASE WHEN $to = 'running' THEN now() END,
+    finished_at = CASE WHEN $to IN ('completed', 'cancelled') THEN now() END";
+
+/// [`CLOCK`] for a write to `to`.
+fn clock(to: BatchStatus) -> String {
+    CLOCK.replace("$to", &format!("'{to}'"))
+}
+
+/// What [`create_batch`] found.
+#[derive(Debug)]
+pub enum Created {
+    /// A new batch.
+    New(Batch),
+    /// The batch with that id existed (a re-run); its name is set if it had none.
+    Existing(Batch),
+    /// Another batch of the tenant has the name; nothing was written.
+    NameTaken,
+}
+
+/// Whether `e` is the violation of the unique name of batches in a tenant.
+fn name_taken(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .is_some_and(|d| d.constraint() == Some("batches_tenant_name"))
+}
 
 /// Creates the batch `b` (status `canary` when it has a canary, else `running`) unless a batch
-/// with its id exists; returns the stored batch and whether it was created now.
-pub async fn create_batch(pool: &PgPool, b: &Batch, actor: &str) -> Result<(Batch, bool)> {
+/// with its id exists, which a re-run finds (its document count may grow; a name is set if it
+/// had none). A name another batch of the tenant has writes nothing.
+pub async fn create_batch(pool: &PgPool, b: &Batch, actor: &str) -> Result<Created> {
+    match create(pool, b, actor).await {
+        Err(super::Error::Sqlx(e)) if name_taken(&e) => Ok(Created::NameTaken),
+        other => other,
+    }
+}
+
+async fn create(pool: &PgPool, b: &Batch, actor: &str) -> Result<Created> {
     let mut tx = pool.begin().await?;
+    if let Some(name) = &b.name {
+        let taken: Option<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM batches WHERE tenant_id = $1 AND name = $2 AND id <> $3",
+        )
+        .bind(&b.tenant)
+        .bind(name)
+        .bind(b.id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if taken.is_some() {
+            return Ok(Created::NameTaken);
+        }
+    }
     let created: Option<Batch> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO batches (id, tenant_id, kind, source, target, instructions, options, status,
-                              canary, documents, pause_window, pause_ratio)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                              canary, documents, pause_window, pause_ratio, name, running_since)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
+                 CASE WHEN $8 = 'running' THEN now() END)
          ON CONFLICT (id) DO NOTHING RETURNING {COLUMNS}"
     )))
     .bind(b.id)
@@ -58,6 +136,7 @@ pub async fn create_batch(pool: &PgPool, b: &Batch, actor: &str) -> Result<(Batc
     .bind(b.documents)
     .bind(b.pause_window)
     .bind(b.pause_ratio)
+    .bind(&b.name)
     .fetch_optional(&mut *tx)
     .await?;
     if let Some(created) = created {
@@ -72,19 +151,21 @@ pub async fn create_batch(pool: &PgPool, b: &Batch, actor: &str) -> Result<(Batc
         )
         .await?;
         tx.commit().await?;
-        return Ok((created, true));
+        return Ok(Created::New(created));
     }
     // Re-run: the document count may have grown; everything else identifies the batch.
     let existing: Batch = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "UPDATE batches SET documents = GREATEST(documents, $2), updated_at = now()
+        "UPDATE batches SET documents = GREATEST(documents, $2), name = COALESCE(name, $3),
+                            updated_at = now()
           WHERE id = $1 RETURNING {COLUMNS}"
     )))
     .bind(b.id)
     .bind(b.documents)
+    .bind(&b.name)
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok((existing, false))
+    Ok(Created::Existing(existing))
 }
 
 /// A batch, in `tenant` if given.
@@ -151,37 +232,48 @@ pub async fn insert_operations(pool: &PgPool, ops: &[NewOperation]) -> Result<Ve
     Ok(rows)
 }
 
-/// Moves a batch from one of `from` to `to` (audited); returns the status it had, or `None`
-/// when it was in none of `from` (nothing changed).
+/// Moves a batch by one of the named transitions `named` (all to the same status; audited as
+/// `batch_<to>`); returns the status it had, or `None` when it was in none of their from-sets
+/// (nothing changed).
 pub async fn transition(
     pool: &PgPool,
     id: Uuid,
-    from: &[BatchStatus],
-    to: BatchStatus,
+    named: &[Transition],
     actor: &str,
     reason: Option<&str>,
 ) -> Result<Option<BatchStatus>> {
+    let Some(to) = named.first().map(|t| t.to) else {
+        return Ok(None);
+    };
+    assert!(
+        named.iter().all(|t| t.to == to),
+        "one status write leads to one status"
+    );
     let mut tx = pool.begin().await?;
     let before: Option<BatchStatus> =
         sqlx::query_scalar("SELECT status FROM batches WHERE id = $1 FOR UPDATE")
             .bind(id)
             .fetch_optional(&mut *tx)
             .await?;
-    let Some(before) = before.filter(|s| from.contains(s)) else {
+    let Some(t) = before.and_then(|s| named.iter().find(|t| t.starts_from(s))) else {
         return Ok(None);
     };
-    sqlx::query(
-        "UPDATE batches
-            SET status = $2, updated_at = now(),
-                paused_reason = CASE WHEN $2 = 'paused' THEN $3 END,
+    let before = before.expect("found above");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE batches b
+            SET status = {to_sql}, updated_at = now(),
+                paused_reason = CASE WHEN {to_sql} = 'paused' THEN $2 END,
                 -- Resuming forgives the failures so far: auto-pause counts anew, after the
                 -- workers' circuit breakers have had time to probe the provider again.
-                count_from = CASE WHEN $2 = 'running' THEN now() + interval '10 seconds'
-                                  ELSE count_from END
-          WHERE id = $1",
-    )
+                count_from = CASE WHEN {to_sql} = 'running' THEN now() + interval '10 seconds'
+                                  ELSE count_from END,
+                {clock}
+          WHERE id = $1 AND status IN {from}",
+        to_sql = t.to_sql(),
+        clock = clock(t.to),
+        from = t.from_sql(),
+    )))
     .bind(id)
-    .bind(to)
     .bind(
         reason
             .map(|r| format!("paused by {actor}: {r}"))
@@ -200,7 +292,127 @@ pub async fn transition(
     )
     .await?;
     tx.commit().await?;
+    // `batch::PROMOTE`, `batch::PAUSE`, `batch::RESUME` and `batch::CANCEL` are written here.
     Ok(Some(before))
+}
+
+/// Reopens the batch `id` inside `tx` if it is `completed` (audited as `actor`), and holds its
+/// row lock until `tx` ends: the caller is about to give it unfinished work (a DLQ retry
+/// re-queues one of its operations, `batch start` enqueues documents it was missing), and the
+/// completion pass, which locks the rows it completes, then either sees that work or has
+/// completed the batch before this reopens it. Returns whether it reopened it.
+pub async fn reopen(tx: &mut sqlx::PgConnection, id: Uuid, actor: &str) -> Result<bool> {
+    let t = batch::REOPEN;
+    let status: Option<BatchStatus> =
+        sqlx::query_scalar("SELECT status FROM batches WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if !status.is_some_and(|s| t.starts_from(s)) {
+        return Ok(false);
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE batches b
+            SET status = {to}, updated_at = now(),
+                count_from = now() + interval '10 seconds', {clock}
+          WHERE id = $1 AND status IN {from}",
+        to = t.to_sql(),
+        clock = clock(t.to),
+        from = t.from_sql(),
+    )))
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    audit(
+        tx,
+        actor,
+        "batch_reopen",
+        id,
+        Some(BatchStatus::Completed.as_str()),
+        Some(BatchStatus::Running.as_str()),
+        None,
+    )
+    .await?;
+    Ok(true)
+}
+
+/// Before `batch start` enqueues documents a batch is missing: the batch is not filled until
+/// [`mark_filled`] (so it cannot complete meanwhile), and a completed one is reopened.
+pub async fn begin_fill(pool: &PgPool, id: Uuid, actor: &str) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    reopen(&mut tx, id, actor).await?;
+    sqlx::query("UPDATE batches SET filled_at = NULL WHERE id = $1")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Every document of the batch has been enqueued (kept from the first time it was).
+pub async fn mark_filled(pool: &PgPool, id: Uuid) -> Result<()> {
+    sqlx::query("UPDATE batches SET filled_at = COALESCE(filled_at, now()) WHERE id = $1")
+        .bind(id)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// A batch the completion pass completed.
+#[derive(Clone, Debug, FromRow)]
+pub struct Completed {
+    pub id: Uuid,
+    pub tenant_id: String,
+}
+
+/// Completes every filled `running` batch with no unfinished operation (audited as
+/// `scheduler`): one probe of `operations_batch_unfinished` per running batch, so a batch
+/// near the end of 50,000 documents costs what an empty one does. The candidates are locked
+/// (`FOR UPDATE SKIP LOCKED`) and checked again by a second statement, whose snapshot is taken
+/// with the locks held: a DLQ retry re-queues an operation holding its batch's lock
+/// ([`reopen`]), so it has either committed before that snapshot (and is seen), or is skipped,
+/// or waits for this commit and then reopens the batch.
+pub async fn complete(pool: &PgPool) -> Result<Vec<Completed>> {
+    let t = batch::COMPLETE;
+    let unfinished = "NOT EXISTS (SELECT 1 FROM operations o
+                       WHERE o.batch_id = b.id
+                         AND o.status IN ('queued', 'running', 'sleeping', 'waiting'))";
+    let mut tx = pool.begin().await?;
+    let candidates: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT b.id FROM batches b
+          WHERE b.status IN {from} AND b.filled_at IS NOT NULL AND {unfinished}
+          ORDER BY b.id
+            FOR UPDATE SKIP LOCKED",
+        from = t.from_sql(),
+    )))
+    .fetch_all(&mut *tx)
+    .await?;
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let done: Vec<Completed> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "WITH done AS (
+            UPDATE batches b
+               SET status = {to}, updated_at = now(), {clock}
+             WHERE b.id = ANY($1) AND b.status IN {from} AND b.filled_at IS NOT NULL
+               AND {unfinished}
+            RETURNING b.id, b.tenant_id
+         ), audited AS (
+            INSERT INTO operator_actions (actor, action, status_before, status_after, details)
+            SELECT 'scheduler', 'batch_completed', 'running', 'completed',
+                   jsonb_build_object('batch_id', id)
+              FROM done
+         )
+         SELECT id, tenant_id FROM done",
+        to = t.to_sql(),
+        clock = clock(t.to),
+        from = t.from_sql(),
+    )))
+    .bind(&candidates)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(done)
 }
 
 /// Locks up to `limit` queued operations of a batch not dispatched since `cutoff`, for the
@@ -269,7 +481,8 @@ pub struct AutoPaused {
 /// provider and is not an outcome here: one killed worker with many operations in flight must
 /// not pause a healthy campaign.
 pub async fn auto_pause(pool: &PgPool) -> Result<Vec<AutoPaused>> {
-    let rows = sqlx::query_as(
+    let t = batch::AUTO_PAUSE;
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH tripped AS (
             SELECT b.id, w.failed, b.pause_window
               FROM batches b
@@ -279,15 +492,16 @@ pub async fn auto_pause(pool: &PgPool) -> Result<Vec<AutoPaused>> {
                             WHERE x.batch_id = b.id AND x.at >= b.count_from
                               AND x.error_class IS DISTINCT FROM 'lease_expired'
                             ORDER BY x.id DESC LIMIT b.pause_window) r) w
-             WHERE b.status IN ('running', 'canary')
+             WHERE b.status IN {from}
                AND w.n >= b.pause_window AND w.failed >= ceil(b.pause_ratio * b.pause_window)
                FOR UPDATE OF b SKIP LOCKED
          ), paused AS (
             UPDATE batches b
-               SET status = 'paused', updated_at = now(),
+               SET status = {to}, updated_at = now(),
                    paused_reason = format('auto-paused: %s of the last %s operations failed',
-                                          t.failed, t.pause_window)
-              FROM tripped t WHERE b.id = t.id
+                                          t.failed, t.pause_window),
+                   {clock}
+              FROM tripped t WHERE b.id = t.id AND b.status IN {from}
             RETURNING b.id, b.tenant_id, t.failed, t.pause_window, b.paused_reason
          ), audited AS (
             INSERT INTO operator_actions (actor, action, reason, status_before, status_after, details)
@@ -296,7 +510,10 @@ pub async fn auto_pause(pool: &PgPool) -> Result<Vec<AutoPaused>> {
               FROM paused
          )
          SELECT id, tenant_id, failed, pause_window FROM paused",
-    )
+        from = t.from_sql(),
+        to = t.to_sql(),
+        clock = clock(t.to),
+    )))
     .fetch_all(pool)
     .await?;
     Ok(rows)
@@ -311,19 +528,6 @@ pub async fn counts(pool: &PgPool, batch: Uuid) -> Result<Vec<(String, i64)>> {
     .fetch_all(pool)
     .await?;
     Ok(rows)
-}
-
-/// Operations of a batch that succeeded since `since`.
-pub async fn succeeded_since(pool: &PgPool, batch: Uuid, since: DateTime<Utc>) -> Result<i64> {
-    let n = sqlx::query_scalar(
-        "SELECT count(*) FROM operations
-          WHERE batch_id = $1 AND status = 'succeeded' AND finished_at >= $2",
-    )
-    .bind(batch)
-    .bind(since)
-    .fetch_one(pool)
-    .await?;
-    Ok(n)
 }
 
 /// Model calls and tokens of a batch: (calls, prompt tokens, completion tokens).
@@ -396,6 +600,73 @@ pub async fn report_page(
     )
     .bind(batch)
     .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// A batch as lists show it: what identifies it, its times, and its operations counted.
+#[derive(Clone, Debug, Serialize, FromRow, schemars::JsonSchema)]
+#[schemars(rename = "ListedBatch")]
+pub struct Listed {
+    pub batch_id: Uuid,
+    pub name: Option<String>,
+    pub tenant: String,
+    pub kind: String,
+    pub status: BatchStatus,
+    pub paused_reason: Option<String>,
+    /// Documents in its source store.
+    pub documents: i32,
+    pub enqueued: i64,
+    pub succeeded: i64,
+    /// Dead, discarded or cancelled.
+    pub failed: i64,
+    /// Queued, running, sleeping or waiting.
+    pub unfinished: i64,
+    pub created_at: DateTime<Utc>,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// Which batches a list shows.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    /// One tenant's (none: every tenant's).
+    pub tenant: Option<String>,
+    pub status: Option<BatchStatus>,
+}
+
+/// A keyset page of batches, newest first by `(created_at, id)`, after `after`.
+pub async fn list(
+    pool: &PgPool,
+    filter: &Filter,
+    limit: i64,
+    after: Option<(DateTime<Utc>, Uuid)>,
+) -> Result<Vec<Listed>> {
+    let rows = sqlx::query_as(
+        "SELECT b.id AS batch_id, b.name, b.tenant_id AS tenant, b.kind, b.status,
+                b.paused_reason, b.documents,
+                COALESCE(c.enqueued, 0) AS enqueued, COALESCE(c.succeeded, 0) AS succeeded,
+                COALESCE(c.failed, 0) AS failed, COALESCE(c.unfinished, 0) AS unfinished,
+                b.created_at, b.started_at, b.finished_at
+           FROM batches b
+           LEFT JOIN LATERAL (
+                SELECT count(*) AS enqueued,
+                       count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+                       count(*) FILTER (WHERE status IN ('dead', 'discarded', 'cancelled')) AS failed,
+                       count(*) FILTER (WHERE status IN ('queued', 'running', 'sleeping', 'waiting'))
+                           AS unfinished
+                  FROM operations o WHERE o.batch_id = b.id) c ON true
+          WHERE ($1::text IS NULL OR b.tenant_id = $1)
+            AND ($2::text IS NULL OR b.status = $2)
+            AND ($3::timestamptz IS NULL OR (b.created_at, b.id) < ($3, $4))
+          ORDER BY b.created_at DESC, b.id DESC LIMIT $5",
+    )
+    .bind(&filter.tenant)
+    .bind(filter.status)
+    .bind(after.map(|a| a.0))
+    .bind(after.map(|a| a.1))
     .bind(limit)
     .fetch_all(pool)
     .await?;

@@ -1,5 +1,5 @@
 //! SQL of the operator console's read views: the overview counts and per-minute series,
-//! batches, payload reads and the audit row of a payload reveal. (Its operations list and
+//! payload reads and the audit row of a payload reveal. (Its operations list and
 //! pending approvals are `db::listing`, shared with the API and the CLI.)
 //!
 //! Every function takes the caller's tenant scope (`None` only for an admin) and filters by it,
@@ -159,50 +159,6 @@ pub async fn operation_actions(
            FROM operator_actions WHERE op_id = $1 ORDER BY created_at, id",
     )
     .bind(op)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows)
-}
-
-/// A batch with its operations counted by status, for the console's batches page.
-#[derive(Clone, Debug, FromRow)]
-pub struct BatchRow {
-    pub id: Uuid,
-    pub tenant_id: String,
-    pub kind: String,
-    pub status: crate::state::BatchStatus,
-    pub documents: i32,
-    pub paused_reason: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub enqueued: i64,
-    pub succeeded: i64,
-    pub failed: i64,
-    pub unfinished: i64,
-}
-
-/// The newest `limit` batches, in `tenant` if given.
-pub async fn list_batches(
-    pool: &PgPool,
-    tenant: Option<&str>,
-    limit: i64,
-) -> Result<Vec<BatchRow>> {
-    let rows = sqlx::query_as(
-        "SELECT b.id, b.tenant_id, b.kind, b.status, b.documents, b.paused_reason, b.created_at,
-                COALESCE(c.enqueued, 0) AS enqueued, COALESCE(c.succeeded, 0) AS succeeded,
-                COALESCE(c.failed, 0) AS failed, COALESCE(c.unfinished, 0) AS unfinished
-           FROM batches b
-           LEFT JOIN LATERAL (
-                SELECT count(*) AS enqueued,
-                       count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
-                       count(*) FILTER (WHERE status IN ('dead', 'discarded', 'cancelled')) AS failed,
-                       count(*) FILTER (WHERE status IN ('queued', 'running', 'sleeping', 'waiting'))
-                           AS unfinished
-                  FROM operations o WHERE o.batch_id = b.id) c ON true
-          WHERE $1::text IS NULL OR b.tenant_id = $1
-          ORDER BY b.created_at DESC, b.id DESC LIMIT $2",
-    )
-    .bind(tenant)
-    .bind(limit)
     .fetch_all(pool)
     .await?;
     Ok(rows)

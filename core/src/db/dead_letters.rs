@@ -437,11 +437,12 @@ pub async fn act(
     let mut requeued = None;
     let mut details = serde_json::json!({});
     if let Some(op_id) = dl.op_id {
-        let status: Option<Status> =
-            sqlx::query_scalar("SELECT status FROM operations WHERE id = $1 FOR UPDATE")
+        let row: Option<(Status, Option<Uuid>)> =
+            sqlx::query_as("SELECT status, batch_id FROM operations WHERE id = $1 FOR UPDATE")
                 .bind(op_id)
                 .fetch_optional(&mut *tx)
                 .await?;
+        let (status, batch) = (row.map(|r| r.0), row.and_then(|r| r.1));
         if status != Some(Status::Dead) {
             return Err(ActionError::Refused(format!(
                 "operation {op_id} is {}, not dead",
@@ -493,6 +494,11 @@ pub async fn act(
                 .await?;
             }
             Action::Retry { .. } | Action::Resolve(_) => {
+                // The operation is unfinished again: a completed batch of it is reopened in
+                // this transaction, holding the batch's row lock until it commits.
+                if let Some(batch) = batch {
+                    super::batches::reopen(&mut tx, batch, &actor.name).await?;
+                }
                 let (input, sha) = match action {
                     Action::Retry {
                         input: Some((v, sha)),

@@ -17,6 +17,7 @@ pub mod dispatch;
 pub mod events;
 pub mod gauges;
 pub mod listing;
+pub mod names;
 pub mod operations;
 pub mod pauses;
 pub mod retention;

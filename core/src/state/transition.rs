@@ -13,6 +13,8 @@
 use super::Status;
 use Status::*;
 
+pub mod batch;
+
 /// One named status change: from any of `from` to `to`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Transition {

@@ -506,31 +506,70 @@ async fn answers_as_sent_match_their_schemas() {
             raw_message_preview: poison.then(|| "{not json".into()),
         });
     }
-    c.answer(&app::batches::Overview {
-        batch_id: Uuid::new_v4(),
-        tenant: "acme".into(),
-        kind: "doc_migration".into(),
-        status: BatchStatus::Paused,
-        paused_reason: Some("auto-paused".into()),
-        canary: Some(10),
-        documents: 100,
-        enqueued: 40,
-        by_status: [("queued".to_string(), 30), ("dead".to_string(), 10)].into(),
-        unfinished: 30,
-        succeeded_per_s: 1.25,
-        eta_secs: Some(24),
-        usage: app::batches::Usage {
-            model_calls: 7,
-            prompt_tokens: 700,
-            completion_tokens: 70,
-        },
-        top_failures: vec![Failure {
-            error_class: "non_retryable".into(),
-            reason: "bad input <n>".into(),
-            count: 10,
-        }],
-    });
+    for (status, name, finished) in [
+        (BatchStatus::Paused, Some("q3-migration"), None),
+        (BatchStatus::Completed, None, Some(Utc::now())),
+    ] {
+        c.answer(&app::batches::Overview {
+            batch_id: Uuid::new_v4(),
+            name: name.map(String::from),
+            tenant: "acme".into(),
+            kind: "doc_migration".into(),
+            status,
+            paused_reason: Some("auto-paused".into()),
+            canary: Some(10),
+            started_at: Utc::now(),
+            finished_at: finished,
+            running_secs: 12.5,
+            documents: 100,
+            enqueued: 40,
+            by_status: [("queued".to_string(), 30), ("dead".to_string(), 10)].into(),
+            unfinished: 30,
+            succeeded_per_s: 1.25,
+            eta_secs: Some(24),
+            usage: app::batches::Usage {
+                model_calls: 7,
+                prompt_tokens: 700,
+                completion_tokens: 70,
+            },
+            top_failures: vec![Failure {
+                error_class: "non_retryable".into(),
+                reason: "bad input <n>".into(),
+                count: 10,
+            }],
+        });
+    }
     let batch_id = Uuid::new_v4();
+    let listed = |name: Option<&str>, finished: bool| {
+        app::batches::Item::of(&app::batches::Listed {
+            batch_id: Uuid::new_v4(),
+            name: name.map(String::from),
+            tenant: "acme".into(),
+            kind: "doc_migration".into(),
+            status: if finished {
+                BatchStatus::Completed
+            } else {
+                BatchStatus::Running
+            },
+            paused_reason: None,
+            documents: 10,
+            enqueued: 10,
+            succeeded: 9,
+            failed: 1,
+            unfinished: 0,
+            created_at: Utc::now(),
+            started_at: Utc::now(),
+            finished_at: finished.then(Utc::now),
+        })
+    };
+    c.answer(&batches::BatchPage {
+        items: vec![listed(Some("nightly"), true), listed(None, false)],
+        next_cursor: Some("2026-01-01T00:00:00.000000Z/x".into()),
+    });
+    c.answer(&batches::BatchPage {
+        items: Vec::new(),
+        next_cursor: None,
+    });
     for outcome in [
         batches::BatchOutcome::Paused,
         batches::BatchOutcome::Resumed(app::batches::Resumed {
@@ -549,6 +588,7 @@ async fn answers_as_sent_match_their_schemas() {
     for created in [true, false] {
         c.answer(&app::batches::StartedSummary {
             batch_id,
+            name: created.then(|| "nightly".into()),
             created,
             status: if created {
                 BatchStatus::Canary

@@ -1,15 +1,17 @@
-//! The console's Batches page (`GET /ui/batches`, through `agentq_app::console::batches`):
-//! the newest batches with their progress, and the pause / resume / cancel forms and actions
-//! of `agentq batch` (`agentq_app::batches`).
+//! The console's Batches page (`GET /ui/batches`, through `agentq_app::batches::list`, the
+//! list `agentq batch list` and `GET /v1/batches` show): the newest batches with their
+//! progress and times, and the pause / resume / cancel forms and actions of `agentq batch`
+//! (`agentq_app::batches`). A route's `{id}` is a batch's id or its name.
 
 use std::sync::Arc;
 
 use agentq_app as app;
-use agentq_app::console::BatchRow;
+use agentq_app::batches::Listed;
 use axum::extract::{Path, State};
 use maud::{Markup, html};
+use uuid::Uuid;
 
-use super::form::{FormPost, parse_id};
+use super::form::FormPost;
 use super::html::{self, badge, reason_field, short, time};
 use super::session::Session;
 use super::{UiResult, UiState};
@@ -19,7 +21,10 @@ const LIMIT: i64 = 100;
 
 /// `GET /ui/batches`: the newest batches with progress and pause / resume.
 pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResult {
-    let rows = app::console::batches(&state.api.app, &session.caller, LIMIT).await?;
+    let query = app::batches::ListQuery::default();
+    let rows = app::batches::list(&state.api.app, &session.caller, &query, LIMIT, None)
+        .await?
+        .items;
     let body = html! {
         h1 { "Batches" }
         @if rows.is_empty() {
@@ -29,9 +34,10 @@ pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResu
         } @else {
             table {
                 thead { tr {
-                    th { "batch" } th { "tenant" } th { "kind" } th { "status" } th { "progress" }
-                    th class="num" { "succeeded" } th class="num" { "failed" }
-                    th class="num" { "unfinished" } th { "created" } th { "control" }
+                    th { "batch" } th { "name" } th { "tenant" } th { "kind" } th { "status" }
+                    th { "progress" } th class="num" { "succeeded" } th class="num" { "failed" }
+                    th class="num" { "unfinished" } th { "started" } th { "finished" }
+                    th { "control" }
                 } }
                 tbody { @for b in &rows { (row(&session, b)) } }
             }
@@ -40,11 +46,11 @@ pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResu
     Ok(html::page(&session, "Batches", "/ui/batches", body))
 }
 
-fn row(session: &Session, b: &BatchRow) -> Markup {
+fn row(session: &Session, b: &Listed) -> Markup {
     let total = i64::from(b.documents).max(b.enqueued).max(1);
     let done = b.succeeded + b.failed;
     let form = |action: &str, fields: Markup| {
-        let action = format!("/ui/batches/{}/{action}", b.id);
+        let action = format!("/ui/batches/{}/{action}", b.batch_id);
         html::form(session, &action, Some("inline"), fields)
     };
     let pause = form(
@@ -65,7 +71,8 @@ fn row(session: &Session, b: &BatchRow) -> Markup {
             button type="submit" class="danger" data-action="cancel" { "Cancel" }
         },
     );
-    // The controls `agentq batch pause` / `resume` / `cancel` allow in each state.
+    // The controls `agentq batch pause` / `resume` / `cancel` allow in each state (a
+    // completed or cancelled batch takes none).
     let control = match b.status.as_str() {
         "running" => html! { (pause) (cancel) },
         "canary" => html! { (pause) (resume) (cancel) },
@@ -73,9 +80,10 @@ fn row(session: &Session, b: &BatchRow) -> Markup {
         _ => html! {},
     };
     html! {
-        tr data-batch=(b.id) {
-            td { a class="mono" href={ "/ui/operations?batch=" (b.id) } { (short(b.id)) } }
-            td { (b.tenant_id) }
+        tr data-batch=(b.batch_id) {
+            td { a class="mono" href={ "/ui/operations?batch=" (b.batch_id) } { (short(b.batch_id)) } }
+            td { (b.name.as_deref().unwrap_or("")) }
+            td { (b.tenant) }
             td { (b.kind) }
             td {
                 (badge(b.status.as_str()))
@@ -85,7 +93,8 @@ fn row(session: &Session, b: &BatchRow) -> Markup {
             td class="num" { (b.succeeded) }
             td class="num" { (b.failed) }
             td class="num" { (b.unfinished) }
-            td { (time(b.created_at)) }
+            td { (time(b.started_at)) }
+            td { @if let Some(f) = b.finished_at { (time(f)) } }
             td { (control) }
         }
     }
@@ -97,14 +106,15 @@ pub async fn pause(
     Path(id): Path<String>,
     post: FormPost,
 ) -> UiResult {
-    let id = parse_id(&id, "batch")?;
-    let outcome = app::batches::pause(&state.api.app, post.caller(), id, post.filled("reason"))
-        .await
-        .map(|()| {
-            format!(
-                "paused batch {id}: nothing new starts; running operations finish their current run"
-            )
-        });
+    let app = &state.api.app;
+    let outcome = async {
+        let id = resolve(&state, &post, &id).await?;
+        app::batches::pause(app, post.caller(), id, post.filled("reason")).await?;
+        Ok(format!(
+            "paused batch {id}: nothing new starts; running operations finish their current run"
+        ))
+    }
+    .await;
     post.done(&state, outcome, "/ui/batches")
 }
 
@@ -115,15 +125,16 @@ pub async fn resume(
     Path(id): Path<String>,
     post: FormPost,
 ) -> UiResult {
-    let id = parse_id(&id, "batch")?;
-    let outcome = app::batches::resume(&state.api.app, post.caller(), id, &app::batches::Quiet)
-        .await
-        .map(|r| {
-            format!(
-                "resumed batch {id} (was {}): {} enqueued, {} queued operations re-dispatched",
-                r.was, r.enqueued, r.redispatched
-            )
-        });
+    let app = &state.api.app;
+    let outcome = async {
+        let id = resolve(&state, &post, &id).await?;
+        let r = app::batches::resume(app, post.caller(), id, &app::batches::Quiet).await?;
+        Ok(format!(
+            "resumed batch {id} (was {}): {} enqueued, {} queued operations re-dispatched",
+            r.was, r.enqueued, r.redispatched
+        ))
+    }
+    .await;
     post.done(&state, outcome, "/ui/batches")
 }
 
@@ -133,15 +144,21 @@ pub async fn cancel(
     Path(id): Path<String>,
     post: FormPost,
 ) -> UiResult {
-    let id = parse_id(&id, "batch")?;
-    let outcome = app::batches::cancel(&state.api.app, post.caller(), id, post.filled("reason"))
-        .await
-        .map(|c| {
-            format!(
-                "cancelled batch {id}: {} operations cancelled, {} running ones stop at their \
-                 next step",
-                c.now, c.requested
-            )
-        });
+    let app = &state.api.app;
+    let outcome = async {
+        let id = resolve(&state, &post, &id).await?;
+        let c = app::batches::cancel(app, post.caller(), id, post.filled("reason")).await?;
+        Ok(format!(
+            "cancelled batch {id}: {} operations cancelled, {} running ones stop at their next \
+             step",
+            c.now, c.requested
+        ))
+    }
+    .await;
     post.done(&state, outcome, "/ui/batches")
+}
+
+/// The batch a route's `{id}` names: its id, or its name in the session's tenants.
+async fn resolve(state: &UiState, post: &FormPost, id: &str) -> app::Result<Uuid> {
+    app::names::resolve_batch(&state.api.app, post.caller(), id, None).await
 }

@@ -1,7 +1,7 @@
 //! The console's Schedules page: every schedule the session may see with how it fires, its
 //! next firings and counts, and pause / resume / delete through `agentq_app::schedules` (the
 //! same flows as `agentq schedules` and `/v1/schedules`), each form with the session's CSRF
-//! token.
+//! token. A route's `{id}` is a schedule's id or its name.
 
 use std::sync::Arc;
 
@@ -10,7 +10,7 @@ use agentq_app::schedules::Control;
 use axum::extract::{Path, State};
 use maud::{Markup, html};
 
-use super::form::{FormPost, parse_id};
+use super::form::FormPost;
 use super::html::{self, badge, time};
 use super::session::Session;
 use super::{UiResult, UiState};
@@ -110,16 +110,19 @@ async fn act(
     post: FormPost,
     what: Control,
 ) -> UiResult {
-    let id = parse_id(&id, "schedule")?;
-    let outcome = app::schedules::control(&state.api.app, post.caller(), id, what)
-        .await
-        .map(|v| {
-            let said = match what {
-                Control::Pause => ": nothing fires until it is resumed",
-                Control::Resume => "",
-                Control::Delete => "; its operations stay",
-            };
-            format!("{} schedule {}{said}", what.done(), v.schedule.name)
-        });
+    let app = &state.api.app;
+    let outcome = async {
+        let id = app::names::resolve_schedule(app, post.caller(), &id, None).await?;
+        app::schedules::control(app, post.caller(), id, what).await
+    }
+    .await
+    .map(|v| {
+        let said = match what {
+            Control::Pause => ": nothing fires until it is resumed",
+            Control::Resume => "",
+            Control::Delete => "; its operations stay",
+        };
+        format!("{} schedule {}{said}", what.done(), v.schedule.name)
+    });
     post.done(&state, outcome, "/ui/schedules")
 }
