@@ -170,7 +170,7 @@ pub fn app(config: &Deployment, pool: PgPool, role: &str) -> agentq_app::App {
                 tenant_max_schedules: config.tenant_max_schedules,
                 schedule_min_interval: Duration::from_secs(config.schedule_min_interval_secs),
             },
-            redact: agentq_app::decision::redact_keys(config.console_redact.as_deref()),
+            redact: agentq_app::redact::redact_keys(config.console_redact.as_deref()),
             tenant_share: Some(config.tenant_share),
         },
     )

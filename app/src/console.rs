@@ -97,10 +97,10 @@ pub async fn operation(
     )
     .await?;
     let mut steps = steps;
-    crate::decision::redact_steps(app, &mut steps);
+    crate::redact::redact_steps(app, &mut steps);
     let mut events = events::events_after(pool, op.0, 0, EVENTS).await?;
     for e in &mut events {
-        crate::decision::redact_event(app, &mut e.data);
+        crate::redact::redact_event(app, &mut e.data);
     }
     let payloads = if reveal {
         crate::decision::reveal(app, caller, &operation, "console").await?

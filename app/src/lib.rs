@@ -47,6 +47,7 @@ pub mod names;
 pub mod operations;
 pub mod page;
 pub mod pauses;
+pub mod redact;
 pub mod schedules;
 pub mod tenants;
 pub mod time;
@@ -112,7 +113,7 @@ pub struct Settings {
     /// The caps of a tenant.
     pub limits: capacity::Limits,
     /// JSON keys shown as `[redacted]` wherever a payload, a step output or a pending
-    /// decision's context is shown (`AGENTQ_CONSOLE_REDACT`; [`decision::redact`]).
+    /// decision's context is shown (`AGENTQ_CONSOLE_REDACT`; [`redact::redact`]).
     pub redact: Vec<String>,
     /// The share of a worker's lane slots a tenant keeps while another waits
     /// (`AGENTQ_TENANT_SHARE` as this process reads it), for [`why`]'s answers; `None`: unknown.

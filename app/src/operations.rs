@@ -249,7 +249,7 @@ pub async fn steps(
         // An operation with no step (after `after`) yet, or none the caller may see.
         find(app, caller, op).await?;
     }
-    crate::decision::redact_steps(app, &mut steps);
+    crate::redact::redact_steps(app, &mut steps);
     let next_after = more.then(|| steps.last().map(|s| s.seq)).flatten();
     Ok(StepsPage { steps, next_after })
 }

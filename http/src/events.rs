@@ -426,7 +426,7 @@ impl Cursor {
 
     async fn render(&self, e: log::Event, outcome: Outcome) -> Event {
         let mut data = e.data;
-        agentq_app::decision::redact_event(&self.state.app, &mut data);
+        agentq_app::redact::redact_event(&self.state.app, &mut data);
         data["at"] = json!(e.at);
         if e.kind == "status" && is_terminal(&data) {
             // The terminal event carries the outcome, read from the operation itself (the log
