@@ -883,9 +883,14 @@ async fn a_named_batch_completes_and_is_listed_and_found_by_name_in_its_tenant_o
     let body = json!({ "source": app.dir_store("t1", &src.0, "read"),
                        "target": app.dir_store("t1", &dst.0, "write"),
                        "instructions": "Keep it, again.", "name": "nightly" });
-    api.post("/v1/batches", Some(&operator), &body)
-        .await
-        .problem(409, "conflict");
+    // A 503 (the broker was not reachable when the request came: nothing started) is retried,
+    // as its Retry-After asks.
+    app.wait_until("the start to be admitted", DEADLINE, || async {
+        let r = api.post("/v1/batches", Some(&operator), &body).await;
+        (r.status != 503).then_some(r)
+    })
+    .await
+    .problem(409, "conflict");
     assert_eq!(count(&app, "SELECT count(*) FROM batches").await, batches);
     assert_eq!(app.operation_count().await, operations);
     // Unnamed, it starts; it is the newest.
