@@ -10,7 +10,8 @@
 //! - Every form POST carries the session's CSRF token, and a cross-site `Origin` or
 //!   `Sec-Fetch-Site` is refused before any handler runs.
 //! - Every query takes the session's tenant scope (`Caller::scope`): another tenant's id is
-//!   "not found". Inputs, results and step outputs are shown only after an audited "reveal".
+//!   "not found". An operation's input, result and step outputs show on its own page only,
+//!   each view audited (`reveal_payloads`) and redacted (`agentq_app::redact`).
 //! - Pages are maud templates (`html.rs` and each page's module): every value spliced into one
 //!   is escaped, and no page uses `PreEscaped`.
 //! - A form POST is written once ([`form::FormPost`]): CSRF checked, outcome flashed, redirect.
