@@ -123,13 +123,6 @@ impl FilterArgs {
         }
     }
 
-    /// Checks the filters before anything is read.
-    fn check(&self) -> anyhow::Result<()> {
-        app::dlq::filter_for(&app::Caller::command_line(""), self.query())
-            .map(|_| ())
-            .map_err(flag_error)
-    }
-
     fn is_empty(&self) -> bool {
         self.tenant.is_none()
             && self.kind.is_none()
@@ -143,11 +136,6 @@ fn parse_ids(ids: &[String]) -> anyhow::Result<Vec<Uuid>> {
     ids.iter()
         .map(|s| OperationId::parse(s).map(|o| o.0).map_err(refuse))
         .collect()
-}
-
-/// A refused filter flag, named as the command line spells it (`--since …`).
-fn flag_error(e: app::AppError) -> anyhow::Error {
-    cli_error(flag_error_app(e))
 }
 
 pub async fn run(config: Deployment, cmd: DlqCommand) -> anyhow::Result<()> {
@@ -295,7 +283,6 @@ async fn bulk_action(
     kind: Kind,
 ) -> anyhow::Result<()> {
     let explicit = parse_ids(ids)?;
-    filter.check()?;
     let rate = crate::bulk::parse_rate(&bulk.rate)?;
     if explicit.is_empty() && filter.is_empty() && !bulk.all {
         return Err(refuse(

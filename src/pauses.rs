@@ -34,28 +34,18 @@ pub struct TargetArgs {
 impl TargetArgs {
     /// The target these flags name; a schedule by its id or its name (in `--tenant`, if
     /// given).
-    async fn target(
-        &self,
-        app: &agentq_app::App,
-        caller: &agentq_app::Caller,
-    ) -> agentq_app::Result<Target> {
+    fn target(&self) -> agentq_app::Result<Target> {
         let op = self
             .op
             .as_deref()
             .map(agentq_app::operations::parse_id)
             .transpose()?;
-        let schedule = match self.schedule.as_deref() {
-            Some(s) => Some(
-                agentq_app::names::resolve_schedule(app, caller, s, self.tenant.as_deref()).await?,
-            ),
-            None => None,
-        };
         Ok(Target {
             op_id: op.map(|o| o.0),
             tenant: self.tenant.clone(),
             kind: self.kind.clone(),
             lane: self.lane,
-            schedule_id: schedule,
+            schedule: self.schedule.clone(),
             everything: self.all,
         })
     }
@@ -99,7 +89,7 @@ pub struct ResumeArgs {
 pub async fn pause(config: Deployment, args: PauseArgs) -> anyhow::Result<()> {
     let (app, caller) = cli_app(&config, &args.actor).await?;
     let paused = async {
-        let target = args.target.target(&app, &caller).await?;
+        let target = args.target.target()?;
         pauses::pause(&app, &caller, &target, &args.reason, args.dry_run).await
     }
     .await;
@@ -120,7 +110,7 @@ pub async fn resume(config: Deployment, args: ResumeArgs) -> anyhow::Result<()> 
             Ok(id) => pauses::resume(&app, &caller, id, reason).await,
             Err(e) => Err(e),
         },
-        None => match args.target.target(&app, &caller).await {
+        None => match args.target.target() {
             Ok(target) => pauses::resume_target(&app, &caller, &target, reason).await,
             Err(e) => Err(e),
         },

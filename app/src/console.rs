@@ -170,7 +170,7 @@ pub async fn inbox(
     query: crate::dlq::Query<'_>,
     limit: i64,
 ) -> Result<Inbox> {
-    let filter = crate::dlq::filter_for(caller, query)?;
+    let filter = crate::dlq::filter_for(app, caller, query).await?;
     let groups = dead_letters::stats(&app.pool, &filter).await?;
     let items = console::inbox(&app.pool, &filter, limit).await?;
     Ok(Inbox {

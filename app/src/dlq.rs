@@ -3,6 +3,7 @@
 //! The CLI's bulk forms call [`act`] once per selected dead letter.
 
 use agentq_core::db::dead_letters::{self, Action, ActionError, Actor, Filter, Outcome};
+use agentq_core::db::names::Named;
 use agentq_core::db::{self};
 use agentq_core::dispatch::Target;
 use agentq_core::operation::{OperationId, input_sha256};
@@ -72,19 +73,25 @@ pub struct Query<'a> {
 
 /// The filter `query` means for `caller`: an operator sees only its own tenant (naming another
 /// is forbidden, naming none means its own), an admin any or all. A wrong part is refused
-/// naming it (`field`, the message starting with the field's name).
-pub fn filter_for(caller: &Caller, query: Query<'_>) -> Result<Filter> {
+/// naming it (`field`, the message starting with the field's name). A batch is named by its
+/// id or its name (`crate::names`).
+pub async fn filter_for(app: &App, caller: &Caller, query: Query<'_>) -> Result<Filter> {
     caller.require(Role::Operator)?;
     let tenant = caller.tenant_filter(query.tenant)?;
-    build_filter(
+    let mut filter = build_filter(
         tenant.as_deref(),
         query.kind,
         query.class,
         query.since,
-        query.batch,
         query.status,
     )
-    .map_err(|(field, message)| AppError::Malformed { field, message })
+    .map_err(|(field, message)| AppError::Malformed { field, message })?;
+    if let Some(b) = query.batch {
+        filter.batch = Some(
+            crate::names::in_filter(app, caller, Named::Batch, b, query.tenant, "batch").await?,
+        );
+    }
+    Ok(filter)
 }
 
 /// One keyset page of dead letters, newest first.
@@ -99,7 +106,7 @@ pub async fn list(
     limit: i64,
     after: Option<&str>,
 ) -> Result<Page> {
-    let filter = filter_for(caller, query)?;
+    let filter = filter_for(app, caller, query).await?;
     page::check_limit(limit)?;
     let after = page::after(after)?;
     let items = dead_letters::list_dead_letters(&app.pool, &filter, limit, after).await?;
@@ -113,27 +120,19 @@ pub async fn stats(
     caller: &Caller,
     query: Query<'_>,
 ) -> Result<Vec<dead_letters::StatRow>> {
-    let filter = filter_for(caller, query)?;
+    let filter = filter_for(app, caller, query).await?;
     Ok(dead_letters::stats(&app.pool, &filter).await?)
 }
 
-/// Builds a dead-letter filter from its parts as a user typed them (CLI flags, query
-/// parameters, form fields), saying which part is wrong: `(field, message)`, the message
-/// starting with the field's name.
-pub fn build_filter(
+/// Builds a dead-letter filter (all but its batch) from its parts as a user typed them,
+/// saying which part is wrong: `(field, message)`, the message starting with the field's name.
+fn build_filter(
     tenant: Option<&str>,
     kind: Option<&str>,
     class: Option<&str>,
     since: Option<&str>,
-    batch: Option<&str>,
     status: Option<&str>,
 ) -> Result<Filter, (&'static str, String)> {
-    let batch = batch
-        .map(|b| {
-            Uuid::parse_str(b)
-                .map_err(|_| ("batch", format!("batch {b:?} is not a batch id (a UUID)")))
-        })
-        .transpose()?;
     let status = status
         .map(|s| {
             s.parse::<DeadLetterStatus>().map_err(|_| {
@@ -152,7 +151,7 @@ pub fn build_filter(
         kind: kind.map(String::from),
         class: class.map(String::from),
         since,
-        batch,
+        batch: None,
         status,
     })
 }
@@ -161,7 +160,7 @@ pub fn build_filter(
 /// a bulk retry or discard acts on, and what its dry run shows.
 pub async fn select(app: &App, caller: &Caller, query: Query<'_>, max: i64) -> Result<Vec<Uuid>> {
     caller.require(Role::Operator)?;
-    let filter = filter_for(caller, query)?;
+    let filter = filter_for(app, caller, query).await?;
     Ok(dead_letters::select_ids(&app.pool, &filter, max).await?)
 }
 

@@ -71,6 +71,43 @@ async fn resolve(
     tenant: Option<&str>,
 ) -> Result<Uuid> {
     caller.require(Role::Operator)?;
+    lookup(app, caller, what, s, tenant, "id").await
+}
+
+/// The batch or schedule (`what`) a filter's `field` names (an id or a name), for any caller
+/// that may list: the name is looked up in the tenants the caller sees, as every filter is,
+/// and a name it does not have is a wrong filter.
+pub(crate) async fn in_filter(
+    app: &App,
+    caller: &Caller,
+    what: Named,
+    s: &str,
+    tenant: Option<&str>,
+    field: &'static str,
+) -> Result<Uuid> {
+    lookup(app, caller, what, s, tenant, field)
+        .await
+        .map_err(|e| unknown_in_filter(e, field))
+}
+
+/// A filter naming nothing is a wrong filter (naming the field), not a missing resource.
+fn unknown_in_filter(e: AppError, field: &'static str) -> AppError {
+    match e {
+        AppError::NotFound(m) => AppError::malformed(field, m),
+        other => other,
+    }
+}
+
+/// `s` as an id, or the one `what` of that name in the caller's scope; `field` is what a
+/// refusal names.
+async fn lookup(
+    app: &App,
+    caller: &Caller,
+    what: Named,
+    s: &str,
+    tenant: Option<&str>,
+    field: &'static str,
+) -> Result<Uuid> {
     let s = s.trim();
     if let Ok(id) = Uuid::parse_str(s) {
         return Ok(id);
@@ -79,9 +116,9 @@ async fn resolve(
         Named::Batch => ("batch", "agentq batch list"),
         Named::Schedule => ("schedule", "agentq schedules list"),
     };
-    if check(s, what_name, "id").is_err() {
+    if check(s, what_name, field).is_err() {
         return Err(AppError::malformed(
-            "id",
+            field,
             format!(
                 "{s:?} is neither a {what_name} id (a UUID) nor a {what_name} name (see `{lists}`)"
             ),
@@ -100,7 +137,7 @@ async fn resolve(
         many => {
             let tenants: Vec<&str> = many.iter().map(|(_, t)| t.as_str()).collect();
             Err(AppError::invalid(
-                "id",
+                field,
                 format!(
                     "{what_name} name {s:?} is used in tenants {}: pass the {what_name}'s id, \
                      or name its tenant (--tenant on the command line)",

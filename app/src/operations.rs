@@ -2,6 +2,7 @@
 //! signal it, approve or reject it (the approval convention), cancel it.
 
 use agentq_core::approval::{self, is_approval_signal};
+use agentq_core::db::names::Named;
 use agentq_core::db::{self, cancel, listing, signals};
 use agentq_core::dispatch::Target;
 use agentq_core::operation::OperationId;
@@ -278,9 +279,9 @@ pub struct ListQuery {
     /// Statuses, each one or a comma-separated list: any of them matches.
     pub status: Vec<String>,
     pub kind: Option<String>,
-    /// A batch id.
+    /// A batch id or name.
     pub batch: Option<String>,
-    /// A schedule id: the operations it fired.
+    /// A schedule id or name: the operations it fired.
     pub schedule: Option<String>,
     /// An operation id: the children it spawned.
     pub parent: Option<String>,
@@ -295,8 +296,9 @@ pub struct ListQuery {
 const MAX_NAME: usize = 128;
 
 /// The filter `query` means for `caller` (a non-admin sees only its own tenant), each wrong
-/// part refused naming it: the message starts with the parameter's name.
-pub fn list_filter(caller: &Caller, query: &ListQuery) -> Result<listing::Filter> {
+/// part refused naming it: the message starts with the parameter's name. A batch or a
+/// schedule is named by its id or its name (`crate::names`).
+pub async fn list_filter(app: &App, caller: &Caller, query: &ListQuery) -> Result<listing::Filter> {
     caller.require(Role::Producer)?;
     let tenant = caller.tenant_filter(query.tenant.as_deref())?;
     if let Some(t) = &tenant {
@@ -323,18 +325,31 @@ pub fn list_filter(caller: &Caller, query: &ListQuery) -> Result<listing::Filter
             format!("kind must be 1-{MAX_NAME} characters"),
         ));
     }
-    let id = |v: &Option<String>, field: &'static str, what: &str| {
-        v.as_deref()
-            .map(|s| {
-                uuid::Uuid::parse_str(s).map_err(|_| {
-                    AppError::malformed(field, format!("{field} {s:?} is not {what} (a UUID)"))
-                })
+    let parent = query
+        .parent
+        .as_deref()
+        .map(|s| {
+            uuid::Uuid::parse_str(s).map_err(|_| {
+                AppError::malformed(
+                    "parent",
+                    format!("parent {s:?} is not an operation id (a UUID)"),
+                )
             })
-            .transpose()
+        })
+        .transpose()?;
+    let named = query.tenant.as_deref();
+    let batch = match &query.batch {
+        Some(b) => {
+            Some(crate::names::in_filter(app, caller, Named::Batch, b, named, "batch").await?)
+        }
+        None => None,
     };
-    let batch = id(&query.batch, "batch", "a batch id")?;
-    let schedule = id(&query.schedule, "schedule", "a schedule id")?;
-    let parent = id(&query.parent, "parent", "an operation id")?;
+    let schedule = match &query.schedule {
+        Some(s) => {
+            Some(crate::names::in_filter(app, caller, Named::Schedule, s, named, "schedule").await?)
+        }
+        None => None,
+    };
     let time = |v: &Option<String>, field: &'static str| {
         v.as_deref()
             .map(|s| crate::time::parse_since(s, field).map_err(|e| AppError::malformed(field, e)))
@@ -393,7 +408,7 @@ pub async fn list(
     limit: i64,
     after: Option<&str>,
 ) -> Result<Page> {
-    let filter = list_filter(caller, query)?;
+    let filter = list_filter(app, caller, query).await?;
     page::check_limit(limit)?;
     let after = page::after(after)?;
     let items = listing::list(&app.pool, &filter, limit, after).await?;

@@ -4,6 +4,7 @@
 //! step boundary and goes back to the queue with its journal, its attempt given back. Resuming
 //! re-dispatches what the pause held. Both are audited with a reason; a pause has a dry run.
 
+use agentq_core::db::names::Named;
 use agentq_core::db::pauses::{self, Pause};
 pub use agentq_core::db::pauses::{Counts, Scope};
 use agentq_core::operation::{Lane, OperationId};
@@ -30,8 +31,8 @@ pub struct Target {
     pub kind: Option<String>,
     /// Every operation of a lane.
     pub lane: Option<Lane>,
-    /// Every operation a schedule fired.
-    pub schedule_id: Option<Uuid>,
+    /// Every operation a schedule fired: the schedule's id or its name.
+    pub schedule: Option<String>,
     /// Nothing named: everything the caller may pause (must be said, so that a forgotten
     /// filter never drains a deployment).
     #[serde(default)]
@@ -313,7 +314,7 @@ async fn scope_of(app: &App, caller: &Caller, target: &Target) -> Result<Scope> 
         || target.tenant.is_some()
         || target.kind.is_some()
         || target.lane.is_some()
-        || target.schedule_id.is_some();
+        || target.schedule.is_some();
     if named == target.everything {
         return Err(AppError::invalid(
             "/everything",
@@ -338,15 +339,26 @@ async fn scope_of(app: &App, caller: &Caller, target: &Target) -> Result<Scope> 
         let found = crate::operations::find(app, caller, OperationId(op)).await?;
         tenant = Some(found.tenant);
     }
-    if let Some(schedule) = target.schedule_id {
-        let found = crate::schedules::find(app, caller, schedule).await?;
+    let mut schedule_id = None;
+    if let Some(schedule) = &target.schedule {
+        let id = crate::names::in_filter(
+            app,
+            caller,
+            Named::Schedule,
+            schedule,
+            target.tenant.as_deref(),
+            "/scope/schedule",
+        )
+        .await?;
+        let found = crate::schedules::find(app, caller, id).await?;
         tenant = tenant.or(Some(found.schedule.tenant));
+        schedule_id = Some(id);
     }
     Ok(Scope {
         tenant,
         kind: target.kind.clone(),
         lane: target.lane.map(|l| l.as_str().to_string()),
-        schedule_id: target.schedule_id,
+        schedule_id,
         op_id: target.op_id,
     })
 }

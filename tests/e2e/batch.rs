@@ -958,6 +958,39 @@ async fn a_named_batch_completes_and_is_listed_and_found_by_name_in_its_tenant_o
         (&shown["batch_id"], &shown["status"]),
         (&json!(id), &json!("completed"))
     );
+    // Wherever a batch id is taken, the name is too: the operations and dead letters of a
+    // batch, on the command line and in the API (a producer's list included); a name the
+    // caller's tenant does not have is refused, naming the filter.
+    let ops = app.agentq_json_lines(&["list", "--batch", "nightly", "--json"]);
+    assert_eq!(ops.len(), 4, "{ops:?}");
+    assert!(ops.iter().all(|o| o["batch_id"] == json!(id)), "{ops:?}");
+    for token in [&operator, &producer] {
+        let page = api
+            .get("/v1/operations?batch=nightly", Some(token))
+            .await
+            .expect(200);
+        assert_eq!(page["items"].as_array().unwrap().len(), 4, "{page}");
+    }
+    let refused = api
+        .get("/v1/operations?batch=nightly", Some(&other))
+        .await
+        .problem(400, "invalid-request");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no batch named"),
+        "{refused}"
+    );
+    let dead = app.agentq_json_lines(&["dlq", "list", "--batch", "nightly", "--json"]);
+    assert_eq!(dead, Vec::<Value>::new());
+    let out = app.agentq(&["dlq", "list", "--batch", "no-such"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("--batch") && said.contains("no batch named"),
+        "{said}"
+    );
     // Completed: pause and cancel are refused and change nothing.
     for control in ["pause", "cancel"] {
         api.post(

@@ -315,6 +315,98 @@ async fn pauses_hold_their_scope_refuse_bad_requests_and_drain_mode_holds_everyt
             r.text().await.unwrap()
         );
     }
+    // A schedule by its name: an unknown one is refused naming the field; a known one is
+    // paused by its id.
+    let schedule = post(
+        "/v1/schedules".into(),
+        &operator_t2,
+        json!({ "name": "hourly", "kind": "echo", "input": { "text": "s" },
+                "interval_secs": 3600 }),
+    )
+    .await
+    .unwrap()
+    .json::<Value>()
+    .await
+    .unwrap()["schedule_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = post(
+        "/v1/pauses".into(),
+        &operator_t2,
+        json!({ "scope": { "schedule": "no-such" }, "reason": "x" }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let said: Value = r.json().await.unwrap();
+    assert_eq!(
+        (&said["detail"], &said["field"]),
+        (
+            &json!("no schedule named \"no-such\""),
+            &json!("/scope/schedule")
+        ),
+        "{said}"
+    );
+    let dry = post(
+        "/v1/pauses".into(),
+        &operator_t2,
+        json!({ "scope": { "schedule": "hourly" }, "reason": "x", "dry_run": true }),
+    )
+    .await
+    .unwrap()
+    .json::<Value>()
+    .await
+    .unwrap();
+    assert_eq!(dry["dry_run"], true, "{dry}");
+    let by_cli = app.agentq_json(&[
+        "pause",
+        "--schedule",
+        "hourly",
+        "--tenant",
+        "t2",
+        "--reason",
+        "x",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(by_cli["dry_run"], true, "{by_cli}");
+    // Another tenant's operator does not find it by name.
+    let operator_t1 = app.token("t1", "operator");
+    let r = post(
+        "/v1/pauses".into(),
+        &operator_t1,
+        json!({ "scope": { "schedule": "hourly" }, "reason": "x" }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let held = post(
+        "/v1/pauses".into(),
+        &operator_t2,
+        json!({ "scope": { "schedule": "hourly" }, "reason": "schedule incident" }),
+    )
+    .await
+    .unwrap()
+    .json::<Value>()
+    .await
+    .unwrap();
+    assert_eq!(
+        held["pause"]["scope"],
+        json!({ "tenant": "t2", "schedule_id": schedule }),
+        "{held}"
+    );
+    let pause_id = held["pause"]["pause_id"].as_str().unwrap().to_string();
+    let r = post(
+        format!("/v1/pauses/{pause_id}/resume"),
+        &operator_t2,
+        json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    app.agentq_ok(&["schedules", "delete", "hourly", "--tenant", "t2"]);
+
     let refused = app.agentq(&["pause", "--reason", "nothing named"]);
     assert_eq!(refused.status.code(), Some(2));
     let said = String::from_utf8_lossy(&refused.stderr);
@@ -323,7 +415,10 @@ async fn pauses_hold_their_scope_refuse_bad_requests_and_drain_mode_holds_everyt
         .fetch_one(&app.pool)
         .await
         .unwrap();
-    assert_eq!(pauses, 0, "no refused request wrote a pause");
+    assert_eq!(
+        pauses, 0,
+        "no refused request wrote a pause (the schedule's was resumed)"
+    );
 
     // A tenant's pause holds that tenant only: t2's operator pauses t2.
     let paused = post(

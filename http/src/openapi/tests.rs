@@ -805,7 +805,7 @@ fn request_schemas_accept_what_the_handlers_read() {
     for body in [
         json!({ "scope": { "kind": "triage", "tenant": "acme" }, "reason": "degraded" }),
         json!({ "scope": { "everything": true }, "reason": "drain", "dry_run": true }),
-        json!({ "scope": { "lane": "batch", "schedule_id": Uuid::nil() }, "reason": "x" }),
+        json!({ "scope": { "lane": "batch", "schedule": Uuid::nil() }, "reason": "x" }),
         json!({ "scope": { "op_id": Uuid::nil() }, "reason": "x" }),
         json!({ "scope": { "lane": "sideways" }, "reason": "x" }),
         json!({ "scope": {}, "reason": 1 }),

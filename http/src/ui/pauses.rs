@@ -97,7 +97,7 @@ fn new_pause(session: &Session) -> Markup {
 
 /// `POST /ui/pauses`: `agentq pause` with the form's filters (a preview with `dry_run`).
 pub async fn create(State(state): State<Arc<UiState>>, post: FormPost) -> UiResult {
-    let outcome = match target_of(&state, &post).await {
+    let outcome = match target_of(&post) {
         Ok(target) => pause(&state, &post, &target).await,
         Err(refused) => Err(refused),
     };
@@ -205,9 +205,9 @@ fn operation(id: &str) -> UiResult<Target> {
     })
 }
 
-/// The scope the Pause form names (a schedule by its id or its name); a malformed lane or an
-/// unknown schedule is refused.
-async fn target_of(state: &UiState, post: &FormPost) -> app::Result<Target> {
+/// The scope the Pause form names (a schedule by its id or its name); a malformed lane is
+/// refused.
+fn target_of(post: &FormPost) -> app::Result<Target> {
     let lane = post
         .filled("lane")
         .map(|l| {
@@ -215,19 +215,12 @@ async fn target_of(state: &UiState, post: &FormPost) -> app::Result<Target> {
                 .map_err(|e| app::AppError::invalid("lane", e))
         })
         .transpose()?;
-    let tenant = post.filled("tenant");
-    let schedule_id = match post.filled("schedule") {
-        Some(s) => {
-            Some(app::names::resolve_schedule(&state.api.app, post.caller(), s, tenant).await?)
-        }
-        None => None,
-    };
     Ok(Target {
         op_id: None,
-        tenant: tenant.map(str::to_string),
+        tenant: post.filled("tenant").map(str::to_string),
         kind: post.filled("kind").map(str::to_string),
         lane,
-        schedule_id,
+        schedule: post.filled("schedule").map(str::to_string),
         everything: post.filled("everything").is_some(),
     })
 }
