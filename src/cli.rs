@@ -153,6 +153,10 @@ pub enum Command {
     Pause(crate::pauses::PauseArgs),
     /// Lift a pause (by what it names, or --pause ID) and re-dispatch what it held.
     Resume(crate::pauses::ResumeArgs),
+    /// Token budgets: set or raise one on an operation or a batch, let a refused call through
+    /// once, show the budgets over an operation.
+    #[command(subcommand)]
+    Budget(crate::budgets::BudgetCommand),
     /// The pauses in force: what each holds, who paused it, when and why.
     Pauses {
         #[arg(long)]
@@ -252,6 +256,9 @@ pub struct EnqueueArgs {
     /// Stop it (dead, deadline_exceeded) if not finished by then: RFC 3339 or a duration from now (90s, 30m, 2h, 3d).
     #[arg(long)]
     pub deadline: Option<String>,
+    /// A token budget: model calls that would pass it park the operation (waiting for budget).
+    #[command(flatten)]
+    pub budget: crate::budgets::BudgetFlags,
     /// Print one JSON object: {"op_id", "created", "status"}.
     #[arg(long)]
     pub json: bool,

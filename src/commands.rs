@@ -152,6 +152,7 @@ pub async fn run(
         Command::Replay(args) => crate::replay::run(config, args).await,
         Command::Schedules(cmd) => crate::schedules::run(config, cmd).await,
         Command::Pause(args) => crate::pauses::pause(config, args).await,
+        Command::Budget(cmd) => crate::budgets::run(config, cmd).await,
         Command::Resume(args) => crate::pauses::resume(config, args).await,
         Command::Pauses { tenant, json } => crate::pauses::list(config, tenant, json).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
@@ -226,6 +227,15 @@ async fn with_metrics(
     ran.and(served)
 }
 
+/// A budget's refusal, its field named as the flag (`--budget-tokens: …`).
+fn budget_flag(message: String) -> String {
+    if message.contains("timeout") {
+        format!("--budget-timeout: {message}")
+    } else {
+        format!("--budget-tokens: {message}")
+    }
+}
+
 async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
     let input: serde_json::Value = serde_json::from_str(&args.input).map_err(|e| {
         refuse(format!(
@@ -237,6 +247,10 @@ async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(|d| parse_time(d, "--deadline"))
         .transpose()?;
+    let budget = match args.budget.request()? {
+        Some(b) => Some(b.spec().map_err(|e| refuse(budget_flag(e.to_string())))?),
+        None => None,
+    };
     let (app, caller) = cli_app(&config, &None).await?;
     // The enqueue is a span of its own: a child of `TRACEPARENT` when the caller sets one (the
     // OpenTelemetry convention for passing a trace to a process), else the root of a new trace.
@@ -263,6 +277,7 @@ async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
         max_attempts: args.max_attempts,
         deadline,
         traceparent: telemetry::traceparent_of(&span).or(incoming),
+        budget,
         ..EnqueueRequest::default()
     };
     let result =

@@ -45,6 +45,7 @@
 mod access;
 mod batch;
 mod bench;
+mod budgets;
 mod bulk;
 mod cli;
 mod commands;

@@ -33,6 +33,7 @@
 
 pub mod access;
 pub mod batches;
+pub mod budgets;
 pub mod caller;
 pub mod capacity;
 pub mod console;

@@ -63,6 +63,15 @@ pub enum Reason {
         timeout_at: DateTime<Utc>,
         pending: i64,
     },
+    /// Waiting for its token budget: a model call it refused was never sent; an operator's
+    /// raise queues it again, else it is dead (`budget_exceeded`) at `timeout_at`.
+    WaitingForBudget {
+        limit_tokens: i64,
+        spent_tokens: i64,
+        held_tokens: i64,
+        measure: String,
+        timeout_at: DateTime<Utc>,
+    },
     /// Waiting on a join: its children still unfinished (of `children` joined).
     WaitingForChildren {
         children: usize,
@@ -168,6 +177,7 @@ impl Reason {
         match self {
             Reason::Sleeping { .. }
             | Reason::WaitingForSignal { .. }
+            | Reason::WaitingForBudget { .. }
             | Reason::WaitingForChildren { .. } => Some("status"),
             Reason::NotDue { .. } | Reason::BreakerOpen { .. } => Some("due"),
             Reason::Paused { .. } => Some("paused"),
@@ -221,6 +231,19 @@ async fn reason(app: &App, row: &facts::Row) -> Result<Reason> {
                     .into_iter()
                     .map(|(id, status)| Child { id, status })
                     .collect(),
+            }
+        }
+        Status::Waiting
+            if row.waiting_for.as_deref() == Some(agentq_core::db::budgets::WAITING_FOR) =>
+        {
+            let budgets = agentq_core::db::budgets::over(pool, row.id).await?;
+            let own = budgets.iter().find(|b| b.scope == "operation");
+            Reason::WaitingForBudget {
+                limit_tokens: own.map_or(0, |b| b.limit_tokens),
+                spent_tokens: own.map_or(0, |b| b.spent_tokens),
+                held_tokens: own.map_or(0, |b| b.held_tokens),
+                measure: own.map_or_else(|| "total".into(), |b| b.measure.clone()),
+                timeout_at: row.run_at,
             }
         }
         Status::Waiting => {
@@ -434,6 +457,13 @@ pub fn one_of_each() -> Vec<Reason> {
             timeout_at: now,
             pending: 0,
         },
+        Reason::WaitingForBudget {
+            limit_tokens: 3,
+            spent_tokens: 2,
+            held_tokens: 0,
+            measure: "total".into(),
+            timeout_at: now,
+        },
         Reason::WaitingForChildren {
             children: 1,
             unfinished: vec![],
@@ -504,6 +534,7 @@ pub fn one_of_each() -> Vec<Reason> {
             | Reason::Finished { .. }
             | Reason::Sleeping { .. }
             | Reason::WaitingForSignal { .. }
+            | Reason::WaitingForBudget { .. }
             | Reason::WaitingForChildren { .. }
             | Reason::NotDue { .. }
             | Reason::BreakerOpen { .. }

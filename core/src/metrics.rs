@@ -130,6 +130,8 @@ metrics! {
         "Failed model calls by provider and class (retryable, overloaded, non_retryable, parked by the breaker).";
     MODEL_TOKENS = "agentq_model_tokens_total", Counter, ["kind", "type"], NO_BUCKETS,
         "Model tokens used, by operation kind and type (prompt, completion).";
+    BUDGET_REFUSALS = "agentq_budget_refusals_total", Counter, ["scope"], NO_BUCKETS,
+        "Model calls a token budget refused before they were sent, by the budget's scope (operation: parked waiting for budget; batch: the batch paused).";
     TIMER_LAG = "agentq_timer_lag_seconds", Histogram, [], LAG_BUCKETS,
         "Time from a sleep's or wait's due time to the scheduler waking it.";
     /// Counted by the scheduler's firing pass.

@@ -361,6 +361,8 @@ text_enum! {
         Nondeterminism = "nondeterminism",
         /// The operation's deadline passed: dead.
         DeadlineExceeded = "deadline_exceeded",
+        /// The operation's token budget refused a model call and was not raised in time: dead.
+        BudgetExceeded = "budget_exceeded",
         /// The reaper recovered more crashes than the restart limit allows: dead.
         CrashLoop = "crash_loop",
         /// The reaper recovered an expired lease (its worker died or hung): queued again.

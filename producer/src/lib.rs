@@ -54,6 +54,8 @@ pub struct EnqueueRequest {
     pub fingerprint: Option<String>,
     /// Who asks: a kind that runs only for webhook deliveries refuses anything else.
     pub origin: Origin,
+    /// A token budget on the operation: model calls that would pass it park it.
+    pub budget: Option<agentq_core::db::budgets::Spec>,
 }
 
 /// The answer to an enqueue.
@@ -429,6 +431,9 @@ impl Producer {
         {
             return Err(invalid("/deadline", "deadline must be after run_at"));
         }
+        if let Some(b) = &req.budget {
+            agentq_core::db::budgets::check(b).map_err(|(field, m)| invalid(field, m))?;
+        }
         let op = NewOperation {
             id: OperationId::new(),
             tenant: tenant.to_string(),
@@ -448,6 +453,7 @@ impl Producer {
             traceparent: req.traceparent,
             schedule_id: None,
             parent_id: None,
+            budget: req.budget,
         };
         Ok((op, requires.stores))
     }

@@ -73,6 +73,10 @@ pub enum JobError {
     /// The operation's deadline passed before it finished.
     #[error("deadline {0} passed before the operation finished")]
     DeadlineExceeded(DateTime<Utc>),
+    /// The operation's token budget refused a model call and was not raised within its
+    /// timeout: dead (`budget_exceeded`).
+    #[error("{0}")]
+    BudgetExceeded(String),
     /// The operation parked itself (a durable sleep, or a wait for a signal): the worker lets go
     /// of it and the scheduler wakes it. Job code just propagates it with `?`.
     #[error("suspended until a wake-up")]
@@ -120,6 +124,7 @@ impl JobError {
             JobError::Nondeterminism(_) => Failure::Nondeterminism,
             JobError::UnknownSideEffect { .. } => Failure::UnknownSideEffect,
             JobError::DeadlineExceeded(_) => Failure::DeadlineExceeded,
+            JobError::BudgetExceeded(_) => Failure::BudgetExceeded,
             JobError::Cancelled => Failure::Cancelled,
             JobError::LeaseLost | JobError::Suspended => return None,
         })

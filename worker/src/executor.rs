@@ -137,6 +137,10 @@ async fn run(
         }
     };
     record_outcome(&outcome);
+    if matches!(outcome, Err(JobError::Suspended)) && ctx.take_budget_pause() {
+        hand_back(shared, &op, &ctx, HandBack::Pause).await;
+        return;
+    }
     if matches!(outcome, Err(JobError::LeaseLost)) {
         let why = if shared.leases.paused(op.id, op.epoch) {
             Some(HandBack::Pause)

@@ -79,6 +79,25 @@ pub fn describe(r: &Reason) -> (String, Vec<String>) {
                 n => format!("{n} signal {signal:?} pending: the scheduler's next pass wakes it"),
             }],
         ),
+        Reason::WaitingForBudget {
+            limit_tokens,
+            spent_tokens,
+            held_tokens,
+            measure,
+            timeout_at,
+        } => (
+            format!(
+                "waiting for its token budget: {spent_tokens} of {limit_tokens} {measure} tokens \
+                 spent ({held_tokens} held); dead as budget_exceeded at {} unless raised",
+                t(*timeout_at)
+            ),
+            vec![
+                "its next model call does not fit the budget and was not sent".into(),
+                "raise it: `agentq budget set OP --budget-tokens N`, or let one call through: \
+                 `agentq budget allow-once OP`"
+                    .into(),
+            ],
+        ),
         Reason::WaitingForChildren {
             children,
             unfinished,

@@ -71,7 +71,7 @@ pub const CLOCK: &str = "running_secs = b.running_secs
     finished_at = CASE WHEN $to IN ('completed', 'cancelled') THEN now() END";
 
 /// [`CLOCK`] for a write to `to`.
-fn clock(to: BatchStatus) -> String {
+pub(super) fn clock(to: BatchStatus) -> String {
     CLOCK.replace("$to", &format!("'{to}'"))
 }
 

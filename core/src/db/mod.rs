@@ -8,6 +8,7 @@
 pub mod access;
 pub mod batch_source;
 pub mod batches;
+pub mod budgets;
 pub mod cancel;
 pub mod children;
 pub mod claim;

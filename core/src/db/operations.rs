@@ -38,6 +38,8 @@ pub struct NewOperation {
     pub schedule_id: Option<Uuid>,
     /// The operation that spawned it (`db::children::spawn`).
     pub parent_id: Option<Uuid>,
+    /// Its token budget, written with it (`db::budgets`).
+    pub budget: Option<super::budgets::Spec>,
 }
 
 /// The outcome of [`insert_operation`].
@@ -57,14 +59,21 @@ pub enum Inserted {
 /// Takes a connection so it can run inside the caller's own transaction.
 pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Result<Inserted> {
     let row: Option<(Uuid, i64)> = sqlx::query_as(
-        "INSERT INTO operations (id, tenant_id, kind, lane, concurrency_limit, input,
-                                 input_sha256, dedupe_key, ordering_key, batch_id, max_attempts,
-                                 run_at, deadline, request_id, traceparent, schedule_id,
-                                 concurrency_key, parent_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE($12, now()), $13, $14, $15,
-                 $16, $17, $18)
-         ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-         RETURNING id, epoch",
+        "WITH inserted AS (
+            INSERT INTO operations (id, tenant_id, kind, lane, concurrency_limit, input,
+                                    input_sha256, dedupe_key, ordering_key, batch_id,
+                                    max_attempts, run_at, deadline, request_id, traceparent,
+                                    schedule_id, concurrency_key, parent_id)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE($12, now()), $13, $14,
+                    $15, $16, $17, $18)
+            ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+            RETURNING id, epoch, tenant_id
+         ), budget AS (
+            -- Its budget in the same statement: no claim can see it without one.
+            INSERT INTO budgets (id, tenant_id, op_id, measure, limit_tokens, timeout_secs)
+            SELECT $19, tenant_id, id, $20, $21, $22 FROM inserted WHERE $21::bigint IS NOT NULL
+         )
+         SELECT id, epoch FROM inserted",
     )
     .bind(op.id.0)
     .bind(&op.tenant)
@@ -84,6 +93,13 @@ pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Res
     .bind(op.schedule_id)
     .bind(&op.concurrency_key)
     .bind(op.parent_id)
+    .bind(Uuid::new_v4())
+    .bind(op.budget.map(|b| b.measure.as_str()).unwrap_or("total"))
+    .bind(op.budget.map(|b| b.tokens))
+    .bind(
+        op.budget
+            .map_or(super::budgets::DEFAULT_TIMEOUT_SECS, |b| b.timeout_secs),
+    )
     .fetch_optional(&mut *conn)
     .await?;
     if let Some((id, epoch)) = row {

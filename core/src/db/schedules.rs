@@ -380,6 +380,7 @@ pub async fn fire_due(
                 traceparent: None,
                 schedule_id: Some(d.id),
                 parent_id: None,
+                budget: None,
             };
             match super::operations::insert_operation(&mut tx, &op).await? {
                 Inserted::Created { id, epoch } => {

@@ -30,6 +30,8 @@ pub enum Failure {
     UnknownSideEffect,
     /// The operation's deadline passed.
     DeadlineExceeded,
+    /// The operation's token budget refused a model call and was not raised in time.
+    BudgetExceeded,
     /// Stopped on request (the job, or an operator through the heartbeat).
     Cancelled,
 }
@@ -47,6 +49,7 @@ impl Failure {
             Failure::Nondeterminism => ErrorClass::Nondeterminism,
             Failure::UnknownSideEffect => ErrorClass::UnknownSideEffect,
             Failure::DeadlineExceeded => ErrorClass::DeadlineExceeded,
+            Failure::BudgetExceeded => ErrorClass::BudgetExceeded,
             Failure::Cancelled => ErrorClass::Cancelled,
         }
     }
@@ -126,7 +129,8 @@ pub const fn after_failure(
         Failure::NonRetryable
         | Failure::Nondeterminism
         | Failure::UnknownSideEffect
-        | Failure::DeadlineExceeded => (
+        | Failure::DeadlineExceeded
+        | Failure::BudgetExceeded => (
             failure.class(),
             To::Dead {
                 unknown_step: false,
@@ -186,6 +190,7 @@ mod tests {
             (F::Nondeterminism,                       1, 3, false, C::Nondeterminism,   dead),
             (F::UnknownSideEffect,                    1, 3, true,  C::UnknownSideEffect, dead),
             (F::DeadlineExceeded,                     1, 3, false, C::DeadlineExceeded, dead),
+            (F::BudgetExceeded,                       1, 3, false, C::BudgetExceeded,   dead),
             (F::Cancelled,                            1, 3, false, C::Cancelled,        To::Cancelled),
             (F::Cancelled,                            3, 3, true,  C::Cancelled,        To::Cancelled),
         ];
@@ -210,6 +215,7 @@ mod tests {
             Failure::Nondeterminism,
             Failure::UnknownSideEffect,
             Failure::DeadlineExceeded,
+            Failure::BudgetExceeded,
             Failure::Cancelled,
         ] {
             assert_eq!(after_failure(failure, 1, 5, false).class, failure.class());

@@ -105,6 +105,13 @@ pub const SIGNAL: Transition = Transition {
     from: &[Waiting],
     to: Queued,
 };
+/// An operator raises (or lets through once) the budget an operation waits on
+/// (`db::budgets::lift`).
+pub const BUDGET: Transition = Transition {
+    name: "budget",
+    from: &[Waiting],
+    to: Queued,
+};
 /// The reaper restarts a run whose lease expired (`db::settle::reap_expired_leases`).
 pub const REAP: Transition = Transition {
     name: "reap",
@@ -174,6 +181,7 @@ pub const ALL: &[Transition] = &[
     PARK_WAIT,
     WAKE,
     SIGNAL,
+    BUDGET,
     REAP,
     CRASH_LOOP,
     RELEASE,
@@ -217,6 +225,9 @@ macro_rules! from_sql {
         "('sleeping', 'waiting')"
     };
     (SIGNAL) => {
+        "('waiting')"
+    };
+    (BUDGET) => {
         "('waiting')"
     };
     (REAP) => {
@@ -277,6 +288,9 @@ macro_rules! to_sql {
         "'queued'"
     };
     (SIGNAL) => {
+        "'queued'"
+    };
+    (BUDGET) => {
         "'queued'"
     };
     (REAP) => {

@@ -29,6 +29,7 @@
 //! its own commit. Every write is fenced by the claim's epoch; a lost lease turns into
 //! [`JobError::LeaseLost`].
 
+mod budget;
 mod children;
 mod journal;
 mod park;
@@ -105,6 +106,8 @@ struct State {
     current_key: Option<String>,
     /// Set when the job parks itself: wake time, and the signal waited for.
     suspend: Option<(DateTime<Utc>, Option<String>)>,
+    /// Set when its batch's budget refused a model call: the run is handed back.
+    budget_pause: bool,
     /// Set by an operator's upgrade: where the code first asks for another step than the
     /// journal recorded at or before this position, the journal is rebased there.
     upgrade_through: Option<i32>,
@@ -238,6 +241,7 @@ impl JobContext {
                     failed_step: None,
                     current_key: None,
                     suspend: None,
+                    budget_pause: false,
                     upgrade_through,
                     in_flight: None,
                     journal_bytes,

@@ -81,7 +81,11 @@ impl JobContext {
         let model = self.inner.services.model.clone();
         let (tenant, kind) = (self.inner.info.tenant.clone(), self.inner.info.kind.clone());
         let spec = StepSpec::new(name, StepKind::Model, Replay::Safe);
+        let ctx = self.clone();
         self.run_step_with(spec, None, |_key| async move {
+            // Its estimate is held against the operation's budgets before it is sent; a refusal
+            // stops the run here, with nothing journaled for this step.
+            let hold = ctx.hold_budget(&request).await?;
             // The call's span names the model and how it ended; never the prompt or the answer.
             let span = tracing::info_span!(
                 "model_call",
@@ -93,6 +97,9 @@ impl JobContext {
             let called =
                 tracing::Instrument::instrument(model.call(&tenant, &kind, &request), span.clone())
                     .await;
+            if let Some(call_id) = hold {
+                ctx.charge_budget(call_id, &called).await;
+            }
             match &called {
                 Ok(_) => span.record("outcome", "ok"),
                 Err(e) => span
@@ -433,7 +440,9 @@ impl JobContext {
                     unknown.error = Some(format!("outcome unknown: {e}"));
                     self.push(unknown, true);
                     self.state().failed_step = Some(seq);
-                } else if !matches!(e, JobError::LeaseLost) {
+                } else if !matches!(e, JobError::LeaseLost | JobError::Suspended) {
+                    // (A step body that suspends, a model call a budget refused, was never
+                    // sent: nothing is journaled at its position.)
                     let mut failed = row(StepStatus::Failed);
                     failed.error = Some(e.to_string());
                     failed.completed_at = Some(Utc::now());

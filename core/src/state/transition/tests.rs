@@ -48,6 +48,7 @@ fn the_sql_of_each_transition_is_its_value() {
         PARK_WAIT,
         WAKE,
         SIGNAL,
+        BUDGET,
         REAP,
         CRASH_LOOP,
         RELEASE,

@@ -1,0 +1,122 @@
+//! Token budgets at the model call: before a call is sent its estimate is held against every
+//! budget over the operation (`db::budgets::reserve`), and when it returns its reported usage
+//! is charged in place of the hold. A call a budget refuses is never sent and journals nothing:
+//! the operation's own budget parks it (`waiting` for `budget`, no worker held, no attempt
+//! used) until an operator raises the budget or lets one call through, or until the budget's
+//! timeout, when it is dead (`budget_exceeded`); its batch's budget pauses the batch and hands
+//! the operation back at this step boundary, like an operator's pause.
+
+use agentq_core::db::{self, budgets::Reserved};
+use chrono::Utc;
+use uuid::Uuid;
+
+use super::JobContext;
+use crate::error::JobError;
+use crate::model::{ModelError, ModelRequest, ModelResponse};
+
+/// Completion tokens a request that sets no `max_tokens` is estimated to use.
+pub const DEFAULT_OUTPUT_ESTIMATE: u32 = 1024;
+
+/// A request's estimate: prompt tokens at about four bytes of its JSON (messages and tool
+/// specs) each, and its `max_tokens` (else [`DEFAULT_OUTPUT_ESTIMATE`]) of completion.
+pub fn estimate(request: &ModelRequest) -> (i64, i64) {
+    let bytes = serde_json::to_vec(&request.messages).map_or(0, |v| v.len())
+        + serde_json::to_vec(&request.tools).map_or(0, |v| v.len());
+    let input = bytes.div_ceil(4) as i64;
+    let output = i64::from(request.max_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE));
+    (input, output)
+}
+
+impl JobContext {
+    /// Holds `request`'s estimate against the operation's budgets: the hold's id (none when
+    /// no budget is over it), or the stop a refusal means.
+    pub(super) async fn hold_budget(
+        &self,
+        request: &ModelRequest,
+    ) -> Result<Option<Uuid>, JobError> {
+        if self.inner.services.memory.is_some() {
+            return Ok(None); // the replay tester has no budgets
+        }
+        let info = &self.inner.info;
+        let (input, output) = estimate(request);
+        let reserved = db::within(db::budgets::reserve(
+            &self.inner.services.pool,
+            info.op_id.0,
+            info.epoch,
+            input,
+            output,
+        ))
+        .await
+        .map_err(|e| JobError::no_effect(format!("checking the token budget: {e}")))?;
+        match reserved {
+            Reserved::Unbudgeted => Ok(None),
+            Reserved::Held { call_id } => Ok(Some(call_id)),
+            Reserved::LeaseLost => {
+                self.inner
+                    .lost
+                    .store(true, std::sync::atomic::Ordering::Release);
+                Err(JobError::LeaseLost)
+            }
+            Reserved::Batch { .. } => {
+                agentq_core::metrics::BUDGET_REFUSALS.inc(&["batch"]);
+                self.state().budget_pause = true;
+                Err(JobError::Suspended)
+            }
+            Reserved::Operation {
+                budget,
+                needed,
+                exceeded_at,
+            } => {
+                agentq_core::metrics::BUDGET_REFUSALS.inc(&["operation"]);
+                let until = exceeded_at + chrono::Duration::seconds(i64::from(budget.timeout_secs));
+                if until <= Utc::now() {
+                    return Err(JobError::BudgetExceeded(format!(
+                        "its token budget ({} of {} {} tokens spent, {} held) cannot cover a \
+                         model call of about {needed}, and was not raised within {} s",
+                        budget.spent_tokens,
+                        budget.limit_tokens,
+                        budget.measure,
+                        budget.held_tokens,
+                        budget.timeout_secs
+                    )));
+                }
+                self.state().suspend = Some((until, Some(db::budgets::WAITING_FOR.to_string())));
+                Err(JobError::Suspended)
+            }
+        }
+    }
+
+    /// Charges a held call what it used: the reported usage, its estimate when none was
+    /// reported or when a transient failure may have been charged by the provider, nothing
+    /// when the provider refused it. A failure to write the charge leaves the hold, which
+    /// still counts (and is charged by estimate on the operation's next call).
+    pub(super) async fn charge_budget(
+        &self,
+        call_id: Uuid,
+        called: &Result<ModelResponse, ModelError>,
+    ) {
+        let used = match called {
+            Ok(r) if r.usage.unreported => None,
+            Ok(r) => Some((
+                r.usage.prompt_tokens as i64,
+                r.usage.completion_tokens as i64,
+            )),
+            Err(ModelError::Retryable { .. }) => None,
+            Err(_) => Some((0, 0)),
+        };
+        let charged = db::within(db::budgets::charge(
+            &self.inner.services.pool,
+            call_id,
+            used,
+        ));
+        if let Err(e) = charged.await {
+            tracing::warn!(op_id = %self.inner.info.op_id, error = %e, "charging a model call to its budget failed; its hold stays counted");
+        }
+    }
+
+    /// Whether the job stopped because its batch's budget is spent (the batch is paused): the
+    /// run is handed back at this step boundary.
+    pub(crate) fn take_budget_pause(&self) -> bool {
+        std::mem::take(&mut self.state().budget_pause)
+    }
+}
