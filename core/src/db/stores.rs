@@ -26,6 +26,7 @@ pub const AGENTQ_TABLES: &[&str] = &[
     "batches",
     "concurrency_keys",
     "dead_letters",
+    "debounced_deliveries",
     "ledger_effects",
     "operation_events",
     "operation_steps",
