@@ -43,6 +43,9 @@ pub struct CreateOperation {
     run_at: Option<DateTime<Utc>>,
     /// Dead with `deadline_exceeded` if not finished by then
     deadline: Option<DateTime<Utc>>,
+    /// A token budget: a model call it cannot cover is not sent, and the operation waits for
+    /// a raise (`budget_exceeded` after `timeout_secs`)
+    budget: Option<agentq_app::budgets::BudgetRequest>,
 }
 
 /// The answer to an accepted enqueue or webhook delivery.
@@ -196,6 +199,7 @@ pub async fn create(
         request_id: request_id(),
         traceparent: super::traceparent(),
         fingerprint: Some(fingerprint),
+        budget: req.budget.as_ref().map(|b| b.spec()).transpose()?,
         ..EnqueueRequest::default()
     };
     let enqueued = app::operations::enqueue(&state.app, &caller.app(), enqueue).await?;
