@@ -7,7 +7,7 @@
 //! so that a raise can be made before anything runs again.
 
 use agentq_core::db::budgets::{self, On, Spec};
-pub use agentq_core::db::budgets::{BudgetView, Measure};
+pub use agentq_core::db::budgets::{BudgetView, Measure, WAITING_FOR};
 use agentq_core::dispatch::Target;
 use agentq_core::operation::OperationId;
 use uuid::Uuid;

@@ -120,6 +120,19 @@ async fn a_budget_parks_an_agent_before_the_call_that_would_cross_it_and_a_raise
     assert!(b["exceeded_at"].is_string(), "{b}");
     let v = app.operation(&op).await;
     assert_eq!(v.attempt, 1, "parking used no attempt");
+    let status = app.agentq_ok(&["status", &op]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains("waiting for: its token budget")
+            && status.contains("budget:      operation 2000 of 3000 total tokens spent, 0 held"),
+        "{status}"
+    );
+    let status = app.agentq_json(&["status", &op, "--json"]);
+    assert_eq!(
+        status["budgets"][0]["spent_tokens"],
+        json!(2 * PER_CALL),
+        "{status}"
+    );
     let why = app.agentq_json(&["why", &op, "--json"]);
     assert_eq!(why["detail"]["reason"], "waiting_for_budget", "{why}");
     assert_eq!(why["detail"]["spent_tokens"], json!(2 * PER_CALL), "{why}");
@@ -440,5 +453,60 @@ async fn the_budget_routes_enqueue_read_raise_and_allow_once_for_their_tenant_on
     assert_eq!(set["resumed"], true, "{set}");
     app.wait_status(&op, "succeeded", DEADLINE).await;
     assert_eq!(fake.requests(), TURNS);
+    app.cleanup().await;
+}
+
+/// A schedule's budget: each operation it fires is born with it, and parks on it.
+#[tokio::test]
+async fn a_schedules_firings_are_born_with_its_budget() {
+    let fake = FakeModel::start(spending_model()).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let input =
+        json!({ "user": "store ten things", "tools": ["kv_put"], "max_turns": TURNS }).to_string();
+    let added = app.agentq_json(&[
+        "schedules",
+        "add",
+        "--tenant",
+        "t1",
+        "--name",
+        "capped",
+        "--kind",
+        "agent",
+        "--input",
+        &input,
+        "--every",
+        "1h",
+        "--catch-up",
+        "2h",
+        "--budget-tokens",
+        "1500",
+        "--json",
+    ]);
+    assert_eq!(
+        (&added["budget_tokens"], &added["budget_measure"]),
+        (&json!(1500), &json!("total")),
+        "{added}"
+    );
+    // Fire it now: the tick is moved to the past, as a scheduler that was down finds it.
+    sqlx::query("UPDATE schedules SET next_tick = now() - interval '1 minute'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let op = app
+        .wait_until("the firing", DEADLINE, || async {
+            sqlx::query_scalar::<_, uuid::Uuid>("SELECT id FROM operations LIMIT 1")
+                .fetch_optional(&app.pool)
+                .await
+                .unwrap()
+                .map(|id| id.to_string())
+        })
+        .await;
+    app.wait_status(&op, "waiting", DEADLINE).await;
+    assert_eq!(waiting_for(&app, &op).await.as_deref(), Some("(budget)"));
+    assert_eq!(fake.requests(), 1, "one call fit 1,500 tokens");
+    app.agentq_ok(&["schedules", "delete", "capped", "--tenant", "t1"]);
     app.cleanup().await;
 }

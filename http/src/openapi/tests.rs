@@ -347,6 +347,8 @@ fn schedule(cron: bool) -> app::schedules::ScheduleView {
             created_by: "token:agq_ab".into(),
             created_at: now,
             updated_at: now,
+            budget_tokens: cron.then_some(30_000),
+            budget_measure: cron.then(|| "total".into()),
         },
         next_firings: if cron { vec![now, now] } else { Vec::new() },
     }
@@ -400,6 +402,7 @@ async fn answers_as_sent_match_their_schemas() {
                 }),
             }),
             input: done.then(|| json!({ "message": "hi" })),
+            budgets: if done { vec![] } else { vec![budget_view()] },
         });
         c.answer(&app::dlq::Acted {
             id: Uuid::new_v4(),
@@ -694,19 +697,7 @@ async fn answers_as_sent_match_their_schemas() {
         redispatched: 3,
     });
     c.answer(&pauses::PauseList { items: vec![pause] });
-    let budget = app::budgets::BudgetView {
-        id: Uuid::nil(),
-        scope: "operation".into(),
-        batch_id: None,
-        measure: "total".into(),
-        limit_tokens: 3000,
-        spent_tokens: 2000,
-        held_tokens: 0,
-        estimated_calls: 1,
-        timeout_secs: 86_400,
-        exceeded_at: Some(Utc::now()),
-        allow_once: false,
-    };
+    let budget = budget_view();
     let mut of_batch = budget.clone();
     of_batch.scope = "batch".into();
     of_batch.batch_id = Some(Uuid::nil());
@@ -936,4 +927,21 @@ fn the_served_document_links_each_kinds_input_to_the_enqueue_body() {
     assert!(!validator.is_valid(&misfit));
     // Another kind's input is not checked against this one's schema.
     assert!(validator.is_valid(&json!({ "kind": "echo", "input": { "items": 1 } })));
+}
+
+/// A budget as the API shows it: an operation's, which refused a call.
+fn budget_view() -> app::budgets::BudgetView {
+    app::budgets::BudgetView {
+        id: Uuid::nil(),
+        scope: "operation".into(),
+        batch_id: None,
+        measure: "total".into(),
+        limit_tokens: 3000,
+        spent_tokens: 2000,
+        held_tokens: 0,
+        estimated_calls: 1,
+        timeout_secs: 86_400,
+        exceeded_at: Some(Utc::now()),
+        allow_once: false,
+    }
 }
