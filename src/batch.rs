@@ -138,6 +138,10 @@ pub struct StartArgs {
     /// takes it instead of the id.
     #[arg(long)]
     pub name: Option<String>,
+    /// A token budget on the batch's operations together: when it cannot cover a model call,
+    /// the batch pauses (raise it with `agentq budget set --batch`, then `batch resume`).
+    #[command(flatten)]
+    pub budget: crate::budgets::BudgetFlags,
     /// Operations per INSERT (tuning; smaller chunks show progress sooner).
     #[arg(long, default_value_t = app::batches::CHUNK, hide = true)]
     pub chunk: usize,
@@ -350,6 +354,7 @@ async fn start(config: Deployment, args: StartArgs) -> anyhow::Result<()> {
         pause_window: args.pause_window,
         pause_ratio: args.pause_ratio,
         name: args.name,
+        budget: args.budget.request()?,
     };
     let (app, caller) = cli_app(&config, &args.actor).await?;
     let started = app::batches::start(&app, &caller, new, args.chunk, &Bar::new("enqueue")).await;

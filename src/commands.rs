@@ -379,6 +379,12 @@ async fn status(config: Deployment, op: &str, json: bool, show_input: bool) -> a
         );
     }
     print_waiting(v, shown.waiting.as_ref());
+    for b in &shown.budgets {
+        println!(
+            "budget:      {} {} of {} {} tokens spent, {} held",
+            b.scope, b.spent_tokens, b.limit_tokens, b.measure, b.held_tokens
+        );
+    }
     if let Some(input) = &shown.input {
         println!("input:       {input}");
     }
@@ -397,6 +403,14 @@ fn print_waiting(v: &OperationView, pending: Option<&agentq_app::decision::Pendi
     else {
         return;
     };
+    if signal == agentq_app::budgets::WAITING_FOR {
+        println!(
+            "waiting for: its token budget (a model call it cannot cover was not sent); dead \
+             as budget_exceeded at {} unless raised: agentq budget set {} --budget-tokens N",
+            v.run_at, v.op_id
+        );
+        return;
+    }
     let Some(p) = pending else {
         println!("waiting for: signal {signal:?} (times out {})", v.run_at);
         return;

@@ -82,6 +82,9 @@ pub struct AddArgs {
     /// Add it paused.
     #[arg(long)]
     pub paused: bool,
+    /// A token budget each firing's operation is born with.
+    #[command(flatten)]
+    pub budget: crate::budgets::BudgetFlags,
     #[arg(long = "as")]
     pub actor: Option<String>,
     #[arg(long)]
@@ -104,6 +107,7 @@ pub async fn run(config: Deployment, cmd: SchedulesCommand) -> anyhow::Result<()
                 lane,
                 max_attempts,
                 paused,
+                budget,
                 actor,
                 json,
             } = *args;
@@ -128,6 +132,7 @@ pub async fn run(config: Deployment, cmd: SchedulesCommand) -> anyhow::Result<()
                 lane: Some(lane),
                 max_attempts,
                 paused,
+                budget: budget.request()?,
             };
             let (app, caller) = cli_app(&config, &actor).await?;
             let added = schedules::add(&app, &caller, new).await;

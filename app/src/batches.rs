@@ -292,6 +292,9 @@ pub struct NewBatch {
     pub pause_ratio: f32,
     /// Unique in its tenant, accepted wherever the batch's id is.
     pub name: Option<String>,
+    /// A token budget on the batch's operations together (`crate::budgets`), set before any
+    /// is enqueued; on a re-run it replaces the batch's budget.
+    pub budget: Option<crate::budgets::BudgetRequest>,
 }
 
 /// The options every input of a batch carries: the strings each output must contain
@@ -381,6 +384,7 @@ pub async fn start(
     if new.canary == Some(0) {
         return Err(AppError::invalid("canary", "--canary must be at least 1"));
     }
+    let budget = new.budget.as_ref().map(|b| b.spec()).transpose()?;
     if new.instructions.trim().is_empty() {
         return Err(AppError::invalid(
             "instructions",
@@ -469,6 +473,17 @@ pub async fn start(
         return Err(AppError::Conflict(format!(
             "batch {id} was cancelled; nothing was enqueued"
         )));
+    }
+    if let Some(spec) = budget {
+        agentq_core::db::budgets::set(
+            &app.pool,
+            &batch.tenant,
+            agentq_core::db::budgets::On::Batch(batch.id),
+            spec,
+            &caller.actor,
+            Some("batch start"),
+        )
+        .await?;
     }
     let filled = fill(app, &batch, chunk, progress, &caller.actor).await?;
     Ok(Started {

@@ -7,7 +7,7 @@
 //! so that a raise can be made before anything runs again.
 
 use agentq_core::db::budgets::{self, On, Spec};
-pub use agentq_core::db::budgets::{BudgetView, Measure};
+pub use agentq_core::db::budgets::{BudgetView, Measure, WAITING_FOR};
 use agentq_core::dispatch::Target;
 use agentq_core::operation::OperationId;
 use uuid::Uuid;
@@ -107,7 +107,10 @@ pub async fn set_for_batch(
 ) -> Result<BudgetSet> {
     let spec = request.spec()?;
     let id = crate::names::resolve_batch(app, caller, batch, tenant).await?;
-    let found = crate::batches::find(app, caller, id).await?;
+    caller.require(Role::Operator)?;
+    let found = agentq_core::db::batches::find_batch(&app.pool, id, caller.scope())
+        .await?
+        .ok_or_else(|| AppError::NotFound(format!("no batch {id}")))?;
     let budget = budgets::set(
         &app.pool,
         &found.tenant,

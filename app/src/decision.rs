@@ -170,6 +170,9 @@ pub struct Shown {
     /// keys of `AGENTQ_CONSOLE_REDACT` shown as `[redacted]`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub input: Option<Value>,
+    /// The token budgets over it: its own, then its batch's (none: no field).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<agentq_core::db::budgets::BudgetView>,
 }
 
 /// The operation `op` in the caller's scope, with its pending decision and, with
@@ -198,10 +201,12 @@ pub async fn show(
     } else {
         None
     };
+    let budgets = agentq_core::db::budgets::over(&app.pool, op.0).await?;
     Ok(Shown {
         operation,
         waiting,
         input,
+        budgets,
     })
 }
 

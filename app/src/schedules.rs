@@ -61,6 +61,8 @@ pub struct NewSchedule {
     /// Add it paused (it fires once resumed)
     #[serde(default)]
     pub paused: bool,
+    /// A token budget each firing's operation is born with
+    pub budget: Option<crate::budgets::BudgetRequest>,
 }
 
 /// A schedule as every front end shows it (never its input), with its next firings.
@@ -169,6 +171,7 @@ pub async fn add(app: &App, caller: &Caller, new: NewSchedule) -> Result<Schedul
                     input: new.input,
                     lane: new.lane.unwrap_or_default(),
                     max_attempts: new.max_attempts,
+                    budget: new.budget.as_ref().map(|b| b.spec()).transpose()?,
                     ..EnqueueRequest::default()
                 },
             )

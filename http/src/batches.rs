@@ -70,6 +70,9 @@ pub struct StartBatch {
     chunk_chars: Option<u32>,
     /// Unique in the tenant, not a UUID: every batch route takes it instead of the id
     name: Option<String>,
+    /// A token budget on the batch's operations together: when it cannot cover a model call,
+    /// the batch pauses
+    budget: Option<app::budgets::BudgetRequest>,
 }
 
 /// The batch a path's `{id}` names: its id, or its name in the caller's tenant.
@@ -140,6 +143,7 @@ pub async fn start(
         pause_window: req.pause_window.unwrap_or(20),
         pause_ratio: req.pause_ratio.unwrap_or(0.5),
         name: req.name,
+        budget: req.budget,
     };
     let started = app::batches::start(
         &state.app,

@@ -11,6 +11,7 @@
 mod auth;
 mod batches;
 mod body;
+mod budgets;
 mod dlq;
 mod events;
 mod kinds;

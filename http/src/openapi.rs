@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 
 use crate::problem::Problem;
 use crate::routes::{Access, ROUTES, Route};
-use crate::{batches, dlq, meta, operations, pauses, schedules, tenants};
+use crate::{batches, budgets, dlq, meta, operations, pauses, schedules, tenants};
 
 fn parameters(path: &str, method: &str) -> Vec<Value> {
     let mut out: Vec<Value> = path
@@ -208,7 +208,7 @@ fn operation(route: &Route) -> Value {
         _ => op["security"] = json!([]),
     }
     if let Some(body) = route.body {
-        op["requestBody"] = json!({ "required": route.path == "/v1/operations" || route.path == "/v1/batches" || route.path == "/v1/schedules" || route.path == "/v1/pauses" || route.path.ends_with("/discard") || route.path.ends_with("/resolve"),
+        op["requestBody"] = json!({ "required": route.path == "/v1/operations" || route.path == "/v1/batches" || route.path == "/v1/schedules" || route.path == "/v1/pauses" || route.path.ends_with("/budget") || route.path.ends_with("/discard") || route.path.ends_with("/resolve"),
             "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{body}") } } } });
     }
     op
@@ -231,6 +231,8 @@ const REQUESTS: &[Describe] = &[
     SchemaGenerator::subschema_for::<tenants::SetTenantKinds>,
     SchemaGenerator::subschema_for::<app::pauses::PauseRequest>,
     SchemaGenerator::subschema_for::<pauses::PauseReason>,
+    SchemaGenerator::subschema_for::<budgets::SetBudget>,
+    SchemaGenerator::subschema_for::<budgets::AllowOnceRequest>,
 ];
 
 /// Every JSON answer of the API, described as it is written.
@@ -261,6 +263,9 @@ const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<app::pauses::Paused>,
     SchemaGenerator::subschema_for::<app::pauses::Resumed>,
     SchemaGenerator::subschema_for::<pauses::PauseList>,
+    SchemaGenerator::subschema_for::<app::budgets::BudgetSet>,
+    SchemaGenerator::subschema_for::<budgets::AllowedOnce>,
+    SchemaGenerator::subschema_for::<budgets::BudgetList>,
 ];
 
 /// JSON Schema 2020-12 (OpenAPI 3.1's dialect), shared schemas under `#/components/schemas/`.

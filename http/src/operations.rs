@@ -43,6 +43,9 @@ pub struct CreateOperation {
     run_at: Option<DateTime<Utc>>,
     /// Dead with `deadline_exceeded` if not finished by then
     deadline: Option<DateTime<Utc>>,
+    /// A token budget: a model call it cannot cover is not sent, and the operation waits for
+    /// a raise (`budget_exceeded` after `timeout_secs`)
+    budget: Option<agentq_app::budgets::BudgetRequest>,
     /// Debounce on this key (1-256 characters, with `debounce`): while the tenant's operation
     /// of the key is pending (queued, not started), an enqueue naming it replaces its input and
     /// pushes its start back to now + `debounce`, never past its first arrival + `max_delay`
@@ -218,6 +221,7 @@ pub async fn create(
         request_id: request_id(),
         traceparent: super::traceparent(),
         fingerprint: Some(fingerprint),
+        budget: req.budget.as_ref().map(|b| b.spec()).transpose()?,
         ..EnqueueRequest::default()
     };
     if let Some(spec) = debounce {

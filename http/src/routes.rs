@@ -15,7 +15,8 @@ use axum::routing::{MethodRouter, delete, get, post, put};
 use crate::auth::{Caller, Role};
 use crate::problem::ApiError;
 use crate::{
-    ApiState, batches, dlq, events, kinds, meta, operations, pauses, schedules, tenants, webhooks,
+    ApiState, batches, budgets, dlq, events, kinds, meta, operations, pauses, schedules, tenants,
+    webhooks,
 };
 
 /// Who may call a route: [`enforce`] checks it before the handler runs.
@@ -206,6 +207,42 @@ pub const ROUTES: &[Route] = &[
         Access::Operator,
         Some("PauseReason"),
         (200, "Resumed"),
+    ),
+    r(
+        "put",
+        "/v1/operations/{id}/budget",
+        || put(budgets::set_operation),
+        "Set or raise an operation's token budget (audited); an operation waiting for its budget is queued again",
+        Access::Operator,
+        Some("SetBudget"),
+        (200, "BudgetSet"),
+    ),
+    r(
+        "post",
+        "/v1/operations/{id}/budget/allow-once",
+        || post(budgets::allow_once),
+        "Let the next model call an operation's own budget refuses through, once (audited); queued again if it waits for its budget",
+        Access::Operator,
+        Some("AllowOnceRequest"),
+        (200, "AllowedOnce"),
+    ),
+    r(
+        "get",
+        "/v1/operations/{id}/budgets",
+        || get(budgets::list),
+        "The token budgets over an operation: its own, then its batch's (limit, measure, spent, held, calls charged by estimate)",
+        Access::Producer,
+        None,
+        (200, "BudgetList"),
+    ),
+    r(
+        "put",
+        "/v1/batches/{id}/budget",
+        || put(budgets::set_batch),
+        "Set or raise a batch's token budget ({id}: its id or name; audited); a batch its budget paused needs a resume",
+        Access::Operator,
+        Some("SetBudget"),
+        (200, "BudgetSet"),
     ),
     r(
         "get",

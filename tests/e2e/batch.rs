@@ -57,7 +57,7 @@ pub(crate) fn write_docs(root: &Path, n: usize) -> BTreeMap<String, String> {
 }
 
 /// Every file under `root` (relative path → bytes).
-fn files(root: &Path) -> BTreeMap<String, Vec<u8>> {
+pub(crate) fn files(root: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {

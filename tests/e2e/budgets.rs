@@ -120,6 +120,19 @@ async fn a_budget_parks_an_agent_before_the_call_that_would_cross_it_and_a_raise
     assert!(b["exceeded_at"].is_string(), "{b}");
     let v = app.operation(&op).await;
     assert_eq!(v.attempt, 1, "parking used no attempt");
+    let status = app.agentq_ok(&["status", &op]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains("waiting for: its token budget")
+            && status.contains("budget:      operation 2000 of 3000 total tokens spent, 0 held"),
+        "{status}"
+    );
+    let status = app.agentq_json(&["status", &op, "--json"]);
+    assert_eq!(
+        status["budgets"][0]["spent_tokens"],
+        json!(2 * PER_CALL),
+        "{status}"
+    );
     let why = app.agentq_json(&["why", &op, "--json"]);
     assert_eq!(why["detail"]["reason"], "waiting_for_budget", "{why}");
     assert_eq!(why["detail"]["spent_tokens"], json!(2 * PER_CALL), "{why}");
@@ -180,5 +193,320 @@ async fn a_budget_parks_an_agent_before_the_call_that_would_cross_it_and_a_raise
         .await
         .unwrap();
     assert_eq!(dead, "budget_exceeded");
+    app.cleanup().await;
+}
+
+/// A model that answers a document with its own text, reporting 400 prompt and 100
+/// completion tokens.
+fn echoing_model() -> Mode {
+    Mode::Script(Script(Arc::new(|request: &Value| {
+        let text = request["messages"]
+            .as_array()
+            .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        let mut answer = completion(&text);
+        answer["usage"] = json!({ "prompt_tokens": 400, "completion_tokens": 100 });
+        answer
+    })))
+}
+
+/// A batch of 50 under a 10,000-token budget: it pauses once what is spent leaves no room
+/// for another call, with no document half-done (every succeeded one written whole, every
+/// other queued with no write begun) and no call past the budget; raised and resumed, it
+/// finishes.
+#[tokio::test]
+async fn a_batch_pauses_when_its_budget_is_spent_with_no_document_half_done_and_a_raise_finishes_it()
+ {
+    use crate::batch::{TempDir, files, start_batch, write_docs};
+    const N: usize = 50;
+    const LIMIT: i64 = 10_000;
+    let fake = FakeModel::start(echoing_model()).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    let (src, dst, tmp) = (
+        TempDir::new("src"),
+        TempDir::new("dst"),
+        TempDir::new("cfg"),
+    );
+    let docs = write_docs(&src.0, N);
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let started = start_batch(
+        &app,
+        (&src.0, &dst.0, &tmp.0),
+        "Keep the text as it is.",
+        &["--name", "capped", "--budget-tokens", &LIMIT.to_string()],
+    );
+    assert_eq!(started["name"], "capped", "{started}");
+
+    let paused = app
+        .wait_until("the batch to pause for its budget", DEADLINE, || async {
+            let s = app.agentq_json(&["batch", "status", "capped", "--json"]);
+            (s["status"] == "paused").then_some(s)
+        })
+        .await;
+    let reason = paused["paused_reason"].as_str().unwrap();
+    assert!(reason.starts_with("budget spent: "), "{paused}");
+    // Every run in flight settles: a call already held finishes, a refused one is handed back.
+    app.wait_for("no operation of the batch running", DEADLINE, || async {
+        let running: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM operations WHERE batch_id IS NOT NULL AND status = 'running'",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        running == 0
+    })
+    .await;
+    let by_status: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, count(*) FROM operations GROUP BY status ORDER BY status")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    let succeeded = by_status
+        .iter()
+        .find(|(s, _)| s == "succeeded")
+        .map_or(0, |(_, n)| *n);
+    assert!(
+        succeeded > 0 && succeeded < N as i64,
+        "paused mid-batch: {by_status:?}"
+    );
+    assert_eq!(
+        by_status.iter().map(|(_, n)| n).sum::<i64>(),
+        N as i64,
+        "{by_status:?}"
+    );
+    assert!(
+        by_status
+            .iter()
+            .all(|(s, _)| s == "succeeded" || s == "queued"),
+        "every document succeeded or waits, none half-done: {by_status:?}"
+    );
+    // No document half-done: the target holds exactly the succeeded ones, each whole.
+    let written = files(&dst.0);
+    assert_eq!(written.len() as i64, succeeded, "{by_status:?}");
+    for (path, bytes) in &written {
+        assert_eq!(
+            String::from_utf8_lossy(bytes),
+            docs[path.as_str()],
+            "{path} is whole"
+        );
+    }
+    // No call past the budget: what the provider was sent is within it.
+    let b = app
+        .agentq_json_lines(&["budget", "show", &first_op(&app).await, "--json"])
+        .into_iter()
+        .find(|b| b["scope"] == "batch")
+        .expect("the batch's budget");
+    let spent = b["spent_tokens"].as_i64().unwrap();
+    assert_eq!(spent, fake.requests() as i64 * 500, "{b}");
+    assert!(spent <= LIMIT, "{b}");
+    assert_eq!(b["held_tokens"], 0, "{b}");
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM operator_actions WHERE actor = 'budget' AND action = 'batch_paused'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(audited, 1);
+
+    // Raised and resumed, it finishes: every document once.
+    let raised = app.agentq_ok(&[
+        "budget",
+        "set",
+        "--batch",
+        "capped",
+        "--budget-tokens",
+        "1000000",
+        "--reason",
+        "approved",
+    ]);
+    let said = String::from_utf8_lossy(&raised.stdout);
+    assert!(said.contains("batch resume"), "{said}");
+    app.agentq_ok(&["batch", "resume", "capped"]);
+    app.wait_until("the batch to complete", DEADLINE, || async {
+        let s = app.agentq_json(&["batch", "status", "capped", "--json"]);
+        (s["status"] == "completed").then_some(s)
+    })
+    .await;
+    assert_eq!(files(&dst.0).len(), N);
+    assert_eq!(fake.requests(), N, "each document's call sent once");
+    app.cleanup().await;
+}
+
+async fn first_op(app: &TestApp) -> String {
+    sqlx::query_scalar::<_, uuid::Uuid>("SELECT id FROM operations LIMIT 1")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+        .to_string()
+}
+
+/// The API: a producer enqueues with a budget and reads it; an operator (of the tenant) raises
+/// it and lets a call through once; a producer may not, another tenant's operator finds
+/// nothing; a bad budget is refused naming its field, changing nothing. Every answer is
+/// checked against /openapi.json by the `Api` client.
+#[tokio::test]
+async fn the_budget_routes_enqueue_read_raise_and_allow_once_for_their_tenant_only() {
+    use crate::api::Api;
+    use reqwest::Method;
+    let fake = FakeModel::start(spending_model()).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let (_, base) = app.serve().await;
+    let api = Api::new(&base);
+    let producer = app.token("t1", "producer");
+    let operator = app.token("t1", "operator");
+    let other = app.token("t2", "operator");
+    let put = |path: String, token: String, body: Value| {
+        let rb = api.req(Method::PUT, &path, Some(&token)).json(&body);
+        crate::api::send(format!("PUT {path}"), rb)
+    };
+
+    let input = json!({ "user": "store ten things", "tools": ["kv_put"], "max_turns": TURNS });
+    api.post(
+        "/v1/operations",
+        Some(&producer),
+        &json!({ "tenant": "t1", "kind": "agent", "input": input, "budget": { "tokens": 0 } }),
+    )
+    .await
+    .problem(422, "unprocessable");
+    assert_eq!(
+        app.operation_count().await,
+        0,
+        "a refused budget writes nothing"
+    );
+    let op = api
+        .create(
+            &producer,
+            &json!({ "tenant": "t1", "kind": "agent", "input": input,
+                     "budget": { "tokens": 2500, "measure": "total", "timeout_secs": 3600 } }),
+        )
+        .await;
+    app.wait_status(&op, "waiting", DEADLINE).await;
+    let listed = api
+        .get(&format!("/v1/operations/{op}/budgets"), Some(&producer))
+        .await
+        .expect(200);
+    assert_eq!(listed["items"][0]["limit_tokens"], 2500, "{listed}");
+    assert_eq!(
+        listed["items"][0]["spent_tokens"],
+        json!(2 * PER_CALL),
+        "{listed}"
+    );
+
+    // A producer may not raise it; another tenant's operator does not find it.
+    put(
+        format!("/v1/operations/{op}/budget"),
+        producer.clone(),
+        json!({ "tokens": 100000 }),
+    )
+    .await
+    .problem(403, "forbidden");
+    put(
+        format!("/v1/operations/{op}/budget"),
+        other.clone(),
+        json!({ "tokens": 100000 }),
+    )
+    .await
+    .problem(404, "not-found");
+    put(
+        format!("/v1/operations/{op}/budget"),
+        operator.clone(),
+        json!({ "tokens": -1 }),
+    )
+    .await
+    .problem(422, "unprocessable");
+    assert_eq!(app.operation(&op).await.status.as_str(), "waiting");
+
+    // Allow one call through: it is sent, then the next is refused again.
+    let allowed = api
+        .post(
+            &format!("/v1/operations/{op}/budget/allow-once"),
+            Some(&operator),
+            &json!({ "reason": "one more turn" }),
+        )
+        .await
+        .expect(200);
+    assert_eq!(allowed["resumed"], true, "{allowed}");
+    app.wait_for(
+        "the let-through call and a new refusal",
+        DEADLINE,
+        || async {
+            fake.requests() == 3 && waiting_for(&app, &op).await.as_deref() == Some("(budget)")
+        },
+    )
+    .await;
+
+    // A raise finishes it.
+    let set = put(
+        format!("/v1/operations/{op}/budget"),
+        operator.clone(),
+        json!({ "tokens": 100000, "reason": "approved" }),
+    )
+    .await
+    .expect(200);
+    assert_eq!(set["resumed"], true, "{set}");
+    app.wait_status(&op, "succeeded", DEADLINE).await;
+    assert_eq!(fake.requests(), TURNS);
+    app.cleanup().await;
+}
+
+/// A schedule's budget: each operation it fires is born with it, and parks on it.
+#[tokio::test]
+async fn a_schedules_firings_are_born_with_its_budget() {
+    let fake = FakeModel::start(spending_model()).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let input =
+        json!({ "user": "store ten things", "tools": ["kv_put"], "max_turns": TURNS }).to_string();
+    let added = app.agentq_json(&[
+        "schedules",
+        "add",
+        "--tenant",
+        "t1",
+        "--name",
+        "capped",
+        "--kind",
+        "agent",
+        "--input",
+        &input,
+        "--every",
+        "1h",
+        "--catch-up",
+        "2h",
+        "--budget-tokens",
+        "1500",
+        "--json",
+    ]);
+    assert_eq!(
+        (&added["budget_tokens"], &added["budget_measure"]),
+        (&json!(1500), &json!("total")),
+        "{added}"
+    );
+    // Fire it now: the tick is moved to the past, as a scheduler that was down finds it.
+    sqlx::query("UPDATE schedules SET next_tick = now() - interval '1 minute'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let op = app
+        .wait_until("the firing", DEADLINE, || async {
+            sqlx::query_scalar::<_, uuid::Uuid>("SELECT id FROM operations LIMIT 1")
+                .fetch_optional(&app.pool)
+                .await
+                .unwrap()
+                .map(|id| id.to_string())
+        })
+        .await;
+    app.wait_status(&op, "waiting", DEADLINE).await;
+    assert_eq!(waiting_for(&app, &op).await.as_deref(), Some("(budget)"));
+    assert_eq!(fake.requests(), 1, "one call fit 1,500 tokens");
+    app.agentq_ok(&["schedules", "delete", "capped", "--tenant", "t1"]);
     app.cleanup().await;
 }

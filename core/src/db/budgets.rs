@@ -315,6 +315,9 @@ pub enum Reserved {
         needed: i64,
         exceeded_at: DateTime<Utc>,
     },
+    /// The tokens spent leave room for it but those held by calls in flight do not: it may
+    /// fit once they are charged. Nothing was held.
+    Busy,
     /// Its batch's budget refused it; the batch is paused (by this call or an earlier one).
     Batch {
         budget: Box<BudgetView>,
@@ -358,6 +361,14 @@ pub async fn reserve(
     let Some(batch_id) = running else {
         return Ok(Reserved::LeaseLost);
     };
+    // The budget rows locked first, in a statement of their own: the statements after it
+    // take their snapshots once the lock is held (READ COMMITTED), so they see every hold and
+    // charge committed by the transactions this one waited for.
+    sqlx::query("SELECT id FROM budgets WHERE op_id = $1 OR batch_id = $2 ORDER BY id FOR UPDATE")
+        .bind(op)
+        .bind(batch_id)
+        .execute(&mut *tx)
+        .await?;
     // Crashed calls' holds become spent, at their estimate.
     sqlx::query(
         "WITH stale AS (
@@ -375,8 +386,7 @@ pub async fn reserve(
     .await?;
     let budgets: Vec<BudgetView> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT {VIEW} FROM budgets b
-          WHERE b.id IN (SELECT id FROM budgets WHERE op_id = $1 OR batch_id = $2
-                          ORDER BY id FOR UPDATE)
+          WHERE b.op_id = $1 OR b.batch_id = $2
           ORDER BY b.op_id IS NULL DESC"
     )))
     .bind(op)
@@ -384,10 +394,17 @@ pub async fn reserve(
     .fetch_all(&mut *tx)
     .await?;
     // The batch's first: a spent batch stops every one of its operations, not just this one.
+    // A call that the spent tokens leave room for, but the holds of calls in flight do not,
+    // waits for those to be charged (most use less than their estimate).
+    let mut busy = false;
     for b in &budgets {
         let measure = Measure::parse(&b.measure).unwrap_or(Measure::Total);
         let needed = measure.of(input, output);
         if b.spent_tokens + b.held_tokens + needed <= b.limit_tokens {
+            continue;
+        }
+        if b.spent_tokens + needed <= b.limit_tokens {
+            busy = true;
             continue;
         }
         if b.scope == "batch" {
@@ -420,6 +437,10 @@ pub async fn reserve(
             exceeded_at,
         });
     }
+    if busy {
+        tx.commit().await?;
+        return Ok(Reserved::Busy);
+    }
     let call_id = Uuid::new_v4();
     for b in &budgets {
         let measure = Measure::parse(&b.measure).unwrap_or(Measure::Total);
@@ -450,13 +471,13 @@ async fn pause_batch(
     let t = batch::AUTO_PAUSE;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "WITH paused AS (
-            UPDATE batches
+            UPDATE batches b
                SET status = {to}, updated_at = now(),
                    paused_reason = format('budget spent: %s of %s %s tokens (%s held), a call needs %s',
                                           $2::bigint, $3::bigint, $4::text, $5::bigint, $6::bigint),
                    {clock}
-             WHERE id = $1 AND status IN {from}
-            RETURNING id, paused_reason)
+             WHERE b.id = $1 AND b.status IN {from}
+            RETURNING b.id, b.paused_reason)
          INSERT INTO operator_actions (actor, action, reason, status_before, status_after, details)
          SELECT 'budget', 'batch_paused', paused_reason, 'running', 'paused',
                 jsonb_build_object('batch_id', id)

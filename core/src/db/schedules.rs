@@ -58,11 +58,16 @@ pub struct Schedule {
     pub created_by: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The token budget each firing's operation is born with (none: no budget).
+    pub budget_tokens: Option<i64>,
+    /// Which tokens it counts: `input`, `output` or `total`.
+    pub budget_measure: Option<String>,
 }
 
 const COLUMNS: &str = "id AS schedule_id, tenant_id AS tenant, name, kind, lane, max_attempts, cron, time_zone, interval_secs, overlap, catchup_secs AS catchup_window_secs,
     paused, next_tick, buffered_tick, last_tick, last_op_id, fired, skipped_overlap,
-    skipped_missed, skipped_capacity, created_by, created_at, updated_at";
+    skipped_missed, skipped_capacity, created_by, created_at, updated_at, budget_tokens,
+    budget_measure";
 
 /// What [`create`] stores: a checked operation to fire copies of, and when.
 pub struct NewSchedule<'a> {
@@ -99,8 +104,10 @@ pub async fn create(pool: &PgPool, s: &NewSchedule<'_>, actor: &str) -> Result<O
     let created: Option<Schedule> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO schedules (id, tenant_id, name, kind, input, lane, max_attempts,
                                 cron, time_zone, interval_secs, overlap, catchup_secs, paused,
-                                next_tick, created_by)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+                                next_tick, created_by, budget_tokens, budget_measure,
+                                budget_timeout_secs)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                 $18)
          ON CONFLICT (tenant_id, name) DO NOTHING
          RETURNING {COLUMNS}"
     )))
@@ -119,6 +126,9 @@ pub async fn create(pool: &PgPool, s: &NewSchedule<'_>, actor: &str) -> Result<O
     .bind(s.paused)
     .bind(next)
     .bind(actor)
+    .bind(s.op.budget.map(|b| b.tokens))
+    .bind(s.op.budget.map(|b| b.measure.as_str()))
+    .bind(s.op.budget.map(|b| b.timeout_secs))
     .fetch_optional(&mut *tx)
     .await?;
     let Some(created) = created else {
@@ -271,6 +281,9 @@ struct Due {
     buffered_tick: Option<DateTime<Utc>>,
     previous_running: bool,
     now: DateTime<Utc>,
+    budget_tokens: Option<i64>,
+    budget_measure: Option<String>,
+    budget_timeout_secs: Option<i32>,
 }
 
 /// What one pass did with one schedule.
@@ -307,6 +320,7 @@ pub async fn fire_due(
     let mut unfinished: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
     let due: Vec<Due> = sqlx::query_as(concat!(
         "SELECT s.id, s.tenant_id, s.kind, s.input, s.lane, s.max_attempts, s.cron,
+                s.budget_tokens, s.budget_measure, s.budget_timeout_secs,
                 s.time_zone, s.interval_secs, s.overlap, s.catchup_secs, s.next_tick,
                 s.buffered_tick, now() AS now,
                 EXISTS (SELECT 1 FROM operations o
@@ -342,6 +356,19 @@ pub async fn fire_due(
         }
         let lane = d.lane;
         let sha = input_sha256(&d.input);
+        let budget = match (
+            d.budget_tokens,
+            d.budget_measure.as_deref(),
+            d.budget_timeout_secs,
+        ) {
+            (Some(tokens), Some(measure), Some(timeout_secs)) => Some(super::budgets::Spec {
+                tokens,
+                measure: super::budgets::Measure::parse(measure)
+                    .unwrap_or(super::budgets::Measure::Total),
+                timeout_secs,
+            }),
+            _ => None,
+        };
         let (mut created, mut last) = (Vec::new(), None);
         let count = match unfinished.get(&d.tenant_id) {
             Some(n) => *n,
@@ -380,7 +407,7 @@ pub async fn fire_due(
                 traceparent: None,
                 schedule_id: Some(d.id),
                 parent_id: None,
-                budget: None,
+                budget,
             };
             match super::operations::insert_operation(&mut tx, &op).await? {
                 Inserted::Created { id, epoch } => {

@@ -24,6 +24,8 @@ pub const AGENTQ_TABLES: &[&str] = &[
     "api_tokens",
     "batch_outcomes",
     "batches",
+    "budget_holds",
+    "budgets",
     "concurrency_keys",
     "dead_letters",
     "debounced_deliveries",

@@ -347,6 +347,8 @@ fn schedule(cron: bool) -> app::schedules::ScheduleView {
             created_by: "token:agq_ab".into(),
             created_at: now,
             updated_at: now,
+            budget_tokens: cron.then_some(30_000),
+            budget_measure: cron.then(|| "total".into()),
         },
         next_firings: if cron { vec![now, now] } else { Vec::new() },
     }
@@ -416,6 +418,7 @@ async fn answers_as_sent_match_their_schemas() {
                 }),
             }),
             input: done.then(|| json!({ "message": "hi" })),
+            budgets: if done { vec![] } else { vec![budget_view()] },
         });
         c.answer(&app::dlq::Acted {
             id: Uuid::new_v4(),
@@ -710,6 +713,20 @@ async fn answers_as_sent_match_their_schemas() {
         redispatched: 3,
     });
     c.answer(&pauses::PauseList { items: vec![pause] });
+    let budget = budget_view();
+    let mut of_batch = budget.clone();
+    of_batch.scope = "batch".into();
+    of_batch.batch_id = Some(Uuid::nil());
+    of_batch.exceeded_at = None;
+    c.answer(&app::budgets::BudgetSet {
+        budget: budget.clone(),
+        resumed: true,
+        batch_paused: false,
+    });
+    c.answer(&budgets::AllowedOnce { resumed: false });
+    c.answer(&budgets::BudgetList {
+        items: vec![budget, of_batch],
+    });
     let mut bad = serde_json::to_value(operation(true)).unwrap();
     bad["surprise"] = json!(1);
     assert!(!c.errors("Operation", &bad).is_empty(), "strict checks");
@@ -843,6 +860,23 @@ fn request_schemas_accept_what_the_handlers_read() {
     ] {
         c.request::<pauses::PauseReason>(body);
     }
+    for body in [
+        json!({ "tokens": 3000 }),
+        json!({ "tokens": 3000, "measure": "output", "timeout_secs": 60, "reason": "more" }),
+        json!({ "tokens": "many" }),
+        json!({ "tokens": 1, "measure": "money" }),
+        json!({ "measure": "total" }),
+        json!({ "tokens": 1, "limit": 2 }),
+    ] {
+        c.request::<budgets::SetBudget>(body);
+    }
+    for body in [
+        json!({}),
+        json!({ "reason": "one more" }),
+        json!({ "why": 1 }),
+    ] {
+        c.request::<budgets::AllowOnceRequest>(body);
+    }
     let unchecked: Vec<_> = names(REQUESTS)
         .into_iter()
         .filter(|n| !c.checked.contains(n))
@@ -913,4 +947,21 @@ fn the_served_document_links_each_kinds_input_to_the_enqueue_body() {
     assert!(!validator.is_valid(&misfit));
     // Another kind's input is not checked against this one's schema.
     assert!(validator.is_valid(&json!({ "kind": "echo", "input": { "items": 1 } })));
+}
+
+/// A budget as the API shows it: an operation's, which refused a call.
+fn budget_view() -> app::budgets::BudgetView {
+    app::budgets::BudgetView {
+        id: Uuid::nil(),
+        scope: "operation".into(),
+        batch_id: None,
+        measure: "total".into(),
+        limit_tokens: 3000,
+        spent_tokens: 2000,
+        held_tokens: 0,
+        estimated_calls: 1,
+        timeout_secs: 86_400,
+        exceeded_at: Some(Utc::now()),
+        allow_once: false,
+    }
 }

@@ -14,6 +14,9 @@ use super::JobContext;
 use crate::error::JobError;
 use crate::model::{ModelError, ModelRequest, ModelResponse};
 
+/// How long a call waits, holding its slot, for the holds of calls in flight to be charged.
+const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Completion tokens a request that sets no `max_tokens` is estimated to use.
 pub const DEFAULT_OUTPUT_ESTIMATE: u32 = 1024;
 
@@ -39,16 +42,34 @@ impl JobContext {
         }
         let info = &self.inner.info;
         let (input, output) = estimate(request);
-        let reserved = db::within(db::budgets::reserve(
-            &self.inner.services.pool,
-            info.op_id.0,
-            info.epoch,
-            input,
-            output,
-        ))
-        .await
-        .map_err(|e| JobError::no_effect(format!("checking the token budget: {e}")))?;
+        let waiting_since = std::time::Instant::now();
+        let reserved = loop {
+            let reserved = db::within(db::budgets::reserve(
+                &self.inner.services.pool,
+                info.op_id.0,
+                info.epoch,
+                input,
+                output,
+            ))
+            .await
+            .map_err(|e| JobError::no_effect(format!("checking the token budget: {e}")))?;
+            if reserved != Reserved::Busy {
+                break reserved;
+            }
+            // Calls in flight hold the room: wait for their charges, briefly, holding the slot;
+            // past that, the operation goes back to the queue (its attempt given back).
+            if waiting_since.elapsed() >= BUSY_WAIT {
+                return Err(JobError::Overloaded {
+                    message: "its token budget's room is held by model calls in flight; \
+                              retrying once they are charged"
+                        .into(),
+                    not_before: Some(Utc::now() + chrono::Duration::seconds(2)),
+                });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
         match reserved {
+            Reserved::Busy => unreachable!("waited for above"),
             Reserved::Unbudgeted => Ok(None),
             Reserved::Held { call_id } => Ok(Some(call_id)),
             Reserved::LeaseLost => {
