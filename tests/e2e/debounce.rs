@@ -241,8 +241,11 @@ async fn max_delay_caps_a_stream_that_never_pauses_and_later_arrivals_queue_a_ne
             .await
             .unwrap();
     assert!(
-        second_created >= first_started - chrono::Duration::milliseconds(50),
-        "the second operation was made once the first had started (policy queue)"
+        // The arrival that made it may have begun (its created_at) while the claim it waited
+        // for was committing.
+        second_created >= first_started - chrono::Duration::seconds(1),
+        "the second operation was made once the first had started (policy queue): created \
+         {second_created}, the first started {first_started}"
     );
     app.cleanup().await;
 }
