@@ -253,7 +253,11 @@ pub(crate) async fn fold(
     spec: &Spec,
     actor: &str,
 ) -> Result<Debounced> {
-    crate::capacity::admit(app, &req.tenant, &req.kind, 1).await?;
+    // An arrival that joins the key's pending operation makes none: the tenant's cap counts it
+    // only when it may make one (the kinds a tenant may use are checked either way). Claimed
+    // meanwhile, it makes one the cap did not count, as a burst within the count's second may.
+    let joins = db::has_pending(&app.pool, &req.tenant, &spec.key).await?;
+    crate::capacity::admit(app, &req.tenant, &req.kind, if joins { 0 } else { 1 }).await?;
     let op = {
         let mut conn = app
             .pool

@@ -250,16 +250,16 @@ async fn max_delay_caps_a_stream_that_never_pauses_and_later_arrivals_queue_a_ne
     app.cleanup().await;
 }
 
-/// `agentq enqueue --debounce-key KEY --debounce WINDOW [FLAGS…]` of `kind` with `input`;
-/// returns the JSON answer.
-fn debounced(
+/// `agentq enqueue --debounce-key KEY --debounce WINDOW [FLAGS…]` of `kind` with `input`,
+/// run to completion.
+fn debounce_run(
     app: &TestApp,
     kind: &str,
     input: &Value,
     key: &str,
     window: &str,
     flags: &[&str],
-) -> Value {
+) -> std::process::Output {
     let input = input.to_string();
     let mut args = vec![
         "enqueue",
@@ -273,10 +273,29 @@ fn debounced(
         key,
         "--debounce",
         window,
-        "--json",
     ];
     args.extend_from_slice(flags);
-    app.agentq_json(&args)
+    app.agentq(&args)
+}
+
+/// [`debounce_run`] with `--json`, expected to succeed; returns the JSON answer.
+fn debounced(
+    app: &TestApp,
+    kind: &str,
+    input: &Value,
+    key: &str,
+    window: &str,
+    flags: &[&str],
+) -> Value {
+    let mut flags = flags.to_vec();
+    flags.push("--json");
+    let out = debounce_run(app, kind, input, key, window, &flags);
+    assert!(
+        out.status.success(),
+        "enqueue {key}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// A debounced `script` program on `key` with the policy `policy` (a 300 ms window).
@@ -507,12 +526,21 @@ async fn bad_debounces_are_refused_naming_the_field_and_why_names_a_pending_one(
     );
 
     // A pending operation: `why` names its debounce (an hour's window: no worker runs here).
+    // Under a cap of one unfinished operation, an arrival that joins it is admitted (it makes
+    // none) and one that would make another is refused.
+    app.set_env("AGENTQ_TENANT_MAX_UNFINISHED", "1");
     let hi = json!({ "text": "hi" });
     let pending = debounced(&app, "echo", &hi, "k", "1h", &[]);
     let op = pending["op_id"].as_str().unwrap();
     let newer = json!({ "text": "newer" });
     let joined = debounced(&app, "echo", &newer, "k", "1h", &[]);
     assert_eq!(joined["op_id"], op);
+    let over = debounce_run(&app, "echo", &hi, "other", "1h", &[]);
+    let stderr = String::from_utf8_lossy(&over.stderr);
+    assert!(
+        !over.status.success() && stderr.contains("AGENTQ_TENANT_MAX_UNFINISHED"),
+        "a new key's operation past the cap: {stderr}"
+    );
     let why = app.agentq_json(&["why", op, "--json"]);
     assert_eq!(why["detail"]["reason"], "debouncing", "{why}");
     assert_eq!(why["detail"]["debounce_key"], "k", "{why}");

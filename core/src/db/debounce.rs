@@ -260,6 +260,12 @@ async fn delivered(
     }))
 }
 
+/// Whether the key has a pending operation now (an arrival would join it: no new operation).
+pub async fn has_pending(pool: &PgPool, tenant: &str, key: &str) -> Result<bool> {
+    let mut conn = pool.acquire().await?;
+    pending_exists(&mut conn, tenant, key).await
+}
+
 async fn pending_exists(conn: &mut sqlx::PgConnection, tenant: &str, key: &str) -> Result<bool> {
     let exists = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM operations
