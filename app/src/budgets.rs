@@ -44,7 +44,8 @@ impl BudgetRequest {
 #[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
 pub struct BudgetSet {
     pub budget: BudgetView,
-    /// The operation was waiting for its budget and is queued again.
+    /// The operation (a tenant's: some operation) was waiting for a budget and is queued
+    /// again.
     pub resumed: bool,
     /// The batch is paused (by its budget, or by an operator): `batch resume` runs it again.
     pub batch_paused: bool,
@@ -124,6 +125,51 @@ pub async fn set_for_batch(
         budget,
         resumed: false,
         batch_paused: found.status == agentq_core::state::BatchStatus::Paused,
+    })
+}
+
+/// Sets (or raises) `tenant`'s budget per period of `period_secs` (an admin's act); every
+/// operation of the tenant waiting for a budget is queued again (one another budget still
+/// refuses waits again).
+pub async fn set_for_tenant(
+    app: &App,
+    caller: &Caller,
+    tenant: &str,
+    period_secs: i32,
+    request: &BudgetRequest,
+    reason: Option<&str>,
+) -> Result<BudgetSet> {
+    caller.require(Role::Admin)?;
+    let spec = request.spec()?;
+    agentq_core::operation::TenantId::parse(tenant)
+        .map_err(|e| AppError::invalid("tenant", format!("tenant {tenant:?}: {e}")))?;
+    if !(60..=budgets::MAX_TIMEOUT_SECS).contains(&period_secs) {
+        return Err(AppError::invalid(
+            "/period_secs",
+            format!(
+                "a tenant's budget period is 60 s to {} s (30 days) (got {period_secs})",
+                budgets::MAX_TIMEOUT_SECS
+            ),
+        ));
+    }
+    let budget = budgets::set(
+        &app.pool,
+        tenant,
+        On::Tenant { period_secs },
+        spec,
+        &caller.actor,
+        reason,
+    )
+    .await?;
+    let woken = budgets::lift_tenant(&app.pool, tenant).await?;
+    let resumed = !woken.is_empty();
+    for w in woken {
+        crate::operations::dispatch(app, &Target::from(w)).await;
+    }
+    Ok(BudgetSet {
+        budget,
+        resumed,
+        batch_paused: false,
     })
 }
 
