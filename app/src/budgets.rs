@@ -30,10 +30,22 @@ pub struct BudgetRequest {
 impl BudgetRequest {
     /// The budget it asks for, checked (the message names the field as the API does).
     pub fn spec(&self) -> Result<Spec> {
+        self.over(None)
+    }
+
+    /// The budget it asks for in place of `existing`: what it leaves out (the measure, the
+    /// timeout) stays as it was, so a raise is only a raise.
+    fn over(&self, existing: Option<&BudgetView>) -> Result<Spec> {
         let spec = Spec {
             tokens: self.tokens,
-            measure: self.measure.unwrap_or(Measure::Total),
-            timeout_secs: self.timeout_secs.unwrap_or(budgets::DEFAULT_TIMEOUT_SECS),
+            measure: self
+                .measure
+                .or_else(|| existing.and_then(|b| Measure::parse(&b.measure)))
+                .unwrap_or(Measure::Total),
+            timeout_secs: self
+                .timeout_secs
+                .or(existing.map(|b| b.timeout_secs))
+                .unwrap_or(budgets::DEFAULT_TIMEOUT_SECS),
         };
         budgets::check(&spec).map_err(|(field, m)| AppError::invalid(field, m))?;
         Ok(spec)
@@ -78,8 +90,10 @@ pub async fn set_for_operation(
     reason: Option<&str>,
 ) -> Result<BudgetSet> {
     caller.require(Role::Operator)?;
-    let spec = request.spec()?;
+    request.spec()?;
     let found = crate::operations::find(app, caller, op).await?;
+    let existing = budgets::over(&app.pool, op.0).await?;
+    let spec = request.over(existing.iter().find(|b| b.scope == "operation"))?;
     let budget = budgets::set(
         &app.pool,
         &found.tenant,
@@ -106,12 +120,13 @@ pub async fn set_for_batch(
     request: &BudgetRequest,
     reason: Option<&str>,
 ) -> Result<BudgetSet> {
-    let spec = request.spec()?;
+    request.spec()?;
     let id = crate::names::resolve_batch(app, caller, batch, tenant).await?;
     caller.require(Role::Operator)?;
     let found = agentq_core::db::batches::find_batch(&app.pool, id, caller.scope())
         .await?
         .ok_or_else(|| AppError::NotFound(format!("no batch {id}")))?;
+    let spec = request.over(budgets::of_batch(&app.pool, id).await?.as_ref())?;
     let budget = budgets::set(
         &app.pool,
         &found.tenant,

@@ -147,6 +147,35 @@ async fn a_budget_parks_an_agent_before_the_call_that_would_cross_it_and_a_raise
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("2000 of 3000 total tokens spent"), "{text}");
 
+    // The console's operation page shows the budget and what the wait is for; a raise that
+    // names no number of tokens is refused and changes nothing.
+    let (_, base) = app.serve().await;
+    let mut ui = crate::console::Browser::new(&base);
+    ui.login(&app.token("t1", "operator")).await;
+    let path = format!("/ui/operations/{op}");
+    let (status, page) = ui.get(&path).await;
+    assert_eq!(status, 200);
+    for needle in [
+        "Token budgets",
+        "data-budget=\"operation\"",
+        "a token budget (see below)",
+        "data-action=\"raise-budget\"",
+        "waiting for its token budget",
+    ] {
+        assert!(page.contains(needle), "the page lacks {needle:?}");
+    }
+    let csrf = crate::console::csrf_of(&page);
+    let r = ui
+        .post(
+            &format!("{path}/budget"),
+            &[("csrf", &csrf), ("tokens", "lots"), ("next", &path)],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 303);
+    let (_, page) = ui.get(&path).await;
+    assert!(page.contains("refused: tokens: say how many"), "{page}");
+    assert_eq!(app.operation(&op).await.status.as_str(), "waiting");
+
     // A raise queues it again; it finishes, each call sent once.
     let raised = app.agentq_ok(&[
         "budget",
