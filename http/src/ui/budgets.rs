@@ -26,14 +26,7 @@ pub fn section(
     finished: bool,
     next: &str,
 ) -> Markup {
-    let form = |action: &str, fields: Markup| {
-        html::form(
-            session,
-            &format!("/ui/operations/{op}/{action}"),
-            Some("inline"),
-            html! { input type="hidden" name="next" value=(next); (fields) },
-        )
-    };
+    let form = |action: &str, fields| html::operation_form(session, op, action, next, fields);
     let own = budgets.iter().any(|b| b.scope == "operation");
     html! {
         @if !budgets.is_empty() {

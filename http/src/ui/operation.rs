@@ -272,15 +272,7 @@ fn audit_table(actions: &[ActionView]) -> Markup {
 
 /// The signal and cancel forms of an unfinished operation (`agentq signal` / `cancel`).
 fn control_forms(session: &Session, op: Uuid, next: &str) -> Markup {
-    let form = |action: &str, fields: Markup| {
-        let action = format!("/ui/operations/{op}/{action}");
-        html::form(
-            session,
-            &action,
-            Some("inline"),
-            html! { input type="hidden" name="next" value=(next); (fields) },
-        )
-    };
+    let form = |action: &str, fields| html::operation_form(session, op, action, next, fields);
     html! {
         div class="actions" {
             (form("signal", html! {
