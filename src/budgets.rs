@@ -60,18 +60,24 @@ impl BudgetFlags {
 
 #[derive(Subcommand)]
 pub enum BudgetCommand {
-    /// Set or raise a token budget: of an operation (OP) or of a batch (--batch). An operation
-    /// waiting for its budget is queued again; a batch its budget paused needs `batch resume`.
+    /// Set or raise a token budget: of an operation (OP), of a batch (--batch), or of a tenant
+    /// per period (--tenant T --period 1d, an admin's). What waits for it is queued again; a
+    /// batch its budget paused needs `batch resume`.
     Set {
         /// The operation's id.
-        #[arg(required_unless_present = "batch", conflicts_with = "batch")]
+        #[arg(required_unless_present_any = ["batch", "tenant"], conflicts_with_all = ["batch", "tenant"])]
         op: Option<String>,
         /// The batch's id or name.
         #[arg(long)]
         batch: Option<String>,
-        /// The tenant whose batch of that name is meant.
-        #[arg(long, requires = "batch")]
+        /// With --batch: the tenant whose batch of that name is meant. Alone: the tenant's own
+        /// budget per --period.
+        #[arg(long)]
         tenant: Option<String>,
+        /// A tenant's budget period (1h, 1d, 7d): its spend starts again at each period's
+        /// start (periods are aligned to multiples of their length since the Unix epoch).
+        #[arg(long, conflicts_with = "batch", requires = "tenant")]
+        period: Option<String>,
         #[command(flatten)]
         budget: BudgetFlags,
         /// Kept in the audit trail.
@@ -106,6 +112,7 @@ pub async fn run(config: Deployment, cmd: BudgetCommand) -> anyhow::Result<()> {
             op,
             batch,
             tenant,
+            period,
             budget,
             reason,
             actor,
@@ -116,9 +123,42 @@ pub async fn run(config: Deployment, cmd: BudgetCommand) -> anyhow::Result<()> {
                     "say how many tokens: --budget-tokens N",
                 ));
             };
+            let period = match (&op, &batch, &tenant, &period) {
+                (None, None, Some(_), Some(p)) => Some(
+                    agentq_app::time::parse_duration(p, "--period")
+                        .ok()
+                        .and_then(|s| i32::try_from(s).ok())
+                        .ok_or_else(|| {
+                            crate::wiring::refuse(format!(
+                                "--period {p:?}: use a duration like 1h, 1d, 7d (at most 30d)"
+                            ))
+                        })?,
+                ),
+                (None, None, Some(_), None) => {
+                    return Err(crate::wiring::refuse(
+                        "a tenant's budget needs --period (1h, 1d, 7d); a batch's needs --batch",
+                    ));
+                }
+                _ => None,
+            };
             let (app, caller) = cli_app(&config, &actor).await?;
             let set = async {
                 match (&op, &batch) {
+                    (None, None) => {
+                        let (tenant, period) = (
+                            tenant.as_deref().expect("checked above"),
+                            period.expect("checked above"),
+                        );
+                        budgets::set_for_tenant(
+                            &app,
+                            &caller,
+                            tenant,
+                            period,
+                            &request,
+                            reason.as_deref(),
+                        )
+                        .await
+                    }
                     (Some(op), _) => {
                         let op = agentq_app::operations::parse_id(op)?;
                         budgets::set_for_operation(&app, &caller, op, &request, reason.as_deref())
@@ -135,7 +175,6 @@ pub async fn run(config: Deployment, cmd: BudgetCommand) -> anyhow::Result<()> {
                         )
                         .await
                     }
-                    (None, None) => unreachable!("clap requires an operation or --batch"),
                 }
             }
             .await;

@@ -30,10 +30,22 @@ pub struct BudgetRequest {
 impl BudgetRequest {
     /// The budget it asks for, checked (the message names the field as the API does).
     pub fn spec(&self) -> Result<Spec> {
+        self.over(None)
+    }
+
+    /// The budget it asks for in place of `existing`: what it leaves out (the measure, the
+    /// timeout) stays as it was, so a raise is only a raise.
+    fn over(&self, existing: Option<&BudgetView>) -> Result<Spec> {
         let spec = Spec {
             tokens: self.tokens,
-            measure: self.measure.unwrap_or(Measure::Total),
-            timeout_secs: self.timeout_secs.unwrap_or(budgets::DEFAULT_TIMEOUT_SECS),
+            measure: self
+                .measure
+                .or_else(|| existing.and_then(|b| Measure::parse(&b.measure)))
+                .unwrap_or(Measure::Total),
+            timeout_secs: self
+                .timeout_secs
+                .or(existing.map(|b| b.timeout_secs))
+                .unwrap_or(budgets::DEFAULT_TIMEOUT_SECS),
         };
         budgets::check(&spec).map_err(|(field, m)| AppError::invalid(field, m))?;
         Ok(spec)
@@ -44,7 +56,8 @@ impl BudgetRequest {
 #[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
 pub struct BudgetSet {
     pub budget: BudgetView,
-    /// The operation was waiting for its budget and is queued again.
+    /// The operation (a tenant's: some operation) was waiting for a budget and is queued
+    /// again.
     pub resumed: bool,
     /// The batch is paused (by its budget, or by an operator): `batch resume` runs it again.
     pub batch_paused: bool,
@@ -77,8 +90,10 @@ pub async fn set_for_operation(
     reason: Option<&str>,
 ) -> Result<BudgetSet> {
     caller.require(Role::Operator)?;
-    let spec = request.spec()?;
+    request.spec()?;
     let found = crate::operations::find(app, caller, op).await?;
+    let existing = budgets::over(&app.pool, op.0).await?;
+    let spec = request.over(existing.iter().find(|b| b.scope == "operation"))?;
     let budget = budgets::set(
         &app.pool,
         &found.tenant,
@@ -105,12 +120,13 @@ pub async fn set_for_batch(
     request: &BudgetRequest,
     reason: Option<&str>,
 ) -> Result<BudgetSet> {
-    let spec = request.spec()?;
+    request.spec()?;
     let id = crate::names::resolve_batch(app, caller, batch, tenant).await?;
     caller.require(Role::Operator)?;
     let found = agentq_core::db::batches::find_batch(&app.pool, id, caller.scope())
         .await?
         .ok_or_else(|| AppError::NotFound(format!("no batch {id}")))?;
+    let spec = request.over(budgets::of_batch(&app.pool, id).await?.as_ref())?;
     let budget = budgets::set(
         &app.pool,
         &found.tenant,
@@ -124,6 +140,51 @@ pub async fn set_for_batch(
         budget,
         resumed: false,
         batch_paused: found.status == agentq_core::state::BatchStatus::Paused,
+    })
+}
+
+/// Sets (or raises) `tenant`'s budget per period of `period_secs` (an admin's act); every
+/// operation of the tenant waiting for a budget is queued again (one another budget still
+/// refuses waits again).
+pub async fn set_for_tenant(
+    app: &App,
+    caller: &Caller,
+    tenant: &str,
+    period_secs: i32,
+    request: &BudgetRequest,
+    reason: Option<&str>,
+) -> Result<BudgetSet> {
+    caller.require(Role::Admin)?;
+    let spec = request.spec()?;
+    agentq_core::operation::TenantId::parse(tenant)
+        .map_err(|e| AppError::invalid("tenant", format!("tenant {tenant:?}: {e}")))?;
+    if !(60..=budgets::MAX_TIMEOUT_SECS).contains(&period_secs) {
+        return Err(AppError::invalid(
+            "/period_secs",
+            format!(
+                "a tenant's budget period is 60 s to {} s (30 days) (got {period_secs})",
+                budgets::MAX_TIMEOUT_SECS
+            ),
+        ));
+    }
+    let budget = budgets::set(
+        &app.pool,
+        tenant,
+        On::Tenant { period_secs },
+        spec,
+        &caller.actor,
+        reason,
+    )
+    .await?;
+    let woken = budgets::lift_tenant(&app.pool, tenant).await?;
+    let resumed = !woken.is_empty();
+    for w in woken {
+        crate::operations::dispatch(app, &Target::from(w)).await;
+    }
+    Ok(BudgetSet {
+        budget,
+        resumed,
+        batch_paused: false,
     })
 }
 

@@ -63,9 +63,11 @@ pub enum Reason {
         timeout_at: DateTime<Utc>,
         pending: i64,
     },
-    /// Waiting for its token budget: a model call it refused was never sent; an operator's
-    /// raise queues it again, else it is dead (`budget_exceeded`) at `timeout_at`.
+    /// Waiting for a token budget (`scope`: its own, or its tenant's for the period): a model
+    /// call it refused was never sent; a raise queues it again, else at `timeout_at` it is dead
+    /// (`budget_exceeded`, its own budget) or runs again (the tenant's next period).
     WaitingForBudget {
+        scope: String,
         limit_tokens: i64,
         spent_tokens: i64,
         held_tokens: i64,
@@ -247,13 +249,19 @@ async fn reason(app: &App, row: &facts::Row) -> Result<Reason> {
         Status::Waiting
             if row.waiting_for.as_deref() == Some(agentq_core::db::budgets::WAITING_FOR) =>
         {
+            // The budget that refused: the one that says so (its own first), else its own.
             let budgets = agentq_core::db::budgets::over(pool, row.id).await?;
-            let own = budgets.iter().find(|b| b.scope == "operation");
+            let refused = budgets
+                .iter()
+                .filter(|b| b.scope != "batch")
+                .find(|b| b.exceeded_at.is_some())
+                .or_else(|| budgets.iter().find(|b| b.scope == "operation"));
             Reason::WaitingForBudget {
-                limit_tokens: own.map_or(0, |b| b.limit_tokens),
-                spent_tokens: own.map_or(0, |b| b.spent_tokens),
-                held_tokens: own.map_or(0, |b| b.held_tokens),
-                measure: own.map_or_else(|| "total".into(), |b| b.measure.clone()),
+                scope: refused.map_or_else(|| "operation".into(), |b| b.scope.clone()),
+                limit_tokens: refused.map_or(0, |b| b.limit_tokens),
+                spent_tokens: refused.map_or(0, |b| b.spent_tokens),
+                held_tokens: refused.map_or(0, |b| b.held_tokens),
+                measure: refused.map_or_else(|| "total".into(), |b| b.measure.clone()),
                 timeout_at: row.run_at,
             }
         }
@@ -478,6 +486,7 @@ pub fn one_of_each() -> Vec<Reason> {
             pending: 0,
         },
         Reason::WaitingForBudget {
+            scope: "operation".into(),
             limit_tokens: 3,
             spent_tokens: 2,
             held_tokens: 0,

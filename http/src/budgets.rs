@@ -41,6 +41,20 @@ impl SetBudget {
     }
 }
 
+/// The body of a tenant's budget: tokens per period.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetTenantBudget {
+    tokens: i64,
+    /// `input` (prompt tokens), `output` (completion tokens) or `total` (default)
+    measure: Option<app::budgets::Measure>,
+    /// The period (60 s to 30 days): the spend starts again at each period's start, periods
+    /// aligned to multiples of it since the Unix epoch
+    period_secs: i32,
+    /// Kept in the audit trail
+    reason: Option<String>,
+}
+
 /// The optional body of an allow-once.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -93,6 +107,32 @@ pub async fn set_batch(
         &caller,
         &id,
         None,
+        &budget,
+        req.reason.as_deref(),
+    );
+    Ok(Json(set.await?))
+}
+
+/// `PUT /v1/tenants/{tenant}/budget`: an admin's.
+pub async fn set_tenant(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Params(tenant): Params<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<BudgetSet>> {
+    let req: SetTenantBudget = body::json(&headers, body).await?;
+    let budget = BudgetRequest {
+        tokens: req.tokens,
+        measure: req.measure,
+        timeout_secs: None,
+    };
+    let caller = caller.app();
+    let set = app::budgets::set_for_tenant(
+        &state.app,
+        &caller,
+        &tenant,
+        req.period_secs,
         &budget,
         req.reason.as_deref(),
     );

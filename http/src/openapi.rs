@@ -232,6 +232,7 @@ const REQUESTS: &[Describe] = &[
     SchemaGenerator::subschema_for::<app::pauses::PauseRequest>,
     SchemaGenerator::subschema_for::<pauses::PauseReason>,
     SchemaGenerator::subschema_for::<budgets::SetBudget>,
+    SchemaGenerator::subschema_for::<budgets::SetTenantBudget>,
     SchemaGenerator::subschema_for::<budgets::AllowOnceRequest>,
 ];
 

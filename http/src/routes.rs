@@ -245,6 +245,15 @@ pub const ROUTES: &[Route] = &[
         (200, "BudgetSet"),
     ),
     r(
+        "put",
+        "/v1/tenants/{tenant}/budget",
+        || put(budgets::set_tenant),
+        "Set or raise a tenant's token budget per period (an admin's act, audited); the tenant's operations waiting for a budget are queued again",
+        Access::Admin,
+        Some("SetTenantBudget"),
+        (200, "BudgetSet"),
+    ),
+    r(
         "get",
         "/v1/pauses",
         || get(pauses::list),

@@ -147,6 +147,35 @@ async fn a_budget_parks_an_agent_before_the_call_that_would_cross_it_and_a_raise
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("2000 of 3000 total tokens spent"), "{text}");
 
+    // The console's operation page shows the budget and what the wait is for; a raise that
+    // names no number of tokens is refused and changes nothing.
+    let (_, base) = app.serve().await;
+    let mut ui = crate::console::Browser::new(&base);
+    ui.login(&app.token("t1", "operator")).await;
+    let path = format!("/ui/operations/{op}");
+    let (status, page) = ui.get(&path).await;
+    assert_eq!(status, 200);
+    for needle in [
+        "Token budgets",
+        "data-budget=\"operation\"",
+        "a token budget (see below)",
+        "data-action=\"raise-budget\"",
+        "waiting for its token budget",
+    ] {
+        assert!(page.contains(needle), "the page lacks {needle:?}");
+    }
+    let csrf = crate::console::csrf_of(&page);
+    let r = ui
+        .post(
+            &format!("{path}/budget"),
+            &[("csrf", &csrf), ("tokens", "lots"), ("next", &path)],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 303);
+    let (_, page) = ui.get(&path).await;
+    assert!(page.contains("refused: tokens: say how many"), "{page}");
+    assert_eq!(app.operation(&op).await.status.as_str(), "waiting");
+
     // A raise queues it again; it finishes, each call sent once.
     let raised = app.agentq_ok(&[
         "budget",
@@ -508,5 +537,106 @@ async fn a_schedules_firings_are_born_with_its_budget() {
     assert_eq!(waiting_for(&app, &op).await.as_deref(), Some("(budget)"));
     assert_eq!(fake.requests(), 1, "one call fit 1,500 tokens");
     app.agentq_ok(&["schedules", "delete", "capped", "--tenant", "t1"]);
+    app.cleanup().await;
+}
+
+/// A tenant's budget per period: its operations park when this period's spend cannot cover a
+/// call (another tenant's run on), run again when the period rolls over (its spend starts
+/// again), and all are queued again when an admin raises it.
+#[tokio::test]
+async fn a_tenants_budget_per_period_parks_its_operations_until_the_next_period_or_a_raise() {
+    let fake = FakeModel::start(spending_model()).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+
+    let out = app.agentq(&["budget", "set", "--tenant", "t1", "--budget-tokens", "2500"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--period"));
+    let set = app.agentq_json(&[
+        "budget",
+        "set",
+        "--tenant",
+        "t1",
+        "--period",
+        "1h",
+        "--budget-tokens",
+        "2500",
+        "--json",
+    ]);
+    assert_eq!(
+        (&set["budget"]["scope"], &set["budget"]["period_secs"]),
+        (&json!("tenant"), &json!(3600)),
+        "{set}"
+    );
+    let op = enqueue(&app, &[]);
+    app.wait_status(&op, "waiting", DEADLINE).await;
+    assert_eq!(waiting_for(&app, &op).await.as_deref(), Some("(budget)"));
+    assert_eq!(
+        fake.requests(),
+        2,
+        "two calls fit the tenant's 2,500 this period"
+    );
+    let why = app.agentq_json(&["why", &op, "--json"]);
+    assert_eq!(why["detail"]["scope"], "tenant", "{why}");
+    // Another tenant runs on.
+    let input = json!({ "user": "x", "tools": ["kv_put"], "max_turns": TURNS }).to_string();
+    let other = app.agentq_json(&[
+        "enqueue", "--tenant", "t2", "--kind", "agent", "--input", &input, "--json",
+    ])["op_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    app.wait_status(&other, "succeeded", DEADLINE).await;
+    assert_eq!(fake.requests(), 2 + TURNS);
+
+    // The period rolls over (moved back, as time would): the wait's timer fires, the spend
+    // starts again, two more calls fit.
+    sqlx::query("UPDATE budgets SET period_start = period_start - interval '1 hour'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE operations SET run_at = now() WHERE id = $1::uuid")
+        .bind(&op)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    app.wait_for("two more calls in the new period", DEADLINE, || async {
+        fake.requests() == 4 + TURNS && app.operation(&op).await.status.as_str() == "waiting"
+    })
+    .await;
+    let b = &app.agentq_json_lines(&["budget", "show", &op, "--json"])[0];
+    assert_eq!(
+        (&b["scope"], &b["spent_tokens"]),
+        (&json!("tenant"), &json!(2 * PER_CALL)),
+        "{b}"
+    );
+
+    // A raise (an admin's, over the API) queues the tenant's waiting operations again; the
+    // tenant's own operator may not raise its cap.
+    let (_, base) = app.serve().await;
+    let api = crate::api::Api::new(&base);
+    let put = |token: String, body: Value| {
+        let path = "/v1/tenants/t1/budget";
+        let rb = api
+            .req(reqwest::Method::PUT, path, Some(&token))
+            .json(&body);
+        crate::api::send(format!("PUT {path}"), rb)
+    };
+    let body = json!({ "tokens": 100000, "period_secs": 3600, "reason": "a bigger plan" });
+    put(app.token("t1", "operator"), body.clone())
+        .await
+        .problem(403, "forbidden");
+    put(
+        app.token("t1", "admin"),
+        json!({ "tokens": 5, "period_secs": 1 }),
+    )
+    .await
+    .problem(422, "unprocessable");
+    let raised = put(app.token("t1", "admin"), body).await.expect(200);
+    assert_eq!(raised["resumed"], true, "{raised}");
+    app.wait_status(&op, "succeeded", DEADLINE).await;
+    assert_eq!(fake.requests(), 2 * TURNS, "each call of both sent once");
     app.cleanup().await;
 }

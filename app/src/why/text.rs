@@ -80,22 +80,39 @@ pub fn describe(r: &Reason) -> (String, Vec<String>) {
             }],
         ),
         Reason::WaitingForBudget {
+            scope,
             limit_tokens,
             spent_tokens,
             held_tokens,
             measure,
             timeout_at,
         } => (
-            format!(
-                "waiting for its token budget: {spent_tokens} of {limit_tokens} {measure} tokens \
-                 spent ({held_tokens} held); dead as budget_exceeded at {} unless raised",
-                t(*timeout_at)
-            ),
+            if scope == "tenant" {
+                format!(
+                    "waiting for its tenant's token budget: {spent_tokens} of {limit_tokens} \
+                     {measure} tokens spent this period ({held_tokens} held); runs again when \
+                     the period ends at {}, or when an admin raises it",
+                    t(*timeout_at)
+                )
+            } else {
+                format!(
+                    "waiting for its token budget: {spent_tokens} of {limit_tokens} {measure} \
+                     tokens spent ({held_tokens} held); dead as budget_exceeded at {} unless \
+                     raised",
+                    t(*timeout_at)
+                )
+            },
             vec![
                 "its next model call does not fit the budget and was not sent".into(),
-                "raise it: `agentq budget set OP --budget-tokens N`, or let one call through: \
-                 `agentq budget allow-once OP`"
-                    .into(),
+                if scope == "tenant" {
+                    "an admin raises it: `agentq budget set --tenant T --period P \
+                     --budget-tokens N`"
+                        .into()
+                } else {
+                    "raise it: `agentq budget set OP --budget-tokens N`, or let one call \
+                     through: `agentq budget allow-once OP`"
+                        .into()
+                },
             ],
         ),
         Reason::WaitingForChildren {

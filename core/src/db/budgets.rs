@@ -112,6 +112,10 @@ pub fn check(spec: &Spec) -> std::result::Result<(), (&'static str, String)> {
 pub enum On {
     Operation(Uuid),
     Batch(Uuid),
+    /// The tenant's own operations, per period of this many seconds.
+    Tenant {
+        period_secs: i32,
+    },
 }
 
 /// A budget as shown (`agentq status`, `why`, the API).
@@ -119,7 +123,7 @@ pub enum On {
 pub struct BudgetView {
     #[serde(skip)]
     pub id: Uuid,
-    /// `operation` or `batch`.
+    /// `operation`, `batch` or `tenant`.
     pub scope: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch_id: Option<Uuid>,
@@ -137,21 +141,33 @@ pub struct BudgetView {
     pub exceeded_at: Option<DateTime<Utc>>,
     /// An operator let the next refused call through.
     pub allow_once: bool,
+    /// A tenant's budget: the length of its period, and when the current one ends (its
+    /// spend starts again then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub period_secs: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub period_ends: Option<DateTime<Utc>>,
 }
 
-const VIEW: &str = "b.id, CASE WHEN b.op_id IS NOT NULL THEN 'operation' ELSE 'batch' END AS scope,
+const VIEW: &str = "b.id,
+     CASE WHEN b.op_id IS NOT NULL THEN 'operation'
+          WHEN b.batch_id IS NOT NULL THEN 'batch' ELSE 'tenant' END AS scope,
      b.batch_id, b.measure, b.limit_tokens, b.spent_tokens,
      COALESCE((SELECT sum(h.tokens) FROM budget_holds h WHERE h.budget_id = b.id), 0)::bigint
          AS held_tokens,
-     b.estimated_calls, b.timeout_secs, b.exceeded_at, b.allow_once";
+     b.estimated_calls, b.timeout_secs, b.exceeded_at, b.allow_once, b.period_secs,
+     b.period_start + b.period_secs * interval '1 second' AS period_ends";
 
-/// The budgets over operation `op`: its own, then its batch's.
+/// The budgets over operation `op` (`$1`): its own, its batch's, its tenant's.
+const OVER: &str = "b.op_id = $1
+     OR b.batch_id = (SELECT batch_id FROM operations WHERE id = $1)
+     OR b.tenant_scope = (SELECT tenant_id FROM operations WHERE id = $1)";
+
+/// The budgets over operation `op`: its own, its batch's, its tenant's.
 pub async fn over(pool: &PgPool, op: Uuid) -> Result<Vec<BudgetView>> {
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {VIEW} FROM budgets b
-          WHERE b.op_id = $1
-             OR b.batch_id = (SELECT batch_id FROM operations WHERE id = $1)
-          ORDER BY b.op_id IS NULL"
+        "SELECT {VIEW} FROM budgets b WHERE {OVER}
+          ORDER BY b.op_id IS NULL, b.batch_id IS NULL"
     )))
     .bind(op)
     .fetch_all(pool)
@@ -178,21 +194,28 @@ pub async fn set(
     actor: &str,
     reason: Option<&str>,
 ) -> Result<BudgetView> {
-    let (op, batch_id) = match on {
-        On::Operation(id) => (Some(id), None),
-        On::Batch(id) => (None, Some(id)),
+    let (op, batch_id, period) = match on {
+        On::Operation(id) => (Some(id), None, None),
+        On::Batch(id) => (None, Some(id), None),
+        On::Tenant { period_secs } => (None, None, Some(period_secs)),
     };
     let arbiter = match on {
         On::Operation(_) => "(op_id) WHERE op_id IS NOT NULL",
         On::Batch(_) => "(batch_id) WHERE batch_id IS NOT NULL",
+        On::Tenant { .. } => "(tenant_scope) WHERE tenant_scope IS NOT NULL",
     };
     let mut tx = pool.begin().await?;
+    // A tenant's periods are aligned to multiples of their length since the Unix epoch.
     let id: Uuid = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO budgets (id, tenant_id, op_id, batch_id, measure, limit_tokens, timeout_secs)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
+        "INSERT INTO budgets (id, tenant_id, op_id, batch_id, measure, limit_tokens, timeout_secs,
+                              tenant_scope, period_secs, period_start)
+         VALUES ($1, $2, $3, $4, $5, $6, $7,
+                 CASE WHEN $8::int IS NOT NULL THEN $2 END, $8,
+                 to_timestamp(floor(extract(epoch FROM now()) / $8) * $8))
          ON CONFLICT {arbiter}
          DO UPDATE SET measure = EXCLUDED.measure, limit_tokens = EXCLUDED.limit_tokens,
                        timeout_secs = EXCLUDED.timeout_secs, exceeded_at = NULL,
+                       period_secs = EXCLUDED.period_secs, period_start = EXCLUDED.period_start,
                        updated_at = now()
          RETURNING id"
     )))
@@ -203,6 +226,7 @@ pub async fn set(
     .bind(spec.measure.as_str())
     .bind(spec.tokens)
     .bind(spec.timeout_secs)
+    .bind(period)
     .fetch_one(&mut *tx)
     .await?;
     audit(&mut tx, actor, "budget_set", op, batch_id, reason, spec).await?;
@@ -301,6 +325,26 @@ pub async fn lift(pool: &PgPool, op: Uuid) -> Result<Option<Dispatch>> {
     .await?)
 }
 
+/// Queues again every operation of `tenant` that waits for a budget (after its tenant budget
+/// was raised), as [`lift`] does one; what to publish.
+pub async fn lift_tenant(pool: &PgPool, tenant: &str) -> Result<Vec<Dispatch>> {
+    Ok(sqlx::query_as(concat!(
+        "UPDATE operations SET status = ",
+        to_sql!(BUDGET),
+        ", waiting_for = NULL, attempt = attempt - 1, run_at = now(), dispatched_at = NULL,
+              updated_at = clock_timestamp()
+          WHERE tenant_id = $1 AND status IN ",
+        from_sql!(BUDGET),
+        " AND waiting_for = '",
+        waiting_for!(),
+        "'
+          RETURNING id, tenant_id, kind, lane, epoch, NULL::text AS traceparent"
+    ))
+    .bind(tenant)
+    .fetch_all(pool)
+    .await?)
+}
+
 /// What [`reserve`] decided for one model call.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reserved {
@@ -318,6 +362,12 @@ pub enum Reserved {
     /// The tokens spent leave room for it but those held by calls in flight do not: it may
     /// fit once they are charged. Nothing was held.
     Busy,
+    /// Its tenant's budget for this period refused it: it may run when the period ends.
+    Tenant {
+        budget: Box<BudgetView>,
+        needed: i64,
+        period_ends: DateTime<Utc>,
+    },
     /// Its batch's budget refused it; the batch is paused (by this call or an earlier one).
     Batch {
         budget: Box<BudgetView>,
@@ -338,11 +388,9 @@ pub async fn reserve(
     output: i64,
 ) -> Result<Reserved> {
     // The common case, one indexed probe: no budget at all.
-    let any: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM budgets
-                         WHERE op_id = $1
-                            OR batch_id = (SELECT batch_id FROM operations WHERE id = $1))",
-    )
+    let any: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT EXISTS (SELECT 1 FROM budgets b WHERE {OVER})"
+    )))
     .bind(op)
     .fetch_one(pool)
     .await?;
@@ -350,25 +398,39 @@ pub async fn reserve(
         return Ok(Reserved::Unbudgeted);
     }
     let mut tx = pool.begin().await?;
-    let running: Option<Option<Uuid>> = sqlx::query_scalar(
-        "SELECT batch_id FROM operations WHERE id = $1 AND epoch = $2 AND status = 'running'
+    let running: Option<bool> = sqlx::query_scalar(
+        "SELECT true FROM operations WHERE id = $1 AND epoch = $2 AND status = 'running'
             FOR SHARE",
     )
     .bind(op)
     .bind(epoch)
     .fetch_optional(&mut *tx)
     .await?;
-    let Some(batch_id) = running else {
+    if running.is_none() {
         return Ok(Reserved::LeaseLost);
-    };
+    }
     // The budget rows locked first, in a statement of their own: the statements after it
     // take their snapshots once the lock is held (READ COMMITTED), so they see every hold and
     // charge committed by the transactions this one waited for.
-    sqlx::query("SELECT id FROM budgets WHERE op_id = $1 OR batch_id = $2 ORDER BY id FOR UPDATE")
-        .bind(op)
-        .bind(batch_id)
-        .execute(&mut *tx)
-        .await?;
+    let locked: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT b.id FROM budgets b WHERE {OVER} ORDER BY b.id FOR UPDATE"
+    )))
+    .bind(op)
+    .fetch_all(&mut *tx)
+    .await?;
+    // A tenant's budget whose period ended starts a new one: nothing spent, no refusal.
+    sqlx::query(
+        "UPDATE budgets
+            SET spent_tokens = 0, estimated_calls = 0, exceeded_at = NULL, updated_at = now(),
+                period_start = period_start
+                    + floor(extract(epoch FROM now() - period_start) / period_secs)
+                      * period_secs * interval '1 second'
+          WHERE id = ANY($1) AND tenant_scope IS NOT NULL
+            AND now() >= period_start + period_secs * interval '1 second'",
+    )
+    .bind(&locked)
+    .execute(&mut *tx)
+    .await?;
     // Crashed calls' holds become spent, at their estimate.
     sqlx::query(
         "WITH stale AS (
@@ -385,15 +447,14 @@ pub async fn reserve(
     .execute(&mut *tx)
     .await?;
     let budgets: Vec<BudgetView> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {VIEW} FROM budgets b
-          WHERE b.op_id = $1 OR b.batch_id = $2
-          ORDER BY b.op_id IS NULL DESC"
+        "SELECT {VIEW} FROM budgets b WHERE b.id = ANY($1)
+          ORDER BY b.batch_id IS NULL, b.tenant_scope IS NULL"
     )))
-    .bind(op)
-    .bind(batch_id)
+    .bind(&locked)
     .fetch_all(&mut *tx)
     .await?;
-    // The batch's first: a spent batch stops every one of its operations, not just this one.
+    // The batch's first: a spent batch stops every one of its operations, not just this one;
+    // then the tenant's (its operations wait for the next period), then the operation's own.
     // A call that the spent tokens leave room for, but the holds of calls in flight do not,
     // waits for those to be charged (most use less than their estimate).
     let mut busy = false;
@@ -414,6 +475,21 @@ pub async fn reserve(
             return Ok(Reserved::Batch {
                 budget: Box::new(b.clone()),
                 needed,
+            });
+        }
+        if b.scope == "tenant" {
+            sqlx::query(
+                "UPDATE budgets SET exceeded_at = COALESCE(exceeded_at, now()), updated_at = now()
+                  WHERE id = $1",
+            )
+            .bind(b.id)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            return Ok(Reserved::Tenant {
+                budget: Box::new(b.clone()),
+                needed,
+                period_ends: b.period_ends.expect("a tenant's budget has a period"),
             });
         }
         if b.allow_once {

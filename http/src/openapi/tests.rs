@@ -723,6 +723,14 @@ async fn answers_as_sent_match_their_schemas() {
         resumed: true,
         batch_paused: false,
     });
+    let mut of_tenant = budget_view();
+    of_tenant.scope = "tenant".into();
+    (of_tenant.period_secs, of_tenant.period_ends) = (Some(86_400), Some(Utc::now()));
+    c.answer(&app::budgets::BudgetSet {
+        budget: of_tenant,
+        resumed: false,
+        batch_paused: false,
+    });
     c.answer(&budgets::AllowedOnce { resumed: false });
     c.answer(&budgets::BudgetList {
         items: vec![budget, of_batch],
@@ -871,6 +879,15 @@ fn request_schemas_accept_what_the_handlers_read() {
         c.request::<budgets::SetBudget>(body);
     }
     for body in [
+        json!({ "tokens": 1_000_000, "period_secs": 86_400 }),
+        json!({ "tokens": 5, "measure": "input", "period_secs": 3600, "reason": "cap" }),
+        json!({ "tokens": 5 }),
+        json!({ "tokens": 5, "period_secs": "daily" }),
+        json!({ "tokens": 5, "period_secs": 60, "timeout_secs": 1 }),
+    ] {
+        c.request::<budgets::SetTenantBudget>(body);
+    }
+    for body in [
         json!({}),
         json!({ "reason": "one more" }),
         json!({ "why": 1 }),
@@ -963,5 +980,7 @@ fn budget_view() -> app::budgets::BudgetView {
         timeout_secs: 86_400,
         exceeded_at: Some(Utc::now()),
         allow_once: false,
+        period_secs: None,
+        period_ends: None,
     }
 }

@@ -81,13 +81,8 @@ pub(super) fn pending(p: Option<&app::decision::Pending>) -> Markup {
 /// browser goes to `next`.
 pub(super) fn approval_forms(session: &Session, op: Uuid, next: &str) -> Markup {
     let form = |action: &str, button: Markup| {
-        let action = format!("/ui/operations/{op}/{action}");
-        html::form(
-            session,
-            &action,
-            Some("inline"),
-            html! { input type="hidden" name="next" value=(next); (reason_field()) (button) },
-        )
+        let fields = html! { (reason_field()) (button) };
+        html::operation_form(session, op, action, next, fields)
     };
     html! {
         div class="actions" {

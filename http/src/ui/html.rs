@@ -74,6 +74,23 @@ pub fn form(session: &Session, action: &str, class: Option<&str>, fields: Markup
     }
 }
 
+/// An inline form acting on operation `op` (`/ui/operations/{op}/{action}`), which sends the
+/// browser to `next` when done: every operation page's and list's action forms.
+pub fn operation_form(
+    session: &Session,
+    op: uuid::Uuid,
+    action: &str,
+    next: &str,
+    fields: Markup,
+) -> Markup {
+    form(
+        session,
+        &format!("/ui/operations/{op}/{action}"),
+        Some("inline"),
+        html! { input type="hidden" name="next" value=(next); (fields) },
+    )
+}
+
 /// The optional `reason` field of an action's form.
 pub fn reason_field() -> Markup {
     html! { input name="reason" placeholder="reason (optional)"; }

@@ -20,6 +20,7 @@
 
 mod approvals;
 mod batches;
+mod budgets;
 mod dlq;
 mod form;
 mod html;
@@ -71,6 +72,11 @@ pub fn router<S>(api: Arc<ApiState>) -> Router<S> {
         .route("/ui/operations/{id}/signal", post(operation::signal))
         .route("/ui/operations/{id}/cancel", post(operation::cancel))
         .route("/ui/operations/{id}/pause", post(pauses::pause_operation))
+        .route("/ui/operations/{id}/budget", post(budgets::raise))
+        .route(
+            "/ui/operations/{id}/budget/allow-once",
+            post(budgets::allow_once),
+        )
         .route("/ui/operations/{id}/resume", post(pauses::resume_operation))
         .route("/ui/approvals", get(approvals::list))
         .route("/ui/batches", get(batches::list))

@@ -48,6 +48,8 @@ async fn page(state: &UiState, session: &Session, id: &str) -> UiResult {
     // What it does now, or the one gate that holds it: the answer of `agentq why`.
     let why = app::why::why(&state.api.app, &session.caller, OperationId(op_id)).await?;
     let holding = app::pauses::holding(&state.api.app, OperationId(op_id)).await?;
+    let budgets =
+        app::budgets::over_operation(&state.api.app, &session.caller, OperationId(op_id)).await?;
     let op = &o.operation;
     let path = format!("/ui/operations/{op_id}");
     let body = html! {
@@ -76,7 +78,11 @@ async fn page(state: &UiState, session: &Session, id: &str) -> UiResult {
             dt { "updated" } dd { (time(op.updated_at)) }
             dt { "finished" } dd { (op.finished_at.map(time).unwrap_or_else(|| "–".into())) }
             @if let Some(w) = &op.waiting_for {
-                dt { "waiting for" } dd { "signal " (w) }
+                dt { "waiting for" }
+                dd {
+                    @if w == app::budgets::WAITING_FOR { "a token budget (see below)" }
+                    @else { "signal " (w) }
+                }
             }
             @if let Some(p) = &o.waiting {
                 dt { "to decide" } dd { (pending(Some(p))) }
@@ -112,6 +118,13 @@ async fn page(state: &UiState, session: &Session, id: &str) -> UiResult {
         @if op.waiting_for.as_deref() == Some("approval") && op.status.as_str() == "waiting" {
             (approval_forms(session, op_id, &path))
         }
+        (super::budgets::section(
+            session,
+            op_id,
+            &budgets,
+            op.status.is_terminal(),
+            &path,
+        ))
         (super::pauses::operation_forms(
             session,
             op_id,
@@ -259,15 +272,7 @@ fn audit_table(actions: &[ActionView]) -> Markup {
 
 /// The signal and cancel forms of an unfinished operation (`agentq signal` / `cancel`).
 fn control_forms(session: &Session, op: Uuid, next: &str) -> Markup {
-    let form = |action: &str, fields: Markup| {
-        let action = format!("/ui/operations/{op}/{action}");
-        html::form(
-            session,
-            &action,
-            Some("inline"),
-            html! { input type="hidden" name="next" value=(next); (fields) },
-        )
-    };
+    let form = |action: &str, fields| html::operation_form(session, op, action, next, fields);
     html! {
         div class="actions" {
             (form("signal", html! {

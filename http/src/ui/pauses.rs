@@ -155,14 +155,7 @@ pub fn operation_forms(
     finished: bool,
     next: &str,
 ) -> Markup {
-    let form = |action: &str, fields: Markup| {
-        html::form(
-            session,
-            &format!("/ui/operations/{op}/{action}"),
-            Some("inline"),
-            html! { input type="hidden" name="next" value=(next); (fields) },
-        )
-    };
+    let form = |action: &str, fields| html::operation_form(session, op, action, next, fields);
     match holding {
         Some(p) if p.scope.op_id == Some(op) => html! {
             div class="actions" {

@@ -3,8 +3,9 @@
 //! is charged in place of the hold. A call a budget refuses is never sent and journals nothing:
 //! the operation's own budget parks it (`waiting` for `budget`, no worker held, no attempt
 //! used) until an operator raises the budget or lets one call through, or until the budget's
-//! timeout, when it is dead (`budget_exceeded`); its batch's budget pauses the batch and hands
-//! the operation back at this step boundary, like an operator's pause.
+//! timeout, when it is dead (`budget_exceeded`); its tenant's budget for the period parks it
+//! the same way until the period ends (or a raise); its batch's budget pauses the batch and
+//! hands the operation back at this step boundary, like an operator's pause.
 
 use agentq_core::db::{self, budgets::Reserved};
 use chrono::Utc;
@@ -81,6 +82,12 @@ impl JobContext {
             Reserved::Batch { .. } => {
                 agentq_core::metrics::BUDGET_REFUSALS.inc(&["batch"]);
                 self.state().budget_pause = true;
+                Err(JobError::Suspended)
+            }
+            Reserved::Tenant { period_ends, .. } => {
+                agentq_core::metrics::BUDGET_REFUSALS.inc(&["tenant"]);
+                let until = period_ends.max(Utc::now());
+                self.state().suspend = Some((until, Some(db::budgets::WAITING_FOR.to_string())));
                 Err(JobError::Suspended)
             }
             Reserved::Operation {
