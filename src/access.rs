@@ -57,6 +57,13 @@ pub enum WebhooksCommand {
         /// `{"callback_url": "https://…", "labels": […]}`.
         #[arg(long)]
         config: Option<String>,
+        /// Debounce deliveries on the key their body holds at this JSON pointer (e.g.
+        /// /document/id; with --debounce): a delivery of a key whose operation is pending
+        /// replaces its input and pushes its start back.
+        #[arg(long, value_name = "POINTER")]
+        debounce_pointer: Option<String>,
+        #[command(flatten)]
+        debounce: crate::debounce::DebounceFlags,
         #[arg(long = "as")]
         actor: Option<String>,
         #[arg(long)]
@@ -196,6 +203,8 @@ pub async fn webhooks(config: Deployment, cmd: WebhooksCommand) -> anyhow::Resul
             source,
             kind,
             config: source_config,
+            debounce_pointer,
+            debounce,
             actor,
             json,
         } => {
@@ -207,6 +216,7 @@ pub async fn webhooks(config: Deployment, cmd: WebhooksCommand) -> anyhow::Resul
                 &source,
                 &kind,
                 source_config.as_deref(),
+                &debounce.request(debounce_pointer),
             )
             .await;
             let secret = done(app, added).await?;

@@ -259,7 +259,14 @@ pub struct EnqueueArgs {
     /// A token budget: model calls that would pass it park the operation (waiting for budget).
     #[command(flatten)]
     pub budget: crate::budgets::BudgetFlags,
-    /// Print one JSON object: {"op_id", "created", "status"}.
+    /// Debounce on this key (1-256 characters, with --debounce): while the tenant's operation
+    /// of the key is pending (queued, not started), this enqueue replaces its input and pushes
+    /// its start back.
+    #[arg(long, value_name = "KEY")]
+    pub debounce_key: Option<String>,
+    #[command(flatten)]
+    pub debounce: crate::debounce::DebounceFlags,
+    /// Print one JSON object: {"op_id", "created", "status"} (and "debounce" when debounced).
     #[arg(long)]
     pub json: bool,
 }

@@ -251,6 +251,11 @@ async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
         Some(b) => Some(b.spec().map_err(|e| refuse(budget_flag(e.to_string())))?),
         None => None,
     };
+    let debounce = args
+        .debounce
+        .request(args.debounce_key)
+        .spec(agentq_app::debounce::Fields::CLI)
+        .map_err(cli_error)?;
     let (app, caller) = cli_app(&config, &None).await?;
     // The enqueue is a span of its own: a child of `TRACEPARENT` when the caller sets one (the
     // OpenTelemetry convention for passing a trace to a process), else the root of a new trace.
@@ -280,9 +285,20 @@ async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
         budget,
         ..EnqueueRequest::default()
     };
-    let result =
-        tracing::Instrument::instrument(agentq_app::operations::enqueue(&app, &caller, req), span)
-            .await;
+    let result = match &debounce {
+        Some(spec) => tracing::Instrument::instrument(
+            agentq_app::debounce::enqueue(&app, &caller, req, spec),
+            span,
+        )
+        .await
+        .map(|d| (d.op_id, d.created, d.status, Some(d.debounce))),
+        None => tracing::Instrument::instrument(
+            agentq_app::operations::enqueue(&app, &caller, req),
+            span,
+        )
+        .await
+        .map(|e| (e.op_id, e.created, e.status, None)),
+    };
     // The application layer's refusals name the API's fields; here they are flags.
     let result = result.map_err(|e| match e {
         agentq_app::AppError::Invalid { field, message } => {
@@ -299,17 +315,29 @@ async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
         }
         other => other,
     });
-    let enqueued = done(app, result).await?;
+    let (op_id, created, status, debounce) = done(app, result).await?;
     if args.json {
-        println!("{}", serde_json::to_string(&enqueued)?);
+        let mut out = serde_json::json!({ "op_id": op_id, "created": created, "status": status });
+        if let Some(d) = &debounce {
+            out["debounce"] = serde_json::to_value(d)?;
+        }
+        println!("{out}");
     } else {
-        let verb = if enqueued.created {
-            "enqueued"
-        } else {
-            "already enqueued"
+        use agentq_app::debounce::Folded;
+        let verb = match debounce.as_ref().map(|d| d.outcome) {
+            Some(Folded::Joined) => "debounced into",
+            Some(Folded::Skipped) => "skipped: the key's operation is running,",
+            _ if created => "enqueued",
+            _ => "already enqueued",
         };
-        println!("{verb} {} ({})", enqueued.op_id, enqueued.status);
-        println!("watch it: agentq status {}", enqueued.op_id);
+        println!("{verb} {op_id} ({status})");
+        if let Some(at) = debounce.as_ref().and_then(|d| d.run_at) {
+            println!(
+                "starts at {} unless a newer arrival pushes it back",
+                at.to_rfc3339()
+            );
+        }
+        println!("watch it: agentq status {op_id}");
     }
     Ok(())
 }

@@ -49,6 +49,7 @@ mod budgets;
 mod bulk;
 mod cli;
 mod commands;
+mod debounce;
 mod dlq;
 mod interrupt;
 mod kinds;

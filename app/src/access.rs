@@ -63,7 +63,9 @@ pub async fn list_tokens(
 /// Adds the webhook source `source` of `tenant`, creating `kind` operations, with an optional
 /// config (a JSON object handed to each operation as `{"event", "source", "webhook_id",
 /// "config"}`, checked against the kind now rather than at every delivery). Returns its
-/// signing secret, stored for verification and shown once.
+/// signing secret, stored for verification and shown once. With a debounce
+/// (`--debounce-pointer` and `--debounce`), deliveries are debounced on the key their body
+/// holds at the pointer (`crate::debounce`).
 pub async fn add_source(
     app: &App,
     caller: &Caller,
@@ -71,8 +73,11 @@ pub async fn add_source(
     source: &str,
     kind: &str,
     config: Option<&str>,
+    debounce: &crate::debounce::Request,
 ) -> Result<String> {
     caller.require(Role::Admin)?;
+    let debounce = crate::debounce::SourceDebounce::from_flags(debounce)?
+        .map(|d| serde_json::to_value(d).expect("a debounce is JSON"));
     tenant(t)?;
     stores::check_plain_name("--source", source).map_err(|e| AppError::invalid("--source", e))?;
     let config: Option<Value> = config
@@ -130,17 +135,14 @@ pub async fn add_source(
         ));
     }
     let secret = Secret::generate().expose();
-    if !access::add_source(
-        &app.pool,
-        t,
-        source,
+    let new = access::NewSource {
+        tenant: t,
+        name: source,
         kind,
-        config.as_ref(),
-        &secret,
-        &caller.actor,
-    )
-    .await?
-    {
+        config: config.as_ref(),
+        debounce: debounce.as_ref(),
+    };
+    if !access::add_source(&app.pool, new, &secret, &caller.actor).await? {
         return Err(AppError::Conflict(format!(
             "tenant {t} already has a webhook source {source:?}; rotate its secret instead"
         )));

@@ -25,6 +25,8 @@
 //! - [`time`]: times and durations as people type them;
 //! - [`usage`]: model calls and tokens per tenant and kind;
 //! - [`database`]: opening the database (pool, migrations, call deadline);
+//! - [`debounce`]: debounce on a key (the CLI, the API and webhook sources), with its conflict
+//!   policy for a key whose operation has started;
 //! - [`versions`]: the versions report, and upgrading an operation to another version;
 //! - [`webhooks`]: verifying a signed webhook delivery and enqueueing it;
 //! - [`events`]: operations' event logs as the event streams read them;
@@ -38,6 +40,7 @@ pub mod caller;
 pub mod capacity;
 pub mod console;
 pub mod database;
+pub mod debounce;
 pub mod decision;
 pub mod dlq;
 pub mod error;

@@ -444,6 +444,15 @@ pub async fn enqueue(
     caller: &Caller,
     req: agentq_producer::EnqueueRequest,
 ) -> Result<agentq_producer::Enqueued> {
+    check_enqueue(caller, &req)?;
+    crate::capacity::admit(app, &req.tenant, &req.kind, 1).await?;
+    app.producer.enqueue(req).await.map_err(refused_enqueue)
+}
+
+/// The checks of a producer's enqueue before the producer's own (who may, the tenant, a run
+/// time within a year, a deadline not past, a dedupe key outside agentq's namespaces): shared
+/// by [`enqueue`] and a debounced one (`crate::debounce::enqueue`).
+pub(crate) fn check_enqueue(caller: &Caller, req: &agentq_producer::EnqueueRequest) -> Result<()> {
     caller.require(Role::Producer)?;
     caller.tenant_for_write(Some(&req.tenant))?;
     agentq_core::operation::TenantId::parse(&req.tenant)
@@ -465,8 +474,7 @@ pub async fn enqueue(
         agentq_core::operation::check_producer_key(key)
             .map_err(|e| AppError::invalid("Idempotency-Key", e))?;
     }
-    crate::capacity::admit(app, &req.tenant, &req.kind, 1).await?;
-    app.producer.enqueue(req).await.map_err(refused_enqueue)
+    Ok(())
 }
 
 /// The application error of a refused or failed enqueue.

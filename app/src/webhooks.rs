@@ -35,6 +35,8 @@ pub struct Verified {
     pub kind: String,
     /// The source's config: the operation's input wraps the event with it.
     pub config: Option<Value>,
+    /// The source's debounce: deliveries holding a key at its pointer are debounced on it.
+    pub debounce: Option<crate::debounce::SourceDebounce>,
 }
 
 /// What [`verify`] decided.
@@ -100,26 +102,32 @@ pub async fn verify(app: &App, source: &str, delivery: &Delivery<'_>) -> Result<
         tenant: target.tenant,
         kind: target.kind,
         config: target.config,
+        debounce: target.debounce.and_then(|d| serde_json::from_value(d).ok()),
     }))
 }
 
 /// Enqueues a verified delivery's `event` through the tenant's caps: a retry with the same
 /// `webhook-id` and body gets the same operation back; with another body it is a conflict
-/// (nothing enqueued). `request_id` and `traceparent` are the receiving request's.
+/// (nothing enqueued). `request_id` and `traceparent` are the receiving request's. A source
+/// with a debounce folds a delivery whose body holds a key at its pointer into the key's
+/// pending operation (`crate::debounce`, audited as the source, `webhook:<source>`), and
+/// answers its debounce too; a delivery without a key there is enqueued as it is.
 pub async fn enqueue(
     app: &App,
     delivery: &Verified,
     event: Value,
     request_id: Option<String>,
     traceparent: Option<String>,
-) -> Result<Enqueued> {
+) -> Result<(Enqueued, Option<crate::debounce::Answer>)> {
     let Verified {
         source,
         id,
         tenant,
         kind,
         config,
+        debounce,
     } = delivery;
+    let spec = debounce.as_ref().and_then(|d| d.for_event(&event));
     // A configured source hands its kind the delivery with its context; otherwise the body is
     // the input as is.
     let input = match config {
@@ -131,24 +139,42 @@ pub async fn enqueue(
         }),
         None => event,
     };
+    let req = EnqueueRequest {
+        tenant: tenant.clone(),
+        kind: kind.clone(),
+        input,
+        dedupe_key: Some(format!("webhook:{source}:{id}")),
+        origin: Origin::Webhook,
+        request_id,
+        traceparent,
+        ..EnqueueRequest::default()
+    };
+    // The one conflict of a delivery: its webhook-id came before with another body.
+    let redelivered = |op_id: uuid::Uuid| {
+        AppError::Conflict(format!(
+            "webhook-id {id:?} was already delivered with a different body (operation \
+             {op_id}); a retry must resend the same body"
+        ))
+    };
+    if let Some(spec) = spec {
+        let actor = format!("webhook:{source}");
+        let d = crate::debounce::fold(app, req, &spec, &actor)
+            .await
+            .map_err(|e| match e {
+                AppError::KeyReused { op_id, .. } => redelivered(op_id),
+                other => other,
+            })?;
+        let enqueued = Enqueued {
+            op_id: d.op_id,
+            created: d.created,
+            status: d.status,
+        };
+        return Ok((enqueued, Some(d.debounce)));
+    }
     crate::capacity::admit(app, tenant, kind, 1).await?;
-    app.producer
-        .enqueue(EnqueueRequest {
-            tenant: tenant.clone(),
-            kind: kind.clone(),
-            input,
-            dedupe_key: Some(format!("webhook:{source}:{id}")),
-            origin: Origin::Webhook,
-            request_id,
-            traceparent,
-            ..EnqueueRequest::default()
-        })
-        .await
-        .map_err(|e| match e {
-            agentq_producer::Error::KeyConflict { op_id, .. } => AppError::Conflict(format!(
-                "webhook-id {id:?} was already delivered with a different body (operation \
-                 {op_id}); a retry must resend the same body"
-            )),
-            other => crate::operations::refused_enqueue(other),
-        })
+    let enqueued = app.producer.enqueue(req).await.map_err(|e| match e {
+        agentq_producer::Error::KeyConflict { op_id, .. } => redelivered(op_id.0),
+        other => crate::operations::refused_enqueue(other),
+    })?;
+    Ok((enqueued, None))
 }

@@ -85,6 +85,15 @@ pub enum Reason {
         error_class: Option<String>,
         error_message: Option<String>,
     },
+    /// Not due: a debounced operation pending on its key; a newer arrival of the key before
+    /// `starts_at` replaces its input and pushes its start back, never past `latest`.
+    Debouncing {
+        debounce_key: String,
+        starts_at: DateTime<Utc>,
+        latest: DateTime<Utc>,
+        /// Arrivals folded into it so far (each replaced its input).
+        joined: i64,
+    },
     /// Not due: the model circuit breaker of the worker that ran it was open, so it was parked
     /// (its attempt given back) until `retry_at`; the breaker may close at `may_close_at`.
     BreakerOpen {
@@ -181,7 +190,9 @@ impl Reason {
             | Reason::WaitingForSignal { .. }
             | Reason::WaitingForBudget { .. }
             | Reason::WaitingForChildren { .. } => Some("status"),
-            Reason::NotDue { .. } | Reason::BreakerOpen { .. } => Some("due"),
+            Reason::NotDue { .. } | Reason::BreakerOpen { .. } | Reason::Debouncing { .. } => {
+                Some("due")
+            }
             Reason::Paused { .. } => Some("paused"),
             Reason::Version { .. } => Some("version"),
             Reason::OrderingKey { .. } => Some("ordering_key"),
@@ -275,6 +286,15 @@ async fn reason(app: &App, row: &facts::Row) -> Result<Reason> {
 /// The first gate that holds a queued operation, in the claim's order, then the share.
 async fn queued(app: &App, row: &facts::Row) -> Result<Reason> {
     if row.not_due {
+        if let (Some(key), Some(latest)) = (&row.debounce_key, row.debounce_until) {
+            let (_, joined) = db::debounce::folded(&app.pool, row.id).await?;
+            return Ok(Reason::Debouncing {
+                debounce_key: key.clone(),
+                starts_at: row.run_at,
+                latest,
+                joined,
+            });
+        }
         return Ok(not_due(row));
     }
     if let Some(pause) = crate::pauses::holding(app, OperationId(row.id)).await? {
@@ -487,6 +507,12 @@ pub fn one_of_each() -> Vec<Reason> {
             may_close_at: now,
             retry_at: now,
         },
+        Reason::Debouncing {
+            debounce_key: "k".into(),
+            starts_at: now,
+            latest: now,
+            joined: 2,
+        },
         Reason::Paused {
             pause: crate::pauses::PauseView {
                 pause_id: Uuid::nil(),
@@ -547,6 +573,7 @@ pub fn one_of_each() -> Vec<Reason> {
             | Reason::WaitingForChildren { .. }
             | Reason::NotDue { .. }
             | Reason::BreakerOpen { .. }
+            | Reason::Debouncing { .. }
             | Reason::Paused { .. }
             | Reason::Version { .. }
             | Reason::OrderingKey { .. }

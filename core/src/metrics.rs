@@ -98,6 +98,9 @@ metrics! {
     /// Counted by the producer after the insert (`agentq serve`, library producers).
     OPERATIONS_ENQUEUED = "agentq_operations_enqueued_total", Counter, ["kind"], NO_BUCKETS,
         "Operations stored by a producer, by kind.";
+    /// Counted by `agentq_app::debounce` after its commit.
+    DEBOUNCED = "agentq_debounced_total", Counter, ["kind", "outcome"], NO_BUCKETS,
+        "Debounced deliveries and enqueues that made no operation of their own, by kind and outcome (joined: folded into the key's pending operation, its input replaced; skipped: answered with the key's running operation, policy skip).";
     /// Counted by the worker's `settle` once the outcome is written, and by the scheduler for
     /// the operations it ends (`deadline_exceeded`, `crash_loop`). Not counted: a cancel or
     /// discard of an operation no worker holds (the `agentq_operations` gauge shows those).

@@ -46,6 +46,17 @@ pub struct CreateOperation {
     /// A token budget: a model call it cannot cover is not sent, and the operation waits for
     /// a raise (`budget_exceeded` after `timeout_secs`)
     budget: Option<agentq_app::budgets::BudgetRequest>,
+    /// Debounce on this key (1-256 characters, with `debounce`): while the tenant's operation
+    /// of the key is pending (queued, not started), an enqueue naming it replaces its input and
+    /// pushes its start back to now + `debounce`, never past its first arrival + `max_delay`
+    debounce_key: Option<String>,
+    /// The debounce window: a duration such as `500ms`, `2s`, `5m` (more than 0, at most 1 day)
+    debounce: Option<String>,
+    /// The latest start after the key's first arrival (at least the window; default 10 windows)
+    max_delay: Option<String>,
+    /// When the key's operation has started: `queue` (default: a new pending operation),
+    /// `skip` (answer with the started one), `cancel_running` (cancel it, then a new pending one)
+    on_running: Option<String>,
 }
 
 /// The answer to an accepted enqueue or webhook delivery.
@@ -59,6 +70,10 @@ pub struct Accepted {
     pub status_url: String,
     /// Where to follow its events.
     pub events_url: String,
+    /// A debounced enqueue or delivery: what it did (joined the key's pending operation, made
+    /// it, or was skipped for the key's running one) and when the operation starts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<app::debounce::Answer>,
 }
 
 /// A page of an operation's journal (`?after=&limit=`).
@@ -183,6 +198,13 @@ pub async fn create(
         .tenant_for_write(req.tenant.as_deref())
         .map_err(|e| ApiError::from(e).field("/tenant"))?;
     let key = idempotency_key(&headers)?;
+    let debounce = app::debounce::Request {
+        key: req.debounce_key,
+        window: req.debounce,
+        max_delay: req.max_delay,
+        on_running: req.on_running,
+    }
+    .spec(app::debounce::Fields::API)?;
     state.admit().await?;
     let enqueue = EnqueueRequest {
         tenant,
@@ -202,8 +224,17 @@ pub async fn create(
         budget: req.budget.as_ref().map(|b| b.spec()).transpose()?,
         ..EnqueueRequest::default()
     };
+    if let Some(spec) = debounce {
+        let d = app::debounce::enqueue(&state.app, &caller.app(), enqueue, &spec).await?;
+        return Ok(accepted(d.op_id, d.created, d.status, Some(d.debounce)));
+    }
     let enqueued = app::operations::enqueue(&state.app, &caller.app(), enqueue).await?;
-    Ok(accepted(enqueued.op_id, enqueued.created, enqueued.status))
+    Ok(accepted(
+        enqueued.op_id,
+        enqueued.created,
+        enqueued.status,
+        None,
+    ))
 }
 
 /// Refuses the `priority` field agentq once accepted and never acted on, saying what acts.
@@ -219,7 +250,12 @@ fn no_priority(body: &Value) -> ApiResult<()> {
 }
 
 /// The answer to an accepted enqueue: 202 + Location the first time, 200 for a repeat.
-pub fn accepted(op: OperationId, created: bool, status: Status) -> Response {
+pub fn accepted(
+    op: OperationId,
+    created: bool,
+    status: Status,
+    debounce: Option<app::debounce::Answer>,
+) -> Response {
     let (status_url, events_url) = links(op);
     let code = if created {
         StatusCode::ACCEPTED
@@ -235,6 +271,7 @@ pub fn accepted(op: OperationId, created: bool, status: Status) -> Response {
             created,
             status_url,
             events_url,
+            debounce,
         }),
     )
         .into_response();

@@ -45,7 +45,7 @@ pub async fn deliver(
     };
     let event = body::parse_value(&bytes)?;
     state.admit().await?;
-    let enqueued = webhooks::enqueue(
+    let (enqueued, debounce) = webhooks::enqueue(
         &state.app,
         &verified,
         event,
@@ -58,5 +58,10 @@ pub async fn deliver(
         conflict @ AppError::Conflict(_) => ApiError::from(conflict).field("webhook-id"),
         other => other.into(),
     })?;
-    Ok(accepted(enqueued.op_id, enqueued.created, enqueued.status))
+    Ok(accepted(
+        enqueued.op_id,
+        enqueued.created,
+        enqueued.status,
+        debounce,
+    ))
 }

@@ -16,6 +16,7 @@ mod capacity;
 mod children;
 mod console;
 mod crash_cost;
+mod debounce;
 mod doc_migration;
 mod durability;
 mod failures;

@@ -126,9 +126,23 @@ async fn deliver(
     age_secs: i64,
     body: &[u8],
 ) -> (u16, Value) {
+    deliver_to(http, base, SOURCE, secret, id, age_secs, body).await
+}
+
+/// Sends one delivery to `source`, signed by `secret` `age_secs` ago; returns the status and
+/// the JSON answer.
+pub(crate) async fn deliver_to(
+    http: &reqwest::Client,
+    base: &str,
+    source: &str,
+    secret: &Secret,
+    id: &str,
+    age_secs: i64,
+    body: &[u8],
+) -> (u16, Value) {
     let ts = chrono::Utc::now().timestamp() - age_secs;
     let r = http
-        .post(format!("{base}/v1/webhooks/{SOURCE}"))
+        .post(format!("{base}/v1/webhooks/{source}"))
         .header("content-type", "application/json")
         .header("webhook-id", id)
         .header("webhook-timestamp", ts.to_string())

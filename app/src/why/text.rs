@@ -136,6 +136,25 @@ pub fn describe(r: &Reason) -> (String, Vec<String>) {
             format!("not due: retries at {}", t(*retry_at)),
             error(error_class, error_message).into_iter().collect(),
         ),
+        Reason::Debouncing {
+            debounce_key,
+            starts_at,
+            latest,
+            joined,
+        } => (
+            format!(
+                "not due: debouncing on key {debounce_key:?}; starts at {} unless a newer \
+                 arrival of the key pushes it back",
+                t(*starts_at)
+            ),
+            vec![
+                format!("{joined} later arrival(s) replaced its input (last wins)"),
+                format!(
+                    "starts no later than {} (first arrival + max_delay)",
+                    t(*latest)
+                ),
+            ],
+        ),
         Reason::BreakerOpen {
             provider,
             may_close_at,

@@ -136,22 +136,41 @@ pub struct SourceView {
     pub active_secrets: i64,
     /// Per-source configuration handed to each operation (`None`: the body is the input).
     pub config: Option<serde_json::Value>,
+    /// Its debounce (`agentq_app::debounce::SourceDebounce`), if any.
+    pub debounce: Option<serde_json::Value>,
 }
 
-/// Creates a source with its first secret and its configuration (if any); false if the tenant
-/// already has one of that name.
+/// A webhook source to create.
+#[derive(Clone, Copy, Debug)]
+pub struct NewSource<'a> {
+    pub tenant: &'a str,
+    pub name: &'a str,
+    pub kind: &'a str,
+    /// Handed to each operation of its deliveries.
+    pub config: Option<&'a serde_json::Value>,
+    /// Its debounce (`agentq_app::debounce::SourceDebounce`).
+    pub debounce: Option<&'a serde_json::Value>,
+}
+
+/// Creates a source with its first secret, its configuration and its debounce (if any); false
+/// if the tenant already has one of that name.
 pub async fn add_source(
     pool: &PgPool,
-    tenant: &str,
-    name: &str,
-    kind: &str,
-    config: Option<&serde_json::Value>,
+    source: NewSource<'_>,
     secret: &str,
     actor: &str,
 ) -> Result<bool> {
+    let NewSource {
+        tenant,
+        name,
+        kind,
+        config,
+        debounce,
+    } = source;
     let mut tx = pool.begin().await?;
     let id: Option<Uuid> = sqlx::query_scalar(
-        "INSERT INTO webhook_sources (id, tenant_id, name, kind, config) VALUES ($1, $2, $3, $4, $5)
+        "INSERT INTO webhook_sources (id, tenant_id, name, kind, config, debounce)
+         VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (tenant_id, name) DO NOTHING RETURNING id",
     )
     .bind(Uuid::new_v4())
@@ -159,6 +178,7 @@ pub async fn add_source(
     .bind(name)
     .bind(kind)
     .bind(config)
+    .bind(debounce)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(id) = id else {
@@ -169,7 +189,7 @@ pub async fn add_source(
         &mut tx,
         actor,
         "webhook_add",
-        serde_json::json!({ "tenant": tenant, "source": name, "kind": kind, "config": config.is_some() }),
+        serde_json::json!({ "tenant": tenant, "source": name, "kind": kind, "config": config.is_some(), "debounce": debounce }),
     )
     .await?;
     tx.commit().await?;
@@ -254,17 +274,25 @@ pub struct DeliveryTarget {
     pub secrets: Vec<String>,
     /// `Some`: each operation's input wraps the body with this configuration.
     pub config: Option<serde_json::Value>,
+    /// `Some`: deliveries are debounced on the key their body holds at its pointer.
+    pub debounce: Option<serde_json::Value>,
 }
 
 /// Every tenant's source named `name`, with the secrets valid now (a delivery belongs to the
 /// one whose secret verifies it).
 pub async fn sources_named(pool: &PgPool, name: &str) -> Result<Vec<DeliveryTarget>> {
-    type Row = (String, String, Vec<String>, Option<serde_json::Value>);
+    type Row = (
+        String,
+        String,
+        Vec<String>,
+        Option<serde_json::Value>,
+        Option<serde_json::Value>,
+    );
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT s.tenant_id, s.kind,
                 COALESCE(array_agg(w.secret ORDER BY w.created_at DESC)
                          FILTER (WHERE w.secret IS NOT NULL), '{}'),
-                s.config
+                s.config, s.debounce
            FROM webhook_sources s
            LEFT JOIN webhook_secrets w
              ON w.source_id = s.id AND (w.expires_at IS NULL OR w.expires_at > now())
@@ -276,11 +304,12 @@ pub async fn sources_named(pool: &PgPool, name: &str) -> Result<Vec<DeliveryTarg
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(tenant, kind, secrets, config)| DeliveryTarget {
+        .map(|(tenant, kind, secrets, config, debounce)| DeliveryTarget {
             tenant,
             kind,
             secrets,
             config,
+            debounce,
         })
         .collect())
 }
@@ -288,7 +317,7 @@ pub async fn sources_named(pool: &PgPool, name: &str) -> Result<Vec<DeliveryTarg
 /// Webhook sources of one tenant or all.
 pub async fn list_sources(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<SourceView>> {
     let rows = sqlx::query_as(
-        "SELECT s.id, s.tenant_id AS tenant, s.name, s.kind, s.created_at, s.config,
+        "SELECT s.id, s.tenant_id AS tenant, s.name, s.kind, s.created_at, s.config, s.debounce,
                 (SELECT count(*) FROM webhook_secrets w
                   WHERE w.source_id = s.id AND (w.expires_at IS NULL OR w.expires_at > now())) AS active_secrets
            FROM webhook_sources s WHERE ($1::text IS NULL OR s.tenant_id = $1)

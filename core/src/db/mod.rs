@@ -14,6 +14,7 @@ pub mod children;
 pub mod claim;
 pub mod console;
 pub mod dead_letters;
+pub mod debounce;
 pub mod dispatch;
 pub mod events;
 pub mod gauges;

@@ -42,6 +42,18 @@ pub struct NewOperation {
     pub budget: Option<super::budgets::Spec>,
 }
 
+/// The columns of a new operation's budget row (`budgets`: measure, limit, timeout), as an
+/// enqueue's statement binds them; no limit: no row.
+pub(crate) fn budget_columns(
+    budget: Option<super::budgets::Spec>,
+) -> (&'static str, Option<i64>, i32) {
+    (
+        budget.map(|b| b.measure.as_str()).unwrap_or("total"),
+        budget.map(|b| b.tokens),
+        budget.map_or(super::budgets::DEFAULT_TIMEOUT_SECS, |b| b.timeout_secs),
+    )
+}
+
 /// The outcome of [`insert_operation`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum Inserted {
@@ -58,7 +70,7 @@ pub enum Inserted {
 /// Inserts an operation, or finds the one its `(tenant, dedupe_key)` already names.
 /// Takes a connection so it can run inside the caller's own transaction.
 pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Result<Inserted> {
-    let row: Option<(Uuid, i64)> = sqlx::query_as(
+    let row = sqlx::query_as::<_, (Uuid, i64)>(
         "WITH inserted AS (
             INSERT INTO operations (id, tenant_id, kind, lane, concurrency_limit, input,
                                     input_sha256, dedupe_key, ordering_key, batch_id,
@@ -93,15 +105,14 @@ pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Res
     .bind(op.schedule_id)
     .bind(&op.concurrency_key)
     .bind(op.parent_id)
-    .bind(Uuid::new_v4())
-    .bind(op.budget.map(|b| b.measure.as_str()).unwrap_or("total"))
-    .bind(op.budget.map(|b| b.tokens))
-    .bind(
-        op.budget
-            .map_or(super::budgets::DEFAULT_TIMEOUT_SECS, |b| b.timeout_secs),
-    )
-    .fetch_optional(&mut *conn)
-    .await?;
+    .bind(Uuid::new_v4());
+    let (measure, tokens, timeout_secs) = budget_columns(op.budget);
+    let row = row
+        .bind(measure)
+        .bind(tokens)
+        .bind(timeout_secs)
+        .fetch_optional(&mut *conn)
+        .await?;
     if let Some((id, epoch)) = row {
         return Ok(Inserted::Created {
             id: OperationId(id),

@@ -28,6 +28,7 @@ pub const AGENTQ_TABLES: &[&str] = &[
     "budgets",
     "concurrency_keys",
     "dead_letters",
+    "debounced_deliveries",
     "ledger_effects",
     "operation_events",
     "operation_steps",

@@ -41,6 +41,9 @@ pub struct Row {
     pub lease_expires_at: Option<DateTime<Utc>>,
     pub share_held: bool,
     pub dispatched_at: Option<DateTime<Utc>>,
+    /// Its debounce key, and while it is pending, its latest start (first arrival + max_delay).
+    pub debounce_key: Option<String>,
+    pub debounce_until: Option<DateTime<Utc>>,
 }
 
 /// The operation `id` within `tenant` (`None`: any tenant).
@@ -50,7 +53,7 @@ pub async fn row(pool: &PgPool, id: Uuid, tenant: Option<&str>) -> Result<Option
                 max_attempts, run_at, run_at > now() AS not_due, created_at, updated_at,
                 finished_at, error_class, error_message, waiting_for, joining, batch_id,
                 ordering_key, concurrency_key, concurrency_limit, lease_owner,
-                lease_expires_at, share_held, dispatched_at
+                lease_expires_at, share_held, dispatched_at, debounce_key, debounce_until
            FROM operations
           WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2)",
     )

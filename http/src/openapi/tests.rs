@@ -369,11 +369,27 @@ async fn answers_as_sent_match_their_schemas() {
     // Built by the code that answers: the bytes on the wire.
     c.wire(
         "Accepted",
-        &body_of(operations::accepted(op, true, Status::Queued)).await,
+        &body_of(operations::accepted(op, true, Status::Queued, None)).await,
     );
     c.wire(
         "Accepted",
-        &body_of(operations::accepted(op, false, Status::Succeeded)).await,
+        &body_of(operations::accepted(op, false, Status::Succeeded, None)).await,
+    );
+    let joined = agentq_app::debounce::Answer {
+        outcome: agentq_app::debounce::Folded::Joined,
+        debounce_key: "doc-7".into(),
+        run_at: Some(chrono::Utc::now()),
+        cancelled: vec![OperationId::new()],
+    };
+    c.wire(
+        "Accepted",
+        &body_of(operations::accepted(
+            op,
+            false,
+            Status::Queued,
+            Some(joined),
+        ))
+        .await,
     );
     let refused = ApiError::unprocessable("no").field("/kind");
     c.wire("Problem", &body_of(refused.into_response()).await);
@@ -752,6 +768,10 @@ fn request_schemas_accept_what_the_handlers_read() {
         json!({ "kind": "echo", "input": 1, "priority": 1 }),
         json!({ "kind": "echo", "input": 1, "concurrency_limit": "3" }),
         json!({ "kind": 1, "input": 1 }),
+        json!({ "kind": "echo", "input": 1, "debounce_key": "doc-7", "debounce": "2s",
+                "max_delay": "30s", "on_running": "cancel_running" }),
+        json!({ "kind": "echo", "input": 1, "debounce_key": "doc-7", "debounce": 2 }),
+        json!({ "kind": "echo", "input": 1, "debounce_key": null, "on_running": null }),
     ] {
         c.request::<CreateOperation>(body);
     }
