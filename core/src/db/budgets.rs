@@ -304,45 +304,45 @@ pub async fn allow_once(
     Ok(true)
 }
 
+/// The statement that queues again the operations `$1` names (by `$selector`, `id` or
+/// `tenant_id`) that wait for a budget: its attempt given back (the claim counts it again), as
+/// a wake does; returns what to publish.
+macro_rules! lift_sql {
+    ($selector:literal) => {
+        concat!(
+            "UPDATE operations SET status = ",
+            to_sql!(BUDGET),
+            ", waiting_for = NULL, attempt = attempt - 1, run_at = now(), dispatched_at = NULL,
+                  updated_at = clock_timestamp()
+              WHERE ",
+            $selector,
+            " = $1 AND status IN ",
+            from_sql!(BUDGET),
+            " AND waiting_for = '",
+            waiting_for!(),
+            "'
+              RETURNING id, tenant_id, kind, lane, epoch, NULL::text AS traceparent"
+        )
+    };
+}
+
 /// Queues operation `op` again if it waits for its budget (status `waiting`, `(budget)`):
-/// after a raise or an allow-once. Its attempt is given back (the claim counts it again), as a
-/// wake does. Its dispatch is the caller's: what to publish, when it was woken.
+/// after a raise or an allow-once. Its dispatch is the caller's: what to publish, when it was
+/// woken.
 pub async fn lift(pool: &PgPool, op: Uuid) -> Result<Option<Dispatch>> {
-    Ok(sqlx::query_as(concat!(
-        "UPDATE operations SET status = ",
-        to_sql!(BUDGET),
-        ", waiting_for = NULL, attempt = attempt - 1, run_at = now(), dispatched_at = NULL,
-              updated_at = clock_timestamp()
-          WHERE id = $1 AND status IN ",
-        from_sql!(BUDGET),
-        " AND waiting_for = '",
-        waiting_for!(),
-        "'
-          RETURNING id, tenant_id, kind, lane, epoch, NULL::text AS traceparent"
-    ))
-    .bind(op)
-    .fetch_optional(pool)
-    .await?)
+    Ok(sqlx::query_as(lift_sql!("id"))
+        .bind(op)
+        .fetch_optional(pool)
+        .await?)
 }
 
 /// Queues again every operation of `tenant` that waits for a budget (after its tenant budget
 /// was raised), as [`lift`] does one; what to publish.
 pub async fn lift_tenant(pool: &PgPool, tenant: &str) -> Result<Vec<Dispatch>> {
-    Ok(sqlx::query_as(concat!(
-        "UPDATE operations SET status = ",
-        to_sql!(BUDGET),
-        ", waiting_for = NULL, attempt = attempt - 1, run_at = now(), dispatched_at = NULL,
-              updated_at = clock_timestamp()
-          WHERE tenant_id = $1 AND status IN ",
-        from_sql!(BUDGET),
-        " AND waiting_for = '",
-        waiting_for!(),
-        "'
-          RETURNING id, tenant_id, kind, lane, epoch, NULL::text AS traceparent"
-    ))
-    .bind(tenant)
-    .fetch_all(pool)
-    .await?)
+    Ok(sqlx::query_as(lift_sql!("tenant_id"))
+        .bind(tenant)
+        .fetch_all(pool)
+        .await?)
 }
 
 /// What [`reserve`] decided for one model call.
