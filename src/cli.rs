@@ -157,6 +157,10 @@ pub enum Command {
     /// once, show the budgets over an operation.
     #[command(subcommand)]
     Budget(crate::budgets::BudgetCommand),
+    /// Rate limits: tokens and requests of model calls per window, for a model or provider, a
+    /// tenant, or a key operations name (--rate-key); shared by every worker.
+    #[command(subcommand)]
+    Limits(crate::limits::LimitsCommand),
     /// The pauses in force: what each holds, who paused it, when and why.
     Pauses {
         #[arg(long)]
@@ -247,6 +251,10 @@ pub struct EnqueueArgs {
     /// How many operations of --concurrency-key may run at once (1-1000).
     #[arg(long)]
     pub concurrency_limit: Option<i32>,
+    /// Its model calls count against the tenant's rate limits of this key (`agentq limits set
+    /// --scope key --name KEY`).
+    #[arg(long)]
+    pub rate_key: Option<String>,
     /// interactive or batch: interactive work never waits behind batch work.
     #[arg(long, default_value = "interactive")]
     pub lane: Lane,
@@ -376,6 +384,10 @@ pub struct BenchArgs {
     /// instead of the built-in model (inflight: default 2000).
     #[arg(long)]
     pub model_latency_ms: Option<u64>,
+    /// e2e, batch: every operation names rate key `bench`, under a limit of this many tokens
+    /// a minute (a limit nobody is near measures what checking a limit costs).
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub rate_limit_tokens: Option<i64>,
     /// Operations a worker runs at once (per lane).
     #[arg(long, default_value_t = 64)]
     pub concurrency: u16,

@@ -153,6 +153,7 @@ pub async fn run(
         Command::Schedules(cmd) => crate::schedules::run(config, cmd).await,
         Command::Pause(args) => crate::pauses::pause(config, args).await,
         Command::Budget(cmd) => crate::budgets::run(config, cmd).await,
+        Command::Limits(cmd) => crate::limits::run(config, cmd).await,
         Command::Resume(args) => crate::pauses::resume(config, args).await,
         Command::Pauses { tenant, json } => crate::pauses::list(config, tenant, json).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
@@ -278,6 +279,7 @@ async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
         ordering_key: args.ordering_key,
         concurrency_key: args.concurrency_key,
         concurrency_limit: args.concurrency_limit,
+        rate_key: args.rate_key,
         lane: args.lane,
         max_attempts: args.max_attempts,
         deadline,
@@ -408,6 +410,13 @@ fn print_waiting(v: &OperationView, pending: Option<&agentq_app::decision::Pendi
             "waiting for: its token budget (a model call it cannot cover was not sent); dead \
              as budget_exceeded at {} unless raised: agentq budget set {} --budget-tokens N",
             v.run_at, v.op_id
+        );
+        return;
+    }
+    if let Some((scope, limit, reopens_at)) = agentq_app::rate_limits::parse_waiting_for(signal) {
+        println!(
+            "waiting for: rate limit {scope} {limit}, whose window reopens at {reopens_at} (the \
+             model call was not sent; it reserves again then): agentq limits list"
         );
         return;
     }

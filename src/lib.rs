@@ -53,6 +53,7 @@ mod debounce;
 mod dlq;
 mod interrupt;
 mod kinds;
+mod limits;
 mod pauses;
 mod probe;
 mod replay;

@@ -51,6 +51,7 @@ pub mod names;
 pub mod operations;
 pub mod page;
 pub mod pauses;
+pub mod rate_limits;
 pub mod redact;
 pub mod schedules;
 pub mod tenants;

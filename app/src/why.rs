@@ -74,6 +74,21 @@ pub enum Reason {
         measure: String,
         timeout_at: DateTime<Utc>,
     },
+    /// Parked by a rate limit whose window had no room for its next model call (not sent):
+    /// the scheduler wakes it shortly before `reopens_at`, and its next run reserves again.
+    WaitingForRateLimit {
+        /// `model`, `tenant` or `key`.
+        scope: String,
+        /// The limit: a model or provider host, a tenant, or `tenant:key`.
+        limit: String,
+        reopens_at: DateTime<Utc>,
+        /// Tokens reserved or used in the limit's current window, and its cap (if it caps tokens).
+        window_tokens: i64,
+        max_tokens: Option<i64>,
+        window_requests: i64,
+        max_requests: Option<i64>,
+        window_secs: i32,
+    },
     /// Waiting on a join: its children still unfinished (of `children` joined).
     WaitingForChildren {
         children: usize,
@@ -189,6 +204,7 @@ impl Reason {
             Reason::Sleeping { .. }
             | Reason::WaitingForSignal { .. }
             | Reason::WaitingForBudget { .. }
+            | Reason::WaitingForRateLimit { .. }
             | Reason::WaitingForChildren { .. } => Some("status"),
             Reason::NotDue { .. } | Reason::BreakerOpen { .. } | Reason::Debouncing { .. } => {
                 Some("due")
@@ -263,6 +279,27 @@ async fn reason(app: &App, row: &facts::Row) -> Result<Reason> {
                 held_tokens: refused.map_or(0, |b| b.held_tokens),
                 measure: refused.map_or_else(|| "total".into(), |b| b.measure.clone()),
                 timeout_at: row.run_at,
+            }
+        }
+        Status::Waiting
+            if let Some((scope, limit, reopens_at)) = row
+                .waiting_for
+                .as_deref()
+                .and_then(agentq_core::db::rate_limits::parse_waiting_for) =>
+        {
+            let now = agentq_core::db::rate_limits::list(pool, None).await?;
+            let view = now.iter().find(|l| {
+                l.scope == scope && (l.name == limit || format!("{}:{}", l.tenant, l.name) == limit)
+            });
+            Reason::WaitingForRateLimit {
+                scope,
+                limit,
+                reopens_at,
+                window_tokens: view.map_or(0, |l| l.window_tokens),
+                max_tokens: view.and_then(|l| l.max_tokens),
+                window_requests: view.map_or(0, |l| l.window_requests),
+                max_requests: view.and_then(|l| l.max_requests),
+                window_secs: view.map_or(0, |l| l.window_secs),
             }
         }
         Status::Waiting => {
@@ -493,6 +530,16 @@ pub fn one_of_each() -> Vec<Reason> {
             measure: "total".into(),
             timeout_at: now,
         },
+        Reason::WaitingForRateLimit {
+            scope: "key".into(),
+            limit: "t1:org-1".into(),
+            reopens_at: now,
+            window_tokens: 900,
+            max_tokens: Some(1000),
+            window_requests: 3,
+            max_requests: None,
+            window_secs: 60,
+        },
         Reason::WaitingForChildren {
             children: 1,
             unfinished: vec![],
@@ -570,6 +617,7 @@ pub fn one_of_each() -> Vec<Reason> {
             | Reason::Sleeping { .. }
             | Reason::WaitingForSignal { .. }
             | Reason::WaitingForBudget { .. }
+            | Reason::WaitingForRateLimit { .. }
             | Reason::WaitingForChildren { .. }
             | Reason::NotDue { .. }
             | Reason::BreakerOpen { .. }

@@ -162,6 +162,23 @@ pub(crate) async fn run_jobs(
         let n = fixtures::count_status(&pool, "succeeded").await.ok()?;
         Some(n as usize)
     };
+    // Every operation names rate key `bench`, under a limit of `--rate-limit-tokens` per minute
+    // (set before any worker starts; a limit nobody is near measures what a limit costs).
+    let rate_key = match args.rate_limit_tokens {
+        Some(tokens) => {
+            let spec = db::rate_limits::Spec {
+                scope: db::rate_limits::Scope::Key,
+                name: "bench".into(),
+                tenant: "bench".into(),
+                window_secs: 60,
+                max_tokens: Some(tokens),
+                max_requests: None,
+            };
+            db::rate_limits::set(&pool, &spec, "bench", None).await?;
+            Some("bench".to_string())
+        }
+        None => None,
+    };
     let mut procs = vec![Proc::spawn(config, "scheduler", &[])?];
     let mut worker_idle_rss_kib = None;
     // Operations that succeeded before this run (an earlier phase of the scenario) and the
@@ -187,6 +204,7 @@ pub(crate) async fn run_jobs(
                 tenant: "bench".into(),
                 kind: "echo".into(),
                 input: json!({ "text": "warm up" }),
+                rate_key: rate_key.clone(),
                 ..EnqueueRequest::default()
             })
             .await?;
@@ -215,6 +233,7 @@ pub(crate) async fn run_jobs(
                     input.clone(),
                 );
                 let (jobs, lane, kind) = (args.jobs, args.lane, kind.to_string());
+                let rate_key = rate_key.clone();
                 tasks.push(tokio::spawn(async move {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
@@ -227,6 +246,7 @@ pub(crate) async fn run_jobs(
                                 kind: kind.clone(),
                                 input: input(i),
                                 lane,
+                                rate_key: rate_key.clone(),
                                 ..EnqueueRequest::default()
                             })
                             .await?;
@@ -247,6 +267,7 @@ pub(crate) async fn run_jobs(
                         kind: kind.to_string(),
                         input: input(i),
                         lane: args.lane,
+                        rate_key: rate_key.clone(),
                         ..EnqueueRequest::default()
                     })
                     .collect();
@@ -354,6 +375,13 @@ pub async fn e2e(config: &Deployment, args: &Args) -> anyhow::Result<()> {
             args.concurrency
         ),
     );
+    if let Some(tokens) = args.rate_limit_tokens {
+        r.val(
+            "rate limit (key bench, tokens a minute)",
+            "rate_limit_tokens",
+            json!(tokens),
+        );
+    }
     r.val("jobs", "jobs", json!(m.jobs))
         .num(
             "jobs/s (end to end)",

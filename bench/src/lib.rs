@@ -126,6 +126,9 @@ pub struct Args {
     pub steps: usize,
     pub kills: usize,
     pub model_latency_ms: Option<u64>,
+    /// e2e, batch: every operation names rate key `bench`, limited to this many tokens a
+    /// minute.
+    pub rate_limit_tokens: Option<i64>,
     pub concurrency: u16,
     pub lane: Lane,
     pub producers: usize,

@@ -135,6 +135,8 @@ metrics! {
         "Model tokens used, by operation kind and type (prompt, completion).";
     BUDGET_REFUSALS = "agentq_budget_refusals_total", Counter, ["scope"], NO_BUCKETS,
         "Model calls a token budget refused before they were sent, by the budget's scope (operation: parked waiting for budget; batch: the batch paused).";
+    RATE_LIMITED = "agentq_rate_limited_total", Counter, ["scope", "outcome"], NO_BUCKETS,
+        "Model calls a rate limit's window held back before they were sent, by the limit's scope and what the call did (waited: in its slot, a short wait; parked: the operation went back to wait for the window without a slot; never: its reservation alone is more than the limit).";
     TIMER_LAG = "agentq_timer_lag_seconds", Histogram, [], LAG_BUCKETS,
         "Time from a sleep's or wait's due time to the scheduler waking it.";
     /// Counted by the scheduler's firing pass.

@@ -20,6 +20,7 @@ pub mod openapi;
 mod operations;
 mod pauses;
 mod problem;
+mod rate_limits;
 pub mod routes;
 mod schedules;
 mod tenants;

@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 
 use crate::problem::Problem;
 use crate::routes::{Access, ROUTES, Route};
-use crate::{batches, budgets, dlq, meta, operations, pauses, schedules, tenants};
+use crate::{batches, budgets, dlq, meta, operations, pauses, rate_limits, schedules, tenants};
 
 fn parameters(path: &str, method: &str) -> Vec<Value> {
     let mut out: Vec<Value> = path
@@ -234,6 +234,7 @@ const REQUESTS: &[Describe] = &[
     SchemaGenerator::subschema_for::<budgets::SetBudget>,
     SchemaGenerator::subschema_for::<budgets::SetTenantBudget>,
     SchemaGenerator::subschema_for::<budgets::AllowOnceRequest>,
+    SchemaGenerator::subschema_for::<app::rate_limits::LimitRequest>,
 ];
 
 /// Every JSON answer of the API, described as it is written.
@@ -267,6 +268,9 @@ const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<app::budgets::BudgetSet>,
     SchemaGenerator::subschema_for::<budgets::AllowedOnce>,
     SchemaGenerator::subschema_for::<budgets::BudgetList>,
+    SchemaGenerator::subschema_for::<app::rate_limits::LimitView>,
+    SchemaGenerator::subschema_for::<rate_limits::LimitList>,
+    SchemaGenerator::subschema_for::<rate_limits::LimitRemoved>,
 ];
 
 /// JSON Schema 2020-12 (OpenAPI 3.1's dialect), shared schemas under `#/components/schemas/`.

@@ -35,6 +35,8 @@ pub struct CreateOperation {
     concurrency_key: Option<String>,
     #[schemars(range(min = 1, max = 1000))]
     concurrency_limit: Option<i32>,
+    /// Its model calls count against the tenant's rate limits of this key
+    rate_key: Option<String>,
     /// `interactive` unless said otherwise; interactive work never waits behind batch work
     lane: Option<Lane>,
     #[schemars(range(min = 1, max = 1000))]
@@ -214,6 +216,7 @@ pub async fn create(
         ordering_key: req.ordering_key,
         concurrency_key: req.concurrency_key,
         concurrency_limit: req.concurrency_limit,
+        rate_key: req.rate_key,
         lane: req.lane.unwrap_or_default(),
         max_attempts: req.max_attempts,
         run_at: req.run_at,

@@ -15,8 +15,8 @@ use axum::routing::{MethodRouter, delete, get, post, put};
 use crate::auth::{Caller, Role};
 use crate::problem::ApiError;
 use crate::{
-    ApiState, batches, budgets, dlq, events, kinds, meta, operations, pauses, schedules, tenants,
-    webhooks,
+    ApiState, batches, budgets, dlq, events, kinds, meta, operations, pauses, rate_limits,
+    schedules, tenants, webhooks,
 };
 
 /// Who may call a route: [`enforce`] checks it before the handler runs.
@@ -270,6 +270,33 @@ pub const ROUTES: &[Route] = &[
         Access::Operator,
         Some("PauseRequest"),
         (200, "Paused"),
+    ),
+    r(
+        "get",
+        "/v1/rate-limits",
+        || get(rate_limits::list),
+        "The rate limits the caller may see (an admin's every one, or ?tenant='s; anyone else's its tenant's), each with what its current window holds",
+        Access::Producer,
+        None,
+        (200, "LimitList"),
+    ),
+    r(
+        "post",
+        "/v1/rate-limits",
+        || post(rate_limits::set),
+        "Set (create or replace) a rate limit on model calls per window: of a model or provider or of a tenant (an admin's), or of a key the tenant's operations name (an operator's, for its own tenant); shared by every worker; audited",
+        Access::Operator,
+        Some("LimitRequest"),
+        (200, "LimitView"),
+    ),
+    r(
+        "delete",
+        "/v1/rate-limits/{scope}/{name}",
+        || delete(rate_limits::delete),
+        "Remove a rate limit (a key limit's tenant is ?tenant=, an operator's own by default); audited",
+        Access::Operator,
+        None,
+        (200, "LimitRemoved"),
     ),
     r(
         "post",

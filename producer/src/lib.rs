@@ -38,6 +38,8 @@ pub struct EnqueueRequest {
     /// many at once (claimed oldest first; one waiting for a signal or a sleep holds no slot).
     pub concurrency_key: Option<String>,
     pub concurrency_limit: Option<i32>,
+    /// Its model calls count against the tenant's rate limits of this key (`agentq limits`).
+    pub rate_key: Option<String>,
     /// Which queue and which worker slots it takes: `interactive` never waits behind `batch`.
     pub lane: Lane,
     /// Attempts before the operation is dead; `None` → the configured default.
@@ -379,6 +381,7 @@ impl Producer {
             ("dedupe key", "Idempotency-Key", &req.dedupe_key),
             ("ordering key", "/ordering_key", &req.ordering_key),
             ("concurrency key", "/concurrency_key", &req.concurrency_key),
+            ("rate key", "/rate_key", &req.rate_key),
         ] {
             if let Some(k) = key
                 && (k.is_empty() || k.len() > MAX_KEY_LEN)
@@ -445,6 +448,7 @@ impl Producer {
             ordering_key: req.ordering_key,
             concurrency_key: req.concurrency_key,
             concurrency_limit: req.concurrency_limit,
+            rate_key: req.rate_key,
             batch_id: req.batch_id,
             max_attempts,
             run_at: req.run_at,

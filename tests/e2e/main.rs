@@ -29,6 +29,7 @@ mod messages;
 mod metrics;
 mod models;
 mod pauses;
+mod rate_limits;
 mod real_model;
 mod schedules;
 mod timers;

@@ -109,7 +109,12 @@ async fn run(
         info,
         shared.services.clone(),
         journal,
-        op.upgrade_through,
+        crate::context::ClaimFacts {
+            upgrade_through: op.upgrade_through,
+            budgeted: op.budgeted,
+            claimed_at: op.claimed_at,
+            rate_key: op.rate_key.clone(),
+        },
         stop.clone(),
         cancel.clone(),
         yielding,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use agentq_core::metrics;
 use chrono::Utc;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::model::{ModelClient, ModelError, ModelRequest, ModelResponse};
 
@@ -103,6 +103,12 @@ impl Drop for Admitted<'_> {
     }
 }
 
+/// A call slot of the process and one of its tenant's, held until the call returns.
+pub struct Slots {
+    _tenant: OwnedSemaphorePermit,
+    _all: OwnedSemaphorePermit,
+}
+
 /// Successes in half-open state that close the breaker.
 const CLOSE_AFTER: u32 = 4;
 
@@ -154,6 +160,28 @@ impl ModelGate {
         }
     }
 
+    /// Where a call of `kind`'s `request` goes: the provider's host (`local` for the built-in
+    /// model) and the model it asks for (the request's, else the kind's configured one, else
+    /// the client's default), as rate limits of scope `model` name them.
+    pub fn target(&self, kind: &str, request: &ModelRequest) -> (String, String) {
+        let provider = provider_label(self.client.as_ref());
+        let host = provider
+            .split_once("://")
+            .map_or(provider.as_str(), |(_, rest)| rest)
+            .split(['/', '?'])
+            .next()
+            .unwrap_or_default();
+        let host = host.rsplit_once('@').map_or(host, |(_, h)| h).to_string();
+        let model = request
+            .model
+            .as_deref()
+            .or(self.settings.model_by_kind.get(kind).map(String::as_str))
+            .or(self.client.default_model())
+            .unwrap_or("default")
+            .to_string();
+        (host, model)
+    }
+
     fn tenant_slots(&self, tenant: &str) -> Arc<Semaphore> {
         let mut map = self.tenants.lock().expect("tenant limits lock");
         map.entry(tenant.to_string())
@@ -169,6 +197,32 @@ impl ModelGate {
         kind: &str,
         request: &ModelRequest,
     ) -> Result<ModelResponse, ModelError> {
+        let slots = self.slots(tenant).await;
+        self.send(slots, kind, request, true).await
+    }
+
+    /// Waits for a call slot of this process and one of `tenant`'s. A call under a rate limit
+    /// takes them before it reserves its tokens, so that it is sent as soon as it is reserved.
+    pub async fn slots(&self, tenant: &str) -> Slots {
+        let tenant = self.tenant_slots(tenant).acquire_owned().await;
+        let all = self.slots.clone().acquire_owned().await;
+        Slots {
+            _tenant: tenant.expect("never closed"),
+            _all: all.expect("never closed"),
+        }
+    }
+
+    /// Sends one model call in the `slots` it holds, through the breaker, with in-step retries
+    /// of transient errors if `retry_in_step` (a call under a rate limit is sent once per
+    /// reservation: its retry reserves again).
+    pub async fn send(
+        &self,
+        slots: Slots,
+        kind: &str,
+        request: &ModelRequest,
+        retry_in_step: bool,
+    ) -> Result<ModelResponse, ModelError> {
+        let _slots = slots;
         let overridden;
         let request = match (&request.model, self.settings.model_by_kind.get(kind)) {
             (None, Some(model)) => {
@@ -180,9 +234,6 @@ impl ModelGate {
             }
             _ => request,
         };
-        let tenant_slots = self.tenant_slots(tenant);
-        let _tenant = tenant_slots.acquire().await.expect("never closed");
-        let _slot = self.slots.acquire().await.expect("never closed");
         let mut attempt = 0;
         let provider = provider_label(self.client.as_ref());
         loop {
@@ -211,7 +262,7 @@ impl ModelGate {
             });
             match &result {
                 Err(ModelError::Retryable { retry_after, .. })
-                    if attempt < self.settings.retries =>
+                    if retry_in_step && attempt < self.settings.retries =>
                 {
                     let backoff = Duration::from_millis(200 * 4u64.pow(attempt));
                     let wait = retry_after

@@ -22,6 +22,7 @@ pub mod gate;
 mod group_commit;
 mod info;
 mod lease;
+mod limits;
 pub mod model;
 pub mod openai;
 pub mod registry;
@@ -126,6 +127,7 @@ impl Worker {
             settings,
             shared: Arc::new(Shared {
                 services: Arc::new(Services {
+                    call_limits: Arc::new(limits::CallLimits::new(pool.clone())),
                     pool,
                     http_allow,
                     model,

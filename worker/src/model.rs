@@ -258,6 +258,12 @@ pub trait ModelClient: Send + Sync {
     /// The provider's name (metrics, circuit breaking; never a secret).
     fn provider(&self) -> &str;
 
+    /// The model a request that names none is sent to, if the client knows it (rate limits
+    /// of scope `model` match calls by it).
+    fn default_model(&self) -> Option<&str> {
+        None
+    }
+
     /// Runs one completion.
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError>;
 }
@@ -274,6 +280,10 @@ pub const LOCAL_MODEL_NAME: &str = "agentq-local-echo";
 impl ModelClient for LocalModel {
     fn provider(&self) -> &str {
         "local"
+    }
+
+    fn default_model(&self) -> Option<&str> {
+        Some(LOCAL_MODEL_NAME)
     }
 
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {

@@ -273,6 +273,10 @@ impl ModelClient for OpenAiClient {
         &self.url
     }
 
+    fn default_model(&self) -> Option<&str> {
+        Some(&self.model)
+    }
+
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
         match tokio::time::timeout(self.timeouts.total, self.call(request)).await {
             Ok(r) => r,

@@ -79,6 +79,36 @@ pub fn describe(r: &Reason) -> (String, Vec<String>) {
                 n => format!("{n} signal {signal:?} pending: the scheduler's next pass wakes it"),
             }],
         ),
+        Reason::WaitingForRateLimit {
+            scope,
+            limit,
+            reopens_at,
+            window_tokens,
+            max_tokens,
+            window_requests,
+            max_requests,
+            window_secs,
+        } => (
+            format!(
+                "waiting for rate limit {scope} {limit}: its window reopens at {}; the                  scheduler wakes it just before",
+                t(*reopens_at)
+            ),
+            vec![
+                format!(
+                    "its next model call did not fit the window and was not sent; the window                      ({window_secs} s) holds {}",
+                    [
+                        max_tokens.map(|m| format!("{window_tokens} of {m} tokens")),
+                        max_requests.map(|m| format!("{window_requests} of {m} requests")),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+                ),
+                "an admin raises the limit: `agentq limits set --scope SCOPE --name NAME                  --tokens N`"
+                    .into(),
+            ],
+        ),
         Reason::WaitingForBudget {
             scope,
             limit_tokens,

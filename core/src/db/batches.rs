@@ -198,16 +198,18 @@ pub async fn insert_operations(pool: &PgPool, ops: &[NewOperation]) -> Result<Ve
     let rows = sqlx::query_as(
         "INSERT INTO operations (id, tenant_id, kind, lane, concurrency_limit, input,
                                  input_sha256, dedupe_key, ordering_key, batch_id, max_attempts,
-                                 run_at, deadline, request_id, traceparent, concurrency_key)
+                                 run_at, deadline, request_id, traceparent, concurrency_key,
+                                 rate_key)
          SELECT u.id, u.tenant, u.kind, u.lane, u.concurrency_limit, u.input, u.sha, u.key,
                 u.ordering, u.batch, u.max_attempts, COALESCE(u.run_at, now()), u.deadline,
-                u.request_id, u.traceparent, u.concurrency_key
+                u.request_id, u.traceparent, u.concurrency_key, u.rate_key
            FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::jsonb[],
                        $7::text[], $8::text[], $9::text[], $10::uuid[], $11::int4[],
                        $12::timestamptz[], $13::timestamptz[], $14::text[], $15::text[],
-                       $16::text[])
+                       $16::text[], $17::text[])
              AS u(id, tenant, kind, lane, concurrency_limit, input, sha, key, ordering, batch,
-                  max_attempts, run_at, deadline, request_id, traceparent, concurrency_key)
+                  max_attempts, run_at, deadline, request_id, traceparent, concurrency_key,
+                  rate_key)
          ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
          RETURNING id, tenant_id, kind, lane, epoch",
     )
@@ -227,6 +229,7 @@ pub async fn insert_operations(pool: &PgPool, ops: &[NewOperation]) -> Result<Ve
     .bind(col(|o| o.request_id.clone()))
     .bind(col(|o| o.traceparent.clone()))
     .bind(col(|o| o.concurrency_key.clone()))
+    .bind(col(|o| o.rate_key.clone()))
     .fetch_all(pool)
     .await?;
     Ok(rows)

@@ -163,6 +163,28 @@ const OVER: &str = "b.op_id = $1
      OR b.batch_id = (SELECT batch_id FROM operations WHERE id = $1)
      OR b.tenant_scope = (SELECT tenant_id FROM operations WHERE id = $1)";
 
+/// Whether any budget is over operation `op` (its claim answered this already; a worker asks
+/// again only when a budget was born apart from its operation since: [`newest_born_apart`]).
+pub async fn any_over(pool: &PgPool, op: Uuid) -> Result<bool> {
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT EXISTS (SELECT 1 FROM budgets b WHERE {OVER})"
+    )))
+    .bind(op)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// When the newest budget set apart from its operation's enqueue (`agentq budget set`, a
+/// batch's, a tenant's) was born, and the database's clock now: a claim before that birth may
+/// not have seen it.
+pub async fn newest_born_apart(pool: &PgPool) -> Result<(Option<DateTime<Utc>>, DateTime<Utc>)> {
+    Ok(
+        sqlx::query_as("SELECT (SELECT max(created_at) FROM budgets WHERE born_apart), now()")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
 /// The budgets over operation `op`: its own, its batch's, its tenant's.
 pub async fn over(pool: &PgPool, op: Uuid) -> Result<Vec<BudgetView>> {
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -387,16 +409,6 @@ pub async fn reserve(
     input: i64,
     output: i64,
 ) -> Result<Reserved> {
-    // The common case, one indexed probe: no budget at all.
-    let any: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT EXISTS (SELECT 1 FROM budgets b WHERE {OVER})"
-    )))
-    .bind(op)
-    .fetch_one(pool)
-    .await?;
-    if !any {
-        return Ok(Reserved::Unbudgeted);
-    }
     let mut tx = pool.begin().await?;
     let running: Option<bool> = sqlx::query_scalar(
         "SELECT true FROM operations WHERE id = $1 AND epoch = $2 AND status = 'running'
@@ -418,6 +430,9 @@ pub async fn reserve(
     .bind(op)
     .fetch_all(&mut *tx)
     .await?;
+    if locked.is_empty() {
+        return Ok(Reserved::Unbudgeted);
+    }
     // A tenant's budget whose period ended starts a new one: nothing spent, no refusal.
     sqlx::query(
         "UPDATE budgets

@@ -40,6 +40,14 @@ pub struct Claimed {
     pub traceparent: Option<String>,
     /// Whether the journal has rows; a first run skips loading it.
     pub has_journal: bool,
+    /// Whether a token budget is over it (its own, its batch's, its tenant's) as the claim
+    /// committed: a run with none checks no budget before its model calls, unless a budget
+    /// is born apart from its operation later (`db::budgets::newest_born_apart`).
+    pub budgeted: bool,
+    /// The database's clock at the claim.
+    pub claimed_at: DateTime<Utc>,
+    /// The key its model calls count against (`rate_limits` of scope `key`).
+    pub rate_key: Option<String>,
 }
 
 /// The gates the claim statement ([`claim_operations`]) applies, in order, each named by a
@@ -152,7 +160,11 @@ pub async fn claim_operations(
       RETURNING o.id, o.tenant_id, o.kind, o.kind_version, o.upgrade_through, o.input,
                 o.epoch, o.attempt, o.max_attempts, o.restarts, o.deadline, o.request_id,
                 o.traceparent,
-                EXISTS (SELECT 1 FROM operation_steps s WHERE s.op_id = o.id) AS has_journal"
+                EXISTS (SELECT 1 FROM operation_steps s WHERE s.op_id = o.id) AS has_journal,
+                EXISTS (SELECT 1 FROM budgets b
+                         WHERE b.op_id = o.id OR b.batch_id = o.batch_id
+                            OR b.tenant_scope = o.tenant_id) AS budgeted,
+                now() AS claimed_at, o.rate_key"
     ))
     .bind(ids);
     let rows = runnable

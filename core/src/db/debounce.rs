@@ -120,10 +120,10 @@ pub async fn enqueue(
             INSERT INTO operations (id, tenant_id, kind, lane, concurrency_limit, input,
                                     input_sha256, ordering_key, max_attempts, run_at, deadline,
                                     request_id, traceparent, concurrency_key, debounce_key,
-                                    debounce_until)
+                                    debounce_until, rate_key)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
                     now() + make_interval(secs => $15 / 1000.0), $10, $11, $12, $13, $14,
-                    now() + make_interval(secs => $16 / 1000.0))
+                    now() + make_interval(secs => $16 / 1000.0), $21)
             ON CONFLICT (tenant_id, debounce_key) WHERE status = 'queued' AND debounce_until IS NOT NULL
             DO UPDATE SET input = EXCLUDED.input, input_sha256 = EXCLUDED.input_sha256,
                           request_id = EXCLUDED.request_id, traceparent = EXCLUDED.traceparent,
@@ -139,8 +139,9 @@ pub async fn enqueue(
             RETURNING id, epoch, (xmax = 0) AS inserted, run_at, kind, tenant_id
          ), budget AS (
             -- A new operation's budget in the same statement, as an ordinary enqueue's.
-            INSERT INTO budgets (id, tenant_id, op_id, measure, limit_tokens, timeout_secs)
-            SELECT $17, tenant_id, id, $18, $19, $20 FROM upserted
+            INSERT INTO budgets (id, tenant_id, op_id, measure, limit_tokens, timeout_secs,
+                                 born_apart)
+            SELECT $17, tenant_id, id, $18, $19, $20, false FROM upserted
              WHERE inserted AND $19::bigint IS NOT NULL
          )
          SELECT id, epoch, inserted, run_at, kind FROM upserted",
@@ -167,6 +168,7 @@ pub async fn enqueue(
         .bind(measure)
         .bind(tokens)
         .bind(timeout_secs)
+        .bind(&op.rate_key)
         .fetch_optional(&mut *tx)
         .await?;
     let Some((id, epoch, inserted, run_at, _)) = row else {

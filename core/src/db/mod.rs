@@ -22,6 +22,7 @@ pub mod listing;
 pub mod names;
 pub mod operations;
 pub mod pauses;
+pub mod rate_limits;
 pub mod retention;
 pub mod schedules;
 pub mod settle;

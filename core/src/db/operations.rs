@@ -28,6 +28,8 @@ pub struct NewOperation {
     /// With `concurrency_limit`: at most that many operations of the key run at once.
     pub concurrency_key: Option<String>,
     pub concurrency_limit: Option<i32>,
+    /// Its model calls count against the tenant's rate limits of this key.
+    pub rate_key: Option<String>,
     pub batch_id: Option<Uuid>,
     pub max_attempts: i32,
     pub run_at: Option<DateTime<Utc>>,
@@ -75,15 +77,17 @@ pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Res
             INSERT INTO operations (id, tenant_id, kind, lane, concurrency_limit, input,
                                     input_sha256, dedupe_key, ordering_key, batch_id,
                                     max_attempts, run_at, deadline, request_id, traceparent,
-                                    schedule_id, concurrency_key, parent_id)
+                                    schedule_id, concurrency_key, parent_id, rate_key)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE($12, now()), $13, $14,
-                    $15, $16, $17, $18)
+                    $15, $16, $17, $18, $23)
             ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
             RETURNING id, epoch, tenant_id
          ), budget AS (
             -- Its budget in the same statement: no claim can see it without one.
-            INSERT INTO budgets (id, tenant_id, op_id, measure, limit_tokens, timeout_secs)
-            SELECT $19, tenant_id, id, $20, $21, $22 FROM inserted WHERE $21::bigint IS NOT NULL
+            INSERT INTO budgets (id, tenant_id, op_id, measure, limit_tokens, timeout_secs,
+                                 born_apart)
+            SELECT $19, tenant_id, id, $20, $21, $22, false FROM inserted
+             WHERE $21::bigint IS NOT NULL
          )
          SELECT id, epoch FROM inserted",
     )
@@ -111,6 +115,7 @@ pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Res
         .bind(measure)
         .bind(tokens)
         .bind(timeout_secs)
+        .bind(&op.rate_key)
         .fetch_optional(&mut *conn)
         .await?;
     if let Some((id, epoch)) = row {

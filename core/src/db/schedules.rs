@@ -399,6 +399,7 @@ pub async fn fire_due(
                 ordering_key: None,
                 concurrency_key: None,
                 concurrency_limit: None,
+                rate_key: None,
                 batch_id: None,
                 max_attempts: d.max_attempts,
                 run_at: None,

@@ -36,6 +36,8 @@ pub const AGENTQ_TABLES: &[&str] = &[
     "operations",
     "operator_actions",
     "pauses",
+    "rate_limits",
+    "rate_usage",
     "schedules",
     "signals",
     "stores",

@@ -735,6 +735,25 @@ async fn answers_as_sent_match_their_schemas() {
     c.answer(&budgets::BudgetList {
         items: vec![budget, of_batch],
     });
+    let limit = app::rate_limits::LimitView {
+        id: Uuid::nil(),
+        scope: "key".into(),
+        name: "org-1".into(),
+        tenant: "t1".into(),
+        window_secs: 60,
+        max_tokens: Some(90_000),
+        max_requests: None,
+        window_tokens: 1_200,
+        window_requests: 3,
+        usage_ratio: 1.25,
+        updated_at: Utc::now(),
+    };
+    c.answer(&limit);
+    c.answer(&crate::rate_limits::LimitList { items: vec![limit] });
+    c.answer(&crate::rate_limits::LimitRemoved {
+        scope: app::rate_limits::LimitScope::Model,
+        name: "gpt-4o-mini".into(),
+    });
     let mut bad = serde_json::to_value(operation(true)).unwrap();
     bad["surprise"] = json!(1);
     assert!(!c.errors("Operation", &bad).is_empty(), "strict checks");
@@ -893,6 +912,18 @@ fn request_schemas_accept_what_the_handlers_read() {
         json!({ "why": 1 }),
     ] {
         c.request::<budgets::AllowOnceRequest>(body);
+    }
+    for body in [
+        json!({ "scope": "model", "name": "gpt-4o-mini", "max_tokens": 90_000 }),
+        json!({ "scope": "key", "name": "org-1", "tenant": "t1", "window_secs": 10,
+                "max_tokens": 5_000, "max_requests": 20, "reason": "provider quota" }),
+        json!({ "scope": "tenant", "name": "t1", "max_requests": 600 }),
+        json!({ "scope": "planet", "name": "x", "max_tokens": 1 }),
+        json!({ "scope": "model", "max_tokens": 1 }),
+        json!({ "scope": "model", "name": "m", "max_tokens": "lots" }),
+        json!({ "scope": "model", "name": "m", "max_tokens": 1, "burst": 2 }),
+    ] {
+        c.request::<app::rate_limits::LimitRequest>(body);
     }
     let unchecked: Vec<_> = names(REQUESTS)
         .into_iter()

@@ -81,6 +81,10 @@ async fn page(state: &UiState, session: &Session, id: &str) -> UiResult {
                 dt { "waiting for" }
                 dd {
                     @if w == app::budgets::WAITING_FOR { "a token budget (see below)" }
+                    @else if let Some((scope, limit, at)) = app::rate_limits::parse_waiting_for(w) {
+                        "rate limit " (scope) " " span class="mono" { (limit) }
+                        ", whose window reopens " (time(at))
+                    }
                     @else { "signal " (w) }
                 }
             }

@@ -13,7 +13,8 @@ use uuid::Uuid;
 
 use super::JobContext;
 use crate::error::JobError;
-use crate::model::{ModelError, ModelRequest, ModelResponse};
+use crate::limits::{Snapshot, budget_may_be_new};
+use crate::model::ModelRequest;
 
 /// How long a call waits, holding its slot, for the holds of calls in flight to be charged.
 const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -37,9 +38,10 @@ impl JobContext {
     pub(super) async fn hold_budget(
         &self,
         request: &ModelRequest,
+        limits: &Snapshot,
     ) -> Result<Option<Uuid>, JobError> {
-        if self.inner.services.memory.is_some() {
-            return Ok(None); // the replay tester has no budgets
+        if !self.under_budget(limits).await? {
+            return Ok(None);
         }
         let info = &self.inner.info;
         let (input, output) = estimate(request);
@@ -114,24 +116,38 @@ impl JobContext {
         }
     }
 
-    /// Charges a held call what it used: the reported usage, its estimate when none was
-    /// reported or when a transient failure may have been charged by the provider, nothing
-    /// when the provider refused it. A failure to write the charge leaves the hold, which
-    /// still counts (and is charged by estimate on the operation's next call).
-    pub(super) async fn charge_budget(
-        &self,
-        call_id: Uuid,
-        called: &Result<ModelResponse, ModelError>,
-    ) {
-        let used = match called {
-            Ok(r) if r.usage.unreported => None,
-            Ok(r) => Some((
-                r.usage.prompt_tokens as i64,
-                r.usage.completion_tokens as i64,
-            )),
-            Err(ModelError::Retryable { .. }) => None,
-            Err(_) => Some((0, 0)),
+    /// Whether a budget may be over the operation: its claim found one, or one was born apart
+    /// since (`crate::limits`) and a look finds it over this operation. Asks PostgreSQL only
+    /// in that second case, once per such birth.
+    async fn under_budget(&self, limits: &Snapshot) -> Result<bool, JobError> {
+        let seen = {
+            let state = self.state();
+            if state.budgeted {
+                return Ok(true);
+            }
+            if !budget_may_be_new(limits.newest_budget, self.inner.claim.claimed_at)
+                || state.budget_seen == limits.newest_budget
+            {
+                return Ok(false);
+            }
+            limits.newest_budget
         };
+        let over = db::within(db::budgets::any_over(
+            &self.inner.services.pool,
+            self.inner.info.op_id.0,
+        ))
+        .await
+        .map_err(|e| JobError::no_effect(format!("checking the token budget: {e}")))?;
+        let mut state = self.state();
+        state.budgeted = over;
+        state.budget_seen = seen;
+        Ok(over)
+    }
+
+    /// Charges a held call `used` tokens (in, out), or its estimate when `None`. A failure to
+    /// write the charge leaves the hold, which still counts (and is charged by estimate on the
+    /// operation's next call).
+    pub(super) async fn charge_budget(&self, call_id: Uuid, used: Option<(i64, i64)>) {
         let charged = db::within(db::budgets::charge(
             &self.inner.services.pool,
             call_id,
@@ -140,6 +156,11 @@ impl JobContext {
         if let Err(e) = charged.await {
             tracing::warn!(op_id = %self.inner.info.op_id, error = %e, "charging a model call to its budget failed; its hold stays counted");
         }
+    }
+
+    /// Gives back a hold whose call was never sent (a rate limit held it back).
+    pub(super) async fn release_budget(&self, call_id: Uuid) {
+        self.charge_budget(call_id, Some((0, 0))).await;
     }
 
     /// Whether the job stopped because its batch's budget is spent (the batch is paused): the

@@ -33,6 +33,7 @@ mod budget;
 mod children;
 mod journal;
 mod park;
+mod rate;
 mod steps;
 mod upgrade;
 
@@ -108,6 +109,10 @@ struct State {
     suspend: Option<(DateTime<Utc>, Option<String>)>,
     /// Set when its batch's budget refused a model call: the run is handed back.
     budget_pause: bool,
+    /// Whether a token budget is over the operation: as its claim found, or a later look.
+    budgeted: bool,
+    /// The newest birth of a budget set apart (`crate::limits`) that a look found not over it.
+    budget_seen: Option<DateTime<Utc>>,
     /// Set by an operator's upgrade: where the code first asks for another step than the
     /// journal recorded at or before this position, the journal is rebased there.
     upgrade_through: Option<i32>,
@@ -143,13 +148,30 @@ pub(crate) struct Services {
     pub(crate) limits: JobLimits,
     /// Tenants' counts of unfinished operations, as the spawn cap reads them.
     pub(crate) counts: std::sync::Mutex<std::collections::HashMap<String, (Instant, i64)>>,
+    /// The rate limits, and the newest budget's birth, as this process last read them.
+    pub(crate) call_limits: Arc<crate::limits::CallLimits>,
     /// Set only by the replay tester ([`crate::testing`]): the journal, waits and children live
     /// in memory there instead of PostgreSQL, and it watches every step and tool call.
     pub(crate) memory: Option<Arc<dyn crate::store::Store>>,
 }
 
+/// What a run's claim said about the operation beyond its [`OperationInfo`]: how far an
+/// upgrade covers its journal, and the limits over its model calls.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ClaimFacts {
+    /// The journal's steps up to this seq were written by the version it was upgraded from.
+    pub(crate) upgrade_through: Option<i32>,
+    /// A token budget was over the operation when it was claimed.
+    pub(crate) budgeted: bool,
+    /// The database's clock at the claim.
+    pub(crate) claimed_at: DateTime<Utc>,
+    /// The key its model calls count against (rate limits of scope `key`).
+    pub(crate) rate_key: Option<String>,
+}
+
 struct Inner {
     info: OperationInfo,
+    claim: ClaimFacts,
     services: Arc<Services>,
     state: Mutex<State>,
     lost: AtomicBool,
@@ -216,7 +238,7 @@ impl JobContext {
         info: OperationInfo,
         services: Arc<Services>,
         journal: Vec<JournalEntry>,
-        upgrade_through: Option<i32>,
+        claim: ClaimFacts,
         stop: CancellationToken,
         cancel: CancellationToken,
         yielding: Arc<crate::share::Yield>,
@@ -224,6 +246,7 @@ impl JobContext {
         let mut journal = journal;
         // Loaded in seq order; sorting again costs a pass and keeps `entry_at` correct for any caller.
         journal.sort_by_key(|e| e.seq);
+        let (budgeted, upgrade_through) = (claim.budgeted, claim.upgrade_through);
         let journal_bytes = journal
             .iter()
             .map(|e| row_bytes(e.output.as_ref(), e.error.as_deref()))
@@ -231,6 +254,7 @@ impl JobContext {
         Self {
             inner: Arc::new(Inner {
                 info,
+                claim,
                 services,
                 state: Mutex::new(State {
                     journal,
@@ -242,6 +266,8 @@ impl JobContext {
                     current_key: None,
                     suspend: None,
                     budget_pause: false,
+                    budgeted,
+                    budget_seen: None,
                     upgrade_through,
                     in_flight: None,
                     journal_bytes,

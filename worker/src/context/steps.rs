@@ -79,13 +79,15 @@ impl JobContext {
         request: ModelRequest,
     ) -> Result<ModelResponse, JobError> {
         let model = self.inner.services.model.clone();
-        let (tenant, kind) = (self.inner.info.tenant.clone(), self.inner.info.kind.clone());
+        let kind = self.inner.info.kind.clone();
         let spec = StepSpec::new(name, StepKind::Model, Replay::Safe);
         let ctx = self.clone();
         self.run_step_with(spec, None, |_key| async move {
-            // Its estimate is held against the operation's budgets before it is sent; a refusal
-            // stops the run here, with nothing journaled for this step.
-            let hold = ctx.hold_budget(&request).await?;
+            // Its estimate is held against the operation's budgets and reserved in its rate
+            // limits before it is sent; a refusal stops the run here, with nothing journaled
+            // for this step.
+            let (holds, slots) = ctx.hold_call(&request).await?;
+            let retry_in_step = JobContext::retry_in_step(&holds);
             // The call's span names the model and how it ended; never the prompt or the answer.
             let span = tracing::info_span!(
                 "model_call",
@@ -94,12 +96,9 @@ impl JobContext {
                 outcome = tracing::field::Empty,
                 otel.status_code = tracing::field::Empty,
             );
-            let called =
-                tracing::Instrument::instrument(model.call(&tenant, &kind, &request), span.clone())
-                    .await;
-            if let Some(call_id) = hold {
-                ctx.charge_budget(call_id, &called).await;
-            }
+            let send = model.send(slots, &kind, &request, retry_in_step);
+            let called = tracing::Instrument::instrument(send, span.clone()).await;
+            ctx.settle_call(holds, &called).await;
             match &called {
                 Ok(_) => span.record("outcome", "ok"),
                 Err(e) => span

@@ -210,8 +210,10 @@ impl Tester {
             retries: 0,
             ..GateSettings::default()
         };
+        let pool = self.pool.clone().unwrap_or_else(unreachable_pool);
         Arc::new(Services {
-            pool: self.pool.clone().unwrap_or_else(unreachable_pool),
+            call_limits: Arc::new(crate::limits::CallLimits::new(pool.clone())),
+            pool,
             http_allow: Arc::new(self.http_allow.clone()),
             model: Arc::new(ModelGate::new(client, gate)),
             journal: GroupCommit::new(),
@@ -283,7 +285,7 @@ pub(super) async fn drive(
             info,
             services.clone(),
             memory.entries(),
-            None,
+            Default::default(),
             CancellationToken::new(),
             CancellationToken::new(),
             Arc::default(),

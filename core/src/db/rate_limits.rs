@@ -1,0 +1,451 @@
+//! SQL of rate limits (`rate_limits`, `rate_usage`): tokens and requests of model calls per
+//! window, for a provider or one of its models, a tenant, or a key operations name, shared by
+//! every worker through PostgreSQL.
+//!
+//! Invariants kept here:
+//! - A call is sent only after it reserved its estimate (times the limit's learned ratio) in
+//!   every limit over it, in one statement that locks those limit rows before it reads their
+//!   windows: calls from every worker on one limit are serialized there, so the reservations in
+//!   any window never pass its limit.
+//! - A reservation is corrected to the call's reported usage when it returns (its estimate
+//!   stays when none was reported). A call that used more than it reserved raises the limit's
+//!   ratio, so later calls reserve more; only calls already in flight can have been reserved
+//!   short (see README, "Rate limits", for what this guarantees).
+//! - A refused call changes nothing.
+//! - Setting or removing a limit makes the operations parked on it due at once.
+
+use chrono::{DateTime, Utc};
+use sqlx::{FromRow, PgPool};
+use uuid::Uuid;
+
+use super::Result;
+
+/// What an operation a rate limit parked is stored as waiting for (`waiting_for`), naming the
+/// limit and when its window reopens: `(rate limit <scope> <label> <RFC 3339 time>)`. In
+/// parentheses, as `(budget)` is: never a signal's name.
+pub fn waiting_for(limit: &Target, reopens_at: DateTime<Utc>) -> String {
+    format!(
+        "{WAITING_PREFIX}{} {} {})",
+        limit.scope.as_str(),
+        limit.label(),
+        reopens_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    )
+}
+
+const WAITING_PREFIX: &str = "(rate limit ";
+
+/// The limit a [`waiting_for`] value names (scope, label) and when its window reopens, if it
+/// is one.
+pub fn parse_waiting_for(value: &str) -> Option<(String, String, DateTime<Utc>)> {
+    let rest = value.strip_prefix(WAITING_PREFIX)?.strip_suffix(')')?;
+    let (scope, rest) = rest.split_once(' ')?;
+    let (label, at) = rest.rsplit_once(' ')?;
+    let at = DateTime::parse_from_rfc3339(at).ok()?.with_timezone(&Utc);
+    Some((scope.to_string(), label.to_string(), at))
+}
+
+/// What a limit is over.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+#[schemars(rename = "LimitScope")]
+pub enum Scope {
+    /// Calls to a model (name: the model), to a provider (its host), or to one model there
+    /// (`<host>/<model>`).
+    Model,
+    /// A tenant's calls (name: the tenant).
+    Tenant,
+    /// The calls of a tenant's operations that name it as their `rate_key`.
+    Key,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Model => "model",
+            Scope::Tenant => "tenant",
+            Scope::Key => "key",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "model" => Some(Scope::Model),
+            "tenant" => Some(Scope::Tenant),
+            "key" => Some(Scope::Key),
+            _ => None,
+        }
+    }
+}
+
+/// A limit as a worker matches calls against it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub id: Uuid,
+    pub scope: Scope,
+    pub name: String,
+    /// The tenant whose operations' key it is (scope `key`); empty otherwise.
+    pub tenant: String,
+}
+
+impl Target {
+    /// Whether a call of `tenant`'s operation (naming `rate_key`) to `model` at the provider
+    /// whose host is `host` counts against this limit. A model-scope limit names the model, the
+    /// host (every model there), or `<host>/<model>`.
+    pub fn covers(&self, tenant: &str, rate_key: Option<&str>, host: &str, model: &str) -> bool {
+        match self.scope {
+            Scope::Model => {
+                self.name == model
+                    || self.name == host
+                    || self
+                        .name
+                        .strip_prefix(host)
+                        .and_then(|rest| rest.strip_prefix('/'))
+                        == Some(model)
+            }
+            Scope::Tenant => self.name == tenant,
+            Scope::Key => self.tenant == tenant && rate_key == Some(self.name.as_str()),
+        }
+    }
+
+    /// How it is named to people: `<name>`, or `<tenant>:<key>` for a key.
+    pub fn label(&self) -> String {
+        match self.scope {
+            Scope::Key => format!("{}:{}", self.tenant, self.name),
+            _ => self.name.clone(),
+        }
+    }
+}
+
+/// Every limit, as workers match calls against them (a small table, read whole).
+pub async fn targets(pool: &PgPool) -> Result<Vec<Target>> {
+    let rows: Vec<(Uuid, String, String, String)> =
+        sqlx::query_as("SELECT id, scope, name, tenant_id FROM rate_limits ORDER BY id")
+            .fetch_all(pool)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(id, scope, name, tenant)| {
+            Some(Target {
+                id,
+                scope: Scope::parse(&scope)?,
+                name,
+                tenant,
+            })
+        })
+        .collect())
+}
+
+/// What a limit caps: tokens and/or requests in any window of `window_secs`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spec {
+    pub scope: Scope,
+    pub name: String,
+    /// The tenant whose key it is (scope `key`); ignored otherwise.
+    pub tenant: String,
+    pub window_secs: i32,
+    pub max_tokens: Option<i64>,
+    pub max_requests: Option<i64>,
+}
+
+/// A limit and what its current window holds.
+#[derive(Clone, Debug, PartialEq, FromRow, serde::Serialize, schemars::JsonSchema)]
+pub struct LimitView {
+    #[schemars(with = "String")]
+    pub id: Uuid,
+    /// `model`, `tenant` or `key`.
+    pub scope: String,
+    pub name: String,
+    /// The tenant whose operations' key it is (scope `key`); empty otherwise.
+    pub tenant: String,
+    pub window_secs: i32,
+    pub max_tokens: Option<i64>,
+    pub max_requests: Option<i64>,
+    /// Tokens reserved or used by calls sent in the last window (reservations of calls in
+    /// flight at their estimate, the rest at their reported usage).
+    pub window_tokens: i64,
+    /// Calls sent in the last window.
+    pub window_requests: i64,
+    /// Reservations are a call's estimate times this (≥ 1): the largest recent ratio of a
+    /// call's reported usage to its estimate.
+    pub usage_ratio: f64,
+    pub updated_at: DateTime<Utc>,
+}
+
+const VIEW: &str = "l.id, l.scope, l.name, l.tenant_id AS tenant, l.window_secs, l.max_tokens,
+     l.max_requests, l.usage_ratio, l.updated_at,
+     coalesce(w.tokens, 0)::bigint AS window_tokens,
+     coalesce(w.requests, 0)::bigint AS window_requests";
+
+/// The window's sums as the reservation reads them (its 100 buckets and the current one).
+const WINDOW_JOIN: &str = "LEFT JOIN LATERAL (
+        SELECT sum(u.tokens) AS tokens, sum(u.requests) AS requests FROM rate_usage u
+         WHERE u.limit_id = l.id
+           AND u.bucket >= floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+                           / (l.window_secs * 10) - 100) w ON true";
+
+/// Sets (creates or replaces) a limit, audited as `rate_limit_set` by `actor`; its window's
+/// usage is kept.
+pub async fn set(
+    pool: &PgPool,
+    spec: &Spec,
+    actor: &str,
+    reason: Option<&str>,
+) -> Result<LimitView> {
+    let tenant = if spec.scope == Scope::Key {
+        spec.tenant.as_str()
+    } else {
+        ""
+    };
+    let mut tx = pool.begin().await?;
+    let id: Uuid = sqlx::query_scalar(
+        "INSERT INTO rate_limits (id, scope, name, tenant_id, window_secs, max_tokens,
+                                  max_requests)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (scope, tenant_id, name)
+         DO UPDATE SET window_secs = EXCLUDED.window_secs, max_tokens = EXCLUDED.max_tokens,
+                       max_requests = EXCLUDED.max_requests, updated_at = now()
+         RETURNING id",
+    )
+    .bind(Uuid::new_v4())
+    .bind(spec.scope.as_str())
+    .bind(&spec.name)
+    .bind(tenant)
+    .bind(spec.window_secs)
+    .bind(spec.max_tokens)
+    .bind(spec.max_requests)
+    .fetch_one(&mut *tx)
+    .await?;
+    let view: LimitView = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {VIEW} FROM rate_limits l {WINDOW_JOIN} WHERE l.id = $1"
+    )))
+    .bind(id)
+    .fetch_one(&mut *tx)
+    .await?;
+    let details = serde_json::json!({
+        "scope": view.scope, "name": view.name, "tenant": view.tenant,
+        "window_secs": view.window_secs, "max_tokens": view.max_tokens,
+        "max_requests": view.max_requests, "reason": reason,
+    });
+    super::access::audit(&mut tx, actor, "rate_limit_set", details).await?;
+    wake_parked(&mut tx, spec.scope, tenant, &spec.name).await?;
+    tx.commit().await?;
+    Ok(view)
+}
+
+/// Removes a limit, audited as `rate_limit_delete` by `actor`; whether there was one.
+pub async fn delete(
+    pool: &PgPool,
+    scope: Scope,
+    tenant: &str,
+    name: &str,
+    actor: &str,
+) -> Result<bool> {
+    let tenant = if scope == Scope::Key { tenant } else { "" };
+    let mut tx = pool.begin().await?;
+    let gone =
+        sqlx::query("DELETE FROM rate_limits WHERE scope = $1 AND tenant_id = $2 AND name = $3")
+            .bind(scope.as_str())
+            .bind(tenant)
+            .bind(name)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            > 0;
+    if gone {
+        let details =
+            serde_json::json!({ "scope": scope.as_str(), "name": name, "tenant": tenant });
+        super::access::audit(&mut tx, actor, "rate_limit_delete", details).await?;
+        wake_parked(&mut tx, scope, tenant, name).await?;
+    }
+    tx.commit().await?;
+    Ok(gone)
+}
+
+/// Makes the operations parked on a limit (by [`waiting_for`]) due now, after it changed: they
+/// reserve again under the new limit (or none) rather than sleep out the old window.
+async fn wake_parked(
+    tx: &mut sqlx::PgConnection,
+    scope: Scope,
+    tenant: &str,
+    name: &str,
+) -> Result<()> {
+    let label = Target {
+        id: Uuid::nil(),
+        scope,
+        name: name.to_string(),
+        tenant: tenant.to_string(),
+    }
+    .label();
+    let prefix = format!("{WAITING_PREFIX}{} {label} ", scope.as_str());
+    sqlx::query(
+        "UPDATE operations SET run_at = now(), updated_at = now()
+          WHERE status = 'waiting' AND starts_with(waiting_for, $1) AND run_at > now()",
+    )
+    .bind(prefix)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// Every limit with its window's usage; only `tenant`'s key limits (and the tenant's own
+/// limit) when it is given.
+pub async fn list(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<LimitView>> {
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {VIEW} FROM rate_limits l {WINDOW_JOIN}
+          WHERE $1::text IS NULL
+             OR (l.scope = 'key' AND l.tenant_id = $1) OR (l.scope = 'tenant' AND l.name = $1)
+          ORDER BY l.scope, l.tenant_id, l.name"
+    )))
+    .bind(tenant)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// One limit's share of a reserved call, for [`charge`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub limit: Uuid,
+    pub bucket: i64,
+    pub reserved: i64,
+}
+
+/// What [`reserve`] decided for one call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reservation {
+    /// Reserved in every limit asked.
+    Held(Vec<Held>),
+    /// A limit's window has no room for it until `reopens_at` (the latest of the limits that
+    /// refused), or sooner if `settling`: calls in flight in its window may use less than they
+    /// reserved. Nothing was reserved.
+    Refused {
+        limit: Uuid,
+        reopens_at: DateTime<Utc>,
+        settling: bool,
+    },
+    /// Its reservation alone (`reserved` tokens) is more than limit `limit` allows in a window:
+    /// it can never be sent under it.
+    Never { limit: Uuid, reserved: i64 },
+}
+
+#[derive(FromRow)]
+struct Answer {
+    r_limit: Uuid,
+    r_bucket: Option<i64>,
+    r_reserved: i64,
+    r_reopens_at: Option<DateTime<Utc>>,
+    r_never: bool,
+    r_settling: bool,
+}
+
+/// Reserves a call of `estimate` tokens in every limit of `limits`, or in none
+/// (`agentq_rate_reserve`, one statement).
+pub async fn reserve(pool: &PgPool, limits: &[Uuid], estimate: i64) -> Result<Reservation> {
+    let rows: Vec<Answer> = sqlx::query_as("SELECT * FROM agentq_rate_reserve($1, $2)")
+        .bind(limits)
+        .bind(estimate)
+        .fetch_all(pool)
+        .await?;
+    if let Some(never) = rows.iter().find(|r| r.r_never) {
+        return Ok(Reservation::Never {
+            limit: never.r_limit,
+            reserved: never.r_reserved,
+        });
+    }
+    if let Some(latest) = rows
+        .iter()
+        .filter(|r| r.r_reopens_at.is_some())
+        .max_by_key(|r| r.r_reopens_at)
+    {
+        return Ok(Reservation::Refused {
+            limit: latest.r_limit,
+            reopens_at: latest.r_reopens_at.expect("filtered on it"),
+            settling: rows
+                .iter()
+                .filter(|r| r.r_reopens_at.is_some())
+                .all(|r| r.r_settling),
+        });
+    }
+    Ok(Reservation::Held(
+        rows.iter()
+            .filter_map(|r| {
+                Some(Held {
+                    limit: r.r_limit,
+                    bucket: r.r_bucket?,
+                    reserved: r.r_reserved,
+                })
+            })
+            .collect(),
+    ))
+}
+
+/// Corrects a call's reservations to the `used` tokens it used (its `estimate` when none were
+/// reported), raising the limits' ratio if it used more than the estimate.
+pub async fn charge(pool: &PgPool, held: &[Held], used: i64, estimate: i64) -> Result<()> {
+    let ids: Vec<Uuid> = held.iter().map(|h| h.limit).collect();
+    let buckets: Vec<i64> = held.iter().map(|h| h.bucket).collect();
+    let reserved: Vec<i64> = held.iter().map(|h| h.reserved).collect();
+    sqlx::query("SELECT agentq_rate_charge($1, $2, $3, $4, $5)")
+        .bind(ids)
+        .bind(buckets)
+        .bind(reserved)
+        .bind(used)
+        .bind(estimate)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(scope: Scope, name: &str, tenant: &str) -> Target {
+        Target {
+            id: Uuid::nil(),
+            scope,
+            name: name.into(),
+            tenant: tenant.into(),
+        }
+    }
+
+    #[test]
+    fn a_limit_covers_the_calls_it_names_and_no_others() {
+        let host = target(Scope::Model, "api.openai.com", "");
+        assert!(host.covers("t1", None, "api.openai.com", "gpt-4o"));
+        assert!(!host.covers("t1", None, "local", "gpt-4o"));
+        let model = target(Scope::Model, "gpt-4o", "");
+        assert!(model.covers("t1", None, "api.openai.com", "gpt-4o"));
+        assert!(!model.covers("t1", None, "api.openai.com", "gpt-4o-mini"));
+        let both = target(Scope::Model, "api.openai.com/gpt-4o", "");
+        assert!(both.covers("t1", None, "api.openai.com", "gpt-4o"));
+        assert!(!both.covers("t1", None, "api.openai.com", "gpt-4o-mini"));
+        assert!(!both.covers("t1", None, "other.example", "gpt-4o"));
+        let tenant = target(Scope::Tenant, "t1", "");
+        assert!(tenant.covers("t1", Some("k"), "local", "m"));
+        assert!(!tenant.covers("t2", None, "local", "m"));
+        let key = target(Scope::Key, "org-1", "t1");
+        assert!(key.covers("t1", Some("org-1"), "local", "m"));
+        assert!(
+            !key.covers("t2", Some("org-1"), "local", "m"),
+            "another tenant's key"
+        );
+        assert!(!key.covers("t1", None, "local", "m"));
+    }
+
+    #[test]
+    fn waiting_for_names_the_limit_and_reads_back() {
+        let key = target(Scope::Key, "org-1", "t1");
+        let at = DateTime::parse_from_rfc3339("2026-12-03T08:15:30.250Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let w = waiting_for(&key, at);
+        assert_eq!(w, "(rate limit key t1:org-1 2026-12-03T08:15:30.250Z)");
+        assert_eq!(
+            parse_waiting_for(&w),
+            Some(("key".into(), "t1:org-1".into(), at))
+        );
+        assert_eq!(parse_waiting_for("(budget)"), None);
+    }
+}

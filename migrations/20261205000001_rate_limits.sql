@@ -1,0 +1,153 @@
+-- Rate limits by units per window, kept here so that every worker shares them.
+--
+-- A limit caps the tokens and/or requests of model calls in any window of `window_secs`: for
+-- a provider or one of its models (scope `model`, name `<provider>` or `<provider>/<model>`),
+-- for a tenant (scope `tenant`, name the tenant), or for a key operations name (scope `key`,
+-- name the `rate_key`, within `tenant_id`'s operations: a tenant cannot spend another's key).
+CREATE TABLE rate_limits (
+    id uuid PRIMARY KEY,
+    scope text NOT NULL CHECK (scope IN ('model', 'tenant', 'key')),
+    name text NOT NULL,
+    tenant_id text NOT NULL DEFAULT '',
+    window_secs integer NOT NULL CHECK (window_secs BETWEEN 1 AND 86400),
+    max_tokens bigint CHECK (max_tokens > 0),
+    max_requests bigint CHECK (max_requests > 0),
+    -- Reservations are a call's estimate times this: the largest recent ratio of a call's
+    -- reported usage to its estimate (never below 1), learned as calls return. Once per
+    -- window it decays halfway to 1, never below `ratio_peak`, the largest ratio a call
+    -- needed since the last decay: a ratio calls keep needing is kept.
+    usage_ratio double precision NOT NULL DEFAULT 1 CHECK (usage_ratio >= 1),
+    ratio_peak double precision NOT NULL DEFAULT 1,
+    ratio_decayed_at timestamptz NOT NULL DEFAULT now(),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    CHECK (max_tokens IS NOT NULL OR max_requests IS NOT NULL),
+    CHECK ((scope = 'key') = (tenant_id <> '')),
+    UNIQUE (scope, tenant_id, name)
+);
+
+-- What calls sent in each hundredth of a limit's window reserved (corrected to their reported
+-- usage when they return). Buckets older than the window are deleted as calls pass.
+CREATE TABLE rate_usage (
+    limit_id uuid NOT NULL REFERENCES rate_limits ON DELETE CASCADE,
+    bucket bigint NOT NULL,
+    tokens bigint NOT NULL DEFAULT 0,
+    requests bigint NOT NULL DEFAULT 0,
+    -- Calls reserved here and not yet corrected: calls in flight (or whose worker died).
+    pending bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (limit_id, bucket)
+);
+
+-- The key an operation's model calls count against (scope `key` limits of its tenant).
+ALTER TABLE operations ADD COLUMN rate_key text;
+
+-- A claim says whether a budget is over the operation; a worker then probes again before a
+-- model call only if a budget was born apart from its operation (`agentq budget set`, a
+-- batch's, a tenant's) since that claim: the newest such birth is one indexed read.
+ALTER TABLE budgets
+    ADD COLUMN created_at timestamptz NOT NULL DEFAULT now(),
+    ADD COLUMN born_apart boolean NOT NULL DEFAULT true;
+CREATE INDEX budgets_born_apart ON budgets (created_at) WHERE born_apart;
+
+-- Reserves one model call of `estimate` tokens in every limit of `ids`, or in none. Each limit
+-- row is locked (in id order, as every reservation takes them) before its window is read, so
+-- calls on one limit from every worker queue here and each sees what the ones before it
+-- reserved. A limit's window is read as its 100 buckets, the current one, and a margin of at
+-- least two buckets and 500 ms for calls that reach the provider a little after they were
+-- reserved. Answers one row per limit: reserved (`r_bucket` set), or refused with the time the
+-- oldest buckets leave enough room (`r_reopens_at`) and whether calls in flight in the window
+-- (`r_settling`) may make room sooner when they are corrected to what they used, or `r_never`
+-- when the call's reservation alone is more than the limit.
+CREATE FUNCTION agentq_rate_reserve(ids uuid[], estimate bigint)
+RETURNS TABLE (r_limit uuid, r_bucket bigint, r_reserved bigint, r_reopens_at timestamptz,
+               r_never boolean, r_settling boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    l record;
+    now_ms bigint := floor(extract(epoch FROM clock_timestamp()) * 1000);
+    width bigint;
+    cur bigint;
+    lo bigint;
+    res bigint;
+    used_tokens bigint;
+    used_requests bigint;
+    in_flight bigint;
+    first_free bigint;
+    refused boolean := false;
+BEGIN
+    PERFORM 1 FROM rate_limits rl WHERE rl.id = ANY(ids) ORDER BY rl.id FOR UPDATE;
+    FOR l IN SELECT * FROM rate_limits rl WHERE rl.id = ANY(ids) ORDER BY rl.id LOOP
+        width := l.window_secs * 10;
+        cur := now_ms / width;
+        lo := cur - 100 - greatest(2, ceil(500.0 / width)::bigint);
+        DELETE FROM rate_usage u WHERE u.limit_id = l.id AND u.bucket < lo;
+        -- Once per window the learned ratio decays halfway to 1, never below the largest
+        -- ratio a call needed in that window.
+        IF l.usage_ratio > 1
+           AND l.ratio_decayed_at < now() - l.window_secs * interval '1 second' THEN
+            l.usage_ratio := greatest(l.ratio_peak, 1 + (l.usage_ratio - 1) / 2);
+            UPDATE rate_limits rl SET usage_ratio = l.usage_ratio, ratio_peak = 1,
+                                      ratio_decayed_at = now()
+             WHERE rl.id = l.id;
+        END IF;
+        res := ceil(estimate * l.usage_ratio);
+        IF l.max_tokens IS NOT NULL AND res > l.max_tokens THEN
+            RETURN QUERY SELECT l.id, NULL::bigint, res, NULL::timestamptz, true, false;
+            refused := true;
+            CONTINUE;
+        END IF;
+        SELECT coalesce(sum(u.tokens), 0), coalesce(sum(u.requests), 0),
+               coalesce(sum(u.pending), 0)
+          INTO used_tokens, used_requests, in_flight
+          FROM rate_usage u WHERE u.limit_id = l.id AND u.bucket >= lo;
+        IF (l.max_tokens IS NOT NULL AND used_tokens + res > l.max_tokens)
+           OR (l.max_requests IS NOT NULL AND used_requests + 1 > l.max_requests) THEN
+            SELECT min(s.bucket) INTO first_free FROM (
+                SELECT u.bucket, sum(u.tokens) OVER w AS t, sum(u.requests) OVER w AS r
+                  FROM rate_usage u WHERE u.limit_id = l.id AND u.bucket >= lo
+                WINDOW w AS (ORDER BY u.bucket)) s
+             WHERE (l.max_tokens IS NULL OR used_tokens - s.t + res <= l.max_tokens)
+               AND (l.max_requests IS NULL OR used_requests - s.r + 1 <= l.max_requests);
+            -- Bucket b leaves the window read when the current bucket is b + (cur - lo) + 1.
+            RETURN QUERY SELECT l.id, NULL::bigint, res,
+                to_timestamp((coalesce(first_free, cur) + (cur - lo) + 1) * width / 1000.0),
+                false, in_flight > 0;
+            refused := true;
+        END IF;
+    END LOOP;
+    IF refused THEN
+        RETURN;
+    END IF;
+    FOR l IN SELECT * FROM rate_limits rl WHERE rl.id = ANY(ids) ORDER BY rl.id LOOP
+        width := l.window_secs * 10;
+        cur := now_ms / width;
+        res := ceil(estimate * l.usage_ratio);
+        INSERT INTO rate_usage AS u (limit_id, bucket, tokens, requests, pending)
+        VALUES (l.id, cur, res, 1, 1)
+        ON CONFLICT (limit_id, bucket)
+        DO UPDATE SET tokens = u.tokens + EXCLUDED.tokens, requests = u.requests + 1,
+                      pending = u.pending + 1;
+        RETURN QUERY SELECT l.id, cur, res, NULL::timestamptz, false, false;
+    END LOOP;
+END
+$$;
+
+-- Corrects the reservations of one call (`ids`, `buckets`, `reserved`, as reserved) to what
+-- it used, and records in each limit the ratio of its usage to its estimate when it used more.
+CREATE FUNCTION agentq_rate_charge(ids uuid[], buckets bigint[], reserved bigint[],
+                                   used bigint, estimate bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE rate_usage u SET tokens = greatest(0, u.tokens + used - c.reserved),
+                            pending = greatest(0, u.pending - 1)
+      FROM unnest(ids, buckets, reserved) AS c(id, bucket, reserved)
+     WHERE u.limit_id = c.id AND u.bucket = c.bucket;
+    IF estimate > 0 AND used > estimate THEN
+        UPDATE rate_limits rl
+           SET usage_ratio = greatest(rl.usage_ratio, least(used::float8 / estimate, 16)),
+               ratio_peak = greatest(rl.ratio_peak, least(used::float8 / estimate, 16))
+         WHERE rl.id = ANY(ids) AND rl.ratio_peak < used::float8 / estimate;
+    END IF;
+END
+$$;
