@@ -64,6 +64,9 @@ pub enum WebhooksCommand {
         debounce_pointer: Option<String>,
         #[command(flatten)]
         debounce: crate::debounce::DebounceFlags,
+        /// A token budget each delivery's operation is born with.
+        #[command(flatten)]
+        budget: crate::budgets::BudgetFlags,
         #[arg(long = "as")]
         actor: Option<String>,
         #[arg(long)]
@@ -205,20 +208,21 @@ pub async fn webhooks(config: Deployment, cmd: WebhooksCommand) -> anyhow::Resul
             config: source_config,
             debounce_pointer,
             debounce,
+            budget,
             actor,
             json,
         } => {
+            let budget = budget.request()?;
             let (app, caller) = cli_app(&config, &actor).await?;
-            let added = access::add_source(
-                &app,
-                &caller,
-                &tenant,
-                &source,
-                &kind,
-                source_config.as_deref(),
-                &debounce.request(debounce_pointer),
-            )
-            .await;
+            let new = access::SourceRequest {
+                tenant: &tenant,
+                source: &source,
+                kind: &kind,
+                config: source_config.as_deref(),
+                debounce: &debounce.request(debounce_pointer),
+                budget: budget.as_ref(),
+            };
+            let added = access::add_source(&app, &caller, &new).await;
             let secret = done(app, added).await?;
             // The same check a worker makes, against this process's AGENTQ_AGENT_HTTP_ALLOW.
             let source_config: Option<serde_json::Value> = source_config

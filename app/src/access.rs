@@ -60,22 +60,37 @@ pub async fn list_tokens(
     Ok(access::list_tokens(&app.pool, t).await?)
 }
 
+/// A webhook source as asked for (`agentq webhooks add`).
+#[derive(Clone, Copy, Debug)]
+pub struct SourceRequest<'a> {
+    pub tenant: &'a str,
+    pub source: &'a str,
+    /// The kind each delivery creates.
+    pub kind: &'a str,
+    /// A JSON object handed to each operation, as given.
+    pub config: Option<&'a str>,
+    pub debounce: &'a crate::debounce::Request,
+    pub budget: Option<&'a crate::budgets::BudgetRequest>,
+}
+
 /// Adds the webhook source `source` of `tenant`, creating `kind` operations, with an optional
 /// config (a JSON object handed to each operation as `{"event", "source", "webhook_id",
 /// "config"}`, checked against the kind now rather than at every delivery). Returns its
 /// signing secret, stored for verification and shown once. With a debounce
 /// (`--debounce-pointer` and `--debounce`), deliveries are debounced on the key their body
-/// holds at the pointer (`crate::debounce`).
-pub async fn add_source(
-    app: &App,
-    caller: &Caller,
-    t: &str,
-    source: &str,
-    kind: &str,
-    config: Option<&str>,
-    debounce: &crate::debounce::Request,
-) -> Result<String> {
+/// holds at the pointer (`crate::debounce`). With a budget, each delivery's operation is born
+/// with that token budget of its own.
+pub async fn add_source(app: &App, caller: &Caller, new: &SourceRequest<'_>) -> Result<String> {
+    let SourceRequest {
+        tenant: t,
+        source,
+        kind,
+        config,
+        debounce,
+        budget,
+    } = *new;
     caller.require(Role::Admin)?;
+    let budget = budget.map(|b| b.spec()).transpose()?;
     let debounce = crate::debounce::SourceDebounce::from_flags(debounce)?
         .map(|d| serde_json::to_value(d).expect("a debounce is JSON"));
     tenant(t)?;
@@ -141,6 +156,7 @@ pub async fn add_source(
         kind,
         config: config.as_ref(),
         debounce: debounce.as_ref(),
+        budget,
     };
     if !access::add_source(&app.pool, new, &secret, &caller.actor).await? {
         return Err(AppError::Conflict(format!(

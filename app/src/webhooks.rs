@@ -37,6 +37,8 @@ pub struct Verified {
     pub config: Option<Value>,
     /// The source's debounce: deliveries holding a key at its pointer are debounced on it.
     pub debounce: Option<crate::debounce::SourceDebounce>,
+    /// The token budget each of its operations is born with.
+    pub budget: Option<agentq_core::db::budgets::Spec>,
 }
 
 /// What [`verify`] decided.
@@ -103,6 +105,7 @@ pub async fn verify(app: &App, source: &str, delivery: &Delivery<'_>) -> Result<
         kind: target.kind,
         config: target.config,
         debounce: target.debounce.and_then(|d| serde_json::from_value(d).ok()),
+        budget: target.budget,
     }))
 }
 
@@ -126,6 +129,7 @@ pub async fn enqueue(
         kind,
         config,
         debounce,
+        budget,
     } = delivery;
     let spec = debounce.as_ref().and_then(|d| d.for_event(&event));
     // A configured source hands its kind the delivery with its context; otherwise the body is
@@ -147,6 +151,7 @@ pub async fn enqueue(
         origin: Origin::Webhook,
         request_id,
         traceparent,
+        budget: *budget,
         ..EnqueueRequest::default()
     };
     // The one conflict of a delivery: its webhook-id came before with another body.

@@ -640,3 +640,69 @@ async fn a_tenants_budget_per_period_parks_its_operations_until_the_next_period_
     assert_eq!(fake.requests(), 2 * TURNS, "each call of both sent once");
     app.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_webhook_sources_budget_is_each_of_its_operations_own() {
+    use crate::usecase_webhook::deliver_to;
+    use agentq_core::webhook::Secret;
+    let fake = FakeModel::start(spending_model()).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    let add = |extra: &[&str]| {
+        let mut args = vec![
+            "webhooks", "add", "--tenant", "t1", "--source", "notes", "--kind", "agent",
+        ];
+        args.extend_from_slice(extra);
+        app.agentq(&args)
+    };
+    // A bad budget adds no source.
+    for (flags, said) in [
+        (vec!["--budget-tokens", "0"], "tokens"),
+        (vec!["--budget-measure", "input"], "need --budget-tokens"),
+    ] {
+        let out = add(&flags);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(err.contains(said), "{flags:?}: {err}");
+    }
+    assert!(
+        app.agentq_json_lines(&["webhooks", "list", "--json"])
+            .is_empty(),
+        "no source added"
+    );
+    let out = add(&["--budget-tokens", "2500", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let added: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let secret = Secret::parse(added["secret"].as_str().unwrap()).unwrap();
+    let listed = app.agentq_json_lines(&["webhooks", "list", "--json"]);
+    assert_eq!(listed[0]["budget"]["tokens"], json!(2500), "{listed:?}");
+
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let (_, base) = app.serve().await;
+    let http = reqwest::Client::new();
+    let mut ops = Vec::new();
+    for id in ["msg_1", "msg_2"] {
+        let body = json!({ "user": "store ten things", "tools": ["kv_put"], "max_turns": TURNS });
+        let body = body.to_string().into_bytes();
+        let (status, v) = deliver_to(&http, &base, "notes", &secret, id, 0, &body).await;
+        assert_eq!(status, 202, "{v}");
+        ops.push(v["op_id"].as_str().unwrap().to_string());
+    }
+    // Each delivery's operation has 2,500 tokens of its own: two 1,000-token calls each, then
+    // it parks before the third.
+    for op in &ops {
+        app.wait_status(op, "waiting", DEADLINE).await;
+        assert_eq!(waiting_for(&app, op).await.as_deref(), Some("(budget)"));
+        let b = &app.agentq_json_lines(&["budget", "show", op, "--json"])[0];
+        assert_eq!(b["scope"], "operation", "{b}");
+        assert_eq!(b["limit_tokens"], json!(2500), "{b}");
+        assert_eq!(b["spent_tokens"], json!(2 * PER_CALL), "{b}");
+    }
+    assert_eq!(fake.requests(), 4, "no call past either budget was sent");
+    app.cleanup().await;
+}

@@ -138,6 +138,8 @@ pub struct SourceView {
     pub config: Option<serde_json::Value>,
     /// Its debounce (`agentq_app::debounce::SourceDebounce`), if any.
     pub debounce: Option<serde_json::Value>,
+    /// The token budget each delivery's operation is born with (a [`super::budgets::Spec`]).
+    pub budget: Option<serde_json::Value>,
 }
 
 /// A webhook source to create.
@@ -150,9 +152,12 @@ pub struct NewSource<'a> {
     pub config: Option<&'a serde_json::Value>,
     /// Its debounce (`agentq_app::debounce::SourceDebounce`).
     pub debounce: Option<&'a serde_json::Value>,
+    /// The token budget each delivery's operation is born with.
+    pub budget: Option<super::budgets::Spec>,
 }
 
-/// Creates a source with its first secret, its configuration and its debounce (if any); false
+/// Creates a source with its first secret, its configuration, its debounce and its budget (if
+/// any); false
 /// if the tenant already has one of that name.
 pub async fn add_source(
     pool: &PgPool,
@@ -166,11 +171,13 @@ pub async fn add_source(
         kind,
         config,
         debounce,
+        budget,
     } = source;
+    let budget = budget.map(sqlx::types::Json);
     let mut tx = pool.begin().await?;
     let id: Option<Uuid> = sqlx::query_scalar(
-        "INSERT INTO webhook_sources (id, tenant_id, name, kind, config, debounce)
-         VALUES ($1, $2, $3, $4, $5, $6)
+        "INSERT INTO webhook_sources (id, tenant_id, name, kind, config, debounce, budget)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
          ON CONFLICT (tenant_id, name) DO NOTHING RETURNING id",
     )
     .bind(Uuid::new_v4())
@@ -179,6 +186,7 @@ pub async fn add_source(
     .bind(kind)
     .bind(config)
     .bind(debounce)
+    .bind(budget)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(id) = id else {
@@ -189,7 +197,7 @@ pub async fn add_source(
         &mut tx,
         actor,
         "webhook_add",
-        serde_json::json!({ "tenant": tenant, "source": name, "kind": kind, "config": config.is_some(), "debounce": debounce }),
+        serde_json::json!({ "tenant": tenant, "source": name, "kind": kind, "config": config.is_some(), "debounce": debounce, "budget": budget }),
     )
     .await?;
     tx.commit().await?;
@@ -276,6 +284,8 @@ pub struct DeliveryTarget {
     pub config: Option<serde_json::Value>,
     /// `Some`: deliveries are debounced on the key their body holds at its pointer.
     pub debounce: Option<serde_json::Value>,
+    /// `Some`: each delivery's operation is born with this token budget.
+    pub budget: Option<super::budgets::Spec>,
 }
 
 /// Every tenant's source named `name`, with the secrets valid now (a delivery belongs to the
@@ -287,12 +297,13 @@ pub async fn sources_named(pool: &PgPool, name: &str) -> Result<Vec<DeliveryTarg
         Vec<String>,
         Option<serde_json::Value>,
         Option<serde_json::Value>,
+        Option<sqlx::types::Json<super::budgets::Spec>>,
     );
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT s.tenant_id, s.kind,
                 COALESCE(array_agg(w.secret ORDER BY w.created_at DESC)
                          FILTER (WHERE w.secret IS NOT NULL), '{}'),
-                s.config, s.debounce
+                s.config, s.debounce, s.budget
            FROM webhook_sources s
            LEFT JOIN webhook_secrets w
              ON w.source_id = s.id AND (w.expires_at IS NULL OR w.expires_at > now())
@@ -304,13 +315,16 @@ pub async fn sources_named(pool: &PgPool, name: &str) -> Result<Vec<DeliveryTarg
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(tenant, kind, secrets, config, debounce)| DeliveryTarget {
-            tenant,
-            kind,
-            secrets,
-            config,
-            debounce,
-        })
+        .map(
+            |(tenant, kind, secrets, config, debounce, budget)| DeliveryTarget {
+                tenant,
+                kind,
+                secrets,
+                config,
+                debounce,
+                budget: budget.map(|b| b.0),
+            },
+        )
         .collect())
 }
 
@@ -318,6 +332,7 @@ pub async fn sources_named(pool: &PgPool, name: &str) -> Result<Vec<DeliveryTarg
 pub async fn list_sources(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<SourceView>> {
     let rows = sqlx::query_as(
         "SELECT s.id, s.tenant_id AS tenant, s.name, s.kind, s.created_at, s.config, s.debounce,
+                s.budget,
                 (SELECT count(*) FROM webhook_secrets w
                   WHERE w.source_id = s.id AND (w.expires_at IS NULL OR w.expires_at > now())) AS active_secrets
            FROM webhook_sources s WHERE ($1::text IS NULL OR s.tenant_id = $1)

@@ -74,7 +74,7 @@ impl Measure {
 
 /// A budget as set: how many tokens of which measure, and how long an operation it refused
 /// waits for a raise.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Spec {
     pub tokens: i64,
     pub measure: Measure,
