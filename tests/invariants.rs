@@ -1167,3 +1167,39 @@ fn one_tenant_rule() {
         TENANT_READS_ALLOWED,
     );
 }
+
+/// The longest a source file may be: past it, a file is doing more than one job.
+const MAX_FILE_LINES: usize = 800;
+
+#[test]
+fn no_source_file_is_over_800_lines() {
+    let crates = [
+        "src",
+        "core",
+        "producer",
+        "worker",
+        "scheduler",
+        "app",
+        "http",
+        "kinds",
+        "bench",
+        "testkit",
+        "examples",
+    ];
+    let long: Vec<String> = rust_files(&crates)
+        .into_iter()
+        // Tests: a crate's `tests/` and a module's `tests.rs` (its `#[cfg(test)] mod tests`).
+        .filter(|f| {
+            !f.split('/')
+                .any(|part| part == "tests" || part == "tests.rs")
+        })
+        .filter_map(|f| {
+            let lines = read(&f).lines().count();
+            (lines > MAX_FILE_LINES).then(|| format!("{f}: {lines} lines"))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "files over {MAX_FILE_LINES} lines (split them along their seams): {long:?}"
+    );
+}
