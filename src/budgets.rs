@@ -98,9 +98,14 @@ pub enum BudgetCommand {
         #[arg(long = "as")]
         actor: Option<String>,
     },
-    /// The budgets over an operation: its own, then its batch's.
+    /// The budgets over an operation (its own, its batch's, its tenant's), or with --tenant a
+    /// tenant's budget per period: spent and held in the current period, when it ends.
     Show {
-        op: String,
+        #[arg(required_unless_present = "tenant", conflicts_with = "tenant")]
+        op: Option<String>,
+        /// A tenant's budget per period instead of an operation's.
+        #[arg(long)]
+        tenant: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -204,11 +209,18 @@ pub async fn run(config: Deployment, cmd: BudgetCommand) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        BudgetCommand::Show { op, json } => {
+        BudgetCommand::Show { op, tenant, json } => {
             let (app, caller) = cli_app(&config, &None).await?;
             let shown = async {
-                let op = agentq_app::operations::parse_id(&op)?;
-                budgets::over_operation(&app, &caller, op).await
+                match op {
+                    Some(op) => {
+                        let op = agentq_app::operations::parse_id(&op)?;
+                        budgets::over_operation(&app, &caller, op).await
+                    }
+                    None => Ok(vec![
+                        budgets::of_tenant(&app, &caller, tenant.as_deref()).await?,
+                    ]),
+                }
             }
             .await;
             let shown = done(app, shown).await?;
@@ -217,7 +229,7 @@ pub async fn run(config: Deployment, cmd: BudgetCommand) -> anyhow::Result<()> {
                     println!("{}", serde_json::to_string(b)?);
                 } else {
                     println!(
-                        "{:<9} {} of {} {} tokens spent, {} held{}{}",
+                        "{:<9} {} of {} {} tokens spent, {} held{}{}{}",
                         b.scope,
                         b.spent_tokens,
                         b.limit_tokens,
@@ -229,6 +241,10 @@ pub async fn run(config: Deployment, cmd: BudgetCommand) -> anyhow::Result<()> {
                         },
                         match b.exceeded_at {
                             Some(t) => format!("; refused a call since {}", t.to_rfc3339()),
+                            None => String::new(),
+                        },
+                        match b.period_ends {
+                            Some(t) => format!("; this period ends {}", t.to_rfc3339()),
                             None => String::new(),
                         }
                     );

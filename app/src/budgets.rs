@@ -216,6 +216,20 @@ pub async fn over_operation(
     Ok(budgets::over(&app.pool, op.0).await?)
 }
 
+/// The budget per period of `tenant` (a non-admin's own when left out): what it allows, what
+/// the current period has spent and held, and when the period ends; not found when it has none.
+pub async fn of_tenant(app: &App, caller: &Caller, tenant: Option<&str>) -> Result<BudgetView> {
+    let tenant = caller.tenant_for_write(tenant)?;
+    budgets::of_tenant(&app.pool, &tenant)
+        .await?
+        .ok_or_else(|| {
+            AppError::NotFound(format!(
+                "tenant {tenant:?} has no token budget; an admin sets one with `agentq budget set \
+             --tenant {tenant} --period 1d --budget-tokens N`"
+            ))
+        })
+}
+
 /// Queues `op` again if it waits for its budget, and dispatches it.
 async fn lift(app: &App, op: Uuid) -> Result<bool> {
     match budgets::lift(&app.pool, op).await? {

@@ -139,6 +139,17 @@ pub async fn set_tenant(
     Ok(Json(set.await?))
 }
 
+/// `GET /v1/tenants/{tenant}/budget`.
+pub async fn of_tenant(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Params(tenant): Params<String>,
+) -> ApiResult<Json<BudgetView>> {
+    let caller = caller.app();
+    let shown = app::budgets::of_tenant(&state.app, &caller, Some(&tenant));
+    Ok(Json(shown.await?))
+}
+
 /// `POST /v1/operations/{id}/budget/allow-once`.
 pub async fn allow_once(
     State(state): State<Arc<ApiState>>,

@@ -268,6 +268,7 @@ const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<app::budgets::BudgetSet>,
     SchemaGenerator::subschema_for::<budgets::AllowedOnce>,
     SchemaGenerator::subschema_for::<budgets::BudgetList>,
+    SchemaGenerator::subschema_for::<app::budgets::BudgetView>,
     SchemaGenerator::subschema_for::<app::rate_limits::LimitView>,
     SchemaGenerator::subschema_for::<rate_limits::LimitList>,
     SchemaGenerator::subschema_for::<rate_limits::LimitRemoved>,

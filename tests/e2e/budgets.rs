@@ -634,6 +634,21 @@ async fn a_tenants_budget_per_period_parks_its_operations_until_the_next_period_
     )
     .await
     .problem(422, "unprocessable");
+    // The tenant reads its own budget (the CLI and the API, one flow), not another's.
+    let shown = &app.agentq_json_lines(&["budget", "show", "--tenant", "t1", "--json"])[0];
+    assert_eq!(shown["spent_tokens"], json!(2 * PER_CALL), "{shown}");
+    assert!(shown["period_ends"].is_string(), "{shown}");
+    let read = api
+        .get("/v1/tenants/t1/budget", Some(&app.token("t1", "producer")))
+        .await
+        .expect(200);
+    assert_eq!(read["limit_tokens"], json!(2500), "{read}");
+    api.get("/v1/tenants/t1/budget", Some(&app.token("t2", "producer")))
+        .await
+        .problem(403, "forbidden");
+    api.get("/v1/tenants/t2/budget", Some(&app.token("t2", "producer")))
+        .await
+        .problem(404, "not-found");
     let raised = put(app.token("t1", "admin"), body).await.expect(200);
     assert_eq!(raised["resumed"], true, "{raised}");
     app.wait_status(&op, "succeeded", DEADLINE).await;

@@ -196,6 +196,16 @@ pub async fn over(pool: &PgPool, op: Uuid) -> Result<Vec<BudgetView>> {
     .await?)
 }
 
+/// The budget per period of tenant `tenant`, if it has one.
+pub async fn of_tenant(pool: &PgPool, tenant: &str) -> Result<Option<BudgetView>> {
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {VIEW} FROM budgets b WHERE b.tenant_scope = $1"
+    )))
+    .bind(tenant)
+    .fetch_optional(pool)
+    .await?)
+}
+
 /// The budget of batch `batch`, if it has one.
 pub async fn of_batch(pool: &PgPool, batch: Uuid) -> Result<Option<BudgetView>> {
     Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(

@@ -726,6 +726,7 @@ async fn answers_as_sent_match_their_schemas() {
     let mut of_tenant = budget_view();
     of_tenant.scope = "tenant".into();
     (of_tenant.period_secs, of_tenant.period_ends) = (Some(86_400), Some(Utc::now()));
+    c.answer(&of_tenant);
     c.answer(&app::budgets::BudgetSet {
         budget: of_tenant,
         resumed: false,
