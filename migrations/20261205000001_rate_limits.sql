@@ -49,18 +49,27 @@ ALTER TABLE budgets
     ADD COLUMN born_apart boolean NOT NULL DEFAULT true;
 CREATE INDEX budgets_born_apart ON budgets (created_at) WHERE born_apart;
 
--- Reserves one model call of `estimate` tokens in every limit of `ids`, or in none. Each limit
--- row is locked (in id order, as every reservation takes them) before its window is read, so
--- calls on one limit from every worker queue here and each sees what the ones before it
--- reserved. A limit's window is read as its 100 buckets, the current one, and a margin of at
--- least two buckets and 500 ms for calls that reach the provider a little after they were
--- reserved. Answers one row per limit: reserved (`r_bucket` set), or refused with the time the
--- oldest buckets leave enough room (`r_reopens_at`) and whether calls in flight in the window
--- (`r_settling`) may make room sooner when they are corrected to what they used, or `r_never`
--- when the call's reservation alone is more than the limit.
-CREATE FUNCTION agentq_rate_reserve(ids uuid[], estimate bigint)
-RETURNS TABLE (r_limit uuid, r_bucket bigint, r_reserved bigint, r_reopens_at timestamptz,
-               r_never boolean, r_settling boolean)
+-- Grants a worker process room for calls of about `estimate` tokens in every limit of `ids`,
+-- or in none: at least one such call, at most `want` of them, and never more than a quarter of
+-- what any of the limits has left (so that other processes find room too; near a limit a grant
+-- is one call). Grants are in estimate units: limit l counts `ceil(units * usage_ratio_l)`
+-- tokens and `requests` calls in the current bucket. The process hands the grant out to its
+-- calls until the bucket ends (`r_expires_ms` from now, as this server's clock tells it), then
+-- settles it (`agentq_rate_settle`): the unused part is returned and the calls' reported usage
+-- replaces their share.
+--
+-- Each limit row is locked (in id order, as every grant takes them) before its window is read,
+-- so grants on one limit from every worker queue here and each sees the ones before it. A
+-- limit's window is read as its 100 buckets, the current one, and a margin of at least two
+-- buckets and 500 ms for calls that reach the provider a little after they were granted.
+-- Answers one row per limit: granted (`r_bucket` set), or refused with the time the oldest
+-- buckets leave room for one call (`r_reopens_at`) and whether grants in flight in the window
+-- (`r_settling`) may make room sooner when they settle, or `r_never` when one call's
+-- reservation alone is more than the limit.
+CREATE FUNCTION agentq_rate_reserve(ids uuid[], estimate bigint, want integer)
+RETURNS TABLE (r_limit uuid, r_bucket bigint, r_tokens bigint, r_requests bigint,
+               r_ratio double precision, r_units bigint, r_expires_ms bigint,
+               r_reopens_at timestamptz, r_never boolean, r_settling boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     l record;
@@ -74,6 +83,8 @@ DECLARE
     in_flight bigint;
     first_free bigint;
     refused boolean := false;
+    units bigint := estimate * want;
+    requests bigint := want;
 BEGIN
     PERFORM 1 FROM rate_limits rl WHERE rl.id = ANY(ids) ORDER BY rl.id FOR UPDATE;
     FOR l IN SELECT * FROM rate_limits rl WHERE rl.id = ANY(ids) ORDER BY rl.id LOOP
@@ -92,7 +103,8 @@ BEGIN
         END IF;
         res := ceil(estimate * l.usage_ratio);
         IF l.max_tokens IS NOT NULL AND res > l.max_tokens THEN
-            RETURN QUERY SELECT l.id, NULL::bigint, res, NULL::timestamptz, true, false;
+            RETURN QUERY SELECT l.id, NULL::bigint, res, 0::bigint, l.usage_ratio, 0::bigint,
+                                0::bigint, NULL::timestamptz, true, false;
             refused := true;
             CONTINUE;
         END IF;
@@ -109,10 +121,19 @@ BEGIN
              WHERE (l.max_tokens IS NULL OR used_tokens - s.t + res <= l.max_tokens)
                AND (l.max_requests IS NULL OR used_requests - s.r + 1 <= l.max_requests);
             -- Bucket b leaves the window read when the current bucket is b + (cur - lo) + 1.
-            RETURN QUERY SELECT l.id, NULL::bigint, res,
+            RETURN QUERY SELECT l.id, NULL::bigint, res, 0::bigint, l.usage_ratio, 0::bigint,
+                0::bigint,
                 to_timestamp((coalesce(first_free, cur) + (cur - lo) + 1) * width / 1000.0),
                 false, in_flight > 0;
             refused := true;
+            CONTINUE;
+        END IF;
+        IF l.max_tokens IS NOT NULL THEN
+            units := least(units, greatest(estimate,
+                floor((l.max_tokens - used_tokens) / l.usage_ratio / 4)::bigint));
+        END IF;
+        IF l.max_requests IS NOT NULL THEN
+            requests := least(requests, greatest(1, (l.max_requests - used_requests) / 4));
         END IF;
     END LOOP;
     IF refused THEN
@@ -121,33 +142,40 @@ BEGIN
     FOR l IN SELECT * FROM rate_limits rl WHERE rl.id = ANY(ids) ORDER BY rl.id LOOP
         width := l.window_secs * 10;
         cur := now_ms / width;
-        res := ceil(estimate * l.usage_ratio);
+        res := ceil(units * l.usage_ratio);
         INSERT INTO rate_usage AS u (limit_id, bucket, tokens, requests, pending)
-        VALUES (l.id, cur, res, 1, 1)
+        VALUES (l.id, cur, res, requests, 1)
         ON CONFLICT (limit_id, bucket)
-        DO UPDATE SET tokens = u.tokens + EXCLUDED.tokens, requests = u.requests + 1,
-                      pending = u.pending + 1;
-        RETURN QUERY SELECT l.id, cur, res, NULL::timestamptz, false, false;
+        DO UPDATE SET tokens = u.tokens + EXCLUDED.tokens,
+                      requests = u.requests + EXCLUDED.requests, pending = u.pending + 1;
+        RETURN QUERY SELECT l.id, cur, res, requests, l.usage_ratio, units,
+                            (cur + 1) * width - floor(extract(epoch FROM clock_timestamp())
+                                                      * 1000)::bigint,
+                            NULL::timestamptz, false, false;
     END LOOP;
 END
 $$;
 
--- Corrects the reservations of one call (`ids`, `buckets`, `reserved`, as reserved) to what
--- it used, and records in each limit the ratio of its usage to its estimate when it used more.
-CREATE FUNCTION agentq_rate_charge(ids uuid[], buckets bigint[], reserved bigint[],
-                                   used bigint, estimate bigint)
+-- Settles what a process holds in limits `ids` at `buckets`: adds `add_tokens` and
+-- `add_requests` (negative: a grant's unused part returned, or calls that used less than their
+-- share) and `add_pending` (-1 for a settled grant), and records in each limit `ratios`, the largest ratio of a
+-- call's reported usage to its estimate (when above 1).
+CREATE FUNCTION agentq_rate_settle(ids uuid[], buckets bigint[], add_tokens bigint[],
+                                   add_requests bigint[], add_pending bigint[],
+                                   ratios float8[])
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE rate_usage u SET tokens = greatest(0, u.tokens + used - c.reserved),
-                            pending = greatest(0, u.pending - 1)
-      FROM unnest(ids, buckets, reserved) AS c(id, bucket, reserved)
+    UPDATE rate_usage u SET tokens = greatest(0, u.tokens + c.tokens),
+                            requests = greatest(0, u.requests + c.requests),
+                            pending = greatest(0, u.pending + c.pending)
+      FROM unnest(ids, buckets, add_tokens, add_requests, add_pending)
+           AS c(id, bucket, tokens, requests, pending)
      WHERE u.limit_id = c.id AND u.bucket = c.bucket;
-    IF estimate > 0 AND used > estimate THEN
-        UPDATE rate_limits rl
-           SET usage_ratio = greatest(rl.usage_ratio, least(used::float8 / estimate, 16)),
-               ratio_peak = greatest(rl.ratio_peak, least(used::float8 / estimate, 16))
-         WHERE rl.id = ANY(ids) AND rl.ratio_peak < used::float8 / estimate;
-    END IF;
+    UPDATE rate_limits rl
+       SET usage_ratio = greatest(rl.usage_ratio, least(c.ratio, 16)),
+           ratio_peak = greatest(rl.ratio_peak, least(c.ratio, 16))
+      FROM unnest(ids, ratios) AS c(id, ratio)
+     WHERE rl.id = c.id AND c.ratio > 1 AND rl.ratio_peak < least(c.ratio, 16);
 END
 $$;

@@ -19,6 +19,7 @@ pub mod context;
 pub mod error;
 mod executor;
 pub mod gate;
+mod grants;
 mod group_commit;
 mod info;
 mod lease;

@@ -32,6 +32,8 @@ pub(crate) struct Snapshot {
 /// The process-wide cache.
 pub(crate) struct CallLimits {
     pool: PgPool,
+    /// The process's open rate limit grants.
+    pub(crate) grants: crate::grants::Grants,
     snapshot: Mutex<Arc<Snapshot>>,
     reading: tokio::sync::Mutex<()>,
 }
@@ -39,6 +41,7 @@ pub(crate) struct CallLimits {
 impl CallLimits {
     pub(crate) fn new(pool: PgPool) -> Self {
         Self {
+            grants: crate::grants::Grants::new(pool.clone()),
             pool,
             snapshot: Mutex::new(Arc::new(Snapshot::default())),
             reading: tokio::sync::Mutex::new(()),

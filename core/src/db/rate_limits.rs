@@ -3,14 +3,15 @@
 //! every worker through PostgreSQL.
 //!
 //! Invariants kept here:
-//! - A call is sent only after it reserved its estimate (times the limit's learned ratio) in
-//!   every limit over it, in one statement that locks those limit rows before it reads their
-//!   windows: calls from every worker on one limit are serialized there, so the reservations in
-//!   any window never pass its limit.
-//! - A reservation is corrected to the call's reported usage when it returns (its estimate
-//!   stays when none was reported). A call that used more than it reserved raises the limit's
-//!   ratio, so later calls reserve more; only calls already in flight can have been reserved
-//!   short (see README, "Rate limits", for what this guarantees).
+//! - A call is sent only within a grant: room its worker process reserved (estimate units
+//!   times each limit's learned ratio) in every limit over it, in one statement that locks
+//!   those limit rows before it reads their windows. Grants on one limit from every worker are
+//!   serialized there, so the grants in any window never pass its limit; a process hands a
+//!   grant out only until its bucket ends.
+//! - A grant is settled when its bucket ends: its unused part is returned and its calls'
+//!   reported usage replaces their share (their estimate stays when none was reported). A call
+//!   that used more than its share raises the limit's ratio, so later grants count more; only
+//!   calls already sent can have been counted short (see README, "Rate limits").
 //! - A refused call changes nothing.
 //! - Setting or removing a limit makes the operations parked on it due at once.
 
@@ -303,29 +304,45 @@ pub async fn list(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<LimitView>>
     .await?)
 }
 
-/// One limit's share of a reserved call, for [`charge`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One limit's part of a grant: what [`reserve`] counted in it.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Held {
     pub limit: Uuid,
     pub bucket: i64,
-    pub reserved: i64,
+    /// Tokens counted in the bucket: the grant's units times `ratio`, rounded up.
+    pub tokens: i64,
+    /// Calls counted in the bucket.
+    pub requests: i64,
+    /// The limit's learned ratio of usage to estimate, as the grant was made.
+    pub ratio: f64,
 }
 
-/// What [`reserve`] decided for one call.
+/// Room granted to a process for calls of about its estimate, in every limit asked, until its
+/// bucket ends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Grant {
+    pub held: Vec<Held>,
+    /// Estimate units granted (at least the asking call's estimate).
+    pub units: i64,
+    /// How long until the bucket ends, by the database's clock.
+    pub expires_in: std::time::Duration,
+}
+
+/// What [`reserve`] decided.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reservation {
-    /// Reserved in every limit asked.
-    Held(Vec<Held>),
-    /// A limit's window has no room for it until `reopens_at` (the latest of the limits that
-    /// refused), or sooner if `settling`: calls in flight in its window may use less than they
-    /// reserved. Nothing was reserved.
+    /// Granted in every limit asked.
+    Granted(Grant),
+    /// A limit's window has no room for the call until `reopens_at` (the latest of the limits
+    /// that refused), or sooner if `settling`: grants in flight in its window may return what
+    /// their calls did not use. Nothing was reserved.
     Refused {
         limit: Uuid,
         reopens_at: DateTime<Utc>,
         settling: bool,
     },
-    /// Its reservation alone (`reserved` tokens) is more than limit `limit` allows in a window:
-    /// it can never be sent under it.
+    /// The call's reservation alone (`reserved` tokens) is more than limit `limit` allows in a
+    /// window: it can never be sent under it.
     Never { limit: Uuid, reserved: i64 },
 }
 
@@ -333,65 +350,90 @@ pub enum Reservation {
 struct Answer {
     r_limit: Uuid,
     r_bucket: Option<i64>,
-    r_reserved: i64,
+    r_tokens: i64,
+    r_requests: i64,
+    r_ratio: f64,
+    r_units: i64,
+    r_expires_ms: i64,
     r_reopens_at: Option<DateTime<Utc>>,
     r_never: bool,
     r_settling: bool,
 }
 
-/// Reserves a call of `estimate` tokens in every limit of `limits`, or in none
-/// (`agentq_rate_reserve`, one statement).
-pub async fn reserve(pool: &PgPool, limits: &[Uuid], estimate: i64) -> Result<Reservation> {
-    let rows: Vec<Answer> = sqlx::query_as("SELECT * FROM agentq_rate_reserve($1, $2)")
+/// Grants room for at least one call of `estimate` tokens and at most `want`, in every limit
+/// of `limits` or in none (`agentq_rate_reserve`, one statement).
+pub async fn reserve(
+    pool: &PgPool,
+    limits: &[Uuid],
+    estimate: i64,
+    want: i32,
+) -> Result<Reservation> {
+    let rows: Vec<Answer> = sqlx::query_as("SELECT * FROM agentq_rate_reserve($1, $2, $3)")
         .bind(limits)
         .bind(estimate)
+        .bind(want)
         .fetch_all(pool)
         .await?;
     if let Some(never) = rows.iter().find(|r| r.r_never) {
         return Ok(Reservation::Never {
             limit: never.r_limit,
-            reserved: never.r_reserved,
+            reserved: never.r_tokens,
         });
     }
-    if let Some(latest) = rows
-        .iter()
-        .filter(|r| r.r_reopens_at.is_some())
-        .max_by_key(|r| r.r_reopens_at)
-    {
+    let refused: Vec<&Answer> = rows.iter().filter(|r| r.r_reopens_at.is_some()).collect();
+    if let Some(latest) = refused.iter().max_by_key(|r| r.r_reopens_at) {
         return Ok(Reservation::Refused {
             limit: latest.r_limit,
             reopens_at: latest.r_reopens_at.expect("filtered on it"),
-            settling: rows
-                .iter()
-                .filter(|r| r.r_reopens_at.is_some())
-                .all(|r| r.r_settling),
+            settling: refused.iter().all(|r| r.r_settling),
         });
     }
-    Ok(Reservation::Held(
-        rows.iter()
+    let first = rows.first();
+    Ok(Reservation::Granted(Grant {
+        units: first.map_or(0, |r| r.r_units),
+        expires_in: std::time::Duration::from_millis(
+            first.map_or(0, |r| r.r_expires_ms).max(0) as u64
+        ),
+        held: rows
+            .iter()
             .filter_map(|r| {
                 Some(Held {
                     limit: r.r_limit,
                     bucket: r.r_bucket?,
-                    reserved: r.r_reserved,
+                    tokens: r.r_tokens,
+                    requests: r.r_requests,
+                    ratio: r.r_ratio,
                 })
             })
             .collect(),
-    ))
+    }))
 }
 
-/// Corrects a call's reservations to the `used` tokens it used (its `estimate` when none were
-/// reported), raising the limits' ratio if it used more than the estimate.
-pub async fn charge(pool: &PgPool, held: &[Held], used: i64, estimate: i64) -> Result<()> {
-    let ids: Vec<Uuid> = held.iter().map(|h| h.limit).collect();
-    let buckets: Vec<i64> = held.iter().map(|h| h.bucket).collect();
-    let reserved: Vec<i64> = held.iter().map(|h| h.reserved).collect();
-    sqlx::query("SELECT agentq_rate_charge($1, $2, $3, $4, $5)")
-        .bind(ids)
-        .bind(buckets)
-        .bind(reserved)
-        .bind(used)
-        .bind(estimate)
+/// One limit's bucket settled by [`settle`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Settlement {
+    pub limit: Uuid,
+    pub bucket: i64,
+    /// Tokens to add (negative: returned).
+    pub tokens: i64,
+    /// Calls to add (negative: returned).
+    pub requests: i64,
+    /// Grants in flight to add: -1 when a grant is settled.
+    pub pending: i64,
+    /// The largest ratio of a call's reported usage to its estimate (0 when none was above 1).
+    pub ratio: f64,
+}
+
+/// Applies settlements in one statement (`agentq_rate_settle`).
+pub async fn settle(pool: &PgPool, settled: &[Settlement]) -> Result<()> {
+    let col = |f: fn(&Settlement) -> i64| settled.iter().map(f).collect::<Vec<i64>>();
+    sqlx::query("SELECT agentq_rate_settle($1, $2, $3, $4, $5, $6)")
+        .bind(settled.iter().map(|s| s.limit).collect::<Vec<Uuid>>())
+        .bind(col(|s| s.bucket))
+        .bind(col(|s| s.tokens))
+        .bind(col(|s| s.requests))
+        .bind(col(|s| s.pending))
+        .bind(settled.iter().map(|s| s.ratio).collect::<Vec<f64>>())
         .execute(pool)
         .await?;
     Ok(())

@@ -13,10 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use agentq_core::db::{
-    self,
-    rate_limits::{Held, Reservation, Target},
-};
+use agentq_core::db::{self, rate_limits::Target};
 use agentq_core::metrics;
 use chrono::Utc;
 use uuid::Uuid;
@@ -25,6 +22,7 @@ use super::JobContext;
 use super::budget::estimate;
 use crate::error::JobError;
 use crate::gate::Slots;
+use crate::grants::{Outcome, Share};
 use crate::model::{ModelError, ModelRequest, ModelResponse};
 
 /// The longest a call waits in its worker slot for a rate limit's window; past it, it parks.
@@ -40,7 +38,7 @@ const WAKE_EARLY: chrono::Duration = chrono::Duration::milliseconds(1_000);
 /// What a call holds until it returns.
 pub(super) struct CallHolds {
     budget: Option<Uuid>,
-    rate: Vec<Held>,
+    rate: Option<Share>,
     /// Its estimate, tokens in and out.
     estimate: (i64, i64),
 }
@@ -57,7 +55,7 @@ impl JobContext {
         let estimate = estimate(request);
         let mut holds = CallHolds {
             budget: None,
-            rate: Vec::new(),
+            rate: None,
             estimate,
         };
         let info = &self.inner.info;
@@ -86,7 +84,7 @@ impl JobContext {
         }
         match self.reserve_rate(&over, estimate.0 + estimate.1).await {
             Ok((held, slots)) => {
-                holds.rate = held;
+                holds.rate = Some(held);
                 Ok((holds, slots))
             }
             Err(e) => {
@@ -102,14 +100,14 @@ impl JobContext {
     /// each send is reserved (a transient failure is retried by the operation, which reserves
     /// again).
     pub(super) fn retry_in_step(holds: &CallHolds) -> bool {
-        holds.rate.is_empty()
+        holds.rate.is_none()
     }
 
     async fn reserve_rate(
         &self,
         over: &[&Target],
         tokens: i64,
-    ) -> Result<(Vec<Held>, Slots), JobError> {
+    ) -> Result<(Share, Slots), JobError> {
         let ids: Vec<Uuid> = over.iter().map(|t| t.id).collect();
         let named = |id: Uuid| *over.iter().find(|t| t.id == id).unwrap_or(&over[0]);
         let waiting_since = Instant::now();
@@ -120,16 +118,14 @@ impl JobContext {
                 .model
                 .slots(&self.inner.info.tenant)
                 .await;
-            let reserved = db::within(db::rate_limits::reserve(
-                &self.inner.services.pool,
-                &ids,
-                tokens,
-            ))
-            .await
-            .map_err(|e| JobError::no_effect(format!("reserving in its rate limits: {e}")))?;
+            let grants = &self.inner.services.call_limits.grants;
+            let reserved = grants
+                .reserve(&ids, tokens)
+                .await
+                .map_err(|e| JobError::no_effect(format!("reserving in its rate limits: {e}")))?;
             let (limit, reopens_at, settling) = match reserved {
-                Reservation::Held(held) => return Ok((held, slots)),
-                Reservation::Never { limit, reserved } => {
+                Outcome::Held(share) => return Ok((share, slots)),
+                Outcome::Never { limit, reserved } => {
                     let limit = named(limit);
                     metrics::RATE_LIMITED.inc(&[limit.scope.as_str(), "never"]);
                     return Err(JobError::NonRetryable(format!(
@@ -140,7 +136,7 @@ impl JobContext {
                         limit.label()
                     )));
                 }
-                Reservation::Refused {
+                Outcome::Refused {
                     limit,
                     reopens_at,
                     settling,
@@ -189,18 +185,11 @@ impl JobContext {
         if let Some(call_id) = holds.budget {
             self.charge_budget(call_id, used).await;
         }
-        if !holds.rate.is_empty() {
+        if let Some(share) = holds.rate {
             let estimate = holds.estimate.0 + holds.estimate.1;
             let used = used.map_or(estimate, |(i, o)| i + o);
-            let charged = db::within(db::rate_limits::charge(
-                &self.inner.services.pool,
-                &holds.rate,
-                used,
-                estimate,
-            ));
-            if let Err(e) = charged.await {
-                tracing::warn!(op_id = %self.inner.info.op_id, error = %e, "correcting a model call's rate limit reservation failed; it stays at its estimate");
-            }
+            let grants = &self.inner.services.call_limits.grants;
+            grants.settle_call(share, used).await;
         }
     }
 }
