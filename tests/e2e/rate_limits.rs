@@ -278,6 +278,26 @@ async fn bad_limits_are_refused_producers_cannot_set_them_and_why_names_the_wind
     let status = app.agentq_ok(&["status", &second]);
     let status = String::from_utf8_lossy(&status.stdout);
     assert!(status.contains("rate limit key t1:k"), "{status}");
+    // The console names the wait on the operation's page and lists the limit with its window;
+    // another tenant's operator sees neither.
+    let mut ui = crate::console::Browser::new(&base);
+    ui.login(&operator).await;
+    let (code, page) = ui.get(&format!("/ui/operations/{second}")).await;
+    assert_eq!(code, 200);
+    assert!(
+        page.contains("rate limit key"),
+        "the operation page: {page}"
+    );
+    let (code, page) = ui.get("/ui/limits").await;
+    assert_eq!(code, 200);
+    assert!(
+        page.contains("data-limit=\"k\"") && page.contains("1 of 1"),
+        "the limits page: {page}"
+    );
+    let mut theirs = crate::console::Browser::new(&base);
+    theirs.login(&app.token("t2", "operator")).await;
+    let (_, page) = theirs.get("/ui/limits").await;
+    assert!(page.contains("No rate limit."), "{page}");
 
     // Removing the limit wakes it at once rather than after the hour.
     let rb = api.req(Method::DELETE, "/v1/rate-limits/key/k", Some(&operator));

@@ -108,7 +108,7 @@ pub fn badge(status: &str) -> Markup {
     html! { span class={ "badge " (class) } { (status) } }
 }
 
-const NAV: [(&str, &str); 9] = [
+const NAV: [(&str, &str); 10] = [
     ("/ui", "Overview"),
     ("/ui/operations", "Operations"),
     ("/ui/dlq", "Dead letters"),
@@ -118,6 +118,7 @@ const NAV: [(&str, &str); 9] = [
     ("/ui/schedules", "Schedules"),
     ("/ui/pauses", "Pauses"),
     ("/ui/kinds", "Kinds"),
+    ("/ui/limits", "Limits"),
 ];
 
 /// The `<head>` of every console page.

@@ -25,6 +25,7 @@ mod dlq;
 mod form;
 mod html;
 mod kinds;
+mod limits;
 mod operation;
 mod operations;
 mod overview;
@@ -82,6 +83,7 @@ pub fn router<S>(api: Arc<ApiState>) -> Router<S> {
         .route("/ui/batches", get(batches::list))
         .route("/ui/versions", get(versions::report))
         .route("/ui/kinds", get(kinds::list))
+        .route("/ui/limits", get(limits::list))
         .route("/ui/batches/{id}/pause", post(batches::pause))
         .route("/ui/batches/{id}/resume", post(batches::resume))
         .route("/ui/batches/{id}/cancel", post(batches::cancel))
