@@ -19,6 +19,10 @@ CREATE TABLE rate_limits (
     usage_ratio double precision NOT NULL DEFAULT 1 CHECK (usage_ratio >= 1),
     ratio_peak double precision NOT NULL DEFAULT 1,
     ratio_decayed_at timestamptz NOT NULL DEFAULT now(),
+    -- The smallest call refused since the limit last woke its parked operations, and when:
+    -- a settlement that leaves room for it wakes as many as fit, not a window later.
+    refused_need bigint,
+    refused_at timestamptz,
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
     CHECK (max_tokens IS NOT NULL OR max_requests IS NOT NULL),
@@ -40,6 +44,10 @@ CREATE TABLE rate_usage (
 
 -- The key an operation's model calls count against (scope `key` limits of its tenant).
 ALTER TABLE operations ADD COLUMN rate_key text;
+
+-- Operations parked on a rate limit, as a settlement that makes room finds them.
+CREATE INDEX operations_rate_parked ON operations (waiting_for, run_at)
+    WHERE status = 'waiting' AND waiting_for LIKE '(rate limit %';
 
 -- A claim says whether a budget is over the operation; a worker then probes again before a
 -- model call only if a budget was born apart from its operation (`agentq budget set`, a
@@ -120,6 +128,9 @@ BEGIN
                 WINDOW w AS (ORDER BY u.bucket)) s
              WHERE (l.max_tokens IS NULL OR used_tokens - s.t + res <= l.max_tokens)
                AND (l.max_requests IS NULL OR used_requests - s.r + 1 <= l.max_requests);
+            UPDATE rate_limits rl SET refused_need = least(coalesce(rl.refused_need, res), res),
+                                      refused_at = now()
+             WHERE rl.id = l.id;
             -- Bucket b leaves the window read when the current bucket is b + (cur - lo) + 1.
             RETURN QUERY SELECT l.id, NULL::bigint, res, 0::bigint, l.usage_ratio, 0::bigint,
                 0::bigint,
@@ -158,14 +169,25 @@ $$;
 
 -- Settles what a process holds in limits `ids` at `buckets`: adds `add_tokens` and
 -- `add_requests` (negative: a grant's unused part returned, or calls that used less than their
--- share) and `add_pending` (-1 for a settled grant), and records in each limit `ratios`, the largest ratio of a
--- call's reported usage to its estimate (when above 1).
+-- share) and `add_pending` (-1 for a settled grant), and records in each limit `ratios`, the
+-- largest ratio of a call's reported usage to its estimate (when above 1). A limit that
+-- refused a call in its current window and now has room for it wakes as many of the
+-- operations parked on it as fit (the earliest due first): they reserve again at once.
 CREATE FUNCTION agentq_rate_settle(ids uuid[], buckets bigint[], add_tokens bigint[],
                                    add_requests bigint[], add_pending bigint[],
                                    ratios float8[])
 RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    l record;
+    width bigint;
+    lo bigint;
+    used_tokens bigint;
+    used_requests bigint;
+    fit bigint;
 BEGIN
+    -- The limits' rows first, in id order, as a grant takes them (then their buckets).
+    PERFORM 1 FROM rate_limits rl WHERE rl.id = ANY(ids) ORDER BY rl.id FOR UPDATE;
     UPDATE rate_usage u SET tokens = greatest(0, u.tokens + c.tokens),
                             requests = greatest(0, u.requests + c.requests),
                             pending = greatest(0, u.pending + c.pending)
@@ -177,5 +199,33 @@ BEGIN
            ratio_peak = greatest(rl.ratio_peak, least(c.ratio, 16))
       FROM unnest(ids, ratios) AS c(id, ratio)
      WHERE rl.id = c.id AND c.ratio > 1 AND rl.ratio_peak < least(c.ratio, 16);
+    FOR l IN SELECT * FROM rate_limits rl
+              WHERE rl.id = ANY(ids) AND rl.refused_need IS NOT NULL
+                AND rl.refused_at > now() - rl.window_secs * interval '1 second' LOOP
+        width := l.window_secs * 10;
+        lo := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint / width - 100
+              - greatest(2, ceil(500.0 / width)::bigint);
+        SELECT coalesce(sum(u.tokens), 0), coalesce(sum(u.requests), 0)
+          INTO used_tokens, used_requests
+          FROM rate_usage u WHERE u.limit_id = l.id AND u.bucket >= lo;
+        fit := least(
+            CASE WHEN l.max_tokens IS NULL THEN 1000
+                 ELSE (l.max_tokens - used_tokens) / greatest(l.refused_need, 1) END,
+            CASE WHEN l.max_requests IS NULL THEN 1000
+                 ELSE l.max_requests - used_requests END);
+        IF fit >= 1 THEN
+            UPDATE rate_limits rl SET refused_need = NULL WHERE rl.id = l.id;
+            UPDATE operations o SET run_at = now(), updated_at = now()
+             WHERE o.id IN (
+                SELECT p.id FROM operations p
+                 WHERE p.status = 'waiting' AND p.waiting_for LIKE '(rate limit %'
+                   AND starts_with(p.waiting_for, '(rate limit ' || l.scope || ' '
+                       || CASE WHEN l.scope = 'key' THEN l.tenant_id || ':' || l.name
+                               ELSE l.name END || ' ')
+                   AND p.run_at > now()
+                 ORDER BY p.run_at LIMIT fit)
+               AND o.status = 'waiting';
+        END IF;
+    END LOOP;
 END
 $$;

@@ -63,6 +63,27 @@ fn busiest_window(arrivals: &[(Instant, i64)], window: Duration) -> (i64, usize)
     best
 }
 
+/// Enqueues an `agent` operation of tenant t1 asking `user`, its calls counted against `key`.
+fn enqueue_on_key(app: &TestApp, user: &str, key: &str) -> String {
+    let input = json!({ "user": user }).to_string();
+    let args = [
+        "enqueue",
+        "--tenant",
+        "t1",
+        "--kind",
+        "agent",
+        "--input",
+        &input,
+        "--rate-key",
+        key,
+        "--json",
+    ];
+    app.agentq_json(&args)["op_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 #[tokio::test]
 async fn a_token_limit_holds_in_every_window_across_three_workers_and_reaches_ninety_percent() {
     let arrivals: Arrivals = Arc::default();
@@ -243,24 +264,7 @@ async fn bad_limits_are_refused_producers_cannot_set_them_and_why_names_the_wind
     // One call an hour on key k: the first operation takes it, the second parks on the limit.
     app.spawn(&["scheduler"]);
     app.spawn(&["worker"]);
-    let enqueue = |user: &str| {
-        let input = json!({ "user": user }).to_string();
-        app.agentq_json(&[
-            "enqueue",
-            "--tenant",
-            "t1",
-            "--kind",
-            "agent",
-            "--input",
-            &input,
-            "--rate-key",
-            "k",
-            "--json",
-        ])["op_id"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
+    let enqueue = |user: &str| enqueue_on_key(&app, user, "k");
     let first = enqueue("first");
     app.wait_status(&first, "succeeded", DEADLINE).await;
     let second = enqueue("second");
@@ -306,5 +310,46 @@ async fn bad_limits_are_refused_producers_cannot_set_them_and_why_names_the_wind
         .expect(200);
     app.wait_status(&second, "succeeded", DEADLINE).await;
     assert_eq!(fake.requests(), 2);
+    app.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_operation_parked_on_a_limit_is_woken_when_a_call_returns_its_room() {
+    // Every call reports 50 tokens; its estimate (about 1,100) is what a grant counts until the
+    // call returns.
+    let fake = FakeModel::start(Mode::Script(Script(Arc::new(|_: &Value| {
+        let mut answer = completion("short");
+        answer["usage"] = json!({ "prompt_tokens": 40, "completion_tokens": 10 });
+        answer
+    }))))
+    .await;
+    let gate = fake.hold_requests();
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.agentq_ok(&[
+        "limits", "set", "--scope", "key", "--name", "k", "--tenant", "t1", "--tokens", "1500",
+        "--window", "1h",
+    ]);
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let enqueue = |user: &str| enqueue_on_key(&app, user, "k");
+    // The first call holds its estimate while the provider holds it; the second finds no room
+    // and, past the short wait, parks until the window reopens an hour later.
+    let first = enqueue("first");
+    app.wait_for("the first call at the provider", DEADLINE, || async {
+        fake.requests() == 1
+    })
+    .await;
+    let second = enqueue("second");
+    app.wait_status(&second, "waiting", DEADLINE).await;
+    let why = app.agentq_json(&["why", &second, "--json"]);
+    assert_eq!(why["detail"]["reason"], "waiting_for_rate_limit", "{why}");
+    // The first call returns 50 tokens used: its room is back, and the second is woken now,
+    // not in an hour.
+    gate.add_permits(2);
+    app.wait_status(&first, "succeeded", DEADLINE).await;
+    app.wait_status(&second, "succeeded", DEADLINE).await;
+    let listed = app.agentq_json_lines(&["limits", "list", "--tenant", "t1", "--json"]);
+    assert_eq!(listed[0]["window_tokens"], json!(100), "{listed:?}");
     app.cleanup().await;
 }

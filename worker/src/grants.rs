@@ -37,6 +37,8 @@ pub(crate) enum Outcome {
     },
     /// Larger than a whole window of `limit`.
     Never { limit: Uuid, reserved: i64 },
+    /// The limits were removed since the process last read them: nothing to reserve.
+    Gone,
 }
 
 /// One call's share of a grant, until it is settled.
@@ -55,6 +57,11 @@ struct Grant {
 struct State {
     limits: Vec<Part>,
     requests_left: i64,
+    /// Calls taken and not yet returned.
+    in_flight: usize,
+    /// A call of the size last taken would not fit again: the grant is settled as soon as its
+    /// calls have returned, rather than when its bucket ends.
+    spent: bool,
     settled: bool,
 }
 
@@ -76,21 +83,79 @@ impl State {
             .iter()
             .map(|p| (estimate as f64 * p.held.ratio).ceil() as i64)
             .collect();
-        let fits = !self.settled
-            && self.requests_left >= 1
-            && self
-                .limits
-                .iter()
-                .zip(&tokens)
-                .all(|(p, t)| p.tokens_left >= *t);
-        if !fits {
+        let fits = |s: &Self| {
+            s.requests_left >= 1
+                && s.limits
+                    .iter()
+                    .zip(&tokens)
+                    .all(|(p, t)| p.tokens_left >= *t)
+        };
+        if self.settled || !fits(self) {
+            self.spent = true;
             return None;
         }
         self.requests_left -= 1;
         for (p, t) in self.limits.iter_mut().zip(&tokens) {
             p.tokens_left -= t;
         }
+        self.in_flight += 1;
+        self.spent = !fits(self);
         Some(tokens)
+    }
+
+    /// Records a returned call's usage in the grant while it is open, and settles the grant if
+    /// it has nothing more to hand out and nothing in flight (its room is back before its
+    /// bucket ends); a call returning after its grant was settled is a settlement of its own.
+    fn returned(&mut self, share: &Share, used: i64, ratio: f64) -> Option<Vec<Settlement>> {
+        self.in_flight -= 1;
+        if self.settled {
+            return Some(
+                self.limits
+                    .iter()
+                    .zip(&share.tokens)
+                    .map(|(p, t)| Settlement {
+                        limit: p.held.limit,
+                        bucket: p.held.bucket,
+                        tokens: used - t,
+                        requests: 0,
+                        pending: 0,
+                        ratio,
+                    })
+                    .collect(),
+            );
+        }
+        for (p, t) in self.limits.iter_mut().zip(&share.tokens) {
+            p.delta += used - t;
+            p.peak = p.peak.max(ratio);
+        }
+        if self.spent && self.in_flight == 0 {
+            self.settle()
+        } else {
+            None
+        }
+    }
+
+    /// The settlement of what is left, once: the unused part returned, the returned calls'
+    /// usage in place of their shares; none if it was settled already.
+    fn settle(&mut self) -> Option<Vec<Settlement>> {
+        if self.settled {
+            return None;
+        }
+        self.settled = true;
+        let requests_left = self.requests_left;
+        Some(
+            self.limits
+                .iter()
+                .map(|p| Settlement {
+                    limit: p.held.limit,
+                    bucket: p.held.bucket,
+                    tokens: p.delta - p.tokens_left,
+                    requests: -requests_left,
+                    pending: -1,
+                    ratio: p.peak,
+                })
+                .collect(),
+        )
     }
 }
 
@@ -140,6 +205,9 @@ impl Grants {
                 return Ok(Outcome::Never { limit, reserved });
             }
         };
+        if grant.held.is_empty() {
+            return Ok(Outcome::Gone);
+        }
         let requests = grant.held.iter().map(|h| h.requests).min().unwrap_or(0);
         let mut state = State {
             limits: grant
@@ -153,6 +221,8 @@ impl Grants {
                 })
                 .collect(),
             requests_left: requests,
+            in_flight: 0,
+            spent: false,
             settled: false,
         };
         let tokens = state
@@ -197,56 +267,30 @@ impl Grants {
         } else {
             0.0
         };
-        let late: Vec<Settlement> = {
-            let mut state = share.grant.state.lock().expect("grant lock");
-            if !state.settled {
-                for (p, t) in state.limits.iter_mut().zip(&share.tokens) {
-                    p.delta += used - t;
-                    p.peak = p.peak.max(ratio);
-                }
-                return;
-            }
-            state
-                .limits
-                .iter()
-                .zip(&share.tokens)
-                .map(|(p, t)| Settlement {
-                    limit: p.held.limit,
-                    bucket: p.held.bucket,
-                    tokens: used - t,
-                    requests: 0,
-                    pending: 0,
-                    ratio,
-                })
-                .collect()
-        };
-        if let Err(e) = db::within(db::rate_limits::settle(&self.pool, &late)).await {
-            tracing::warn!(error = %e, "correcting a model call's rate limit share failed; it stays at its estimate");
+        let settled = share
+            .grant
+            .state
+            .lock()
+            .expect("grant lock")
+            .returned(&share, used, ratio);
+        if let Some(settled) = settled {
+            write(&self.pool, &settled).await;
         }
     }
 }
 
-/// Settles a grant whose bucket ended: returns what its calls did not take, applies what the
-/// returned ones used, and stops handing it out. Calls still in flight settle on their own.
+/// Settles a grant whose bucket ended (unless it was settled already): returns what its calls
+/// did not take, applies what the returned ones used, and stops handing it out. Calls still in
+/// flight settle on their own.
 async fn settle_grant(pool: &PgPool, grant: &Grant) {
-    let settled: Vec<Settlement> = {
-        let mut state = grant.state.lock().expect("grant lock");
-        state.settled = true;
-        let requests_left = state.requests_left;
-        state
-            .limits
-            .iter()
-            .map(|p| Settlement {
-                limit: p.held.limit,
-                bucket: p.held.bucket,
-                tokens: p.delta - p.tokens_left,
-                requests: -requests_left,
-                pending: -1,
-                ratio: p.peak,
-            })
-            .collect()
-    };
-    if let Err(e) = db::within(db::rate_limits::settle(pool, &settled)).await {
+    let settled = grant.state.lock().expect("grant lock").settle();
+    if let Some(settled) = settled {
+        write(pool, &settled).await;
+    }
+}
+
+async fn write(pool: &PgPool, settled: &[Settlement]) {
+    if let Err(e) = db::within(db::rate_limits::settle(pool, settled)).await {
         tracing::warn!(error = %e, "settling a rate limit grant failed; it stays counted until it leaves the window");
     }
 }
@@ -275,6 +319,8 @@ mod tests {
         let mut state = State {
             limits: vec![part(3_000, 1.0), part(3_002, 1.5)],
             requests_left: 5,
+            in_flight: 0,
+            spent: false,
             settled: false,
         };
         // 1,000 tokens: 1,000 of the first limit, 1,500 of the second (its learned ratio).

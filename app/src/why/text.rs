@@ -90,12 +90,14 @@ pub fn describe(r: &Reason) -> (String, Vec<String>) {
             window_secs,
         } => (
             format!(
-                "waiting for rate limit {scope} {limit}: its window reopens at {}; the                  scheduler wakes it just before",
+                "waiting for rate limit {scope} {limit}: its window reopens at {}; the \
+                 scheduler wakes it just before (or as soon as the limit changes)",
                 t(*reopens_at)
             ),
             vec![
                 format!(
-                    "its next model call did not fit the window and was not sent; the window                      ({window_secs} s) holds {}",
+                    "its next model call did not fit the window and was not sent; the window \
+                     ({window_secs} s) holds {}",
                     [
                         max_tokens.map(|m| format!("{window_tokens} of {m} tokens")),
                         max_requests.map(|m| format!("{window_requests} of {m} requests")),
@@ -105,7 +107,8 @@ pub fn describe(r: &Reason) -> (String, Vec<String>) {
                     .collect::<Vec<_>>()
                     .join(" and ")
                 ),
-                "an admin raises the limit: `agentq limits set --scope SCOPE --name NAME                  --tokens N`"
+                "an admin raises the limit (`agentq limits set --scope SCOPE --name NAME \
+                 --tokens N`); a smaller max_tokens on the call reserves less"
                     .into(),
             ],
         ),

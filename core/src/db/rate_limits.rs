@@ -282,7 +282,8 @@ async fn wake_parked(
     let prefix = format!("{WAITING_PREFIX}{} {label} ", scope.as_str());
     sqlx::query(
         "UPDATE operations SET run_at = now(), updated_at = now()
-          WHERE status = 'waiting' AND starts_with(waiting_for, $1) AND run_at > now()",
+          WHERE status = 'waiting' AND waiting_for LIKE '(rate limit %'
+            AND starts_with(waiting_for, $1) AND run_at > now()",
     )
     .bind(prefix)
     .execute(tx)

@@ -84,7 +84,7 @@ impl JobContext {
         }
         match self.reserve_rate(&over, estimate.0 + estimate.1).await {
             Ok((held, slots)) => {
-                holds.rate = Some(held);
+                holds.rate = held;
                 Ok((holds, slots))
             }
             Err(e) => {
@@ -107,7 +107,7 @@ impl JobContext {
         &self,
         over: &[&Target],
         tokens: i64,
-    ) -> Result<(Share, Slots), JobError> {
+    ) -> Result<(Option<Share>, Slots), JobError> {
         let ids: Vec<Uuid> = over.iter().map(|t| t.id).collect();
         let named = |id: Uuid| *over.iter().find(|t| t.id == id).unwrap_or(&over[0]);
         let waiting_since = Instant::now();
@@ -124,7 +124,8 @@ impl JobContext {
                 .await
                 .map_err(|e| JobError::no_effect(format!("reserving in its rate limits: {e}")))?;
             let (limit, reopens_at, settling) = match reserved {
-                Outcome::Held(share) => return Ok((share, slots)),
+                Outcome::Held(share) => return Ok((Some(share), slots)),
+                Outcome::Gone => return Ok((None, slots)),
                 Outcome::Never { limit, reserved } => {
                     let limit = named(limit);
                     metrics::RATE_LIMITED.inc(&[limit.scope.as_str(), "never"]);
