@@ -446,6 +446,12 @@ fn print_status(s: &app::batches::Overview) {
         s.usage.prompt_tokens,
         s.usage.completion_tokens
     );
+    if let Some(b) = &s.budget {
+        println!(
+            "  budget {} of {} {} tokens spent, {} held (raise it with agentq budget set --batch)",
+            b.spent_tokens, b.limit_tokens, b.measure, b.held_tokens,
+        );
+    }
     for f in &s.top_failures {
         println!("  {:>6}  {:<20} {}", f.count, f.error_class, f.reason);
     }

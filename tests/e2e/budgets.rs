@@ -278,6 +278,13 @@ async fn a_batch_pauses_when_its_budget_is_spent_with_no_document_half_done_and_
         .await;
     let reason = paused["paused_reason"].as_str().unwrap();
     assert!(reason.starts_with("budget spent: "), "{paused}");
+    // Its status shows the budget and what it spent.
+    assert_eq!(paused["budget"]["scope"], "batch", "{paused}");
+    assert_eq!(paused["budget"]["limit_tokens"], json!(10_000), "{paused}");
+    assert!(
+        paused["budget"]["spent_tokens"].as_i64().unwrap() <= 10_000,
+        "{paused}"
+    );
     // Every run in flight settles: a call already held finishes, a refused one is handed back.
     app.wait_for("no operation of the batch running", DEADLINE, || async {
         let running: i64 = sqlx::query_scalar(

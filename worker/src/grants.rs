@@ -163,7 +163,8 @@ impl State {
 pub(crate) struct Grants {
     pool: PgPool,
     open: Mutex<HashMap<Vec<Uuid>, Arc<Grant>>>,
-    asking: tokio::sync::Mutex<()>,
+    /// Per set of limits: held by the call asking the database for a new grant.
+    asking: Mutex<HashMap<Vec<Uuid>, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Grants {
@@ -171,7 +172,7 @@ impl Grants {
         Self {
             pool,
             open: Mutex::new(HashMap::new()),
-            asking: tokio::sync::Mutex::new(()),
+            asking: Mutex::new(HashMap::new()),
         }
     }
 
@@ -181,9 +182,16 @@ impl Grants {
         if let Some(share) = self.take_open(ids, estimate) {
             return Ok(Outcome::Held(share));
         }
-        // One call at a time asks for a new grant; the calls that waited meanwhile take theirs
-        // from it.
-        let _asking = self.asking.lock().await;
+        // One call at a time asks for a new grant of these limits; the calls that waited
+        // meanwhile take theirs from it.
+        let asking = self
+            .asking
+            .lock()
+            .expect("grants lock")
+            .entry(ids.to_vec())
+            .or_default()
+            .clone();
+        let _asking = asking.lock().await;
         if let Some(share) = self.take_open(ids, estimate) {
             return Ok(Outcome::Held(share));
         }

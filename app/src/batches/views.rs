@@ -49,6 +49,9 @@ pub struct Overview {
     /// paused, not a canary waiting) and something has succeeded.
     pub eta_secs: Option<i64>,
     pub usage: Usage,
+    /// Its token budget (its operations together), if it has one: when it cannot cover a
+    /// model call, the batch pauses.
+    pub budget: Option<agentq_core::db::budgets::BudgetView>,
     /// The most common failures of its unfinished or dead operations.
     pub top_failures: Vec<Failure>,
 }
@@ -100,6 +103,7 @@ pub async fn status(app: &App, caller: &Caller, id: Uuid) -> Result<Overview> {
             prompt_tokens,
             completion_tokens,
         },
+        budget: agentq_core::db::budgets::of_batch(pool, id).await?,
         top_failures,
     })
 }

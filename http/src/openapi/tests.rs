@@ -551,6 +551,11 @@ async fn answers_as_sent_match_their_schemas() {
                 prompt_tokens: 700,
                 completion_tokens: 70,
             },
+            budget: finished.is_none().then(|| {
+                let mut b = budget_view();
+                (b.scope, b.batch_id) = ("batch".into(), Some(Uuid::nil()));
+                b
+            }),
             top_failures: vec![Failure {
                 error_class: "non_retryable".into(),
                 reason: "bad input <n>".into(),
