@@ -182,6 +182,12 @@ impl ModelGate {
         (host, model)
     }
 
+    /// The `max_tokens` the client sends on a request that sets none (what a call's estimate
+    /// counts for its answer), if it caps them.
+    pub fn max_tokens(&self) -> Option<u32> {
+        self.client.default_max_tokens()
+    }
+
     fn tenant_slots(&self, tenant: &str) -> Arc<Semaphore> {
         let mut map = self.tenants.lock().expect("tenant limits lock");
         map.entry(tenant.to_string())

@@ -264,6 +264,11 @@ pub trait ModelClient: Send + Sync {
         None
     }
 
+    /// The `max_tokens` it sends on a request that sets none, if it caps them.
+    fn default_max_tokens(&self) -> Option<u32> {
+        None
+    }
+
     /// Runs one completion.
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError>;
 }

@@ -277,6 +277,10 @@ impl ModelClient for OpenAiClient {
         Some(&self.model)
     }
 
+    fn default_max_tokens(&self) -> Option<u32> {
+        self.max_tokens
+    }
+
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
         match tokio::time::timeout(self.timeouts.total, self.call(request)).await {
             Ok(r) => r,

@@ -23,12 +23,14 @@ const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 pub const DEFAULT_OUTPUT_ESTIMATE: u32 = 1024;
 
 /// A request's estimate: prompt tokens at about four bytes of its JSON (messages and tool
-/// specs) each, and its `max_tokens` (else [`DEFAULT_OUTPUT_ESTIMATE`]) of completion.
-pub fn estimate(request: &ModelRequest) -> (i64, i64) {
+/// specs) each, and its `max_tokens` (else the client's cap on a request that sets none,
+/// `AGENTQ_MODEL_MAX_TOKENS`, else [`DEFAULT_OUTPUT_ESTIMATE`]) of completion.
+pub fn estimate(request: &ModelRequest, client_max_tokens: Option<u32>) -> (i64, i64) {
     let bytes = serde_json::to_vec(&request.messages).map_or(0, |v| v.len())
         + serde_json::to_vec(&request.tools).map_or(0, |v| v.len());
     let input = bytes.div_ceil(4) as i64;
-    let output = i64::from(request.max_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE));
+    let max_tokens = request.max_tokens.or(client_max_tokens);
+    let output = i64::from(max_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE));
     (input, output)
 }
 
@@ -44,7 +46,7 @@ impl JobContext {
             return Ok(None);
         }
         let info = &self.inner.info;
-        let (input, output) = estimate(request);
+        let (input, output) = estimate(request, self.inner.services.model.max_tokens());
         let waiting_since = std::time::Instant::now();
         let reserved = loop {
             let reserved = db::within(db::budgets::reserve(
@@ -167,5 +169,32 @@ impl JobContext {
     /// run is handed back at this step boundary.
     pub(crate) fn take_budget_pause(&self) -> bool {
         std::mem::take(&mut self.state().budget_pause)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_estimate_counts_the_requests_max_tokens_else_the_clients_cap_else_the_default() {
+        let mut request = ModelRequest::user("x".repeat(400));
+        let (input, output) = estimate(&request, None);
+        assert!(
+            (100..120).contains(&input),
+            "about four bytes a token: {input}"
+        );
+        assert_eq!(output, i64::from(DEFAULT_OUTPUT_ESTIMATE));
+        assert_eq!(
+            estimate(&request, Some(64)).1,
+            64,
+            "AGENTQ_MODEL_MAX_TOKENS"
+        );
+        request.max_tokens = Some(200);
+        assert_eq!(
+            estimate(&request, Some(64)).1,
+            200,
+            "the request's own wins"
+        );
     }
 }

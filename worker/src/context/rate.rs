@@ -52,7 +52,7 @@ impl JobContext {
         &self,
         request: &ModelRequest,
     ) -> Result<(CallHolds, Slots), JobError> {
-        let estimate = estimate(request);
+        let estimate = estimate(request, self.inner.services.model.max_tokens());
         let mut holds = CallHolds {
             budget: None,
             rate: None,
