@@ -49,6 +49,13 @@ pub(crate) struct Share {
     estimate: i64,
 }
 
+impl Share {
+    /// The call's estimate, tokens in and out.
+    pub(crate) fn estimate(&self) -> i64 {
+        self.estimate
+    }
+}
+
 struct Grant {
     expires: Instant,
     state: Mutex<State>,

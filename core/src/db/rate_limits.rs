@@ -163,8 +163,8 @@ pub struct LimitView {
     pub window_secs: i32,
     pub max_tokens: Option<i64>,
     pub max_requests: Option<i64>,
-    /// Tokens reserved or used by calls sent in the last window (reservations of calls in
-    /// flight at their estimate, the rest at their reported usage).
+    /// Tokens granted or used in the last window (grants not yet settled whole, settled ones
+    /// at their calls' reported usage).
     pub window_tokens: i64,
     /// Calls sent in the last window.
     pub window_requests: i64,

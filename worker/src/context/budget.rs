@@ -35,18 +35,19 @@ pub fn estimate(request: &ModelRequest, client_max_tokens: Option<u32>) -> (i64,
 }
 
 impl JobContext {
-    /// Holds `request`'s estimate against the operation's budgets: the hold's id (none when
-    /// no budget is over it), or the stop a refusal means.
+    /// Holds a call's estimate (`estimate`, asked only when a budget is over the operation)
+    /// against the operation's budgets: the hold's id (none when no budget is over it), or the
+    /// stop a refusal means.
     pub(super) async fn hold_budget(
         &self,
-        request: &ModelRequest,
+        estimate: impl FnOnce() -> (i64, i64),
         limits: &Snapshot,
     ) -> Result<Option<Uuid>, JobError> {
         if !self.under_budget(limits).await? {
             return Ok(None);
         }
         let info = &self.inner.info;
-        let (input, output) = estimate(request, self.inner.services.model.max_tokens());
+        let (input, output) = estimate();
         let waiting_since = std::time::Instant::now();
         let reserved = loop {
             let reserved = db::within(db::budgets::reserve(

@@ -39,8 +39,6 @@ const WAKE_EARLY: chrono::Duration = chrono::Duration::milliseconds(1_000);
 pub(super) struct CallHolds {
     budget: Option<Uuid>,
     rate: Option<Share>,
-    /// Its estimate, tokens in and out.
-    estimate: (i64, i64),
 }
 
 impl JobContext {
@@ -52,11 +50,13 @@ impl JobContext {
         &self,
         request: &ModelRequest,
     ) -> Result<(CallHolds, Slots), JobError> {
-        let estimate = estimate(request, self.inner.services.model.max_tokens());
+        // Estimated (the request serialized) only when a budget or a limit is over the call.
+        let estimated = std::sync::OnceLock::new();
+        let estimate =
+            || *estimated.get_or_init(|| estimate(request, self.inner.services.model.max_tokens()));
         let mut holds = CallHolds {
             budget: None,
             rate: None,
-            estimate,
         };
         let info = &self.inner.info;
         let gate = &self.inner.services.model;
@@ -71,7 +71,10 @@ impl JobContext {
             .current()
             .await
             .map_err(|e| JobError::no_effect(format!("reading the model call limits: {e}")))?;
-        holds.budget = self.hold_budget(request, &limits).await?;
+        holds.budget = self.hold_budget(estimate, &limits).await?;
+        if limits.targets.is_empty() {
+            return Ok((holds, gate.slots(&info.tenant).await));
+        }
         let (host, model) = gate.target(&info.kind, request);
         let rate_key = self.inner.claim.rate_key.as_deref();
         let over: Vec<&Target> = limits
@@ -82,7 +85,8 @@ impl JobContext {
         if over.is_empty() {
             return Ok((holds, gate.slots(&info.tenant).await));
         }
-        match self.reserve_rate(&over, estimate.0 + estimate.1).await {
+        let (input, output) = estimate();
+        match self.reserve_rate(&over, input + output).await {
             Ok((held, slots)) => {
                 holds.rate = held;
                 Ok((holds, slots))
@@ -187,8 +191,7 @@ impl JobContext {
             self.charge_budget(call_id, used).await;
         }
         if let Some(share) = holds.rate {
-            let estimate = holds.estimate.0 + holds.estimate.1;
-            let used = used.map_or(estimate, |(i, o)| i + o);
+            let used = used.map_or(share.estimate(), |(i, o)| i + o);
             let grants = &self.inner.services.call_limits.grants;
             grants.settle_call(share, used).await;
         }
