@@ -41,6 +41,7 @@ fn arguments(a: BenchArgs) -> agentq_bench::Args {
             Scenario::Timers => Measured::Timers,
             Scenario::Waiting => Measured::Waiting,
             Scenario::Http => Measured::Http,
+            Scenario::Remote => Measured::Remote,
         },
         sleepers: a.sleepers,
         due_per_sec: a.due_per_sec,

@@ -161,6 +161,10 @@ pub enum Command {
     /// tenant, or a key operations name (--rate-key); shared by every worker.
     #[command(subcommand)]
     Limits(crate::limits::LimitsCommand),
+    /// Services: where kinds written in any language run (the step protocol,
+    /// docs/protocol.md). Register one by its URL; agentq serves the kinds its manifest lists.
+    #[command(subcommand)]
+    Services(crate::services::ServicesCommand),
     /// The pauses in force: what each holds, who paused it, when and why.
     Pauses {
         #[arg(long)]
@@ -345,6 +349,10 @@ pub enum Scenario {
     /// `POST /v1/operations` under load from an in-process client: requests/s, latency, and
     /// that every 202 became exactly one operation.
     Http,
+    /// Operations of --steps safe steps in Rust (`script`) and in the Python example service
+    /// (`ten_steps`, over the step protocol): steps/s, time per step, and the bytes sent to the
+    /// service per step (python3 and agentq's source tree's sdk/python).
+    Remote,
 }
 
 #[derive(clap::Args, Clone)]
@@ -374,7 +382,7 @@ pub struct BenchArgs {
     /// Operations to run.
     #[arg(long, default_value_t = 2000)]
     pub jobs: usize,
-    /// durable-steps: steps per operation.
+    /// durable-steps, remote: steps per operation.
     #[arg(long, default_value_t = 10)]
     pub steps: usize,
     /// durable-steps: worker SIGKILLs in the crash-cost phase (0 skips it).

@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Cli, Command, EnqueueArgs, ListArgs};
 use crate::wiring::{
-    Deployment, app, cli_app, cli_error, connect, done, flag_error_app, parse_moment, parse_time,
-    refuse, scheduler, shutdown_on_signal, worker,
+    Deployment, app, cli_app, cli_error, connect_deployment, done, flag_error_app, parse_moment,
+    parse_time, refuse, scheduler, shutdown_on_signal, worker,
 };
 
 /// The user's input was refused: exit code 2, nothing was changed.
@@ -40,14 +40,14 @@ pub async fn run(
             Ok(())
         }
         Command::Worker { concurrency } => {
-            let pool = connect(&config).await?;
+            let pool = connect_deployment(&config).await?;
             let shutdown = shutdown_on_signal();
             let worker = worker(&config, pool, concurrency)?;
             let progress = vec![worker.progress()];
             with_metrics(&config, None, progress, worker.run(shutdown)).await
         }
         Command::Scheduler => {
-            let pool = connect(&config).await?;
+            let pool = connect_deployment(&config).await?;
             let shutdown = shutdown_on_signal();
             let scheduler = scheduler(&config, pool.clone());
             let progress = vec![scheduler.progress()];
@@ -55,7 +55,7 @@ pub async fn run(
         }
         Command::Dev => dev(config).await,
         Command::Serve => {
-            let pool = connect(&config).await?;
+            let pool = connect_deployment(&config).await?;
             let shutdown = shutdown_on_signal();
             let metrics_pool = pool.clone();
             with_metrics(
@@ -154,6 +154,7 @@ pub async fn run(
         Command::Pause(args) => crate::pauses::pause(config, args).await,
         Command::Budget(cmd) => crate::budgets::run(config, cmd).await,
         Command::Limits(cmd) => crate::limits::run(config, cmd).await,
+        Command::Services(cmd) => crate::services::run(config, cmd).await,
         Command::Resume(args) => crate::pauses::resume(config, args).await,
         Command::Pauses { tenant, json } => crate::pauses::list(config, tenant, json).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
@@ -169,7 +170,7 @@ async fn dev(config: Deployment) -> anyhow::Result<()> {
     agentq_app::database::migrate(&config.database_url)
         .await
         .context("migrating the database")?;
-    let pool = connect(&config).await?;
+    let pool = connect_deployment(&config).await?;
     let shutdown = shutdown_on_signal();
     tracing::info!(config = %config.redacted(), "agentq dev: worker + scheduler + API in one process");
     tracing::info!(

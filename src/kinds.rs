@@ -76,6 +76,9 @@ fn print_kind(k: &KindView) {
     if !k.kind.description.is_empty() {
         println!("  {}", k.kind.description);
     }
+    if let Some(service) = &k.kind.service {
+        println!("  runs in service {service} (`agentq services list`)");
+    }
     println!("  input: {}", fields(&k.kind.input_schema));
 }
 

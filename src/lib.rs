@@ -58,6 +58,7 @@ mod pauses;
 mod probe;
 mod replay;
 mod schedules;
+mod services;
 mod tenants;
 mod versions;
 mod why;

@@ -227,7 +227,7 @@ async fn replay_one(config: &Deployment, args: &ReplayArgs, r: Recorded) -> Repl
         .to_version
         .clone()
         .or(op.kind_version.clone())
-        .or_else(|| config.registry.newest(&op.kind).map(str::to_string))
+        .or_else(|| config.registry.newest(&op.kind))
         .unwrap_or_default();
     let runs = config
         .registry

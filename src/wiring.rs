@@ -64,6 +64,23 @@ pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
         })
 }
 
+/// A pool for `deployment`, its registry serving the remote kinds of the services an admin
+/// registered (read now, then every few seconds for as long as the process runs).
+pub async fn connect_deployment(deployment: &Deployment) -> anyhow::Result<PgPool> {
+    let pool = connect(deployment).await?;
+    if let Err(e) = deployment.registry.load_services(&pool).await {
+        // Before `agentq migrate` there is no services table: nothing remote to serve yet.
+        tracing::warn!(error = %e, "reading the registered services failed; serving the binary's own kinds");
+    }
+    let (registry, watched) = (Registry::clone(&deployment.registry), pool.clone());
+    tokio::spawn(agentq_worker::remote::watch(
+        registry,
+        watched,
+        CancellationToken::new(),
+    ));
+    Ok(pool)
+}
+
 /// The model client the configuration asks for: an OpenAI-compatible provider, or the built-in
 /// local model when `AGENTQ_MODEL_BASE_URL` is unset.
 pub fn model_client(config: &Config) -> anyhow::Result<Arc<dyn ModelClient>> {
@@ -226,7 +243,7 @@ pub(crate) async fn cli_app(
     config: &Deployment,
     actor: &Option<String>,
 ) -> anyhow::Result<(agentq_app::App, agentq_app::Caller)> {
-    let pool = connect(config).await?;
+    let pool = connect_deployment(config).await?;
     let app = app(config, pool, "operator");
     Ok((app, agentq_app::Caller::command_line(actor_name(actor))))
 }

@@ -54,6 +54,7 @@ pub mod pauses;
 pub mod rate_limits;
 pub mod redact;
 pub mod schedules;
+pub mod services;
 pub mod tenants;
 pub mod time;
 pub mod usage;

@@ -77,7 +77,7 @@ impl Measured {
         )
     }
     /// First step started → finished: the run of one operation, without its queueing.
-    fn run(&self) -> Vec<f64> {
+    pub(crate) fn run_ms(&self) -> Vec<f64> {
         self.timings
             .iter()
             .map(|(_, s, f)| Self::ms(*s, *f))
@@ -412,7 +412,7 @@ pub async fn e2e(config: &Deployment, args: &Args) -> anyhow::Result<()> {
 pub async fn batch(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     let m = run_jobs(config, args, "echo", Arc::new(echo), Enqueue::Batched, None).await?;
     let drain = m.drain().as_secs_f64();
-    let run = percentiles(m.run());
+    let run = percentiles(m.run_ms());
     let mut r = Report::new(
         "batch",
         format!(
@@ -463,9 +463,9 @@ pub async fn steps(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     let one = run_jobs(config, args, "script", program(1), Enqueue::OneByOne, None).await?;
     eprintln!("10-step scripts…");
     let ten = run_jobs(config, args, "script", program(10), Enqueue::OneByOne, None).await?;
-    let (r1, r10) = (percentiles(one.run()), percentiles(ten.run()));
+    let (r1, r10) = (percentiles(one.run_ms()), percentiles(ten.run_ms()));
     // Each 10-step run minus the median 1-step run, over the nine extra steps.
-    let per_step = percentiles(ten.run().iter().map(|t| (t - r1.p50) / 9.0).collect());
+    let per_step = percentiles(ten.run_ms().iter().map(|t| (t - r1.p50) / 9.0).collect());
     let mut r = Report::new(
         "steps",
         format!(

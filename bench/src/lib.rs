@@ -1,7 +1,7 @@
 //! agentq-bench: `agentq bench`. Every scenario runs in a throwaway database and broker
 //! namespace, so it never touches real data, and deletes both afterwards (unless `--keep`).
 //! The scenarios are in `jobs` (e2e, batch, steps, inflight), `scenarios` (timers, waiting),
-//! `http` and `durable`; what they share (processes, commit counting, percentiles, the
+//! `http`, `durable` and `remote` (a Python service's kind against the same kind in Rust); what they share (processes, commit counting, percentiles, the
 //! report) in `common`; the latency-only model provider in `model`; the rows and reads
 //! written straight in SQL in `fixtures`.
 //!
@@ -17,6 +17,7 @@ mod fixtures;
 mod http;
 mod jobs;
 mod model;
+mod remote;
 mod scenarios;
 
 use std::ops::{Deref, DerefMut};
@@ -109,6 +110,7 @@ pub enum Scenario {
     Timers,
     Waiting,
     Http,
+    Remote,
 }
 
 /// The knobs of a run, as the command line's flags of `agentq bench` give them (their help
@@ -149,6 +151,13 @@ pub async fn run(mut config: Deployment, args: Args) -> anyhow::Result<()> {
         .into());
     }
     let max_steps = durable::MAX_STEPS;
+    if args.scenario == Scenario::Remote && !(1..=10_000).contains(&args.steps) {
+        return Err(Refused(format!(
+            "--steps must be between 1 and 10000 (got {}): it is the steps of each operation",
+            args.steps
+        ))
+        .into());
+    }
     if args.scenario == Scenario::DurableSteps && !(1..=max_steps).contains(&args.steps) {
         return Err(Refused(format!(
             "--steps must be between 1 and {max_steps} (got {}): it is the length of each operation's program",
@@ -184,6 +193,7 @@ pub async fn run(mut config: Deployment, args: Args) -> anyhow::Result<()> {
         Scenario::Waiting => scenarios::waiting(&config, &args).await,
         Scenario::Http => http::http(&config, &args).await,
         Scenario::DurableSteps => durable::durable_steps(&config, &args).await,
+        Scenario::Remote => remote::remote(&config, &args).await,
     };
     if args.keep {
         eprintln!(

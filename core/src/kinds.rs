@@ -37,6 +37,10 @@ pub struct KindInfo {
     /// An enqueue is checked against the type itself, which may say more than the schema can
     /// (a `tool_choice` must name one of `tools`, a sleep is at most 100 years).
     pub input_schema: Value,
+    /// The service that runs the kind's newest version, for a remote kind (`agentq services`,
+    /// docs/protocol.md); absent for a kind of the binary itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
 }
 
 /// One tool a deployment registered, which an `agent` operation may name in its `tools` and

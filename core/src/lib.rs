@@ -28,6 +28,7 @@ pub mod operation;
 pub mod origins;
 pub mod retry;
 pub mod schedule;
+pub mod services;
 pub mod state;
 pub mod telemetry;
 pub mod version;

@@ -23,6 +23,7 @@ mod problem;
 mod rate_limits;
 pub mod routes;
 mod schedules;
+mod services;
 mod tenants;
 mod ui;
 mod webhooks;

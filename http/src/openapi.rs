@@ -12,7 +12,9 @@ use serde_json::{Map, Value, json};
 
 use crate::problem::Problem;
 use crate::routes::{Access, ROUTES, Route};
-use crate::{batches, budgets, dlq, meta, operations, pauses, rate_limits, schedules, tenants};
+use crate::{
+    batches, budgets, dlq, meta, operations, pauses, rate_limits, schedules, services, tenants,
+};
 
 fn parameters(path: &str, method: &str) -> Vec<Value> {
     let mut out: Vec<Value> = path
@@ -235,6 +237,7 @@ const REQUESTS: &[Describe] = &[
     SchemaGenerator::subschema_for::<budgets::SetTenantBudget>,
     SchemaGenerator::subschema_for::<budgets::AllowOnceRequest>,
     SchemaGenerator::subschema_for::<app::rate_limits::LimitRequest>,
+    SchemaGenerator::subschema_for::<app::services::ServiceRequest>,
 ];
 
 /// Every JSON answer of the API, described as it is written.
@@ -272,6 +275,9 @@ const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<app::rate_limits::LimitView>,
     SchemaGenerator::subschema_for::<rate_limits::LimitList>,
     SchemaGenerator::subschema_for::<rate_limits::LimitRemoved>,
+    SchemaGenerator::subschema_for::<app::services::Registered>,
+    SchemaGenerator::subschema_for::<services::ServiceList>,
+    SchemaGenerator::subschema_for::<services::ServiceRemoved>,
 ];
 
 /// JSON Schema 2020-12 (OpenAPI 3.1's dialect), shared schemas under `#/components/schemas/`.

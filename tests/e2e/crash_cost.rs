@@ -30,10 +30,10 @@ const KILLS: usize = 5;
 
 /// A small deterministic generator (xorshift), seeded from the clock and printed, so a failing
 /// run's kill points can be replayed by setting `AGENTQ_TEST_SEED`.
-struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    fn from_env_or_clock() -> Self {
+    pub(crate) fn from_env_or_clock() -> Self {
         let seed = std::env::var("AGENTQ_TEST_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -44,11 +44,11 @@ impl Rng {
                     .as_nanos() as u64
             })
             | 1;
-        eprintln!("crash_cost seed: AGENTQ_TEST_SEED={seed}");
+        eprintln!("kill points seed: AGENTQ_TEST_SEED={seed}");
         Self(seed)
     }
     /// Uniform in `lo..=hi`.
-    fn between(&mut self, lo: u64, hi: u64) -> u64 {
+    pub(crate) fn between(&mut self, lo: u64, hi: u64) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -58,13 +58,13 @@ impl Rng {
 
 /// What the provider saw: requests per (operation, step seq), and the journal rules broken.
 #[derive(Default)]
-struct Seen {
-    sent: HashMap<(Uuid, i32), usize>,
-    violations: Vec<String>,
+pub(crate) struct Seen {
+    pub(crate) sent: HashMap<(Uuid, i32), usize>,
+    pub(crate) violations: Vec<String>,
 }
 
 /// Checks a model request for step `seq` of `op` against the committed journal, and counts it.
-async fn check_request(pool: &PgPool, seen: &Mutex<Seen>, op: Uuid, seq: i32) {
+pub(crate) async fn check_request(pool: &PgPool, seen: &Mutex<Seen>, op: Uuid, seq: i32) {
     let rows: Vec<(i32, String)> =
         sqlx::query_as("SELECT seq, status FROM operation_steps WHERE op_id = $1 ORDER BY seq")
             .bind(op)
@@ -91,7 +91,7 @@ async fn check_request(pool: &PgPool, seen: &Mutex<Seen>, op: Uuid, seq: i32) {
 }
 
 /// Committed journal rows (op, seq) → epoch.
-async fn committed(pool: &PgPool) -> HashMap<(Uuid, i32), i64> {
+pub(crate) async fn committed(pool: &PgPool) -> HashMap<(Uuid, i32), i64> {
     let rows: Vec<(Uuid, i32, i64)> =
         sqlx::query_as("SELECT op_id, seq, epoch FROM operation_steps WHERE status = 'completed'")
             .fetch_all(pool)

@@ -31,6 +31,7 @@ mod models;
 mod pauses;
 mod rate_limits;
 mod real_model;
+mod remote;
 mod schedules;
 mod timers;
 mod traces;

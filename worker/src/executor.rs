@@ -123,6 +123,12 @@ async fn run(
         _ if op.deadline.is_some_and(|d| d <= chrono::Utc::now()) => Err(
             JobError::DeadlineExceeded(op.deadline.expect("checked just above")),
         ),
+        // A remote kind's service removed since this worker claimed it (its snapshot is read
+        // every few seconds): retried, since registering it again makes it runnable.
+        None if !shared.registry.is_own_kind(&op.kind) => Err(JobError::retryable(format!(
+            "no service serves version {:?} of kind {:?} now (`agentq services list`)",
+            op.kind_version, op.kind
+        ))),
         None => Err(JobError::NonRetryable(format!(
             "no worker here runs version {:?} of kind {:?}",
             op.kind_version, op.kind

@@ -27,6 +27,7 @@ mod limits;
 pub mod model;
 pub mod openai;
 pub mod registry;
+pub mod remote;
 mod share;
 mod store;
 pub mod testing;
@@ -105,7 +106,10 @@ impl Worker {
             &uuid::Uuid::new_v4().simple().to_string()[..6]
         );
         let leases = Leases::new(owner, settings.lease_ttl);
-        let versions = Versions::new(registry.versions());
+        let versions = {
+            let registry = registry.clone();
+            Versions::new(Box::new(move || registry.versions()))
+        };
         let model = Arc::new(gate::ModelGate::new(model, settings.gate.clone()));
         let http_allow = Arc::new(settings.http_allow.clone());
         let (amqp_url, names) = (
@@ -198,7 +202,8 @@ impl Worker {
                 tracing::warn!(error = %e, "registering the worker's versions failed; retrying with the heartbeat");
             }
             let stop = registration.clone();
-            tokio::spawn(async move { shared.versions.run(pool, owner, ttl, stop).await })
+            let remote = shared.registry.remote().clone();
+            tokio::spawn(async move { shared.versions.run(pool, owner, ttl, stop, remote).await })
         };
         tracing::info!(owner = %self.owner(), "worker started");
         let names = Names::new(&self.settings.namespace);

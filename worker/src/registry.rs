@@ -80,6 +80,8 @@ struct Kind {
 pub struct Registry {
     kinds: BTreeMap<String, Kind>,
     tools: BTreeMap<String, Arc<dyn Tool>>,
+    /// The remote kinds (`crate::remote`), shared by every clone of the registry.
+    remote: Arc<crate::remote::RemoteKinds>,
 }
 
 /// Further facts about a kind just registered, returned by [`Registry::register`] and
@@ -248,9 +250,31 @@ impl Registry {
         self.tools.keys().cloned().collect()
     }
 
-    /// The registered kind names.
+    /// The registered kind names, the remote kinds' among them.
     pub fn kind_names(&self) -> Vec<String> {
-        self.kinds.keys().cloned().collect()
+        let mut names: Vec<String> = self.kinds.keys().cloned().collect();
+        names.extend(self.remote.kind_names());
+        names.sort();
+        names
+    }
+
+    /// Reads the services an admin registered (`agentq services add`) and serves their kinds
+    /// next to this registry's own, in every clone of it; returns whether they changed. Every
+    /// role does it once when it connects and then every few seconds
+    /// ([`crate::remote::watch`]).
+    pub async fn load_services(&self, pool: &sqlx::PgPool) -> agentq_core::db::Result<bool> {
+        let own: Vec<String> = self.kinds.keys().cloned().collect();
+        self.remote.load(pool, &own).await
+    }
+
+    /// The remote kinds this registry serves.
+    pub(crate) fn remote(&self) -> &Arc<crate::remote::RemoteKinds> {
+        &self.remote
+    }
+
+    /// Whether the binary registers `kind` itself (a remote kind may not take its name).
+    pub fn is_own_kind(&self, kind: &str) -> bool {
+        self.kinds.contains_key(kind)
     }
 
     /// Checks that `input` fits `kind` without running anything; the error says where and why.
@@ -265,30 +289,38 @@ impl Registry {
     pub(crate) fn requires_or_why(&self, kind: &str, input: &Value) -> Result<Requires, String> {
         match Catalog::requires(self, kind, input) {
             Ok(r) => Ok(r),
-            Err(e) if self.kinds.contains_key(kind) => {
-                Err(format!("input does not fit kind {kind:?}: {e}"))
-            }
+            Err(e) if self.has_kind(kind) => Err(format!("input does not fit kind {kind:?}: {e}")),
             Err(e) => Err(e.to_string()),
         }
     }
 
-    /// Every `(kind, version)` registered.
+    /// Every `(kind, version)` registered, the remote kinds' among them.
     pub fn versions(&self) -> Vec<(String, String)> {
-        self.kinds
+        let mut all: Vec<(String, String)> = self
+            .kinds
             .iter()
             .flat_map(|(k, kind)| kind.versions.keys().map(|v| (k.clone(), v.clone())))
-            .collect()
+            .collect();
+        all.extend(self.remote.versions());
+        all
     }
 
     /// The newest version of `kind` registered here.
-    pub fn newest(&self, kind: &str) -> Option<&str> {
-        self.kinds
-            .get(kind)
-            .and_then(|k| version::newest(k.versions.keys().map(String::as_str)))
+    pub fn newest(&self, kind: &str) -> Option<String> {
+        match self.kinds.get(kind) {
+            Some(k) => version::newest(k.versions.keys().map(String::as_str)).map(str::to_string),
+            None => self.remote.newest(kind),
+        }
     }
 
     pub(crate) fn handler(&self, kind: &str, version: &str) -> Option<Handler> {
-        self.kinds.get(kind)?.versions.get(version).cloned()
+        if let Some(k) = self.kinds.get(kind) {
+            return k.versions.get(version).cloned();
+        }
+        let service = self.remote.service(kind, version)?;
+        Some(Arc::new(move |ctx, input| {
+            Box::pin(crate::remote::run(service.clone(), ctx, input))
+        }))
     }
 
     /// The registered tools, by name (what job contexts look tools up in).
@@ -311,13 +343,15 @@ impl Catalog for Registry {
                     for_tests: k.for_tests,
                     description: k.description.clone(),
                     input_schema: k.schema.clone(),
+                    service: None,
                 }
             })
+            .chain(self.remote.infos())
             .collect()
     }
 
     fn has_kind(&self, kind: &str) -> bool {
-        self.kinds.contains_key(kind)
+        self.kinds.contains_key(kind) || self.remote.has_kind(kind)
     }
 
     fn tools(&self) -> Vec<ToolInfo> {
@@ -334,6 +368,11 @@ impl Catalog for Registry {
     }
 
     fn requires(&self, kind: &str, input: &Value) -> Result<Requires, InputError> {
+        if !self.kinds.contains_key(kind)
+            && let Some(checked) = self.remote.check(kind, input)
+        {
+            return checked.map(|()| Requires::default());
+        }
         let Some(k) = self.kinds.get(kind) else {
             return Err(InputError::whole(format!(
                 "unknown kind {kind:?}; this deployment runs: {}",
@@ -363,18 +402,7 @@ impl Catalog for Registry {
 /// Whether `name` may name a kind: 1–64 letters, digits, `_`, `-` or `.` (it appears in
 /// metric labels, URLs and schema names).
 fn check_kind_name(name: &str) -> Result<(), String> {
-    let fits = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if fits {
-        Ok(())
-    } else {
-        Err(format!(
-            "{name:?} is not a kind name: use 1-64 letters, digits, `_`, `-` or `.`"
-        ))
-    }
+    agentq_core::services::check_name("kind", name)
 }
 
 /// The JSON Schema (draft 2020-12) of a kind's input type.

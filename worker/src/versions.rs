@@ -26,30 +26,36 @@ use tokio_util::sync::CancellationToken;
 /// How often a worker looks for parked operations it may run.
 pub(crate) const PULL_EVERY: Duration = Duration::from_secs(1);
 
+/// Every `(kind, version)` a worker runs, read again at each refresh (a registry's remote
+/// kinds change when a service is registered).
+pub(crate) type Source = Box<dyn Fn() -> Vec<(String, String)> + Send + Sync>;
+
 /// The versions this worker runs, and what it may claim given the other live workers.
 pub(crate) struct Versions {
-    /// Every `(kind, version)` this worker runs.
-    mine: Vec<(String, String)>,
-    /// The newest version of each kind this worker runs.
-    newest: BTreeMap<String, String>,
+    source: Source,
     runnable: RwLock<Arc<Runnable>>,
 }
 
-impl Versions {
-    /// `mine`: every `(kind, version)` of the worker's registry. Until the first
-    /// [`Versions::refresh`] the worker pins new operations to its newest versions.
-    pub(crate) fn new(mine: Vec<(String, String)>) -> Self {
-        let mut newest: BTreeMap<String, String> = BTreeMap::new();
-        for (kind, v) in &mine {
-            let slot = newest.entry(kind.clone()).or_insert_with(|| v.clone());
-            if version::compare(v, slot).is_gt() {
-                *slot = v.clone();
-            }
+/// The newest version of each kind in `mine`.
+fn newest_of(mine: &[(String, String)]) -> BTreeMap<String, String> {
+    let mut newest: BTreeMap<String, String> = BTreeMap::new();
+    for (kind, v) in mine {
+        let slot = newest.entry(kind.clone()).or_insert_with(|| v.clone());
+        if version::compare(v, slot).is_gt() {
+            *slot = v.clone();
         }
-        let runnable = Arc::new(runnable(&mine, &newest, &[]));
+    }
+    newest
+}
+
+impl Versions {
+    /// `source`: every `(kind, version)` of the worker's registry. Until the first
+    /// [`Versions::refresh`] the worker pins new operations to its newest versions.
+    pub(crate) fn new(source: Source) -> Self {
+        let mine = source();
+        let runnable = Arc::new(runnable(&mine, &newest_of(&mine), &[]));
         Self {
-            mine,
-            newest,
+            source,
             runnable: RwLock::new(runnable),
         }
     }
@@ -67,9 +73,9 @@ impl Versions {
         owner: &str,
         ttl: Duration,
     ) -> db::Result<()> {
-        let others =
-            db::within(db::versions::register_worker(pool, owner, &self.mine, ttl)).await?;
-        let next = Arc::new(runnable(&self.mine, &self.newest, &others));
+        let mine = (self.source)();
+        let others = db::within(db::versions::register_worker(pool, owner, &mine, ttl)).await?;
+        let next = Arc::new(runnable(&mine, &newest_of(&mine), &others));
         *self.runnable.write().expect("versions lock") = next;
         Ok(())
     }
@@ -81,12 +87,15 @@ impl Versions {
         owner: String,
         ttl: Duration,
         shutdown: CancellationToken,
+        remote: Arc<crate::remote::RemoteKinds>,
     ) {
         let every = ttl / 3;
         loop {
+            // A service registered (or removed): say so at once, not a period later.
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep(every) => {}
+                _ = remote.changed() => {}
             }
             if let Err(e) = self.refresh(&pool, &owner, ttl).await {
                 tracing::warn!(error = %e, "registering the worker's versions failed");
@@ -132,7 +141,8 @@ mod tests {
     #[test]
     fn a_worker_pins_new_operations_only_of_kinds_whose_newest_live_version_it_runs() {
         let mine = pairs(&[("a", "1"), ("a", "2"), ("b", "9")]);
-        let v = Versions::new(mine.clone());
+        let source = mine.clone();
+        let v = Versions::new(Box::new(move || source.clone()));
         // Alone: every kind at its newest.
         assert_eq!(
             *v.runnable(),
@@ -144,13 +154,13 @@ mod tests {
         // Another worker runs a newer `b` and an older `a`: this one stops pinning `b` only.
         let others = pairs(&[("a", "1"), ("b", "10"), ("c", "1")]);
         assert_eq!(
-            runnable(&mine, &v.newest, &others),
+            runnable(&mine, &newest_of(&mine), &others),
             Runnable::new([("a", "1"), ("a", "2"), ("b", "9")], [("a", "2")])
         );
         // The same newest version elsewhere: both pin it.
         let others = pairs(&[("a", "2")]);
         assert_eq!(
-            runnable(&mine, &v.newest, &others),
+            runnable(&mine, &newest_of(&mine), &others),
             Runnable::new(
                 [("a", "1"), ("a", "2"), ("b", "9")],
                 [("a", "2"), ("b", "9")]

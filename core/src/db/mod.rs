@@ -25,6 +25,7 @@ pub mod pauses;
 pub mod rate_limits;
 pub mod retention;
 pub mod schedules;
+pub mod services;
 pub mod settle;
 pub mod signals;
 pub mod steps;

@@ -39,6 +39,7 @@ pub const AGENTQ_TABLES: &[&str] = &[
     "rate_limits",
     "rate_usage",
     "schedules",
+    "services",
     "signals",
     "stores",
     "tenant_kinds",

@@ -760,6 +760,28 @@ async fn answers_as_sent_match_their_schemas() {
         scope: app::rate_limits::LimitScope::Model,
         name: "gpt-4o-mini".into(),
     });
+    let service = app::services::ServiceView {
+        name: "billing".into(),
+        url: "http://127.0.0.1:8000".into(),
+        timeout_secs: 300,
+        kinds: vec![app::services::ServedKind {
+            name: "refund".into(),
+            version: "2".into(),
+        }],
+        registered_at: Utc::now(),
+        updated_at: Utc::now(),
+    };
+    c.answer(&app::services::Registered {
+        service: service.clone(),
+        replaced: false,
+        secret: Some("whsec_c2VjcmV0c2VjcmV0c2VjcmV0".into()),
+    });
+    c.answer(&crate::services::ServiceList {
+        items: vec![service],
+    });
+    c.answer(&crate::services::ServiceRemoved {
+        name: "billing".into(),
+    });
     let mut bad = serde_json::to_value(operation(true)).unwrap();
     bad["surprise"] = json!(1);
     assert!(!c.errors("Operation", &bad).is_empty(), "strict checks");
@@ -931,6 +953,14 @@ fn request_schemas_accept_what_the_handlers_read() {
     ] {
         c.request::<app::rate_limits::LimitRequest>(body);
     }
+    for body in [
+        json!({ "url": "http://127.0.0.1:8000" }),
+        json!({ "url": "https://svc.internal", "secret": "whsec_x", "timeout_secs": 30 }),
+        json!({ "url": 7 }),
+        json!({ "url": "http://x", "tls": false }),
+    ] {
+        c.request::<app::services::ServiceRequest>(body);
+    }
     let unchecked: Vec<_> = names(REQUESTS)
         .into_iter()
         .filter(|n| !c.checked.contains(n))
@@ -957,6 +987,7 @@ impl Catalog for OneKind {
                 "$defs": { "Item": { "type": "object", "properties": { "qty": { "type": "integer" } },
                                      "required": ["qty"] } }
             }),
+            service: None,
         }]
     }
 

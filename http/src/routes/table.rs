@@ -5,7 +5,7 @@ use axum::routing::{delete, get, post, put};
 use super::{Access, Route, r};
 use crate::{
     batches, budgets, dlq, events, kinds, meta, operations, pauses, rate_limits, schedules,
-    tenants, webhooks,
+    services, tenants, webhooks,
 };
 
 /// Every route of the API.
@@ -243,6 +243,33 @@ pub const ROUTES: &[Route] = &[
         Access::Operator,
         None,
         (200, "LimitRemoved"),
+    ),
+    r(
+        "get",
+        "/v1/services",
+        || get(services::list),
+        "The registered services (where remote kinds run, docs/protocol.md) and the kinds each serves",
+        Access::Admin,
+        None,
+        (200, "ServiceList"),
+    ),
+    r(
+        "post",
+        "/v1/services",
+        || post(services::register),
+        "Register a service by its URL, or its new manifest (how it deploys a new version): agentq fetches {url}/agentq/manifest and serves the kinds it lists; a new service without a secret gets one, shown once; audited",
+        Access::Admin,
+        Some("ServiceRequest"),
+        (200, "Registered"),
+    ),
+    r(
+        "delete",
+        "/v1/services/{name}",
+        || delete(services::remove),
+        "Remove a service: its kinds are no longer accepted, and operations of them wait until a service serves them again; audited",
+        Access::Admin,
+        None,
+        (200, "ServiceRemoved"),
     ),
     r(
         "post",

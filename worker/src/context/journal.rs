@@ -156,6 +156,16 @@ impl JobContext {
         recorded
     }
 
+    /// The journal as this run's claim loaded it (a remote kind sends it to its service).
+    pub(crate) fn loaded_journal(&self) -> Vec<JournalEntry> {
+        self.state().journal.clone()
+    }
+
+    /// The position the next step takes.
+    pub(crate) fn cursor(&self) -> i32 {
+        self.state().next_seq
+    }
+
     /// Takes the next journal position for a step, passing over patch markers there: a
     /// [`JobContext::patched`] call that was removed from the code (its old path deleted once
     /// no operation needed it) leaves its marker behind, and nothing asks for it.

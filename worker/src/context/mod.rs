@@ -59,6 +59,7 @@ pub use children::ChildOutcome;
 use journal::row_bytes;
 pub use journal::{DEFERRED_FLUSH_AFTER, DEFERRED_MAX_ROWS};
 pub use park::{MAX_PARK, SignalOutcome, check_park, check_park_length};
+pub(crate) use steps::Reconcile;
 
 /// The caps a job's steps obey (`AGENTQ_MAX_CHILDREN`, `AGENTQ_TENANT_MAX_UNFINISHED`,
 /// `AGENTQ_JOURNAL_MAX_STEPS`, `AGENTQ_JOURNAL_MAX_BYTES`).

@@ -25,7 +25,7 @@ use crate::model::{ModelRequest, ModelResponse};
 use crate::tool::{Reconciled, Replay, Tool, ToolContext};
 
 /// Asks a tool whether a call with this idempotency key already happened.
-type Reconcile<'a> =
+pub(crate) type Reconcile<'a> =
     Box<dyn FnOnce(String) -> BoxFuture<'a, Result<Reconciled, JobError>> + Send + 'a>;
 
 impl JobContext {
@@ -178,6 +178,27 @@ impl JobContext {
                 }
             },
         )
+        .await
+    }
+
+    /// An unsafe step whose body and reconcile are given as closures: a remote kind's
+    /// (`crate::remote`), whose service runs the effect and answers whether it happened. The
+    /// same runner as [`JobContext::tool`]: `started` is durable before `f` runs, a crash that
+    /// lost its outcome asks `reconcile` (or fails closed without one).
+    pub(crate) async fn unsafe_step_with<'a, F, Fut>(
+        &self,
+        name: &str,
+        reconcile: Option<Reconcile<'a>>,
+        f: F,
+    ) -> Result<Value, JobError>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<Value, JobError>>,
+    {
+        let spec = StepSpec::new(name, StepKind::Custom, Replay::Unsafe);
+        self.run_step_with(spec, reconcile, |key| async move {
+            f(key).await.map(|v| (v, None))
+        })
         .await
     }
 

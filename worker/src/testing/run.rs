@@ -38,7 +38,7 @@ impl Tester {
         let version = match self
             .version
             .clone()
-            .or_else(|| self.registry.newest(&self.kind).map(str::to_string))
+            .or_else(|| self.registry.newest(&self.kind))
         {
             Some(v) => v,
             None => {

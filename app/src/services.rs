@@ -1,0 +1,222 @@
+//! Services: the servers remote kinds run in (docs/protocol.md). Registered, listed and
+//! removed by the same flows for `agentq services` and `/v1/services`; only an admin may,
+//! since a service's URL is an origin the workers will call and its kinds are code they run.
+//!
+//! Registering fetches the service's manifest (`GET {url}/agentq/manifest`) and checks it
+//! whole before anything is written: the names, versions and schemas, and that no kind it
+//! lists is the binary's own or a version another service serves. Every role reads the
+//! `services` table again within `agentq_worker::remote::REFRESH_EVERY`.
+
+use std::time::Duration;
+
+use agentq_core::db::services as db;
+use agentq_core::services::{DEFAULT_TIMEOUT_SECS, MAX_MANIFEST_BYTES, Manifest, check_url};
+use agentq_core::webhook::Secret;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::{App, AppError, Caller, Result, Role};
+
+/// How long registering waits for a service's manifest.
+const MANIFEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A registration as asked for.
+#[derive(Clone, Debug, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceRequest {
+    /// The service's base URL: agentq calls `{url}/agentq/manifest` and `{url}/agentq/invoke`
+    pub url: String,
+    /// The signing secret (`whsec_…`) the service was started with; left out: a new service
+    /// gets a new one (shown once, in the answer), a registered one keeps its own
+    pub secret: Option<String>,
+    /// How long a call may take before it fails as retryable, 1 to 86400 seconds; default 300
+    pub timeout_secs: Option<i32>,
+}
+
+/// A kind at a version, as a service serves it.
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+pub struct ServedKind {
+    pub name: String,
+    pub version: String,
+}
+
+/// A registered service (never its secret).
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+pub struct ServiceView {
+    pub name: String,
+    pub url: String,
+    pub timeout_secs: i32,
+    pub kinds: Vec<ServedKind>,
+    pub registered_at: DateTime<Utc>,
+    /// When its manifest was last registered.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// What a registration did.
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+pub struct Registered {
+    pub service: ServiceView,
+    /// A service of that name was registered already: its manifest and URL are replaced.
+    pub replaced: bool,
+    /// The new signing secret, when agentq made one: shown this once. Start the service with
+    /// it (`AGENTQ_SERVICE_SECRET`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+}
+
+fn view(row: &db::ServiceRow) -> ServiceView {
+    let kinds = serde_json::from_value::<Manifest>(row.manifest.clone())
+        .map(|m| {
+            m.kinds
+                .into_iter()
+                .map(|k| ServedKind {
+                    name: k.name,
+                    version: k.version,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ServiceView {
+        name: row.name.clone(),
+        url: row.url.clone(),
+        timeout_secs: row.timeout_secs,
+        kinds,
+        registered_at: row.created_at,
+        updated_at: row.updated_at,
+    }
+}
+
+/// Fetches and checks the manifest at `url`.
+async fn fetch_manifest(url: &str) -> Result<Manifest> {
+    let bad = |m: String| AppError::invalid("/url", m);
+    let client = reqwest::Client::builder()
+        .timeout(MANIFEST_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| bad(format!("building an HTTP client failed: {e}")))?;
+    let at = format!("{url}/agentq/manifest");
+    let mut response = client.get(&at).send().await.map_err(|e| {
+        bad(format!(
+            "fetching {at} failed ({e}): is the service running there, and reachable from here?"
+        ))
+    })?;
+    if !response.status().is_success() {
+        return Err(bad(format!(
+            "{at} answered HTTP {}: is an agentq SDK serving there (docs/protocol.md)?",
+            response.status().as_u16()
+        )));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| bad(format!("reading {at} failed: {e}")))?
+    {
+        if body.len() + chunk.len() > MAX_MANIFEST_BYTES {
+            return Err(bad(format!(
+                "{at} answered more than {MAX_MANIFEST_BYTES} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Manifest::parse(&body).map_err(|e| bad(format!("{at}: {e}")))
+}
+
+/// Registers the service at `request.url` (or registers its new manifest), audited. Refused
+/// unless the caller is an admin, and when the manifest is not one this agentq can serve.
+pub async fn register(app: &App, caller: &Caller, request: &ServiceRequest) -> Result<Registered> {
+    caller.require(Role::Admin)?;
+    let url = check_url(request.url.trim()).map_err(|e| AppError::invalid("/url", e))?;
+    let timeout_secs = request.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS);
+    if !(1..=86_400).contains(&timeout_secs) {
+        return Err(AppError::invalid(
+            "/timeout_secs",
+            format!("a timeout is 1 to 86400 seconds (got {timeout_secs})"),
+        ));
+    }
+    let given = match &request.secret {
+        Some(s) => Some(
+            Secret::parse(s.trim())
+                .map_err(|e| AppError::invalid("/secret", format!("{e} (whsec_ and base64)")))?,
+        ),
+        None => None,
+    };
+    let manifest = fetch_manifest(&url).await?;
+    let catalog = app.producer.catalog();
+    let others = db::all(&app.pool).await?;
+    for k in &manifest.kinds {
+        if catalog
+            .kinds()
+            .iter()
+            .any(|own| own.name == k.name && own.service.is_none())
+        {
+            return Err(AppError::Conflict(format!(
+                "kind {:?} is one of this binary's own kinds: a service cannot serve it (rename \
+                 the service's kind)",
+                k.name
+            )));
+        }
+        let taken = others
+            .iter()
+            .filter(|o| o.name != manifest.service)
+            .find(|o| {
+                serde_json::from_value::<Manifest>(o.manifest.clone()).is_ok_and(|m| {
+                    m.kinds
+                        .iter()
+                        .any(|ok| ok.name == k.name && ok.version == k.version)
+                })
+            });
+        if let Some(o) = taken {
+            return Err(AppError::Conflict(format!(
+                "kind {:?} version {:?} is served by service {:?} already: bump the version, or \
+                 remove that service first (`agentq services remove {}`)",
+                k.name, k.version, o.name, o.name
+            )));
+        }
+    }
+    let known = others.iter().any(|o| o.name == manifest.service);
+    // A new service without a secret gets one; a registered one keeps its own.
+    let generated = (given.is_none() && !known).then(Secret::generate);
+    let secret = given.as_ref().or(generated.as_ref()).map(Secret::expose);
+    let stored =
+        serde_json::to_value(&manifest).map_err(|e| AppError::invalid("/url", e.to_string()))?;
+    let replaced = db::register(
+        &app.pool,
+        &manifest.service,
+        &url,
+        secret.as_deref(),
+        timeout_secs,
+        &stored,
+        &caller.actor,
+    )
+    .await?;
+    let row = db::all(&app.pool)
+        .await?
+        .into_iter()
+        .find(|r| r.name == manifest.service)
+        .ok_or_else(|| AppError::NotFound(format!("service {:?} vanished", manifest.service)))?;
+    Ok(Registered {
+        service: view(&row),
+        replaced,
+        secret: generated.map(|s| s.expose()),
+    })
+}
+
+/// Every registered service. Admin only (their URLs are the deployment's internals).
+pub async fn list(app: &App, caller: &Caller) -> Result<Vec<ServiceView>> {
+    caller.require(Role::Admin)?;
+    Ok(db::all(&app.pool).await?.iter().map(view).collect())
+}
+
+/// Removes the service `name`, audited: its kinds are no longer accepted, and operations of
+/// them wait (`version_parked`) until a service serves them again.
+pub async fn remove(app: &App, caller: &Caller, name: &str) -> Result<()> {
+    caller.require(Role::Admin)?;
+    if db::remove(&app.pool, name, &caller.actor).await? {
+        Ok(())
+    } else {
+        Err(AppError::NotFound(format!(
+            "no service named {name:?}: `agentq services list` shows them"
+        )))
+    }
+}

@@ -1,0 +1,104 @@
+//! SQL of services (`services`): the remote kinds' servers an admin registered, read by every
+//! role (`agentq_worker::remote` keeps a snapshot), written by `agentq services`.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{FromRow, PgPool};
+
+use super::Result;
+
+/// A registered service, with its secret (only the worker and the registration read it).
+#[derive(Clone, Debug, FromRow)]
+pub struct ServiceRow {
+    pub name: String,
+    pub url: String,
+    pub secret: String,
+    pub timeout_secs: i32,
+    pub manifest: Value,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Every registered service, by name.
+pub async fn all(pool: &PgPool) -> Result<Vec<ServiceRow>> {
+    Ok(sqlx::query_as(
+        "SELECT name, url, secret, timeout_secs, manifest, created_at, updated_at
+         FROM services ORDER BY name",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Registers `row` (by name: a second registration replaces the first's URL, manifest,
+/// timeout, and its secret when `keep_secret` is false), audited as `service_register` by
+/// `actor`. Returns whether the service was registered before.
+pub async fn register(
+    pool: &PgPool,
+    name: &str,
+    url: &str,
+    secret: Option<&str>,
+    timeout_secs: i32,
+    manifest: &Value,
+    actor: &str,
+) -> Result<bool> {
+    let mut tx = pool.begin().await?;
+    // `xmax = 0`: the row was inserted, not updated.
+    let inserted: bool = sqlx::query_scalar(
+        "INSERT INTO services (name, url, secret, timeout_secs, manifest)
+         VALUES ($1, $2, COALESCE($3, ''), $4, $5)
+         ON CONFLICT (name) DO UPDATE SET
+             url = EXCLUDED.url,
+             secret = COALESCE($3, services.secret),
+             timeout_secs = EXCLUDED.timeout_secs,
+             manifest = EXCLUDED.manifest,
+             updated_at = now()
+         RETURNING (xmax = 0)",
+    )
+    .bind(name)
+    .bind(url)
+    .bind(secret)
+    .bind(timeout_secs)
+    .bind(manifest)
+    .fetch_one(&mut *tx)
+    .await?;
+    let kinds: Vec<Value> = manifest["kinds"]
+        .as_array()
+        .map(|ks| {
+            ks.iter()
+                .map(|k| serde_json::json!([k["name"], k["version"]]))
+                .collect()
+        })
+        .unwrap_or_default();
+    super::access::audit(
+        &mut tx,
+        actor,
+        "service_register",
+        serde_json::json!({ "service": name, "url": url, "kinds": kinds,
+                            "secret_changed": secret.is_some() }),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(!inserted)
+}
+
+/// Removes the service `name`, audited as `service_remove`; whether there was one.
+pub async fn remove(pool: &PgPool, name: &str, actor: &str) -> Result<bool> {
+    let mut tx = pool.begin().await?;
+    let gone = sqlx::query("DELETE FROM services WHERE name = $1")
+        .bind(name)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+        > 0;
+    if gone {
+        super::access::audit(
+            &mut tx,
+            actor,
+            "service_remove",
+            serde_json::json!({ "service": name }),
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(gone)
+}

@@ -1,0 +1,233 @@
+//! Services: where remote kinds run (docs/protocol.md). A service is an HTTP server an admin
+//! registered by its URL; its manifest names the kinds it serves, their versions and input
+//! schemas. This module holds the manifest and its checks (every role reads the same
+//! `services` table, `db::services`), and the check of an input against a remote kind's JSON
+//! Schema.
+//!
+//! Invariant kept here: a manifest is accepted only whole: every kind name, version and schema
+//! in it checked, so what the catalog serves from it never fails later.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::kinds::InputError;
+
+/// The step protocol version this build speaks.
+pub const PROTOCOL: u32 = 1;
+/// The most bytes a manifest may have.
+pub const MAX_MANIFEST_BYTES: usize = 1 << 20;
+/// The most kinds (name and version pairs) a manifest may list.
+pub const MAX_MANIFEST_KINDS: usize = 200;
+/// The timeout of a call to a service when its registration names none.
+pub const DEFAULT_TIMEOUT_SECS: i32 = 300;
+
+/// A service's manifest (`GET {url}/agentq/manifest`).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct Manifest {
+    pub protocol: u32,
+    /// The service's name: registering another manifest under it replaces this one.
+    pub service: String,
+    pub kinds: Vec<ManifestKind>,
+}
+
+/// One kind at one version, as a manifest lists it.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct ManifestKind {
+    pub name: String,
+    pub version: String,
+    #[serde(default)]
+    pub description: String,
+    /// A JSON Schema (draft 2020-12) every input of the kind is checked against.
+    #[serde(default = "any_object")]
+    pub input_schema: Value,
+}
+
+fn any_object() -> Value {
+    serde_json::json!({})
+}
+
+/// A kind's input schema, compiled once.
+#[derive(Clone)]
+pub struct InputSchema {
+    schema: Value,
+    validator: Arc<jsonschema::Validator>,
+}
+
+impl std::fmt::Debug for InputSchema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InputSchema")
+            .field("schema", &self.schema)
+            .finish()
+    }
+}
+
+impl InputSchema {
+    /// Compiles `schema` (draft 2020-12), or says why it is not one.
+    pub fn compile(schema: &Value) -> Result<Self, String> {
+        let validator = jsonschema::options()
+            .with_draft(jsonschema::Draft::Draft202012)
+            .build(schema)
+            .map_err(|e| format!("is not a JSON Schema: {e}"))?;
+        Ok(Self {
+            schema: schema.clone(),
+            validator: Arc::new(validator),
+        })
+    }
+
+    /// The schema as the service gave it.
+    pub fn schema(&self) -> &Value {
+        &self.schema
+    }
+
+    /// Checks `input`; the first misfit names its place.
+    pub fn check(&self, input: &Value) -> Result<(), InputError> {
+        match self.validator.iter_errors(input).next() {
+            None => Ok(()),
+            Some(e) => Err(InputError::at(
+                e.instance_path().as_str().to_string(),
+                e.to_string(),
+            )),
+        }
+    }
+}
+
+/// Whether `name` may name a kind, a version or a service: 1–64 letters, digits, `_`, `-`, `.`.
+pub fn check_name(what: &str, name: &str) -> Result<(), String> {
+    let fits = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if fits {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {name:?} is not a name: use 1-64 letters, digits, `_`, `-` or `.`"
+        ))
+    }
+}
+
+impl Manifest {
+    /// Parses and checks a manifest as a service answered it: the protocol version, every
+    /// name and version, no `(kind, version)` twice, every schema compiles.
+    pub fn parse(body: &[u8]) -> Result<Self, String> {
+        if body.len() > MAX_MANIFEST_BYTES {
+            return Err(format!("the manifest is over {} bytes", MAX_MANIFEST_BYTES));
+        }
+        let manifest: Manifest = serde_json::from_slice(body).map_err(|e| {
+            format!(
+                "the manifest is not {{\"protocol\", \"service\", \"kinds\": [{{\"name\", \"version\", \"input_schema\"}}]}}: {e}"
+            )
+        })?;
+        manifest.check()?;
+        Ok(manifest)
+    }
+
+    /// The checks of [`Manifest::parse`] on a manifest already decoded (as stored).
+    pub fn check(&self) -> Result<(), String> {
+        if self.protocol != PROTOCOL {
+            return Err(format!(
+                "the manifest speaks step protocol {}; this agentq speaks {PROTOCOL}",
+                self.protocol
+            ));
+        }
+        check_name("service", &self.service)?;
+        if self.kinds.is_empty() {
+            return Err("the manifest lists no kinds".into());
+        }
+        if self.kinds.len() > MAX_MANIFEST_KINDS {
+            return Err(format!(
+                "the manifest lists {} kinds; at most {MAX_MANIFEST_KINDS}",
+                self.kinds.len()
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for k in &self.kinds {
+            check_name("kind", &k.name)?;
+            crate::version::check(&k.version).map_err(|e| format!("kind {:?}: {e}", k.name))?;
+            if !seen.insert((k.name.as_str(), k.version.as_str())) {
+                return Err(format!(
+                    "the manifest lists kind {:?} version {:?} twice",
+                    k.name, k.version
+                ));
+            }
+            InputSchema::compile(&k.input_schema)
+                .map_err(|e| format!("kind {:?}'s input_schema {e}", k.name))?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks a service's base URL: `http` or `https`, with a host, no query or fragment, no
+/// user or password in it. Returns it without a trailing `/`.
+pub fn check_url(url: &str) -> Result<String, String> {
+    let parsed = url::Url::parse(url)
+        .map_err(|e| format!("{url:?} is not a URL ({e}); give http(s)://host[:port][/path]"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!("{url:?}: a service is reached over http or https"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{url:?} names no host"));
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(format!("{url:?}: a service's URL has no query or fragment"));
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(format!(
+            "{url:?}: a service's URL carries no credentials (requests are signed with its secret)"
+        ));
+    }
+    Ok(url.trim_end_matches('/').to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_manifest_is_checked_whole() {
+        let good = json!({"protocol": 1, "service": "billing", "kinds": [
+            {"name": "refund", "version": "1", "input_schema": {"type": "object", "required": ["order"]}}
+        ]});
+        let m = Manifest::parse(good.to_string().as_bytes()).unwrap();
+        assert_eq!(m.kinds[0].name, "refund");
+        let bad = |v: Value| Manifest::parse(v.to_string().as_bytes()).unwrap_err();
+        assert!(bad(json!({"protocol": 2, "service": "b", "kinds": []})).contains("protocol 2"));
+        assert!(bad(json!({"protocol": 1, "service": "b c", "kinds": []})).contains("not a name"));
+        assert!(bad(json!({"protocol": 1, "service": "b", "kinds": []})).contains("no kinds"));
+        let twice = json!({"protocol": 1, "service": "b", "kinds": [
+            {"name": "k", "version": "1"}, {"name": "k", "version": "1"}]});
+        assert!(bad(twice).contains("twice"));
+        let schema = json!({"protocol": 1, "service": "b", "kinds": [
+            {"name": "k", "version": "1", "input_schema": {"type": 7}}]});
+        assert!(bad(schema).contains("input_schema"));
+        assert!(Manifest::parse(b"<html>").unwrap_err().contains("not"));
+    }
+
+    #[test]
+    fn an_input_misfit_names_its_place() {
+        let s = InputSchema::compile(&json!({"type": "object", "properties": {
+            "order": {"type": "string"}}, "required": ["order"]}))
+        .unwrap();
+        assert!(s.check(&json!({"order": "A"})).is_ok());
+        let e = s.check(&json!({"order": 7})).unwrap_err();
+        assert_eq!(e.pointer, "/order");
+        assert!(s.check(&json!({})).unwrap_err().message.contains("order"));
+    }
+
+    #[test]
+    fn urls_are_plain_http() {
+        assert_eq!(
+            check_url("http://127.0.0.1:8000/").unwrap(),
+            "http://127.0.0.1:8000"
+        );
+        assert!(check_url("ftp://x").is_err());
+        assert!(check_url("http://u:p@x").is_err());
+        assert!(check_url("http://x/?a=1").is_err());
+        assert!(check_url("nonsense").is_err());
+    }
+}

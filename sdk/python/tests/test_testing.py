@@ -1,0 +1,238 @@
+import random
+import unittest
+
+import _helpers  # noqa: F401
+from agentq import Context, NoEffect, Service
+from agentq.testing import Check, ChildEnd, Tester, replay_journal
+
+import refund_service
+
+
+class TesterTest(unittest.TestCase):
+    def test_the_example_refund_agent_passes_every_crash_point(self):
+        refunds = []
+
+        def refund(key):
+            refunds.append(key)
+            return {"refunded": 1250, "key": key}
+
+        report = (Tester(refund_service.svc, "refund_agent", {"order": "A-17", "effect_url": "http://x"})
+                  .model(replies=["approve it", "Refunded 12.50 for A-17."])
+                  .approve(by="ann")
+                  .fake_unsafe("refund", refund)
+                  .run())
+        report.assert_ok()
+        self.assertEqual(report.output["summary"], "Refunded 12.50 for A-17.")
+        self.assertEqual(report.output["refund"]["refunded"], 1250)
+        self.assertEqual([s[1] for s in report.steps],
+                         ["lookup", "decide", "signal:approval", "refund", "summarize"])
+        self.assertGreaterEqual(report.crash_points, 8)
+        self.assertEqual(len(set(refunds)), 1, "one idempotency key for every run")
+
+    def test_a_rejection_ends_non_retryable_without_violations(self):
+        report = (Tester(refund_service.svc, "refund_agent", {"order": "A", "effect_url": "http://x"})
+                  .reject().run())
+        report.assert_ok()
+        self.assertEqual((report.outcome.error_class, report.outcome.message),
+                         ("non_retryable", "refund not approved"))
+
+    def test_a_wait_with_no_signal_times_out(self):
+        report = Tester(refund_service.svc, "refund_agent", {"order": "A", "effect_url": "x"}).run()
+        self.assertEqual(report.outcome.message, "refund not approved")
+        report.assert_ok()
+
+    def test_sleeps_and_the_clock(self):
+        report = Tester(refund_service.svc, "sleeper").run()
+        report.assert_ok()
+        self.assertEqual(report.output, "woke")
+        self.assertEqual([s[2] for s in report.steps], ["sleep", "now"])
+
+    def test_a_kind_that_branches_on_random_is_nondeterministic(self):
+        svc = Service("s")
+
+        @svc.kind("flaky")
+        async def flaky(ctx: Context, inp: dict):
+            for i in range(4):
+                name = random.choice(["left", "right"])
+                await ctx.step(f"{name}{i}", lambda: 1)
+            return "done"
+
+        report = Tester(svc, "flaky", {}).run()
+        self.assertFalse(report.is_ok())
+        self.assertTrue(report.found(Check.NONDETERMINISM), str(report))
+        with self.assertRaises(AssertionError) as cm:
+            report.assert_ok()
+        self.assertIn("nondeterminism", str(cm.exception))
+
+    def test_an_unsafe_step_without_reconcile_is_reported(self):
+        svc = Service("s")
+
+        @svc.kind("pay")
+        async def pay(ctx: Context, inp: dict):
+            await ctx.step("prepare", lambda: 1)
+            out = await ctx.unsafe_step("charge", lambda key: {"charged": key})
+            return out
+
+        report = Tester(svc, "pay", {}).run()
+        found = report.found(Check.NO_RECONCILE)
+        self.assertEqual([(v.seq, v.step) for v in found], [(1, "charge")], str(report))
+        self.assertFalse(report.found(Check.RAN_AGAIN))
+
+    def test_a_reconcile_that_misses_the_effect_runs_it_again(self):
+        svc = Service("s")
+
+        @svc.kind("pay")
+        async def pay(ctx: Context, inp: dict):
+            return await ctx.unsafe_step("charge", lambda key: {"charged": key},
+                                         reconcile=lambda key: None)
+
+        report = Tester(svc, "pay", {}).run()
+        self.assertEqual([v.step for v in report.found(Check.RAN_AGAIN)], ["charge"], str(report))
+        self.assertIn("before its journal write", report.found(Check.RAN_AGAIN)[0].at)
+
+    def test_an_honest_real_reconcile_passes(self):
+        svc = Service("s")
+        ledger = {}
+
+        def charge(key):
+            ledger[key] = {"charged": True}
+            return ledger[key]
+
+        @svc.kind("pay")
+        async def pay(ctx: Context, inp: dict):
+            return await ctx.unsafe_step("charge", charge,
+                                         reconcile=lambda key: (True, ledger[key]) if key in ledger else None)
+
+        Tester(svc, "pay", {}).run().assert_ok()
+
+    def test_no_effect_failures_are_retried(self):
+        svc = Service("s")
+        tries = []
+
+        def flaky(key):
+            tries.append(key)
+            if len(tries) < 2:
+                raise NoEffect("connection refused")
+            return "ok"
+
+        @svc.kind("pay")
+        async def pay(ctx: Context, inp: dict):
+            return await ctx.unsafe_step("charge", flaky, reconcile=lambda key: None)
+
+        report = Tester(svc, "pay", {}).run()
+        self.assertEqual(report.output, "ok")
+
+    def test_a_kind_that_always_fails_is_reported(self):
+        svc = Service("s")
+
+        @svc.kind("bad")
+        async def bad(ctx: Context, inp: dict):
+            raise RuntimeError("no database")
+
+        report = Tester(svc, "bad", {}).run()
+        self.assertEqual(report.outcome.error_class, "retryable")
+        self.assertEqual([v.check for v in report.violations], [Check.FAILED])
+
+    def test_children(self):
+        svc = Service("s")
+
+        @svc.kind("parent")
+        async def parent(ctx: Context, inp: dict):
+            a = await ctx.spawn("echo", {"n": 1})
+            b = await ctx.spawn("echo", {"n": 2})
+            outs = await ctx.join([a, b])
+            return [(o.status, o.result, o.error_class) for o in outs]
+
+        report = (Tester(svc, "parent", {}).child(ChildEnd.succeeded({"n": 1}))
+                  .child(ChildEnd.dead("non_retryable", "bad")).run())
+        report.assert_ok()
+        self.assertEqual(report.output, [["succeeded", {"n": 1}, None], ["dead", None, "non_retryable"]])
+
+    def test_an_unknown_kind_is_a_broken_report(self):
+        report = Tester(Service("s"), "nope").run()
+        self.assertEqual(report.outcome.error_class, "tester")
+        self.assertFalse(report.is_ok())
+
+    def test_a_thousand_steps_runs_quickly(self):
+        # Only the first run: the benchmark's kind, through the same handler.
+        svc = refund_service.svc
+        import json
+
+        from _helpers import entry, request
+        journal = []
+        for i in range(1000):
+            if i == 0:
+                req = request("ten_steps", [], input={"steps": 1000}, session="bench")
+            else:  # only the entry just journaled
+                req = request("ten_steps", journal[i - 1:], base=i - 1, session="bench")
+            a = svc.invoke(req)
+            self.assertEqual((a["type"], a["seq"]), ("step", i))
+            journal.append(entry(a["name"], output=a["output"]))
+        a = svc.invoke(request("ten_steps", journal[999:], base=999, session="bench"))
+        self.assertEqual(a, {"type": "output", "output": {"steps": 1000}})
+        json.dumps(a)
+
+    def test_replay_journal(self):
+        journal = [
+            {"seq": 0, "name": "lookup", "kind": "custom", "status": "completed", "output": {"order": "A"}},
+            {"seq": 1, "name": "decide", "kind": "model", "status": "completed", "output": {"content": "x"}},
+        ]
+        r = replay_journal(refund_service.svc, "refund_agent", {"order": "A", "effect_url": "x"}, journal)
+        self.assertTrue(r.agrees)
+        self.assertEqual(r.answer["type"], "signal")
+        journal[1]["name"] = "choose"
+        r = replay_journal(refund_service.svc, "refund_agent", {"order": "A", "effect_url": "x"}, journal)
+        self.assertFalse(r.agrees)
+        self.assertIn("step 1", r.answer["message"])
+
+
+if __name__ == "__main__":
+    unittest.main()
+
+
+class ExampleEffectTest(unittest.TestCase):
+    """The example's unsafe step and reconcile against a real (local) payments endpoint."""
+
+    def test_one_refund_through_every_crash_point(self):
+        import json
+        import threading
+        import urllib.parse
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        done, posts = {}, []
+
+        class Effects(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def reply(self, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                posts.append(body["key"])
+                done.setdefault(body["key"], {"refunded": body["order"], "id": len(done)})
+                self.reply(done[body["key"]])
+
+            def do_GET(self):
+                key = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)["key"][0]
+                self.reply({"happened": key in done, "output": done.get(key)})
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Effects)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        url = f"http://127.0.0.1:{server.server_address[1]}/refunds"
+        report = (Tester(refund_service.svc, "refund_agent", {"order": "A-17", "effect_url": url})
+                  .approve().run())
+        report.assert_ok()
+        # Crash points before the step's started row run it again with the same key (the
+        # simulated journal rewinds, this endpoint does not): the key keeps it one refund.
+        self.assertEqual(len(set(posts)), 1, posts)
+        self.assertEqual(len(done), 1)
+        self.assertEqual(report.output["refund"], {"refunded": "A-17", "id": 0})

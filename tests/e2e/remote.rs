@@ -1,0 +1,633 @@
+//! Remote kinds (docs/protocol.md): kinds written in Python with the SDK of `sdk/python`, run
+//! by real worker processes over the step protocol.
+//!
+//! - A real Python service (a subprocess running `sdk/python/examples/refund_service.py`): an
+//!   agent with a model call, an approval wait and an unsafe refund with a reconcile, through
+//!   workers SIGKILLed at random points and the service itself killed and restarted once.
+//!   Every completed step ran once, the refund happened exactly once per order, and the model
+//!   was never sent a turn already journaled.
+//! - Hostile and broken services (in-process fakes speaking the protocol badly): each a
+//!   classified, retryable failure naming what was wrong, nothing journaled for it, the worker
+//!   unharmed.
+//! - The SDK's own test suite, so CI runs it.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentq_core::webhook::Secret;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::crash_cost::{Rng, Seen, check_request, committed};
+use crate::fake_model::{FakeModel, Hook, Mode, last_user};
+use crate::harness::{DEADLINE, TestApp};
+
+/// The waits that span killed workers: each one's operations run again only once their
+/// leases have run out.
+const CRASH_DEADLINE: Duration = Duration::from_secs(120);
+
+fn sdk_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/python")
+}
+
+fn python() -> String {
+    std::env::var("AGENTQ_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The example service as a subprocess; SIGKILLed when dropped.
+struct PyService {
+    child: Child,
+    port: u16,
+}
+
+impl PyService {
+    /// Starts it on `port` with `secret` and waits until it serves its manifest.
+    async fn start(port: u16, secret: &str) -> Self {
+        let child = Command::new(python())
+            .arg(sdk_dir().join("examples/refund_service.py"))
+            .args(["--port", &port.to_string()])
+            .env("AGENTQ_SERVICE_SECRET", secret)
+            .env("PYTHONPATH", sdk_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting the Python example service (python3)");
+        let svc = Self { child, port };
+        let http = reqwest::Client::new();
+        let end = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let got = http
+                .get(format!("{}/agentq/manifest", svc.url()))
+                .send()
+                .await;
+            if got.is_ok_and(|r| r.status().is_success()) {
+                return svc;
+            }
+            assert!(
+                tokio::time::Instant::now() < end,
+                "the Python service did not serve its manifest within {DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for PyService {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The payments endpoint the refund step calls: a POST is applied once per key (a repeat
+/// answers what the first applied) and answered after `delay_ms`; `GET ?key=K` says whether K
+/// was applied.
+#[derive(Default)]
+struct Payments {
+    /// Every POST: (key, order).
+    posts: Mutex<Vec<(String, String)>>,
+    applied: Mutex<HashMap<String, Value>>,
+    delay_ms: AtomicU64,
+    /// Reconciles asked (`GET ?key=`).
+    lookups: AtomicUsize,
+}
+
+async fn pay(State(p): State<Arc<Payments>>, Json(body): Json<Value>) -> Response {
+    let key = body["key"].as_str().unwrap_or_default().to_string();
+    let order = body["order"].as_str().unwrap_or_default().to_string();
+    p.posts.lock().unwrap().push((key.clone(), order.clone()));
+    let result = {
+        let mut applied = p.applied.lock().unwrap();
+        let n = applied.len();
+        applied
+            .entry(key)
+            .or_insert_with(|| json!({ "refunded": order, "ref": format!("R-{n}") }))
+            .clone()
+    };
+    tokio::time::sleep(Duration::from_millis(p.delay_ms.load(Ordering::SeqCst))).await;
+    Json(result).into_response()
+}
+
+async fn lookup(
+    State(p): State<Arc<Payments>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let key = q.get("key").cloned().unwrap_or_default();
+    p.lookups.fetch_add(1, Ordering::SeqCst);
+    match p.applied.lock().unwrap().get(&key) {
+        Some(v) => Json(json!({ "happened": true, "output": v })).into_response(),
+        None => Json(json!({ "happened": false })).into_response(),
+    }
+}
+
+async fn serve(app: Router) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, task)
+}
+
+/// Approves every operation waiting for its approval, through `agentq approve`.
+async fn approve_waiting(app: &TestApp) {
+    let waiting: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM operations WHERE status = 'waiting' AND waiting_for = 'approval'",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    for op in waiting {
+        let mut cmd = app.command(&["approve", &op.to_string(), "--as", "reviewer"]);
+        let out = tokio::task::spawn_blocking(move || cmd.stdin(Stdio::null()).output())
+            .await
+            .unwrap()
+            .unwrap();
+        // A worker may take the operation between the query and the approval: a refusal then
+        // is harmless (the next round approves it).
+        let _ = out;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_agent_survives_killed_workers_and_a_restarted_service() {
+    const ORDERS: usize = 10;
+    const KILLS: usize = 4;
+    let fake = FakeModel::start(Mode::Echo).await;
+    let payments = Arc::new(Payments::default());
+    payments.delay_ms.store(150, Ordering::SeqCst);
+    let (pay_url, pay_task) = serve(
+        Router::new()
+            .route("/refund", post(pay).get(lookup))
+            .with_state(payments.clone()),
+    )
+    .await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.set_env("AGENTQ_CONCURRENCY_INTERACTIVE", "8");
+    // Kills are restarts, and a service down for a moment is a retried attempt: neither may
+    // exhaust an operation here.
+    app.set_env("AGENTQ_RESTART_LIMIT", "100");
+    app.set_env("AGENTQ_MAX_ATTEMPTS", "30");
+    let secret = Secret::generate().expose();
+    let port = free_port();
+    let mut service = PyService::start(port, &secret).await;
+    let added = app.agentq_json(&[
+        "services",
+        "add",
+        "--url",
+        &service.url(),
+        "--secret",
+        &secret,
+        "--json",
+    ]);
+    assert_eq!(added["service"]["name"], "billing", "{added}");
+    assert!(
+        added.get("secret").is_none(),
+        "a given secret is never echoed: {added}"
+    );
+
+    let mut ops: HashMap<String, Uuid> = HashMap::new();
+    for i in 0..ORDERS {
+        let order = format!("order-{i}");
+        let input = json!({ "order": order, "effect_url": format!("{pay_url}/refund") });
+        let out = app.agentq_json(&[
+            "enqueue",
+            "--tenant",
+            "acme",
+            "--kind",
+            "refund_agent",
+            "--input",
+            &input.to_string(),
+            "--json",
+        ]);
+        ops.insert(order, out["op_id"].as_str().unwrap().parse().unwrap());
+    }
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let hook: Hook = {
+        let (pool, seen, ops) = (app.pool.clone(), seen.clone(), Arc::new(ops.clone()));
+        Arc::new(move |body: Value| {
+            let (pool, seen, ops) = (pool.clone(), seen.clone(), ops.clone());
+            Box::pin(async move {
+                let text = last_user(body.to_string().as_bytes());
+                let located = ops.iter().find_map(|(order, op)| {
+                    if text == format!("Refund order {order}?") {
+                        Some((*op, 1))
+                    } else if text.contains(&format!("\"refunded\": \"{order}\"")) {
+                        Some((*op, 4))
+                    } else {
+                        None
+                    }
+                });
+                match located {
+                    Some((op, seq)) => check_request(&pool, &seen, op, seq).await,
+                    None => seen
+                        .lock()
+                        .unwrap()
+                        .violations
+                        .push(format!("a model request for no known step: {text}")),
+                }
+                // Widens the window a kill can land in.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            })
+        })
+    };
+    fake.set_hook(hook);
+
+    let events = || fake.requests() + payments.posts.lock().unwrap().len();
+    let mut rng = Rng::from_env_or_clock();
+    app.spawn(&["scheduler"]);
+    let mut snapshots = Vec::new();
+    for kill in 0..KILLS {
+        let w = app.spawn(&["worker"]);
+        let target = events() + rng.between(1, 8) as usize;
+        app.wait_for("the next kill point", CRASH_DEADLINE, || async {
+            approve_waiting(&app).await;
+            events() >= target
+        })
+        .await;
+        if kill == 1 {
+            // The service dies too, mid-run, and comes back on the same address.
+            service.kill();
+            tokio::time::sleep(Duration::from_millis(rng.between(0, 300))).await;
+            service = PyService::start(port, &secret).await;
+        }
+        app.kill(w);
+        snapshots.push(committed(&app.pool).await);
+    }
+    app.spawn(&["worker"]);
+    app.wait_for("every refund agent to finish", CRASH_DEADLINE, || async {
+        approve_waiting(&app).await;
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM operations WHERE status NOT IN ('succeeded', 'dead')",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        left == 0
+    })
+    .await;
+
+    for (order, op) in &ops {
+        let view = app.operation(&op.to_string()).await;
+        assert_eq!(
+            view.status.as_str(),
+            "succeeded",
+            "{order}: {:?} {:?}",
+            view.error_class,
+            view.error_message
+        );
+        let result = view.result.unwrap();
+        assert_eq!(result["refund"]["refunded"], order.as_str(), "{result}");
+    }
+    // The refund happened exactly once per order: one key applied, one POST.
+    let posts = payments.posts.lock().unwrap().clone();
+    let applied = payments.applied.lock().unwrap().clone();
+    assert_eq!(applied.len(), ORDERS, "refunds applied: {applied:?}");
+    for order in ops.keys() {
+        let n = posts.iter().filter(|(_, o)| o == order).count();
+        assert_eq!(n, 1, "{order} was posted {n} times: {posts:?}");
+    }
+    // The model was never sent a turn already journaled, nor one before its earlier steps were
+    // durable; every op's two turns were sent.
+    {
+        let seen = seen.lock().unwrap();
+        assert!(seen.violations.is_empty(), "{:#?}", seen.violations);
+        for op in ops.values() {
+            for seq in [1, 4] {
+                assert!(
+                    seen.sent.contains_key(&(*op, seq)),
+                    "{op} step {seq} never sent"
+                );
+            }
+        }
+    }
+    // Every step committed before a kill is the same row at the end (never run again).
+    let last = committed(&app.pool).await;
+    for snap in &snapshots {
+        for (key, epoch) in snap {
+            assert_eq!(last.get(key), Some(epoch), "step {key:?} was written again");
+        }
+    }
+    // The kills landed on running operations (each kill waits for work done by its worker).
+    let restarts: i64 = sqlx::query_scalar("SELECT sum(restarts)::bigint FROM operations")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let lookups = payments.lookups.load(Ordering::SeqCst);
+    eprintln!(
+        "restarts {restarts}, reconcile lookups {lookups}, model requests {}",
+        fake.requests()
+    );
+    assert!(restarts >= 1, "no kill landed on a running operation");
+    // Five steps per operation: lookup, decide, approval, refund, summarize.
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM operation_steps WHERE status = 'completed'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(rows, (ORDERS * 5) as i64);
+    drop(service);
+    pay_task.abort();
+    app.cleanup().await;
+}
+
+/// How the fake service misbehaves.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Misbehave {
+    Good,
+    BadSignature,
+    OtherId,
+    Oversized,
+    NotJson,
+    UnknownType,
+    WrongStep,
+    Hang,
+    Refuse,
+    /// A good first step, then garbage.
+    StepThenGarbage,
+}
+
+struct Hostile {
+    secret: Secret,
+    mode: Mutex<Misbehave>,
+    calls: AtomicUsize,
+}
+
+async fn hostile_manifest() -> Json<Value> {
+    Json(json!({ "protocol": 1, "service": "hostile", "kinds": [
+        { "name": "hostile_kind", "version": "1", "input_schema": { "type": "object" } }
+    ]}))
+}
+
+async fn hostile_invoke(
+    State(h): State<Arc<Hostile>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    h.calls.fetch_add(1, Ordering::SeqCst);
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let id = headers
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let step_done = request["journal"]["entries"].as_array().is_some_and(|es| {
+        es.iter()
+            .any(|e| e["seq"] == 0 && e["status"] == "completed")
+    });
+    let mode = *h.mode.lock().unwrap();
+    let good = if step_done {
+        json!({ "type": "output", "output": "done" })
+    } else {
+        json!({ "type": "step", "seq": 0, "name": "a", "output": 1 })
+    };
+    let (answer, sign_with, sign_id): (Vec<u8>, Secret, String) = match mode {
+        Misbehave::Good => (good.to_string().into_bytes(), h.secret.clone(), id.clone()),
+        Misbehave::StepThenGarbage if !step_done => {
+            (good.to_string().into_bytes(), h.secret.clone(), id.clone())
+        }
+        Misbehave::StepThenGarbage | Misbehave::NotJson => {
+            (b"<html>oops</html>".to_vec(), h.secret.clone(), id.clone())
+        }
+        Misbehave::BadSignature => (
+            good.to_string().into_bytes(),
+            Secret::generate(),
+            id.clone(),
+        ),
+        Misbehave::OtherId => (
+            good.to_string().into_bytes(),
+            h.secret.clone(),
+            "msg_other".into(),
+        ),
+        Misbehave::Oversized => {
+            let big = json!({ "type": "output", "output": "x".repeat(5 << 20) });
+            (big.to_string().into_bytes(), h.secret.clone(), id.clone())
+        }
+        Misbehave::UnknownType => (
+            json!({ "type": "teleport", "seq": 0 })
+                .to_string()
+                .into_bytes(),
+            h.secret.clone(),
+            id.clone(),
+        ),
+        Misbehave::WrongStep => (
+            json!({ "type": "step", "seq": 5, "name": "a", "output": 1 })
+                .to_string()
+                .into_bytes(),
+            h.secret.clone(),
+            id.clone(),
+        ),
+        Misbehave::Hang => {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            (Vec::new(), h.secret.clone(), id.clone())
+        }
+        Misbehave::Refuse => {
+            return (StatusCode::UNAUTHORIZED, "bad signature").into_response();
+        }
+    };
+    let ts = chrono::Utc::now().timestamp();
+    let signature = sign_with.sign(&sign_id, ts, &answer);
+    (
+        StatusCode::OK,
+        [
+            ("content-type", "application/json".to_string()),
+            ("webhook-id", sign_id),
+            ("webhook-timestamp", ts.to_string()),
+            ("webhook-signature", signature),
+        ],
+        answer,
+    )
+        .into_response()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_and_broken_services_are_classified_failures_that_journal_nothing() {
+    let hostile = Arc::new(Hostile {
+        secret: Secret::generate(),
+        mode: Mutex::new(Misbehave::Good),
+        calls: AtomicUsize::new(0),
+    });
+    let (url, task) = serve(
+        Router::new()
+            .route("/agentq/manifest", get(hostile_manifest))
+            .route("/agentq/invoke", post(hostile_invoke))
+            .with_state(hostile.clone()),
+    )
+    .await;
+    let mut app = TestApp::start().await;
+    let secret = hostile.secret.expose();
+    // Bad registrations change nothing.
+    for (args, says) in [
+        (vec!["--url", "ftp://x"], "http or https"),
+        (
+            vec!["--url", "http://127.0.0.1:1"],
+            "is the service running",
+        ),
+        (vec!["--url", &url, "--secret", "nope"], "whsec_"),
+        (vec!["--url", &url, "--timeout-secs", "0"], "1 to 86400"),
+    ] {
+        let mut full = vec!["services", "add"];
+        full.extend(args);
+        let out = app.agentq(&full);
+        assert_eq!(out.status.code(), Some(2), "{full:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{full:?}: {err}");
+    }
+    assert!(app.agentq_json(&["services", "list", "--json"]) == json!([]));
+    app.agentq_ok(&[
+        "services",
+        "add",
+        "--url",
+        &url,
+        "--secret",
+        &secret,
+        "--timeout-secs",
+        "2",
+    ]);
+    let w = app.spawn(&["worker"]);
+    app.spawn(&["scheduler"]);
+
+    let run = |mode: Misbehave| {
+        *hostile.mode.lock().unwrap() = mode;
+        let out = app.agentq_json(&[
+            "enqueue",
+            "--tenant",
+            "acme",
+            "--kind",
+            "hostile_kind",
+            "--input",
+            "{}",
+            "--max-attempts",
+            "1",
+            "--json",
+        ]);
+        out["op_id"].as_str().unwrap().to_string()
+    };
+    let steps = |op: String| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query_as::<_, (i32, String)>(
+                "SELECT seq, status FROM operation_steps WHERE op_id = $1::uuid ORDER BY seq",
+            )
+            .bind(op)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+
+    // A service that behaves runs to its end.
+    let op = run(Misbehave::Good);
+    let done = app.wait_status(&op, "succeeded", DEADLINE).await;
+    assert_eq!(done.result, Some(json!("done")));
+    assert_eq!(steps(op).await, vec![(0, "completed".to_string())]);
+
+    for (mode, says) in [
+        (
+            Misbehave::BadSignature,
+            "answer's signature does not verify",
+        ),
+        (Misbehave::OtherId, "not the request's"),
+        (Misbehave::Oversized, "more than 4 MiB"),
+        (Misbehave::NotJson, "not a step protocol answer"),
+        (Misbehave::UnknownType, "not a step protocol answer"),
+        (
+            Misbehave::WrongStep,
+            "answered step 5 but the journal asks for step 0",
+        ),
+        (Misbehave::Hang, "did not answer within 2 s"),
+        (Misbehave::Refuse, "refused agentq's signature"),
+        (Misbehave::StepThenGarbage, "not a step protocol answer"),
+    ] {
+        let op = run(mode);
+        let dead = app.wait_status(&op, "dead", DEADLINE).await;
+        // Retryable, with its one attempt spent (`--max-attempts 1`): a retry would call again.
+        assert_eq!(
+            dead.error_class.as_deref(),
+            Some("retries_exhausted"),
+            "{mode:?}"
+        );
+        let message = dead.error_message.unwrap_or_default();
+        assert!(
+            message.contains("remote service \"hostile\"") && message.contains(says),
+            "{mode:?}: {message}"
+        );
+        let journaled = steps(op).await;
+        let want = if mode == Misbehave::StepThenGarbage {
+            // The good step is kept; nothing of the garbage.
+            vec![(0, "completed".to_string())]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(journaled, want, "{mode:?}");
+    }
+    // The worker is unharmed: still running, and still runs remote and built-in kinds.
+    let op = run(Misbehave::Good);
+    app.wait_status(&op, "succeeded", DEADLINE).await;
+    let echo = app.enqueue_echo("still here");
+    app.wait_status(&echo, "succeeded", DEADLINE).await;
+    assert_eq!(app.exit_code(w), None, "the worker exited");
+    // Only an admin registers services: a producer's token is refused at the API.
+    let (_, base) = app.serve().await;
+    let token = app.token("acme", "producer");
+    let refused = reqwest::Client::new()
+        .post(format!("{base}/v1/services"))
+        .bearer_auth(&token)
+        .json(&json!({ "url": url }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 403);
+    let listed = reqwest::Client::new()
+        .get(format!("{base}/v1/services"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status().as_u16(), 403);
+    task.abort();
+    app.cleanup().await;
+}
+
+/// The Python SDK's own tests (signing, replay, sessions, the HTTP servers, the replay
+/// tester), run by CI through this suite.
+#[test]
+fn the_python_sdk_passes_its_own_tests() {
+    let out = Command::new(python())
+        .args(["-m", "unittest", "discover", "-s", "tests"])
+        .current_dir(sdk_dir())
+        .output()
+        .expect("running python3");
+    assert!(
+        out.status.success(),
+        "the Python SDK's tests failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

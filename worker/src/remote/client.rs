@@ -1,0 +1,309 @@
+//! One call of the step protocol: a signed `POST {url}/agentq/invoke`, the answer read within
+//! the service's timeout and [`MAX_ANSWER_BYTES`], its signature checked against the request's
+//! id, its body decoded into an [`Answer`]. Every failure is a [`CallError`] that says what
+//! happened in words an operator can act on, and whether the request may have reached the
+//! service (what an unsafe step's outcome depends on).
+
+use std::time::Duration;
+
+use agentq_core::metrics;
+use agentq_core::webhook::{self, Secret};
+use chrono::Utc;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The most bytes an answer may have.
+pub const MAX_ANSWER_BYTES: usize = 4 << 20;
+
+/// A registered service, as the worker calls it.
+pub(crate) struct ServiceDef {
+    pub(crate) name: String,
+    pub(crate) url: String,
+    pub(crate) secret: Secret,
+    pub(crate) timeout: Duration,
+    pub(crate) http: reqwest::Client,
+}
+
+impl std::fmt::Debug for ServiceDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceDef")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a service answered (docs/protocol.md, "The answer").
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum Answer {
+    Step {
+        seq: i32,
+        name: String,
+        #[serde(default)]
+        output: Option<Value>,
+        #[serde(default)]
+        error: Option<StepFailure>,
+    },
+    Unsafe {
+        seq: i32,
+        name: String,
+        #[serde(default)]
+        reconcile: bool,
+    },
+    Model {
+        seq: i32,
+        name: String,
+        request: crate::model::ModelRequest,
+    },
+    Sleep {
+        seq: i32,
+        seconds: f64,
+    },
+    Signal {
+        seq: i32,
+        name: String,
+        timeout_seconds: f64,
+    },
+    Spawn {
+        seq: i32,
+        kind: String,
+        input: Value,
+    },
+    Join {
+        seq: i32,
+        children: Vec<uuid::Uuid>,
+    },
+    Now {
+        seq: i32,
+    },
+    Uuid {
+        seq: i32,
+    },
+    Reconciled {
+        seq: i32,
+        #[serde(default)]
+        happened: bool,
+        #[serde(default)]
+        output: Option<Value>,
+        #[serde(default)]
+        unsupported: bool,
+    },
+    Output {
+        output: Value,
+    },
+    Error {
+        class: String,
+        message: String,
+    },
+    Resend {},
+}
+
+impl Answer {
+    /// The journal position the answer is for, if it is for one.
+    pub(crate) fn seq(&self) -> Option<i32> {
+        match self {
+            Answer::Step { seq, .. }
+            | Answer::Unsafe { seq, .. }
+            | Answer::Model { seq, .. }
+            | Answer::Sleep { seq, .. }
+            | Answer::Signal { seq, .. }
+            | Answer::Spawn { seq, .. }
+            | Answer::Join { seq, .. }
+            | Answer::Now { seq }
+            | Answer::Uuid { seq }
+            | Answer::Reconciled { seq, .. } => Some(*seq),
+            Answer::Output { .. } | Answer::Error { .. } | Answer::Resend {} => None,
+        }
+    }
+}
+
+/// How a step the service ran failed.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub(crate) struct StepFailure {
+    pub(crate) message: String,
+    #[serde(default = "yes")]
+    pub(crate) retryable: bool,
+    #[serde(default)]
+    pub(crate) no_effect: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Why a call failed.
+#[derive(Debug)]
+pub(crate) struct CallError {
+    /// For an operator: names the service and what happened.
+    pub(crate) message: String,
+    /// The request certainly never reached the service (the connection was refused).
+    pub(crate) not_sent: bool,
+}
+
+impl ServiceDef {
+    fn fail(&self, outcome: &str, not_sent: bool, what: String) -> CallError {
+        metrics::REMOTE_CALLS.inc(&[&self.name, outcome]);
+        CallError {
+            message: format!("remote service {:?}: {what}", self.name),
+            not_sent,
+        }
+    }
+
+    /// Sends `body` (a request's JSON) signed, and returns the checked, decoded answer.
+    pub(crate) async fn call(&self, body: Vec<u8>) -> Result<Answer, CallError> {
+        let id = format!("msg_{}", uuid::Uuid::new_v4().simple());
+        let timestamp = Utc::now().timestamp();
+        let signature = self.secret.sign(&id, timestamp, &body);
+        metrics::REMOTE_BYTES_SENT.add(&[&self.name], body.len() as f64);
+        let sent = self
+            .http
+            .post(format!("{}/agentq/invoke", self.url))
+            .header("content-type", "application/json")
+            .header("webhook-id", &id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .timeout(self.timeout)
+            .body(body)
+            .send()
+            .await;
+        let timeout_secs = self.timeout.as_secs();
+        let mut response = match sent {
+            Ok(r) => r,
+            Err(e) if e.is_timeout() => {
+                return Err(self.fail(
+                    "timeout",
+                    false,
+                    format!("did not answer within {timeout_secs} s"),
+                ));
+            }
+            Err(e) if e.is_connect() => {
+                return Err(self.fail(
+                    "unreachable",
+                    true,
+                    format!("connecting to {} failed: {}", self.url, source_of(&e)),
+                ));
+            }
+            Err(e) => {
+                return Err(self.fail(
+                    "unreachable",
+                    false,
+                    format!("the call failed: {}", source_of(&e)),
+                ));
+            }
+        };
+        let status = response.status();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let (a_id, a_ts, a_sig) = (
+            header("webhook-id"),
+            header("webhook-timestamp"),
+            header("webhook-signature"),
+        );
+        // Read at most MAX_ANSWER_BYTES, within what is left of the timeout.
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(self.timeout, async {
+            while let Some(chunk) = response.chunk().await? {
+                if answer.len() + chunk.len() > MAX_ANSWER_BYTES {
+                    return Ok::<bool, reqwest::Error>(false);
+                }
+                answer.extend_from_slice(&chunk);
+            }
+            Ok(true)
+        })
+        .await;
+        match read {
+            Err(_) => {
+                return Err(self.fail(
+                    "timeout",
+                    false,
+                    format!("did not finish its answer within {timeout_secs} s"),
+                ));
+            }
+            Ok(Err(e)) => {
+                return Err(self.fail(
+                    "unreachable",
+                    false,
+                    format!("reading the answer failed: {}", source_of(&e)),
+                ));
+            }
+            Ok(Ok(false)) => {
+                return Err(self.fail(
+                    "oversized",
+                    false,
+                    format!("answered more than {} MiB", MAX_ANSWER_BYTES >> 20),
+                ));
+            }
+            Ok(Ok(true)) => {}
+        }
+        if status == reqwest::StatusCode::UNAUTHORIZED {
+            return Err(self.fail(
+                "refused",
+                false,
+                "refused agentq's signature (HTTP 401): is it started with the secret `agentq \
+                 services add` printed (AGENTQ_SERVICE_SECRET)?"
+                    .into(),
+            ));
+        }
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&answer);
+            let head: String = text.chars().take(200).collect();
+            return Err(self.fail(
+                "status",
+                false,
+                format!("answered HTTP {}: {head}", status.as_u16()),
+            ));
+        }
+        if a_id.as_deref() != Some(id.as_str()) {
+            return Err(self.fail(
+                "signature",
+                false,
+                "answer's signature does not verify: its webhook-id is not the request's".into(),
+            ));
+        }
+        if let Err(e) = webhook::verify(
+            std::slice::from_ref(&self.secret),
+            a_id.as_deref(),
+            a_ts.as_deref(),
+            a_sig.as_deref(),
+            &answer,
+            Utc::now(),
+        ) {
+            return Err(self.fail(
+                "signature",
+                false,
+                format!("answer's signature does not verify: {e}"),
+            ));
+        }
+        match serde_json::from_slice::<Answer>(&answer) {
+            Ok(a) => {
+                let outcome = if matches!(a, Answer::Resend {}) {
+                    "resend"
+                } else {
+                    "ok"
+                };
+                metrics::REMOTE_CALLS.inc(&[&self.name, outcome]);
+                Ok(a)
+            }
+            Err(e) => Err(self.fail(
+                "malformed",
+                false,
+                format!("answered something that is not a step protocol answer: {e}"),
+            )),
+        }
+    }
+}
+
+/// The innermost cause of a reqwest error, which says what happened (refused, reset, DNS).
+fn source_of(e: &reqwest::Error) -> String {
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
+}

@@ -1,0 +1,411 @@
+//! The run of a remote operation: call the service with the journal's tail, do what it answers
+//! through the `JobContext` call that answer names (journaled, durable, at the position the
+//! journal is at), and call again, until it answers the output or an error.
+//!
+//! Bytes stay O(steps): a run is one session; each call sends only the journal's entries at or
+//! past the first position that changed since the previous call (and the input only with a
+//! whole journal). A service that lost the session answers `resend` and gets the whole journal
+//! once (docs/protocol.md, "The request").
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentq_core::db::steps::JournalEntry;
+use agentq_core::state::StepStatus;
+use futures_util::future::BoxFuture;
+use serde_json::{Value, json};
+
+use super::client::{Answer, CallError, ServiceDef, StepFailure};
+use crate::context::{JobContext, MAX_PARK, SignalOutcome};
+use crate::error::JobError;
+use crate::tool::{Reconciled, Replay};
+
+/// The longest step name a service may give.
+const MAX_NAME: usize = 256;
+
+/// What a call asks beyond "what next": run an unsafe step, or reconcile one.
+#[derive(Clone, Copy)]
+enum Directive<'a> {
+    Next,
+    Run { seq: i32, key: &'a str },
+    Reconcile { seq: i32, key: &'a str },
+}
+
+struct Journal {
+    /// The journal as the service sees it, by position.
+    entries: BTreeMap<i32, Value>,
+    /// The first position the service has not been sent as it is now.
+    dirty_from: i32,
+}
+
+impl Journal {
+    fn end(&self) -> i32 {
+        self.entries.keys().next_back().map_or(0, |s| s + 1)
+    }
+}
+
+struct Session<'c> {
+    id: String,
+    service: Arc<ServiceDef>,
+    ctx: &'c JobContext,
+    input: Value,
+    journal: Mutex<Journal>,
+}
+
+/// Runs the remote operation `ctx` with `input` on `service` to its end (or a park).
+pub(crate) async fn run(
+    service: Arc<ServiceDef>,
+    ctx: JobContext,
+    input: Value,
+) -> Result<Value, JobError> {
+    let entries = ctx
+        .loaded_journal()
+        .iter()
+        .map(|e| (e.seq, entry_json(e)))
+        .collect();
+    let session = Session {
+        id: uuid::Uuid::new_v4().simple().to_string(),
+        service,
+        ctx: &ctx,
+        input,
+        journal: Mutex::new(Journal {
+            entries,
+            dirty_from: 0,
+        }),
+    };
+    loop {
+        let answer = session.call(Directive::Next).await.map_err(retryable)?;
+        match answer {
+            Answer::Output { output } => return Ok(output),
+            Answer::Error { class, message } => {
+                return Err(match class.as_str() {
+                    "non_retryable" => JobError::NonRetryable(message),
+                    "nondeterminism" => JobError::Nondeterminism(message),
+                    _ => JobError::retryable(message),
+                });
+            }
+            Answer::Reconciled { .. } | Answer::Resend {} => {
+                return Err(session.protocol("answered a reconcile though none was asked for"));
+            }
+            asked => session.act(asked).await?,
+        }
+    }
+}
+
+fn retryable(e: CallError) -> JobError {
+    JobError::retryable(e.message)
+}
+
+/// A journal entry as the service reads it.
+fn entry_json(e: &JournalEntry) -> Value {
+    json!({
+        "seq": e.seq,
+        "name": e.name,
+        "kind": e.kind.as_str(),
+        "replay": e.replay.as_str(),
+        "status": e.status.as_str(),
+        "output": e.output,
+        "error": e.error,
+    })
+}
+
+impl Session<'_> {
+    fn protocol(&self, what: impl std::fmt::Display) -> JobError {
+        agentq_core::metrics::REMOTE_CALLS.inc(&[&self.service.name, "protocol"]);
+        JobError::retryable(format!("remote service {:?}: {what}", self.service.name))
+    }
+
+    fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
+        self.journal.lock().expect("session journal lock")
+    }
+
+    /// Sets the entry at `seq` (sent with the next call).
+    fn record(&self, seq: i32, name: &str, kind: &str, replay: &str, status: &str, output: Value) {
+        let mut j = self.journal();
+        j.entries.insert(
+            seq,
+            json!({ "seq": seq, "name": name, "kind": kind, "replay": replay,
+                    "status": status, "output": output, "error": null }),
+        );
+        j.dirty_from = j.dirty_from.min(seq);
+    }
+
+    fn body(&self, directive: Directive<'_>) -> (Vec<u8>, i32) {
+        let info = self.ctx.info();
+        let (base, entries) = {
+            let j = self.journal();
+            let entries: Vec<Value> = j
+                .entries
+                .range(j.dirty_from..)
+                .map(|(_, v)| v.clone())
+                .collect();
+            (j.dirty_from, entries)
+        };
+        let (run, reconcile) = match directive {
+            Directive::Next => (Value::Null, Value::Null),
+            Directive::Run { seq, key } => (json!({ "seq": seq, "key": key }), Value::Null),
+            Directive::Reconcile { seq, key } => (Value::Null, json!({ "seq": seq, "key": key })),
+        };
+        let body = json!({
+            "protocol": agentq_core::services::PROTOCOL,
+            "operation": {
+                "id": info.op_id.0,
+                "kind": info.kind,
+                "version": info.version,
+                "tenant": info.tenant,
+                "attempt": info.attempt,
+            },
+            "session": self.id,
+            "input": if base == 0 { self.input.clone() } else { Value::Null },
+            "journal": { "base": base, "entries": entries },
+            "run": run,
+            "reconcile": reconcile,
+        });
+        (serde_json::to_vec(&body).unwrap_or_default(), base)
+    }
+
+    /// One call (two when the service asks for the whole journal again).
+    async fn call(&self, directive: Directive<'_>) -> Result<Answer, CallError> {
+        loop {
+            let (body, base) = self.body(directive);
+            let answer = self.service.call(body).await?;
+            let mut j = self.journal();
+            if matches!(answer, Answer::Resend {}) {
+                if base == 0 {
+                    agentq_core::metrics::REMOTE_CALLS.inc(&[&self.service.name, "protocol"]);
+                    return Err(CallError {
+                        message: format!(
+                            "remote service {:?}: asked to resend a journal it was sent whole",
+                            self.service.name
+                        ),
+                        not_sent: false,
+                    });
+                }
+                j.dirty_from = 0;
+                continue;
+            }
+            // The service holds the session's journal as sent.
+            j.dirty_from = j.end();
+            return Ok(answer);
+        }
+    }
+
+    /// Moves the context's cursor to `seq`, over the steps earlier runs completed; refuses an
+    /// answer for a position the journal does not ask for.
+    fn advance(&self, seq: i32) -> Result<(), JobError> {
+        let mut at = self.ctx.cursor();
+        if seq < at {
+            return Err(self.protocol(format!(
+                "answered step {seq} but the journal asks for step {at}"
+            )));
+        }
+        while at < seq {
+            match self.ctx.peek_recorded() {
+                Some((_, StepStatus::Completed)) => {
+                    self.ctx.skip_recorded();
+                    at += 1;
+                }
+                _ => {
+                    return Err(self.protocol(format!(
+                        "answered step {seq} but the journal asks for step {at}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_name(&self, name: &str) -> Result<(), JobError> {
+        if name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control) {
+            return Err(self.protocol(format!(
+                "a step name is 1-{MAX_NAME} characters without control characters (got {} characters)",
+                name.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn duration(&self, what: &str, seconds: f64) -> Result<Duration, JobError> {
+        Duration::try_from_secs_f64(seconds)
+            .ok()
+            .filter(|d| *d <= MAX_PARK)
+            .ok_or_else(|| {
+                self.protocol(format!(
+                    "{what} of {seconds} s is not 0 to {} s",
+                    MAX_PARK.as_secs()
+                ))
+            })
+    }
+
+    /// Does what `asked` names at its position.
+    async fn act(&self, asked: Answer) -> Result<(), JobError> {
+        let Some(seq) = asked.seq() else {
+            return Err(self.protocol("answered no position"));
+        };
+        self.advance(seq)?;
+        let ctx = self.ctx;
+        match asked {
+            Answer::Step {
+                name,
+                output,
+                error,
+                ..
+            } => {
+                self.check_name(&name)?;
+                let result = match error {
+                    Some(f) => Err(failure(f)),
+                    None => Ok(output.unwrap_or(Value::Null)),
+                };
+                let v: Value = ctx
+                    .step(&name, Replay::Safe, |_key| async move { result })
+                    .await?;
+                self.record(seq, &name, "custom", "safe", "completed", v);
+            }
+            Answer::Unsafe {
+                name, reconcile, ..
+            } => {
+                self.check_name(&name)?;
+                let v = self.unsafe_step(seq, &name, reconcile).await?;
+                self.record(seq, &name, "custom", "unsafe", "completed", v);
+            }
+            Answer::Model { name, request, .. } => {
+                self.check_name(&name)?;
+                let resp = ctx.model(&name, request).await?;
+                let v = serde_json::to_value(resp).unwrap_or(Value::Null);
+                self.record(seq, &name, "model", "safe", "completed", v);
+            }
+            Answer::Sleep { seconds, .. } => {
+                let d = self.duration("a sleep", seconds)?;
+                ctx.sleep(d).await?;
+                self.record(seq, "sleep", "sleep", "safe", "completed", Value::Null);
+            }
+            Answer::Signal {
+                name,
+                timeout_seconds,
+                ..
+            } => {
+                self.check_name(&name)?;
+                let d = self.duration("a wait", timeout_seconds)?;
+                let v = match ctx.wait_for_signal(&name, d).await? {
+                    SignalOutcome::Received { payload, sent_by } => {
+                        json!({ "payload": payload, "sent_by": sent_by })
+                    }
+                    SignalOutcome::TimedOut => json!({ "timed_out": true }),
+                };
+                self.record(
+                    seq,
+                    &format!("signal:{name}"),
+                    "signal",
+                    "safe",
+                    "completed",
+                    v,
+                );
+            }
+            Answer::Spawn { kind, input, .. } => {
+                let id = ctx.spawn(&kind, input).await?;
+                self.record(
+                    seq,
+                    &format!("spawn:{kind}"),
+                    "spawn",
+                    "safe",
+                    "completed",
+                    json!(id),
+                );
+            }
+            Answer::Join { children, .. } => {
+                let outcomes = ctx.join(&children).await?;
+                let v = serde_json::to_value(outcomes).unwrap_or(Value::Null);
+                self.record(seq, "join", "join", "safe", "completed", v);
+            }
+            Answer::Now { .. } => {
+                let t = ctx.now().await?;
+                self.record(seq, "now", "now", "safe", "completed", json!(t));
+            }
+            Answer::Uuid { .. } => {
+                let u = ctx.uuid().await?;
+                self.record(seq, "uuid", "now", "safe", "completed", json!(u));
+            }
+            Answer::Reconciled { .. }
+            | Answer::Output { .. }
+            | Answer::Error { .. }
+            | Answer::Resend {} => return Err(self.protocol("answered no step")),
+        }
+        Ok(())
+    }
+
+    /// An unsafe step the service runs: `started` is durable (the context's runner) before the
+    /// service is told to run it; a crash that lost its outcome asks the service's reconcile.
+    async fn unsafe_step(&self, seq: i32, name: &str, reconcile: bool) -> Result<Value, JobError> {
+        let ask: Option<crate::context::Reconcile<'_>> = reconcile.then(|| {
+            let ask: crate::context::Reconcile<'_> = Box::new(
+                move |key: String| -> BoxFuture<'_, Result<Reconciled, JobError>> {
+                    Box::pin(async move { self.reconcile(seq, &key).await })
+                },
+            );
+            ask
+        });
+        self.ctx
+            .unsafe_step_with(name, ask, |key| async move {
+                self.record(seq, name, "custom", "unsafe", "started", Value::Null);
+                let answer = self
+                    .call(Directive::Run { seq, key: &key })
+                    .await
+                    .map_err(|e| {
+                        if e.not_sent {
+                            JobError::no_effect(e.message)
+                        } else {
+                            JobError::retryable(e.message)
+                        }
+                    })?;
+                match answer {
+                    Answer::Step {
+                        seq: s,
+                        name: n,
+                        output,
+                        error,
+                    } if s == seq && n == name => match error {
+                        Some(f) => Err(failure(f)),
+                        None => Ok(output.unwrap_or(Value::Null)),
+                    },
+                    _ => Err(self.protocol(format!(
+                        "was asked to run step {seq} ({name}) and answered something else"
+                    ))),
+                }
+            })
+            .await
+    }
+
+    async fn reconcile(&self, seq: i32, key: &str) -> Result<Reconciled, JobError> {
+        let answer = self
+            .call(Directive::Reconcile { seq, key })
+            .await
+            .map_err(retryable)?;
+        match answer {
+            Answer::Reconciled {
+                seq: s,
+                unsupported: true,
+                ..
+            } if s == seq => Ok(Reconciled::Unsupported),
+            Answer::Reconciled {
+                seq: s,
+                happened: true,
+                output,
+                ..
+            } if s == seq => Ok(Reconciled::Happened(output.unwrap_or(Value::Null))),
+            Answer::Reconciled { seq: s, .. } if s == seq => Ok(Reconciled::NotHappened),
+            _ => Err(self.protocol(format!(
+                "was asked to reconcile step {seq} and answered something else"
+            ))),
+        }
+    }
+}
+
+/// A step's failure as the service reported it.
+fn failure(f: StepFailure) -> JobError {
+    match (f.no_effect, f.retryable) {
+        (true, _) => JobError::no_effect(f.message),
+        (false, true) => JobError::retryable(f.message),
+        (false, false) => JobError::NonRetryable(f.message),
+    }
+}
