@@ -25,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::crash_cost::{Rng, Seen, check_request, committed};
@@ -377,7 +378,15 @@ struct Hostile {
     secret: Secret,
     mode: Mutex<Misbehave>,
     calls: AtomicUsize,
+    /// The test's database: every step a request says is completed must be committed there.
+    pool: Mutex<Option<PgPool>>,
+    /// Completed steps per session, as the requests' journals said.
+    done: Mutex<HashMap<String, usize>>,
+    violations: Mutex<Vec<String>>,
 }
+
+/// The steps of the fake service's kind when it behaves: `a0`, `a1`, `a2`, then the output.
+const GOOD_STEPS: usize = 3;
 
 async fn hostile_manifest() -> Json<Value> {
     Json(json!({ "protocol": 1, "service": "hostile", "kinds": [
@@ -397,15 +406,50 @@ async fn hostile_invoke(
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
-    let step_done = request["journal"]["entries"].as_array().is_some_and(|es| {
-        es.iter()
-            .any(|e| e["seq"] == 0 && e["status"] == "completed")
-    });
+    let entries = request["journal"]["entries"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let completed: Vec<i64> = entries
+        .iter()
+        .filter(|e| e["status"] == "completed")
+        .filter_map(|e| e["seq"].as_i64())
+        .collect();
+    // A step the service is told is completed is durable: it committed before this call.
+    let pool = h.pool.lock().unwrap().clone();
+    if let (Some(pool), Some(op)) = (pool, request["operation"]["id"].as_str()) {
+        for seq in &completed {
+            let status: Option<String> = sqlx::query_scalar(
+                "SELECT status FROM operation_steps WHERE op_id = $1::uuid AND seq = $2",
+            )
+            .bind(op)
+            .bind(*seq as i32)
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+            if status.as_deref() != Some("completed") {
+                h.violations.lock().unwrap().push(format!(
+                    "{op}: step {seq} was sent as completed while it was {status:?} in the journal"
+                ));
+            }
+        }
+    }
+    let session = request["session"].as_str().unwrap_or_default().to_string();
+    let done = {
+        let mut done = h.done.lock().unwrap();
+        let n = done.entry(session).or_default();
+        if request["journal"]["base"] == 0 {
+            *n = 0;
+        }
+        *n += completed.len();
+        *n
+    };
+    let step_done = done > 0;
     let mode = *h.mode.lock().unwrap();
-    let good = if step_done {
+    let good = if done >= GOOD_STEPS {
         json!({ "type": "output", "output": "done" })
     } else {
-        json!({ "type": "step", "seq": 0, "name": "a", "output": 1 })
+        json!({ "type": "step", "seq": done, "name": format!("a{done}"), "output": done })
     };
     let (answer, sign_with, sign_id): (Vec<u8>, Secret, String) = match mode {
         Misbehave::Good => (good.to_string().into_bytes(), h.secret.clone(), id.clone()),
@@ -472,6 +516,9 @@ async fn hostile_and_broken_services_are_classified_failures_that_journal_nothin
         secret: Secret::generate(),
         mode: Mutex::new(Misbehave::Good),
         calls: AtomicUsize::new(0),
+        pool: Mutex::new(None),
+        done: Mutex::new(HashMap::new()),
+        violations: Mutex::new(Vec::new()),
     });
     let (url, task) = serve(
         Router::new()
@@ -481,6 +528,7 @@ async fn hostile_and_broken_services_are_classified_failures_that_journal_nothin
     )
     .await;
     let mut app = TestApp::start().await;
+    *hostile.pool.lock().unwrap() = Some(app.pool.clone());
     let secret = hostile.secret.expose();
     // Bad registrations change nothing.
     for (args, says) in [
@@ -542,11 +590,14 @@ async fn hostile_and_broken_services_are_classified_failures_that_journal_nothin
         }
     };
 
-    // A service that behaves runs to its end.
+    // A service that behaves runs to its end, each step committed before the next call.
     let op = run(Misbehave::Good);
     let done = app.wait_status(&op, "succeeded", DEADLINE).await;
     assert_eq!(done.result, Some(json!("done")));
-    assert_eq!(steps(op).await, vec![(0, "completed".to_string())]);
+    let all_completed: Vec<(i32, String)> = (0..GOOD_STEPS as i32)
+        .map(|s| (s, "completed".to_string()))
+        .collect();
+    assert_eq!(steps(op).await, all_completed);
 
     for (mode, says) in [
         (
@@ -593,6 +644,8 @@ async fn hostile_and_broken_services_are_classified_failures_that_journal_nothin
     let echo = app.enqueue_echo("still here");
     app.wait_status(&echo, "succeeded", DEADLINE).await;
     assert_eq!(app.exit_code(w), None, "the worker exited");
+    let violations = hostile.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
     // Only an admin registers services: a producer's token is refused at the API.
     let (_, base) = app.serve().await;
     let token = app.token("acme", "producer");

@@ -235,6 +235,17 @@ impl JobContext {
                 .is_some_and(|t| t.elapsed() >= DEFERRED_FLUSH_AFTER)
     }
 
+    /// Makes the steps finished so far durable, if any waits (what a step's start does): a
+    /// remote kind calls it before each call to its service, so the service runs its next step
+    /// only after the previous one committed.
+    pub(crate) async fn make_durable(&self) -> Result<(), JobError> {
+        self.check_running()?;
+        if self.flush_due() {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
     /// Writes the pending rows in one fenced statement.
     pub(super) async fn flush(&self) -> Result<(), JobError> {
         // Taken, not copied: rows pushed meanwhile (by a clone of this context) stay pending.

@@ -75,6 +75,9 @@ pub(crate) async fn run(
         }),
     };
     loop {
+        // The step just journaled commits before the service runs the next one (a Rust kind's
+        // next step waits for it the same way).
+        ctx.make_durable().await?;
         let answer = session.call(Directive::Next).await.map_err(retryable)?;
         match answer {
             Answer::Output { output } => return Ok(output),
