@@ -664,6 +664,25 @@ async fn hostile_and_broken_services_are_classified_failures_that_journal_nothin
         .await
         .unwrap();
     assert_eq!(listed.status().as_u16(), 403);
+    // The kind is listed with the service that runs it, for anyone who may enqueue it.
+    let kinds: Value = reqwest::Client::new()
+        .get(format!("{base}/v1/kinds"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let listed = kinds["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["name"] == "hostile_kind")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(listed["service"], "hostile", "{kinds}");
+    assert_eq!(listed["live_versions"], json!(["1"]), "{listed}");
     task.abort();
     app.cleanup().await;
 }

@@ -27,7 +27,8 @@ pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResu
     let body = html! {
         h1 { "Kinds" }
         p class="muted" {
-            "What this deployment's binary runs. Enqueue one with " code { "agentq enqueue --kind K" }
+            "What this deployment runs: its binary's kinds, and the kinds of the services an admin registered ("
+            code { "agentq services" } "). Enqueue one with " code { "agentq enqueue --kind K" }
             " or " code { "POST /v1/operations" } "; its input must fit the schema."
         }
         table {
@@ -44,6 +45,9 @@ pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResu
                                 " " (badge("webhook only"))
                             } @else if k.kind.for_tests {
                                 " " (badge("for tests"))
+                            }
+                            @if let Some(service) = &k.kind.service {
+                                " " (badge(&format!("service {service}")))
                             }
                         }
                         td class="mono" { (k.kind.versions.join(", ")) }
