@@ -56,6 +56,15 @@ fn print(s: &ServiceView) {
         s.timeout_secs,
         kinds.join(", ")
     );
+    for t in &s.tools {
+        let reconcile = if t.reconcile { ", reconciles" } else { "" };
+        println!(
+            "  tool {:<16} {}{reconcile}  {}",
+            t.name,
+            t.replay.as_str(),
+            t.description
+        );
+    }
 }
 
 pub async fn run(config: Deployment, cmd: ServicesCommand) -> anyhow::Result<()> {

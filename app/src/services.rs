@@ -47,6 +47,8 @@ pub struct ServiceView {
     pub url: String,
     pub timeout_secs: i32,
     pub kinds: Vec<ServedKind>,
+    /// The tools its manifest declares, with their replay policy and whether they reconcile.
+    pub tools: Vec<agentq_core::services::ManifestTool>,
     pub registered_at: DateTime<Utc>,
     /// When its manifest was last registered.
     pub updated_at: DateTime<Utc>,
@@ -65,15 +67,17 @@ pub struct Registered {
 }
 
 fn view(row: &db::ServiceRow) -> ServiceView {
-    let kinds = serde_json::from_value::<Manifest>(row.manifest.clone())
+    let (kinds, tools) = serde_json::from_value::<Manifest>(row.manifest.clone())
         .map(|m| {
-            m.kinds
+            let kinds = m
+                .kinds
                 .into_iter()
                 .map(|k| ServedKind {
                     name: k.name,
                     version: k.version,
                 })
-                .collect()
+                .collect();
+            (kinds, m.tools)
         })
         .unwrap_or_default();
     ServiceView {
@@ -81,6 +85,7 @@ fn view(row: &db::ServiceRow) -> ServiceView {
         url: row.url.clone(),
         timeout_secs: row.timeout_secs,
         kinds,
+        tools,
         registered_at: row.created_at,
         updated_at: row.updated_at,
     }

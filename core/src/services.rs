@@ -30,6 +30,24 @@ pub struct Manifest {
     /// The service's name: registering another manifest under it replaces this one.
     pub service: String,
     pub kinds: Vec<ManifestKind>,
+    /// The tools the service's kinds call, with their replay policy (what `agentq services
+    /// list` shows; the worker learns an unsafe step's reconcile from each answer).
+    #[serde(default)]
+    pub tools: Vec<ManifestTool>,
+}
+
+/// A tool a service declares.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+pub struct ManifestTool {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// `safe` (repeating a call is harmless) or `unsafe` (it happens once: reconciled after a
+    /// crash, or stopped for a human).
+    pub replay: crate::state::Replay,
+    /// Whether an unsafe call whose outcome a crash lost can be asked about.
+    #[serde(default)]
+    pub reconcile: bool,
 }
 
 /// One kind at one version, as a manifest lists it.
@@ -156,6 +174,13 @@ impl Manifest {
             InputSchema::compile(&k.input_schema)
                 .map_err(|e| format!("kind {:?}'s input_schema {e}", k.name))?;
         }
+        let mut tools = std::collections::BTreeSet::new();
+        for t in &self.tools {
+            check_name("tool", &t.name)?;
+            if !tools.insert(t.name.as_str()) {
+                return Err(format!("the manifest lists tool {:?} twice", t.name));
+            }
+        }
         Ok(())
     }
 }
@@ -206,6 +231,13 @@ mod tests {
             {"name": "k", "version": "1", "input_schema": {"type": 7}}]});
         assert!(bad(schema).contains("input_schema"));
         assert!(Manifest::parse(b"<html>").unwrap_err().contains("not"));
+        let tools = json!({"protocol": 1, "service": "b", "kinds": [{"name": "k", "version": "1"}],
+            "tools": [{"name": "pay", "replay": "unsafe", "reconcile": true}]});
+        let m = Manifest::parse(tools.to_string().as_bytes()).unwrap();
+        assert!(m.tools[0].reconcile);
+        let bad_tool = json!({"protocol": 1, "service": "b", "kinds": [{"name": "k", "version": "1"}],
+            "tools": [{"name": "pay", "replay": "maybe"}]});
+        assert!(bad(bad_tool).contains("maybe"));
     }
 
     #[test]

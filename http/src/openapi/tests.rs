@@ -768,6 +768,12 @@ async fn answers_as_sent_match_their_schemas() {
             name: "refund".into(),
             version: "2".into(),
         }],
+        tools: vec![agentq_core::services::ManifestTool {
+            name: "pay".into(),
+            description: "Pays".into(),
+            replay: agentq_core::state::Replay::Unsafe,
+            reconcile: true,
+        }],
         registered_at: Utc::now(),
         updated_at: Utc::now(),
     };

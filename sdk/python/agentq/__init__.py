@@ -1,7 +1,7 @@
 """agentq's Python SDK: write agentq kinds in Python, served over the step protocol
 (docs/protocol.md), with a replay tester (:mod:`agentq.testing`)."""
 
-from .context import ChildOutcome, Context, NoEffect, NonRetryable, OperationInfo, Signal
+from .context import ChildOutcome, Context, NoEffect, NonRetryable, OperationInfo, Signal, Tool
 from .service import Service
 from .signing import Secret
 
@@ -16,5 +16,6 @@ __all__ = [
     "ChildOutcome",
     "OperationInfo",
     "Secret",
+    "Tool",
     "__version__",
 ]

@@ -172,6 +172,39 @@ def normalize_reconciled(result: Any) -> Tuple[bool, Any]:
     )
 
 
+class Tool:
+    """A tool of a service: a named effect with its replay policy (``safe``: repeating a call is
+    harmless; ``unsafe``: it must happen once) and, for an unsafe one, how to ask whether a call
+    happened. Made by :meth:`agentq.Service.tool`, listed in the service's manifest (``agentq
+    services list`` shows them) and called from a kind with :meth:`Context.call`.
+
+    An unsafe tool's function takes the step's idempotency key first, then the call's
+    arguments; its reconcile, registered with :meth:`Tool.reconciler`, takes the same and
+    returns ``None`` (did not happen) or ``(True, output)``. A safe tool's function takes the
+    arguments only."""
+
+    def __init__(self, name: str, fn: Callable, replay: str, description: Optional[str]):
+        self.name = name
+        self.fn = fn
+        self.replay = replay
+        self.description = description or ""
+        self.reconcile: Optional[Callable] = None
+
+    def reconciler(self, fn: Callable) -> Callable:
+        """Registers ``fn(key, *args, **kwargs)`` as the tool's reconcile."""
+        if self.replay != "unsafe":
+            raise TypeError(f"tool {self.name!r} is safe: only an unsafe tool has a reconcile")
+        self.reconcile = fn
+        return fn
+
+    def manifest(self) -> dict:
+        return {"name": self.name, "description": self.description, "replay": self.replay,
+                "reconcile": self.reconcile is not None}
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r}, replay={self.replay!r})"
+
+
 class Context:
     """What a kind's code calls. Every method is a journaled step; call them one at a time (not
     concurrently, e.g. not under ``asyncio.gather``): positions are given in call order."""
@@ -341,6 +374,21 @@ class Context:
                 raise self._stop({"type": "reconciled", "seq": seq, "happened": True, "output": output})
             raise self._stop({"type": "reconciled", "seq": seq, "happened": False})
         raise self._stop({"type": "unsafe", "seq": seq, "name": name, "reconcile": reconcile is not None})
+
+    async def call(self, tool: "Tool", *args: Any, **kwargs: Any) -> Any:
+        """Calls a tool of the service (:meth:`agentq.Service.tool`) as a step named after it:
+        a safe tool as :meth:`step`, an unsafe one as :meth:`unsafe_step` with its reconcile.
+        The arguments must be what the code would pass again on a replay."""
+        if not isinstance(tool, Tool):
+            raise TypeError(f"ctx.call takes a Tool (from @svc.tool), not {type(tool).__name__}")
+        if tool.replay == "safe":
+            return await self.step(tool.name, lambda: tool.fn(*args, **kwargs))
+        reconcile = tool.reconcile
+        return await self.unsafe_step(
+            tool.name,
+            lambda key: tool.fn(key, *args, **kwargs),
+            reconcile=(lambda key: reconcile(key, *args, **kwargs)) if reconcile else None,
+        )
 
     async def model(self, name: str, request: Optional[dict] = None, **fields: Any) -> dict:
         """A model call through agentq's gate (breaker, limits, budgets, usage): ``request`` is

@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .context import Context, NonRetryable, OperationInfo, _jsonable, _Stop, error_text
+from .context import Context, NonRetryable, OperationInfo, Tool, _jsonable, _Stop, error_text
 from .schema import InputError, decode, encode_json, schema_of
 from .signing import Refused, Secret, parse_secrets, sign_headers, verify
 
@@ -101,6 +101,7 @@ class Service:
         self.name = name
         self._secrets: List[Secret] = parse_secrets(secret)
         self._kinds: Dict[Tuple[str, str], KindDef] = {}
+        self._tools: Dict[str, Tool] = {}
         self.sessions = _Sessions(max_sessions)
 
     # --- kinds ----------------------------------------------------------------------------------
@@ -138,6 +139,31 @@ class Service:
 
         return register
 
+    def tool(self, name: str, replay: str = "unsafe", description: Optional[str] = None) -> Callable:
+        """Registers a function as the tool ``name``: ``replay="unsafe"`` (the default: an effect
+        that must happen once; the function takes the step's idempotency key first) or
+        ``"safe"``. Returns a :class:`Tool`; give an unsafe one a reconcile with
+        ``@tool.reconciler``, call it from a kind with ``await ctx.call(tool, …)``."""
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"a tool name is 1-64 letters, digits, '_', '-', '.': {name!r}")
+        if replay not in ("safe", "unsafe"):
+            raise ValueError(f"a tool's replay is 'safe' or 'unsafe', not {replay!r}")
+        if name in self._tools:
+            raise ValueError(f"tool {name!r} is registered already")
+
+        def register(fn: Callable) -> Tool:
+            desc = description
+            if desc is None and fn.__doc__:
+                desc = inspect.cleandoc(fn.__doc__).split("\n\n")[0].replace("\n", " ")
+            tool = Tool(name, fn, replay, desc)
+            self._tools[name] = tool
+            return tool
+
+        return register
+
+    def tools(self) -> List[Tool]:
+        return list(self._tools.values())
+
     def kinds(self) -> List[KindDef]:
         return list(self._kinds.values())
 
@@ -146,6 +172,7 @@ class Service:
             "protocol": PROTOCOL,
             "service": self.name,
             "kinds": [k.manifest() for k in self._kinds.values()],
+            "tools": [t.manifest() for t in self._tools.values()],
         }
 
     # --- the step protocol ----------------------------------------------------------------------

@@ -33,6 +33,16 @@ class RefundInput:
     effect_url: str
 
 
+@svc.tool("refund", replay="unsafe", description="Refunds an order through the payments endpoint.")
+def refund_tool(key: str, effect_url: str, order: str):
+    return _post_refund(effect_url, key, order)
+
+
+@refund_tool.reconciler
+def refund_happened(key: str, effect_url: str, order: str):
+    return _check_refund(effect_url, key)
+
+
 def _post_refund(effect_url: str, key: str, order: str):
     body = json.dumps({"key": key, "order": order}).encode()
     req = urllib.request.Request(effect_url, data=body, method="POST",
@@ -74,11 +84,7 @@ async def refund_agent(ctx: Context, inp: RefundInput) -> dict:
     approval = await ctx.wait_for_signal("approval", timeout=3600)
     if not approval.approved:
         raise NonRetryable("refund not approved")
-    refund = await ctx.unsafe_step(
-        "refund",
-        lambda key: _post_refund(inp.effect_url, key, order["order"]),
-        reconcile=lambda key: _check_refund(inp.effect_url, key),
-    )
+    refund = await ctx.call(refund_tool, inp.effect_url, order["order"])
     summary = await ctx.model("summarize", {
         "messages": [
             {"role": "system", "content": "You summarize refunds in one sentence."},

@@ -5,7 +5,7 @@ import unittest
 import uuid
 from typing import List, Optional
 
-from _helpers import entry, request
+from _helpers import SECRET, entry, request
 from agentq import Context, NoEffect, NonRetryable, Service
 from agentq.service import BadRequest, encode_answer
 
@@ -346,3 +346,48 @@ class PydanticTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ToolTest(unittest.TestCase):
+    def test_a_tool_is_in_the_manifest_and_called_as_an_unsafe_step_with_its_reconcile(self):
+        from agentq import Context, Service
+        svc = Service("tools", secret=SECRET)
+        sent = []
+
+        @svc.tool("send", description="Sends a note.")
+        def send(key, to):
+            sent.append((key, to))
+            return {"sent": to}
+
+        @send.reconciler
+        def sent_already(key, to):
+            return (True, {"sent": to}) if (key, to) in sent else None
+
+        @svc.tool("lookup", replay="safe")
+        def lookup(order):
+            return {"order": order}
+
+        @svc.kind("notify")
+        async def notify(ctx: Context, inp: dict) -> dict:
+            found = await ctx.call(lookup, inp["order"])
+            return await ctx.call(send, found["order"])
+
+        tools = svc.manifest()["tools"]
+        self.assertEqual(
+            tools,
+            [{"name": "send", "description": "Sends a note.", "replay": "unsafe", "reconcile": True},
+             {"name": "lookup", "description": "", "replay": "safe", "reconcile": False}],
+        )
+        first = svc.invoke(request("notify", input={"order": "A"}))
+        self.assertEqual(first, {"type": "step", "seq": 0, "name": "lookup", "output": {"order": "A"}})
+        done = [entry("lookup", output={"order": "A"})]
+        second = svc.invoke(request("notify", done, input={"order": "A"}, session="s2"))
+        self.assertEqual(second, {"type": "unsafe", "seq": 1, "name": "send", "reconcile": True})
+        started = done + [entry("send", status="started", replay="unsafe")]
+        ran = svc.invoke(request("notify", started, input={"order": "A"}, session="s3",
+                                 run={"seq": 1, "key": "k1"}))
+        self.assertEqual(ran, {"type": "step", "seq": 1, "name": "send", "output": {"sent": "A"}})
+        asked = svc.invoke(request("notify", started, input={"order": "A"}, session="s4",
+                                   reconcile={"seq": 1, "key": "k1"}))
+        self.assertEqual(asked, {"type": "reconciled", "seq": 1, "happened": True, "output": {"sent": "A"}})
+        self.assertEqual(sent, [("k1", "A")])
