@@ -372,6 +372,10 @@ enum Misbehave {
     Refuse,
     /// A good first step, then garbage.
     StepThenGarbage,
+    /// Keeps no session: answers `resend` to every call that is not sent the whole journal.
+    Forgetful,
+    /// Answers `resend` even to a call that sent the whole journal.
+    AlwaysResend,
 }
 
 struct Hostile {
@@ -434,6 +438,24 @@ async fn hostile_invoke(
             }
         }
     }
+    let base = request["journal"]["base"].as_i64().unwrap_or(-1);
+    let mode = *h.mode.lock().unwrap();
+    if mode == Misbehave::AlwaysResend || (mode == Misbehave::Forgetful && base != 0) {
+        let answer = json!({ "type": "resend" }).to_string().into_bytes();
+        let ts = chrono::Utc::now().timestamp();
+        let signature = h.secret.sign(&id, ts, &answer);
+        return (
+            StatusCode::OK,
+            [
+                ("content-type", "application/json".to_string()),
+                ("webhook-id", id),
+                ("webhook-timestamp", ts.to_string()),
+                ("webhook-signature", signature),
+            ],
+            answer,
+        )
+            .into_response();
+    }
     let session = request["session"].as_str().unwrap_or_default().to_string();
     let done = {
         let mut done = h.done.lock().unwrap();
@@ -445,14 +467,15 @@ async fn hostile_invoke(
         *n
     };
     let step_done = done > 0;
-    let mode = *h.mode.lock().unwrap();
     let good = if done >= GOOD_STEPS {
         json!({ "type": "output", "output": "done" })
     } else {
         json!({ "type": "step", "seq": done, "name": format!("a{done}"), "output": done })
     };
     let (answer, sign_with, sign_id): (Vec<u8>, Secret, String) = match mode {
-        Misbehave::Good => (good.to_string().into_bytes(), h.secret.clone(), id.clone()),
+        Misbehave::Good | Misbehave::Forgetful | Misbehave::AlwaysResend => {
+            (good.to_string().into_bytes(), h.secret.clone(), id.clone())
+        }
         Misbehave::StepThenGarbage if !step_done => {
             (good.to_string().into_bytes(), h.secret.clone(), id.clone())
         }
@@ -598,6 +621,11 @@ async fn hostile_and_broken_services_are_classified_failures_that_journal_nothin
         .map(|s| (s, "completed".to_string()))
         .collect();
     assert_eq!(steps(op).await, all_completed);
+    // A service that keeps no session gets the whole journal again each time it asks.
+    let op = run(Misbehave::Forgetful);
+    let done = app.wait_status(&op, "succeeded", DEADLINE).await;
+    assert_eq!(done.result, Some(json!("done")));
+    assert_eq!(steps(op).await, all_completed);
 
     for (mode, says) in [
         (
@@ -615,6 +643,10 @@ async fn hostile_and_broken_services_are_classified_failures_that_journal_nothin
         (Misbehave::Hang, "did not answer within 2 s"),
         (Misbehave::Refuse, "refused agentq's signature"),
         (Misbehave::StepThenGarbage, "not a step protocol answer"),
+        (
+            Misbehave::AlwaysResend,
+            "asked to resend a journal it was sent whole",
+        ),
     ] {
         let op = run(mode);
         let dead = app.wait_status(&op, "dead", DEADLINE).await;
