@@ -124,7 +124,19 @@ async fn fetch_manifest(url: &str) -> Result<Manifest> {
         }
         body.extend_from_slice(&chunk);
     }
-    Manifest::parse(&body).map_err(|e| bad(format!("{at}: {e}")))
+    let manifest = Manifest::parse(&body).map_err(|e| bad(format!("{at}: {e}")))?;
+    for k in &manifest.kinds {
+        jsonschema::options()
+            .with_draft(jsonschema::Draft::Draft202012)
+            .build(&k.input_schema)
+            .map_err(|e| {
+                bad(format!(
+                    "{at}: kind {:?}'s input_schema is not a JSON Schema: {e}",
+                    k.name
+                ))
+            })?;
+    }
+    Ok(manifest)
 }
 
 /// Registers the service at `request.url` (or registers its new manifest), audited. Refused

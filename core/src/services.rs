@@ -1,18 +1,15 @@
 //! Services: where remote kinds run (docs/protocol.md). A service is an HTTP server an admin
-//! registered by its URL; its manifest names the kinds it serves, their versions and input
-//! schemas. This module holds the manifest and its checks (every role reads the same
-//! `services` table, `db::services`), and the check of an input against a remote kind's JSON
-//! Schema.
+//! registered by its URL; its manifest names the kinds it serves, their versions, input
+//! schemas and tools. This module holds the manifest and its checks (every role reads the same
+//! `services` table, `db::services`). Compiling the input schemas is the registration's
+//! (`agentq_app::services`) and the worker's (`agentq_worker::remote`), which need a JSON
+//! Schema validator; this crate does not.
 //!
-//! Invariant kept here: a manifest is accepted only whole: every kind name, version and schema
-//! in it checked, so what the catalog serves from it never fails later.
-
-use std::sync::Arc;
+//! Invariant kept here: a manifest is accepted only whole: every kind name, version and tool
+//! in it checked.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-
-use crate::kinds::InputError;
 
 /// The step protocol version this build speaks.
 pub const PROTOCOL: u32 = 1;
@@ -64,51 +61,6 @@ pub struct ManifestKind {
 
 fn any_object() -> Value {
     serde_json::json!({})
-}
-
-/// A kind's input schema, compiled once.
-#[derive(Clone)]
-pub struct InputSchema {
-    schema: Value,
-    validator: Arc<jsonschema::Validator>,
-}
-
-impl std::fmt::Debug for InputSchema {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InputSchema")
-            .field("schema", &self.schema)
-            .finish()
-    }
-}
-
-impl InputSchema {
-    /// Compiles `schema` (draft 2020-12), or says why it is not one.
-    pub fn compile(schema: &Value) -> Result<Self, String> {
-        let validator = jsonschema::options()
-            .with_draft(jsonschema::Draft::Draft202012)
-            .build(schema)
-            .map_err(|e| format!("is not a JSON Schema: {e}"))?;
-        Ok(Self {
-            schema: schema.clone(),
-            validator: Arc::new(validator),
-        })
-    }
-
-    /// The schema as the service gave it.
-    pub fn schema(&self) -> &Value {
-        &self.schema
-    }
-
-    /// Checks `input`; the first misfit names its place.
-    pub fn check(&self, input: &Value) -> Result<(), InputError> {
-        match self.validator.iter_errors(input).next() {
-            None => Ok(()),
-            Some(e) => Err(InputError::at(
-                e.instance_path().as_str().to_string(),
-                e.to_string(),
-            )),
-        }
-    }
 }
 
 /// Whether `name` may name a kind, a version or a service: 1–64 letters, digits, `_`, `-`, `.`.
@@ -171,8 +123,12 @@ impl Manifest {
                     k.name, k.version
                 ));
             }
-            InputSchema::compile(&k.input_schema)
-                .map_err(|e| format!("kind {:?}'s input_schema {e}", k.name))?;
+            if !(k.input_schema.is_object() || k.input_schema.is_boolean()) {
+                return Err(format!(
+                    "kind {:?}'s input_schema is not a JSON Schema (an object)",
+                    k.name
+                ));
+            }
         }
         let mut tools = std::collections::BTreeSet::new();
         for t in &self.tools {
@@ -228,7 +184,7 @@ mod tests {
             {"name": "k", "version": "1"}, {"name": "k", "version": "1"}]});
         assert!(bad(twice).contains("twice"));
         let schema = json!({"protocol": 1, "service": "b", "kinds": [
-            {"name": "k", "version": "1", "input_schema": {"type": 7}}]});
+            {"name": "k", "version": "1", "input_schema": "string"}]});
         assert!(bad(schema).contains("input_schema"));
         assert!(Manifest::parse(b"<html>").unwrap_err().contains("not"));
         let tools = json!({"protocol": 1, "service": "b", "kinds": [{"name": "k", "version": "1"}],
@@ -238,17 +194,6 @@ mod tests {
         let bad_tool = json!({"protocol": 1, "service": "b", "kinds": [{"name": "k", "version": "1"}],
             "tools": [{"name": "pay", "replay": "maybe"}]});
         assert!(bad(bad_tool).contains("maybe"));
-    }
-
-    #[test]
-    fn an_input_misfit_names_its_place() {
-        let s = InputSchema::compile(&json!({"type": "object", "properties": {
-            "order": {"type": "string"}}, "required": ["order"]}))
-        .unwrap();
-        assert!(s.check(&json!({"order": "A"})).is_ok());
-        let e = s.check(&json!({"order": 7})).unwrap_err();
-        assert_eq!(e.pointer, "/order");
-        assert!(s.check(&json!({})).unwrap_err().message.contains("order"));
     }
 
     #[test]

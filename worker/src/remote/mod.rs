@@ -16,6 +16,7 @@
 
 mod client;
 mod run;
+mod schema;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -23,7 +24,7 @@ use std::time::Duration;
 
 use agentq_core::db;
 use agentq_core::kinds::{InputError, KindInfo};
-use agentq_core::services::{InputSchema, Manifest};
+use agentq_core::services::Manifest;
 use agentq_core::version;
 use agentq_core::webhook::Secret;
 use serde_json::Value;
@@ -33,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 pub use client::MAX_ANSWER_BYTES;
 pub(crate) use client::ServiceDef;
 pub(crate) use run::run;
+pub use schema::InputSchema;
 
 /// How often every role reads the `services` table again.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(2);
