@@ -83,6 +83,11 @@ struct Link {
     generation: u64,
 }
 
+/// How long closing a dispatcher waits for its outstanding marks to be written.
+const CLOSE_MARKS_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long closing a dispatcher waits for the broker to acknowledge the close.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Publishes pointers over a lazily (re)opened connection and marks them dispatched in batches.
 pub struct Dispatcher {
     amqp_url: String,
@@ -240,15 +245,26 @@ impl Dispatcher {
         Ok(called?)
     }
 
-    /// Writes the outstanding dispatch marks and closes the connection.
+    /// Writes the outstanding dispatch marks and closes the connection, each within a bound:
+    /// a broker that went silent never answers the close (a command line `agentq signal` once
+    /// waited on it for good), and marks not written are the sweeper's to re-dispatch.
     pub async fn close(&self) {
         drop(self.marks.lock().expect("marks lock").take());
         let marker = self.marker.lock().expect("marker lock").take();
-        if let Some(marker) = marker {
-            let _ = marker.await;
+        if let Some(marker) = marker
+            && tokio::time::timeout(CLOSE_MARKS_TIMEOUT, marker)
+                .await
+                .is_err()
+        {
+            tracing::warn!("dispatch marks not written on close; the sweeper re-dispatches them");
         }
-        if let Some(l) = self.link.lock().await.take() {
-            let _ = l.conn.close(200, "dispatcher closed".into()).await;
+        let link = tokio::time::timeout(CLOSE_TIMEOUT, self.link.lock()).await;
+        if let Ok(mut link) = link
+            && let Some(l) = link.take()
+        {
+            let _ =
+                tokio::time::timeout(CLOSE_TIMEOUT, l.conn.close(200, "dispatcher closed".into()))
+                    .await;
         }
     }
 }

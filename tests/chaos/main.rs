@@ -479,9 +479,11 @@ async fn mixed_workload_survives_kills_restarts_pauses_and_network_faults() {
                             &args,
                             env.iter().cloned(),
                         ));
+                        // Killed at the timeout below, not left running after the test.
                         cmd.stdin(Stdio::null())
                             .stdout(Stdio::null())
-                            .stderr(Stdio::null());
+                            .stderr(Stdio::null())
+                            .kill_on_drop(true);
                         let code = tokio::time::timeout(Duration::from_secs(15), cmd.status())
                             .await
                             .ok()
