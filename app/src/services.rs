@@ -197,7 +197,7 @@ pub async fn register(app: &App, caller: &Caller, request: &ServiceRequest) -> R
     let secret = given.as_ref().or(generated.as_ref()).map(Secret::expose);
     let stored =
         serde_json::to_value(&manifest).map_err(|e| AppError::invalid("/url", e.to_string()))?;
-    let replaced = db::register(
+    let written = db::register(
         &app.pool,
         &manifest.service,
         &url,
@@ -207,14 +207,9 @@ pub async fn register(app: &App, caller: &Caller, request: &ServiceRequest) -> R
         &caller.actor,
     )
     .await?;
-    let row = db::all(&app.pool)
-        .await?
-        .into_iter()
-        .find(|r| r.name == manifest.service)
-        .ok_or_else(|| AppError::NotFound(format!("service {:?} vanished", manifest.service)))?;
     Ok(Registered {
-        service: view(&row),
-        replaced,
+        service: view(&written.row),
+        replaced: written.replaced,
         secret: generated.map(|s| s.expose()),
     })
 }

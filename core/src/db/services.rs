@@ -29,9 +29,16 @@ pub async fn all(pool: &PgPool) -> Result<Vec<ServiceRow>> {
     .await?)
 }
 
-/// Registers `row` (by name: a second registration replaces the first's URL, manifest,
-/// timeout, and its secret when `keep_secret` is false), audited as `service_register` by
-/// `actor`. Returns whether the service was registered before.
+/// What [`register`] wrote: the service's row, and whether it was registered before.
+#[derive(Debug, FromRow)]
+pub struct Registered {
+    #[sqlx(flatten)]
+    pub row: ServiceRow,
+    pub replaced: bool,
+}
+
+/// Registers the service `name` (a second registration replaces the first's URL, manifest and
+/// timeout, and its secret when `secret` is given), audited as `service_register` by `actor`.
 pub async fn register(
     pool: &PgPool,
     name: &str,
@@ -40,10 +47,10 @@ pub async fn register(
     timeout_secs: i32,
     manifest: &Value,
     actor: &str,
-) -> Result<bool> {
+) -> Result<Registered> {
     let mut tx = pool.begin().await?;
-    // `xmax = 0`: the row was inserted, not updated.
-    let inserted: bool = sqlx::query_scalar(
+    // `xmax <> 0`: the row was updated, not inserted.
+    let registered: Registered = sqlx::query_as(
         "INSERT INTO services (name, url, secret, timeout_secs, manifest)
          VALUES ($1, $2, COALESCE($3, ''), $4, $5)
          ON CONFLICT (name) DO UPDATE SET
@@ -52,7 +59,8 @@ pub async fn register(
              timeout_secs = EXCLUDED.timeout_secs,
              manifest = EXCLUDED.manifest,
              updated_at = now()
-         RETURNING (xmax = 0)",
+         RETURNING name, url, secret, timeout_secs, manifest, created_at, updated_at,
+                   (xmax <> 0) AS replaced",
     )
     .bind(name)
     .bind(url)
@@ -78,7 +86,7 @@ pub async fn register(
     )
     .await?;
     tx.commit().await?;
-    Ok(!inserted)
+    Ok(registered)
 }
 
 /// Removes the service `name`, audited as `service_remove`; whether there was one.
