@@ -12,14 +12,14 @@ use crate::{App, Result};
 
 pub use agentq_core::db::events::{Event, News, Outcome};
 
-/// Up to `limit` events of `op` after event number `after`, in order.
-pub async fn after(app: &App, op: OperationId, after: i32, limit: i64) -> Result<Vec<Event>> {
+/// Up to `limit` events of `op` after event `after`, in order.
+pub async fn after(app: &App, op: OperationId, after: i64, limit: i64) -> Result<Vec<Event>> {
     Ok(db::within(db::events::events_after(&app.pool, op.0, after, limit)).await?)
 }
 
-/// One read of many operations: for each `(op, cursor)` its status, its highest event number
+/// One read of many operations: for each `(op, cursor)` its status, its highest event id
 /// and up to `limit` events after the cursor (a `None` cursor starts at the head).
-pub async fn of_many(app: &App, ops: &[(Uuid, Option<i32>)], limit: i64) -> Result<Vec<News>> {
+pub async fn of_many(app: &App, ops: &[(Uuid, Option<i64>)], limit: i64) -> Result<Vec<News>> {
     Ok(db::within(db::events::events_of_many(&app.pool, ops, limit)).await?)
 }
 

@@ -1,6 +1,7 @@
 //! `GET /v1/operations/{id}/events`: the operation's life as Server-Sent Events, read from its
-//! event log. Each event's id is its number in that log, so a client that reconnects with
-//! `Last-Event-ID: n` gets exactly the events after n: nothing missed, nothing twice. The
+//! event log. Each event's id is its id in that log (increasing within the operation in commit
+//! order, not consecutive), so a client that reconnects with `Last-Event-ID: n` gets exactly
+//! the events after n: nothing missed, nothing twice. The
 //! stream ends after a terminal status (the terminal event carries the result or the error).
 //!
 //! One poller per server serves every open stream, so the database cost does not grow with
@@ -71,7 +72,7 @@ struct TokenStreams {
 struct Feed {
     /// The last event the poller has read; `None` until its first read, which starts at the
     /// head (a stream catches up by itself before it follows a feed).
-    loaded: Option<i32>,
+    loaded: Option<i64>,
     /// The poller's latest read, to every stream of the operation. Its receivers are the
     /// streams: the poller drops a feed nobody follows.
     tx: watch::Sender<Arc<Tick>>,
@@ -80,9 +81,9 @@ struct Feed {
 /// What one read of the poller found for one operation.
 #[derive(Default)]
 struct Tick {
-    /// `events` are the ones numbered after this, in order and without gaps: a stream that
-    /// has sent fewer reads the log itself up to here.
-    after: i32,
+    /// `events` are all the ones after this, in order: a stream that is behind this reads the
+    /// log itself up to here.
+    after: i64,
     events: Vec<(log::Event, Option<log::Outcome>)>,
     /// The operation's status at the read was terminal, and every event up to that read is
     /// in `events` or before them: a stream that has sent them is over.
@@ -93,7 +94,7 @@ struct Tick {
 
 impl Tick {
     /// The last event this read reached.
-    fn upto(&self) -> i32 {
+    fn upto(&self) -> i64 {
         self.events.last().map_or(self.after, |(e, _)| e.seq)
     }
 }
@@ -197,7 +198,7 @@ async fn poll(state: Weak<ApiState>) {
 
 /// One read for every followed feed, published to the feeds with news.
 async fn read_feeds(state: &ApiState) {
-    let watched: Vec<(uuid::Uuid, Option<i32>)> = {
+    let watched: Vec<(uuid::Uuid, Option<i64>)> = {
         let mut feeds = state.streams.feeds.lock().expect("feeds lock");
         feeds.retain(|_, f| f.tx.receiver_count() > 0);
         feeds.iter().map(|(op, f)| (op.0, f.loaded)).collect()
@@ -307,9 +308,9 @@ pub struct EventsQuery {
     last_event_id: Option<String>,
 }
 
-fn parse_last(s: &str) -> ApiResult<i32> {
+fn parse_last(s: &str) -> ApiResult<i64> {
     s.trim()
-        .parse::<i32>()
+        .parse::<i64>()
         .ok()
         .filter(|n| *n >= 0)
         .ok_or_else(|| {
@@ -329,7 +330,7 @@ enum Outcome {
 struct Cursor {
     state: Arc<ApiState>,
     op: OperationId,
-    last: i32,
+    last: i64,
     buffered: VecDeque<(log::Event, Outcome)>,
     slot: Slot,
     /// The poller's reads of this operation, once the stream has caught up.

@@ -902,13 +902,16 @@ async fn explain(pool: &PgPool, op: uuid::Uuid) {
     .await
     .unwrap_or_default();
     println!("chaos: {op} unsafe effects {effects:?}");
-    let events: Vec<(i32, chrono::DateTime<chrono::Utc>, String, Value)> = sqlx::query_as(
-        "SELECT seq, at, type, data FROM operation_events WHERE op_id = $1 ORDER BY seq",
-    )
-    .bind(op)
-    .fetch_all(pool)
-    .await
-    .unwrap_or_default();
+    let sql = format!(
+        "SELECT seq, at, type, data FROM {} e WHERE op_id = $1 ORDER BY seq",
+        agentq_core::db::events::EVENT_LOG
+    );
+    let events: Vec<(i64, chrono::DateTime<chrono::Utc>, String, Value)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(op)
+            .fetch_all(pool)
+            .await
+            .unwrap_or_default();
     for e in events {
         println!("chaos: {op} event {e:?}");
     }

@@ -2023,9 +2023,10 @@ async fn api_event_stream_resumes_with_last_event_id_and_misses_nothing() {
         first.len(),
         second.len()
     );
-    let ids: Vec<u64> = all.iter().map(|e| e.id).collect();
-    let expected: Vec<u64> = (1..=all.len() as u64).collect();
-    assert_eq!(ids, expected, "ids 1..n, each once, in order: {all:#?}");
+    assert!(
+        all.windows(2).all(|w| w[0].id < w[1].id),
+        "ids increase, each once, in order: {all:#?}"
+    );
     for e in &all {
         assert!(
             matches!(e.event.as_str(), "status" | "step" | "signal"),
@@ -2088,8 +2089,9 @@ async fn api_event_stream_resumes_with_last_event_id_and_misses_nothing() {
     let tail = Sse::from_request(
         api.client
             .get(format!(
-                "{}/v1/operations/{op}/events?last_event_id={k}",
-                api.base
+                "{}/v1/operations/{op}/events?last_event_id={}",
+                api.base,
+                all[k - 1].id
             ))
             .bearer_auth(&token),
     )
@@ -2097,7 +2099,7 @@ async fn api_event_stream_resumes_with_last_event_id_and_misses_nothing() {
     .read_to_end("?last_event_id")
     .await;
     assert_eq!(tail, all[k..].to_vec());
-    let none = Sse::open(&api, &token, &op, Some(all.len() as u64))
+    let none = Sse::open(&api, &token, &op, Some(terminal.id))
         .await
         .read_to_end("after the terminal event")
         .await;
@@ -2124,12 +2126,23 @@ async fn event_streams_of_many_operations_share_the_poller_and_each_gets_exactly
     for op in &ops {
         app.wait_status(op, "waiting", DEADLINE).await;
     }
-    // Two streams per operation, one from the start and one resuming after event 1, all
-    // following the one poller of this server.
+    // Two streams per operation, one from the start and one resuming after its first event,
+    // all following the one poller of this server.
     let mut streams = Vec::new();
     for op in &ops {
+        let first: i64 =
+            sqlx::query_scalar("SELECT min(seq) FROM operation_events WHERE op_id = $1::uuid")
+                .bind(op)
+                .fetch_one(&app.pool)
+                .await
+                .expect("the first event of an operation");
+        let first = first as u64;
         streams.push((op.clone(), 0, Sse::open(&api, &token, op, None).await));
-        streams.push((op.clone(), 1, Sse::open(&api, &token, op, Some(1)).await));
+        streams.push((
+            op.clone(),
+            first,
+            Sse::open(&api, &token, op, Some(first)).await,
+        ));
     }
     // The last operation's row goes away while its streams are open: they end.
     let (gone, live) = ops.split_last().expect("three operations");
@@ -2153,9 +2166,11 @@ async fn event_streams_of_many_operations_share_the_poller_and_each_gets_exactly
         if op == *gone {
             continue;
         }
-        let ids: Vec<u64> = events.iter().map(|e| e.id).collect();
-        let expected: Vec<u64> = (after + 1..=after + events.len() as u64).collect();
-        assert_eq!(ids, expected, "ids after {after}, each once: {events:#?}");
+        assert!(
+            events.first().is_some_and(|e| e.id > after)
+                && events.windows(2).all(|w| w[0].id < w[1].id),
+            "ids after {after}, increasing, each once: {events:#?}"
+        );
         let terminal = events.last().expect("events");
         assert!(
             is_terminal(terminal)
@@ -2171,5 +2186,120 @@ async fn event_streams_of_many_operations_share_the_poller_and_each_gets_exactly
         }
     }
     assert_eq!(whole.len(), live.len());
+    app.cleanup().await;
+}
+
+/// A step's event is its journal row (migration 20261207000001): a row written `started` and
+/// then `completed` keeps both events, and a row a rebase moves out of the journal keeps its
+/// event, all in commit order with the operation's status events. Written through the
+/// journal's own statements on an operation no worker runs.
+#[tokio::test]
+async fn the_event_log_keeps_every_state_of_a_step_and_the_rows_a_rebase_moves() {
+    use agentq_core::db::{events, steps, versions};
+    use agentq_core::state::{Replay, StepKind, StepStatus};
+    let app = TestApp::start().await;
+    let op = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO operations (id, tenant_id, kind, lane, input, input_sha256, max_attempts,
+                                 status, epoch, upgrade_through)
+         VALUES ($1, 'acme', 'script', 'interactive', '{}', 'x', 5, 'running', 1, 5)",
+    )
+    .bind(op)
+    .execute(&app.pool)
+    .await
+    .expect("a running operation");
+    let step = |seq: i32, replay: Replay, status: StepStatus| steps::StepWrite {
+        seq,
+        name: format!("s{seq}"),
+        kind: StepKind::Custom,
+        replay,
+        idempotency_key: format!("{op}:{seq}"),
+        status,
+        output: (status == StepStatus::Completed).then(|| json!({ "n": seq })),
+        error: None,
+        started_at: chrono::Utc::now(),
+        completed_at: (status == StepStatus::Completed).then(chrono::Utc::now),
+        usage: None,
+        wake_at: None,
+    };
+    let write = |rows: Vec<steps::StepWrite>| {
+        let pool = app.pool.clone();
+        async move {
+            let batch = [steps::StepBatch {
+                id: op,
+                epoch: 1,
+                steps: rows,
+            }];
+            let written = steps::record_steps_many(&pool, &batch)
+                .await
+                .expect("journal");
+            assert_eq!(written, vec![op], "the journal write is fenced by epoch 1");
+        }
+    };
+    write(vec![
+        step(0, Replay::Safe, StepStatus::Completed),
+        step(1, Replay::Unsafe, StepStatus::Started),
+    ])
+    .await;
+    write(vec![
+        step(1, Replay::Unsafe, StepStatus::Completed),
+        step(2, Replay::Safe, StepStatus::Completed),
+    ])
+    .await;
+    assert!(
+        versions::rebase(&app.pool, op, 1, 2).await.expect("rebase"),
+        "the rebase runs"
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM operation_steps WHERE op_id = $1")
+        .bind(op)
+        .fetch_one(&app.pool)
+        .await
+        .expect("journal rows");
+    assert_eq!(left, 2, "step 2 moved out of the journal");
+    sqlx::query("UPDATE operations SET status = 'succeeded', finished_at = now() WHERE id = $1")
+        .bind(op)
+        .execute(&app.pool)
+        .await
+        .expect("finishing");
+
+    let log = events::events_after(&app.pool, op, 0, 100)
+        .await
+        .expect("events");
+    let seen: Vec<(String, Value, Value)> = log
+        .iter()
+        .map(|e| {
+            (
+                e.kind.clone(),
+                e.data.get("seq").cloned().unwrap_or(Value::Null),
+                e.data["status"].clone(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, Value, Value)> = [
+        ("status", Value::Null, "running"),
+        ("step", json!(0), "completed"),
+        ("step", json!(1), "started"),
+        ("step", json!(1), "completed"),
+        ("step", json!(2), "completed"),
+        ("status", Value::Null, "succeeded"),
+    ]
+    .into_iter()
+    .map(|(k, s, st)| (k.to_string(), s, json!(st)))
+    .collect();
+    assert_eq!(seen, expected, "the event log in commit order: {log:#?}");
+    assert!(
+        log.windows(2)
+            .all(|w| w[0].seq < w[1].seq && w[0].at <= w[1].at),
+        "ids and times increase: {log:#?}"
+    );
+    // Resuming after any event gives exactly the ones after it.
+    for (i, e) in log.iter().enumerate() {
+        let rest = events::events_after(&app.pool, op, e.seq, 100)
+            .await
+            .expect("events");
+        let ids: Vec<i64> = rest.iter().map(|e| e.seq).collect();
+        let want: Vec<i64> = log[i + 1..].iter().map(|e| e.seq).collect();
+        assert_eq!(ids, want, "after event {}", e.seq);
+    }
     app.cleanup().await;
 }

@@ -1,5 +1,11 @@
-//! SQL of the operation event log (`operation_events`, written by triggers: see migration
-//! `20261130000008_operation_events.sql`) and of API admission control.
+//! SQL of the operation event log and of API admission control.
+//!
+//! An operation's event log is its status and signal events (`operation_events`, written by
+//! triggers: see migration `20261130000008_operation_events.sql`) and its step events, which are
+//! the journal rows themselves, each carrying the id and time of its current status's event
+//! (earlier statuses of a row are archived into `operation_events`: migration
+//! `20261207000001_step_events_from_journal.sql`). `event_log!` is the union every reader
+//! reads.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -9,10 +15,27 @@ use uuid::Uuid;
 
 use super::Result;
 
-/// One event of an operation's life: `status`, `step` or `signal`, numbered from 1.
+/// The event log of every operation (`op_id, seq, at, type, data`) as a subquery: filter it
+/// by `op_id` (the filter reaches both halves). Ids increase in commit order within an
+/// operation but are not consecutive (one sequence numbers the events of all operations).
+macro_rules! event_log {
+    () => {
+        "(SELECT op_id, seq, at, type, data FROM operation_events
+          UNION ALL
+          SELECT op_id, event_id, event_at, 'step',
+                 agentq_step_event_data(seq, name, kind, status, output)
+            FROM operation_steps WHERE event_id IS NOT NULL)"
+    };
+}
+
+/// `event_log!` for readers outside this crate (a test's dump of an operation's events).
+pub const EVENT_LOG: &str = event_log!();
+
+/// One event of an operation's life: `status`, `step` or `signal`. Ids increase within an
+/// operation, in the order its events were committed, with gaps.
 #[derive(Clone, Debug, Serialize, FromRow)]
 pub struct Event {
-    pub seq: i32,
+    pub seq: i64,
     pub at: DateTime<Utc>,
     #[sqlx(rename = "type")]
     #[serde(rename = "type")]
@@ -21,11 +44,12 @@ pub struct Event {
 }
 
 /// Up to `limit` events of operation `op` after event `after`, in order.
-pub async fn events_after(pool: &PgPool, op: Uuid, after: i32, limit: i64) -> Result<Vec<Event>> {
-    let rows = sqlx::query_as(
-        "SELECT seq, at, type, data FROM operation_events
-          WHERE op_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-    )
+pub async fn events_after(pool: &PgPool, op: Uuid, after: i64, limit: i64) -> Result<Vec<Event>> {
+    let rows = sqlx::query_as(concat!(
+        "SELECT seq, at, type, data FROM ",
+        event_log!(),
+        " e WHERE op_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+    ))
     .bind(op)
     .bind(after)
     .bind(limit)
@@ -48,8 +72,8 @@ pub struct News {
     pub op: Uuid,
     /// Its status at the read; `None` when the operation no longer exists.
     pub status: Option<String>,
-    /// Its highest event number at the read (0: none yet).
-    pub head: i32,
+    /// Its highest event id at the read (0: none yet).
+    pub head: i64,
     /// The events after the cursor given for it, in order, each status event naming the
     /// operation's status at the read with that [`Outcome`].
     pub events: Vec<(Event, Option<Outcome>)>,
@@ -59,8 +83,8 @@ pub struct News {
 struct NewsRow {
     id: Uuid,
     status: Option<String>,
-    head: i32,
-    seq: Option<i32>,
+    head: i64,
+    seq: Option<i64>,
     at: Option<DateTime<Utc>>,
     #[sqlx(rename = "type")]
     kind: Option<String>,
@@ -70,18 +94,18 @@ struct NewsRow {
     finished_at: Option<DateTime<Utc>>,
 }
 
-/// For each `(operation, after)`: its status, its highest event number and up to `limit` of
+/// For each `(operation, after)`: its status, its highest event id and up to `limit` of
 /// its events after `after` (none for `None`: the caller starts at the head), all in one
 /// statement, so one snapshot. The event streams' shared poller: one query per tick however
 /// many operations have a stream open.
 pub async fn events_of_many(
     pool: &PgPool,
-    ops: &[(Uuid, Option<i32>)],
+    ops: &[(Uuid, Option<i64>)],
     limit: i64,
 ) -> Result<Vec<News>> {
     let ids: Vec<Uuid> = ops.iter().map(|(op, _)| *op).collect();
-    let afters: Vec<Option<i32>> = ops.iter().map(|(_, after)| *after).collect();
-    let rows: Vec<NewsRow> = sqlx::query_as(
+    let afters: Vec<Option<i64>> = ops.iter().map(|(_, after)| *after).collect();
+    let rows: Vec<NewsRow> = sqlx::query_as(concat!(
         "SELECT u.id, o.status, COALESCE(h.head, 0) AS head,
                 e.seq, e.at, e.type, e.data,
                 COALESCE(e.type = 'status' AND e.data->>'status' = o.status, false) AS current,
@@ -89,15 +113,17 @@ pub async fn events_of_many(
                      THEN o.result END AS result,
                 CASE WHEN e.type = 'status' AND e.data->>'status' = o.status
                      THEN o.finished_at END AS finished_at
-           FROM unnest($1::uuid[], $2::int4[]) AS u(id, after)
+           FROM unnest($1::uuid[], $2::int8[]) AS u(id, after)
            LEFT JOIN operations o ON o.id = u.id
-          CROSS JOIN LATERAL (SELECT max(seq) AS head FROM operation_events
-                               WHERE op_id = u.id) h
-           LEFT JOIN LATERAL (SELECT seq, at, type, data FROM operation_events
-                               WHERE op_id = u.id AND seq > u.after
+          CROSS JOIN LATERAL (SELECT max(seq) AS head FROM ",
+        event_log!(),
+        " l WHERE op_id = u.id) h
+           LEFT JOIN LATERAL (SELECT seq, at, type, data FROM ",
+        event_log!(),
+        " l WHERE op_id = u.id AND seq > u.after
                                ORDER BY seq LIMIT $3) e ON true
-          ORDER BY u.id, e.seq",
-    )
+          ORDER BY u.id, e.seq"
+    ))
     .bind(&ids)
     .bind(&afters)
     .bind(limit)

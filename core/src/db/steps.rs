@@ -240,8 +240,11 @@ pub struct StepBatch {
 
 /// Writes the journal rows of many running operations in one statement (one commit), each
 /// fenced by its own epoch: an operation no longer `running` at its epoch gets nothing written
-/// (its lease was lost: its worker must stop it at once). Operations are locked (`FOR SHARE`) in id order, like the claim,
-/// the heartbeat and the completion, so overlapping statements queue instead of deadlocking.
+/// (its lease was lost: its worker must stop it at once). Operations are locked in id order,
+/// like the claim, the heartbeat and the completion, so overlapping statements queue instead of
+/// deadlocking; `FOR NO KEY UPDATE`, because each journal row draws its event id here and every
+/// writer of an operation's events holds that lock (migration
+/// `20261207000001_step_events_from_journal.sql`).
 /// Returns the ids written. Each operation may appear once.
 pub async fn record_steps_many(pool: &PgPool, batch: &[StepBatch]) -> Result<Vec<Uuid>> {
     let ids: Vec<Uuid> = batch.iter().map(|b| b.id).collect();
@@ -254,7 +257,7 @@ pub async fn record_steps_many(pool: &PgPool, batch: &[StepBatch]) -> Result<Vec
             SELECT o.id, o.epoch FROM operations o JOIN input i ON o.id = i.id
              WHERE o.epoch = i.epoch AND o.status = 'running'
              ORDER BY o.id
-               FOR SHARE OF o
+               FOR NO KEY UPDATE OF o
          ), ",
         journal_many_cte!("lease", "$15"),
         "

@@ -197,6 +197,12 @@ pub async fn rebase(pool: &PgPool, op_id: Uuid, epoch: i64, seq: i32) -> Result<
             SELECT m.op_id, m.seq, m.name, m.kind, m.status, m.output, m.error, m.epoch,
                    m.started_at, m.completed_at, op.kind_version
               FROM moved m, op
+         ), archived AS (
+            -- A moved row's event stays in the operation's event log.
+            INSERT INTO operation_events (op_id, seq, at, type, data)
+            SELECT m.op_id, m.event_id, m.event_at, 'step',
+                   agentq_step_event_data(m.seq, m.name, m.kind, m.status, m.output)
+              FROM moved m WHERE m.event_id IS NOT NULL
          )
          UPDATE operations o SET upgrade_through = NULL FROM op WHERE o.id = op.id
      RETURNING o.id",
