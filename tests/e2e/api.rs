@@ -2130,12 +2130,15 @@ async fn event_streams_of_many_operations_share_the_poller_and_each_gets_exactly
     // all following the one poller of this server.
     let mut streams = Vec::new();
     for op in &ops {
-        let first: i64 =
-            sqlx::query_scalar("SELECT min(seq) FROM operation_events WHERE op_id = $1::uuid")
-                .bind(op)
-                .fetch_one(&app.pool)
-                .await
-                .expect("the first event of an operation");
+        // The log every reader reads: the first event may be served from the operation row.
+        let first: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT min(seq) FROM {} l WHERE op_id = $1::uuid",
+            agentq_core::db::events::EVENT_LOG
+        )))
+        .bind(op)
+        .fetch_one(&app.pool)
+        .await
+        .expect("the first event of an operation");
         let first = first as u64;
         streams.push((op.clone(), 0, Sse::open(&api, &token, op, None).await));
         streams.push((
@@ -2301,5 +2304,152 @@ async fn the_event_log_keeps_every_state_of_a_step_and_the_rows_a_rebase_moves()
         let want: Vec<i64> = log[i + 1..].iter().map(|e| e.seq).collect();
         assert_eq!(ids, want, "after event {}", e.seq);
     }
+    app.cleanup().await;
+}
+
+/// An operation enqueued `queued` and due at once serves its creation event from its own row
+/// (migration 20261208000001): no `operation_events` row, the same event as before (`queued`,
+/// attempt 0, `run_at` its creation) with the operation's first id, and the events after it in
+/// commit order. A delayed enqueue, which names when it is due, keeps its event as a row; so
+/// does an enqueue many at once through the batch statement. A repeated dedupe key adds nothing.
+#[tokio::test]
+async fn a_creation_event_is_served_from_the_operation_row_when_it_says_nothing_more() {
+    use agentq_core::db::events;
+    let app = TestApp::start().await;
+    let (producer, dispatcher) = app.producer();
+    let request = |run_at: Option<chrono::DateTime<chrono::Utc>>, key: Option<&str>| {
+        agentq_producer::EnqueueRequest {
+            tenant: "t1".into(),
+            kind: "echo".into(),
+            input: json!({ "text": "hi" }),
+            run_at,
+            dedupe_key: key.map(str::to_string),
+            ..Default::default()
+        }
+    };
+    let now = producer
+        .enqueue(request(None, Some("k")))
+        .await
+        .expect("enqueue")
+        .op_id
+        .0;
+    let later_at = chrono::Utc::now() + chrono::Duration::hours(1);
+    let later = producer
+        .enqueue(request(Some(later_at), None))
+        .await
+        .expect("enqueue")
+        .op_id
+        .0;
+    let many = producer
+        .enqueue_many(vec![request(None, None)])
+        .await
+        .expect("enqueue many")
+        .created[0]
+        .0;
+    let again = producer
+        .enqueue(request(None, Some("k")))
+        .await
+        .expect("the same dedupe key");
+    assert!(
+        !again.created && again.op_id.0 == now,
+        "the key names the first"
+    );
+    dispatcher.close().await;
+
+    let stored = |op: Uuid| {
+        let pool = app.pool.clone();
+        async move {
+            let (created_at, from_row): (chrono::DateTime<chrono::Utc>, Option<i64>) =
+                sqlx::query_as("SELECT created_at, created_event_id FROM operations WHERE id = $1")
+                    .bind(op)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("the operation");
+            let rows: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM operation_events WHERE op_id = $1")
+                    .bind(op)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("event rows");
+            (created_at, from_row, rows)
+        }
+    };
+    // What the insert trigger wrote: exactly these three keys.
+    let queued = |data: &Value| -> (String, i64, chrono::DateTime<chrono::Utc>, usize) {
+        let run_at = data["run_at"]
+            .as_str()
+            .expect("run_at")
+            .parse()
+            .expect("a time");
+        let keys = data.as_object().map_or(0, |o| o.len());
+        (
+            data["status"].to_string(),
+            data["attempt"].as_i64().unwrap_or(-1),
+            run_at,
+            keys,
+        )
+    };
+    for op in [now, many] {
+        let (created_at, from_row, rows) = stored(op).await;
+        let log = events::events_after(&app.pool, op, 0, 100)
+            .await
+            .expect("events");
+        assert_eq!(rows, 0, "no event row for {op}");
+        assert_eq!(log.len(), 1, "one event: {log:#?}");
+        assert_eq!(Some(log[0].seq), from_row, "the row's id");
+        assert_eq!((log[0].kind.as_str(), log[0].at), ("status", created_at));
+        assert_eq!(
+            queued(&log[0].data),
+            ("\"queued\"".into(), 0, created_at, 3),
+            "what the trigger wrote before: {log:#?}"
+        );
+    }
+    let (_, from_row, rows) = stored(later).await;
+    let log = events::events_after(&app.pool, later, 0, 100)
+        .await
+        .expect("events");
+    assert_eq!(
+        (from_row, rows),
+        (None, 1),
+        "a delayed enqueue keeps its row"
+    );
+    assert_eq!(log.len(), 1, "one event: {log:#?}");
+    let run_at: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT run_at FROM operations WHERE id = $1")
+            .bind(later)
+            .fetch_one(&app.pool)
+            .await
+            .expect("run_at");
+    assert_eq!(
+        queued(&log[0].data),
+        ("\"queued\"".into(), 0, run_at, 3),
+        "it names when it is due: {log:#?}"
+    );
+
+    // The next status change (as a claim writes it) follows the creation event, and resuming
+    // after the creation event gives exactly it.
+    sqlx::query(
+        "UPDATE operations SET status = 'running', attempt = 1, epoch = epoch + 1 WHERE id = $1",
+    )
+    .bind(now)
+    .execute(&app.pool)
+    .await
+    .expect("running");
+    let log = events::events_after(&app.pool, now, 0, 100)
+        .await
+        .expect("events");
+    let statuses: Vec<&str> = log
+        .iter()
+        .map(|e| e.data["status"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(statuses, ["queued", "running"], "{log:#?}");
+    assert!(
+        log[0].seq < log[1].seq && log[0].at <= log[1].at,
+        "{log:#?}"
+    );
+    let rest = events::events_after(&app.pool, now, log[0].seq, 100)
+        .await
+        .expect("events");
+    assert_eq!(rest.iter().map(|e| e.seq).collect::<Vec<_>>(), [log[1].seq]);
     app.cleanup().await;
 }

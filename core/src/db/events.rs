@@ -1,9 +1,11 @@
 //! SQL of the operation event log and of API admission control.
 //!
 //! An operation's event log is its status and signal events (`operation_events`, written by
-//! triggers: see migration `20261130000008_operation_events.sql`) and its step events, which are
-//! the journal rows themselves, each carrying the id and time of its current status's event
-//! (earlier statuses of a row are archived into `operation_events`: migration
+//! triggers: see migration `20261130000008_operation_events.sql`), its creation event, served
+//! from the operation's row when it was enqueued `queued` and due at once (migration
+//! `20261208000001_creation_event_from_row.sql`), and its step events, which are the journal
+//! rows themselves, each carrying the id and time of its current status's event (earlier
+//! statuses of a row are archived into `operation_events`: migration
 //! `20261207000001_step_events_from_journal.sql`). `event_log!` is the union every reader
 //! reads.
 
@@ -16,11 +18,17 @@ use uuid::Uuid;
 use super::Result;
 
 /// The event log of every operation (`op_id, seq, at, type, data`) as a subquery: filter it
-/// by `op_id` (the filter reaches both halves). Ids increase in commit order within an
+/// by `op_id` (the filter reaches all three parts). Ids increase in commit order within an
 /// operation but are not consecutive (one sequence numbers the events of all operations).
+/// The creation event built from the row is what the insert trigger wrote before: the row's
+/// status, attempt and `run_at` as inserted, which the migration's condition fixes.
 macro_rules! event_log {
     () => {
         "(SELECT op_id, seq, at, type, data FROM operation_events
+          UNION ALL
+          SELECT id, created_event_id, created_at, 'status',
+                 jsonb_build_object('status', 'queued', 'attempt', 0, 'run_at', created_at)
+            FROM operations WHERE created_event_id IS NOT NULL
           UNION ALL
           SELECT op_id, event_id, event_at, 'step',
                  agentq_step_event_data(seq, name, kind, status, output)
