@@ -2192,26 +2192,15 @@ async fn event_streams_of_many_operations_share_the_poller_and_each_gets_exactly
     app.cleanup().await;
 }
 
-/// A step's event is its journal row (migration 20261207000001): a row written `started` and
-/// then `completed` keeps both events, and a row a rebase moves out of the journal keeps its
-/// event, all in commit order with the operation's status events. Written through the
-/// journal's own statements on an operation no worker runs.
-#[tokio::test]
-async fn the_event_log_keeps_every_state_of_a_step_and_the_rows_a_rebase_moves() {
-    use agentq_core::db::{events, steps, versions};
-    use agentq_core::state::{Replay, StepKind, StepStatus};
-    let app = TestApp::start().await;
-    let op = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO operations (id, tenant_id, kind, lane, input, input_sha256, max_attempts,
-                                 status, epoch, upgrade_through)
-         VALUES ($1, 'acme', 'script', 'interactive', '{}', 'x', 5, 'running', 1, 5)",
-    )
-    .bind(op)
-    .execute(&app.pool)
-    .await
-    .expect("a running operation");
-    let step = |seq: i32, replay: Replay, status: StepStatus| steps::StepWrite {
+/// A journal row of `op` at `seq`, named `s<seq>`, with an output once completed.
+fn journal_row(
+    op: Uuid,
+    seq: i32,
+    replay: agentq_core::state::Replay,
+    status: agentq_core::state::StepStatus,
+) -> agentq_core::db::steps::StepWrite {
+    use agentq_core::state::{StepKind, StepStatus};
+    agentq_core::db::steps::StepWrite {
         seq,
         name: format!("s{seq}"),
         kind: StepKind::Custom,
@@ -2224,7 +2213,62 @@ async fn the_event_log_keeps_every_state_of_a_step_and_the_rows_a_rebase_moves()
         completed_at: (status == StepStatus::Completed).then(chrono::Utc::now),
         usage: None,
         wake_at: None,
-    };
+    }
+}
+
+/// Checks the log of an operation that ran, journaled step 0 `completed` and step 1 `started`,
+/// then step 1 `completed` and step 2 `completed`, and succeeded: those events in that order,
+/// with increasing ids and times.
+fn assert_steps_then_success(log: &[agentq_core::db::events::Event]) {
+    let seen: Vec<(String, Value, Value)> = log
+        .iter()
+        .map(|e| {
+            (
+                e.kind.clone(),
+                e.data.get("seq").cloned().unwrap_or(Value::Null),
+                e.data["status"].clone(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, Value, Value)> = [
+        ("status", Value::Null, "running"),
+        ("step", json!(0), "completed"),
+        ("step", json!(1), "started"),
+        ("step", json!(1), "completed"),
+        ("step", json!(2), "completed"),
+        ("status", Value::Null, "succeeded"),
+    ]
+    .into_iter()
+    .map(|(k, s, st)| (k.to_string(), s, json!(st)))
+    .collect();
+    assert_eq!(seen, expected, "the event log in commit order: {log:#?}");
+    assert!(
+        log.windows(2)
+            .all(|w| w[0].seq < w[1].seq && w[0].at <= w[1].at),
+        "ids and times increase: {log:#?}"
+    );
+}
+
+/// A step's event is its journal row (migration 20261207000001): a row written `started` and
+/// then `completed` keeps both events, and a row a rebase moves out of the journal keeps its
+/// event, all in commit order with the operation's status events. Written through the
+/// journal's own statements on an operation no worker runs.
+#[tokio::test]
+async fn the_event_log_keeps_every_state_of_a_step_and_the_rows_a_rebase_moves() {
+    use agentq_core::db::{events, steps, versions};
+    use agentq_core::state::{Replay, StepStatus};
+    let app = TestApp::start().await;
+    let op = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO operations (id, tenant_id, kind, lane, input, input_sha256, max_attempts,
+                                 status, epoch, upgrade_through)
+         VALUES ($1, 'acme', 'script', 'interactive', '{}', 'x', 5, 'running', 1, 5)",
+    )
+    .bind(op)
+    .execute(&app.pool)
+    .await
+    .expect("a running operation");
+    let step = |seq, replay, status| journal_row(op, seq, replay, status);
     let write = |rows: Vec<steps::StepWrite>| {
         let pool = app.pool.clone();
         async move {
@@ -2268,33 +2312,7 @@ async fn the_event_log_keeps_every_state_of_a_step_and_the_rows_a_rebase_moves()
     let log = events::events_after(&app.pool, op, 0, 100)
         .await
         .expect("events");
-    let seen: Vec<(String, Value, Value)> = log
-        .iter()
-        .map(|e| {
-            (
-                e.kind.clone(),
-                e.data.get("seq").cloned().unwrap_or(Value::Null),
-                e.data["status"].clone(),
-            )
-        })
-        .collect();
-    let expected: Vec<(String, Value, Value)> = [
-        ("status", Value::Null, "running"),
-        ("step", json!(0), "completed"),
-        ("step", json!(1), "started"),
-        ("step", json!(1), "completed"),
-        ("step", json!(2), "completed"),
-        ("status", Value::Null, "succeeded"),
-    ]
-    .into_iter()
-    .map(|(k, s, st)| (k.to_string(), s, json!(st)))
-    .collect();
-    assert_eq!(seen, expected, "the event log in commit order: {log:#?}");
-    assert!(
-        log.windows(2)
-            .all(|w| w[0].seq < w[1].seq && w[0].at <= w[1].at),
-        "ids and times increase: {log:#?}"
-    );
+    assert_steps_then_success(&log);
     // Resuming after any event gives exactly the ones after it.
     for (i, e) in log.iter().enumerate() {
         let rest = events::events_after(&app.pool, op, e.seq, 100)
@@ -2451,5 +2469,141 @@ async fn a_creation_event_is_served_from_the_operation_row_when_it_says_nothing_
         .await
         .expect("events");
     assert_eq!(rest.iter().map(|e| e.seq).collect::<Vec<_>>(), [log[1].seq]);
+    app.cleanup().await;
+}
+
+/// A success written by the completion serves its `succeeded` event from the operation row
+/// (migration 20261208000002): after the steps the same statement wrote (their ids first), the
+/// same data the status trigger wrote, no event row, the outcome with it on the stream; and
+/// should a column the event shows change later, the event is archived with its id and data.
+#[tokio::test]
+async fn a_success_is_served_from_the_operation_row_after_its_last_steps() {
+    use agentq_core::db::{events, settle, steps};
+    use agentq_core::state::{Replay, StepStatus};
+    let app = TestApp::start().await;
+    let (op, bare) = (Uuid::new_v4(), Uuid::new_v4());
+    for id in [op, bare] {
+        sqlx::query(
+            "INSERT INTO operations (id, tenant_id, kind, lane, input, input_sha256, status,
+                                     attempt, epoch)
+             VALUES ($1, 'acme', 'script', 'interactive', '{}', 'x', 'running', 1, 1)",
+        )
+        .bind(id)
+        .execute(&app.pool)
+        .await
+        .expect("a running operation");
+    }
+    let step = |seq, replay, status| journal_row(op, seq, replay, status);
+    let batch = [steps::StepBatch {
+        id: op,
+        epoch: 1,
+        steps: vec![
+            step(0, Replay::Safe, StepStatus::Completed),
+            step(1, Replay::Unsafe, StepStatus::Started),
+        ],
+    }];
+    steps::record_steps_many(&app.pool, &batch)
+        .await
+        .expect("journal");
+    // One statement finishes both: one with its last rows (one of them a row written before),
+    // one with none.
+    let completions = [
+        settle::Completion {
+            id: op,
+            epoch: 1,
+            result: json!({ "ok": true }),
+            steps: vec![
+                step(1, Replay::Unsafe, StepStatus::Completed),
+                step(2, Replay::Safe, StepStatus::Completed),
+            ],
+        },
+        settle::Completion {
+            id: bare,
+            epoch: 1,
+            result: json!({ "ok": 2 }),
+            steps: vec![],
+        },
+    ];
+    let mut done = settle::complete_operations(&app.pool, &completions)
+        .await
+        .expect("completion");
+    done.sort();
+    let mut both = vec![op, bare];
+    both.sort();
+    assert_eq!(done, both, "both fenced by epoch 1");
+
+    let log = events::events_after(&app.pool, op, 0, 100)
+        .await
+        .expect("events");
+    assert_steps_then_success(&log);
+    let (run_at, from_row): (chrono::DateTime<chrono::Utc>, Option<i64>) =
+        sqlx::query_as("SELECT run_at, finished_event_id FROM operations WHERE id = $1")
+            .bind(op)
+            .fetch_one(&app.pool)
+            .await
+            .expect("the operation");
+    let last = log.last().expect("the success").clone();
+    assert_eq!(Some(last.seq), from_row, "served from the row");
+    let shown: chrono::DateTime<chrono::Utc> = last.data["run_at"]
+        .as_str()
+        .expect("run_at")
+        .parse()
+        .expect("a time");
+    assert_eq!(
+        (
+            last.data["attempt"].as_i64(),
+            shown,
+            last.data.as_object().map(|o| o.len())
+        ),
+        (Some(1), run_at, Some(3)),
+        "what the status trigger wrote: {last:#?}"
+    );
+    let rows = |id: Uuid| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM operation_events
+                  WHERE op_id = $1 AND type = 'status' AND data->>'status' = 'succeeded'",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .expect("event rows")
+        }
+    };
+    assert_eq!(rows(op).await, 0, "no event row for the success");
+    // The stream's poller gives the success with the outcome.
+    let news = events::events_of_many(&app.pool, &[(op, Some(log[4].seq))], 10)
+        .await
+        .expect("news");
+    let (event, outcome) = &news[0].events[0];
+    assert_eq!((event.seq, news[0].head), (last.seq, last.seq));
+    assert_eq!(
+        outcome.as_ref().and_then(|o| o.result.clone()),
+        Some(json!({ "ok": true }))
+    );
+    let bare_log = events::events_after(&app.pool, bare, 0, 100)
+        .await
+        .expect("events");
+    let statuses: Vec<&str> = bare_log
+        .iter()
+        .map(|e| e.data["status"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(statuses, ["running", "succeeded"], "{bare_log:#?}");
+
+    // A column the event shows changes: the event is archived as it was served.
+    sqlx::query("UPDATE operations SET error_message = 'changed later' WHERE id = $1")
+        .bind(op)
+        .execute(&app.pool)
+        .await
+        .expect("an update");
+    let after = events::events_after(&app.pool, op, 0, 100)
+        .await
+        .expect("events");
+    let pairs = |log: &[events::Event]| -> Vec<(i64, Value)> {
+        log.iter().map(|e| (e.seq, e.data.clone())).collect()
+    };
+    assert_eq!(pairs(&after), pairs(&log), "the log is unchanged");
+    assert_eq!(rows(op).await, 1, "archived");
     app.cleanup().await;
 }

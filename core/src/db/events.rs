@@ -3,7 +3,9 @@
 //! An operation's event log is its status and signal events (`operation_events`, written by
 //! triggers: see migration `20261130000008_operation_events.sql`), its creation event, served
 //! from the operation's row when it was enqueued `queued` and due at once (migration
-//! `20261208000001_creation_event_from_row.sql`), and its step events, which are the journal
+//! `20261208000001_creation_event_from_row.sql`), its `succeeded` event, served from the row
+//! when the completion wrote it (migration `20261208000002_finished_event_from_row.sql`), and
+//! its step events, which are the journal
 //! rows themselves, each carrying the id and time of its current status's event (earlier
 //! statuses of a row are archived into `operation_events`: migration
 //! `20261207000001_step_events_from_journal.sql`). `event_log!` is the union every reader
@@ -21,14 +23,21 @@ use super::Result;
 /// by `op_id` (the filter reaches all three parts). Ids increase in commit order within an
 /// operation but are not consecutive (one sequence numbers the events of all operations).
 /// The creation event built from the row is what the insert trigger wrote before: the row's
-/// status, attempt and `run_at` as inserted, which the migration's condition fixes.
+/// status, attempt and `run_at` as inserted, which the migration's condition fixes. The
+/// `succeeded` event built from the row is what the status trigger wrote: the row's columns,
+/// which are archived with the event before any of them changes.
 macro_rules! event_log {
     () => {
         "(SELECT op_id, seq, at, type, data FROM operation_events
           UNION ALL
           SELECT id, created_event_id, created_at, 'status',
-                 jsonb_build_object('status', 'queued', 'attempt', 0, 'run_at', created_at)
+                 agentq_status_event_data('queued', 0, created_at, NULL, NULL, NULL)
             FROM operations WHERE created_event_id IS NOT NULL
+          UNION ALL
+          SELECT id, finished_event_id, finished_event_at, 'status',
+                 agentq_status_event_data(status, attempt, run_at, waiting_for, error_class,
+                                          error_message)
+            FROM operations WHERE finished_event_id IS NOT NULL
           UNION ALL
           SELECT op_id, event_id, event_at, 'step',
                  agentq_step_event_data(seq, name, kind, status, output)

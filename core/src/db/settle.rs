@@ -29,6 +29,10 @@ pub struct Completion {
 /// statement (one commit), each fenced by its own epoch and status. Returns the ids written;
 /// an id missing from it lost its lease (nothing was written for it).
 /// The journal upsert is `journal_cte!`'s, joined on each row's operation instead of one.
+/// The `succeeded` event is served from the operation row (migration
+/// `20261208000002_finished_event_from_row.sql`): its id is drawn by the `UPDATE`, which waits
+/// for the journal's rows (a scalar subquery over them, evaluated before any row is updated), so
+/// the steps' event ids come first, as the deferred status trigger had it.
 pub async fn complete_operations(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Uuid>> {
     let ids: Vec<Uuid> = batch.iter().map(|c| c.id).collect();
     let epochs: Vec<i64> = batch.iter().map(|c| c.epoch).collect();
@@ -45,21 +49,25 @@ pub async fn complete_operations(pool: &PgPool, batch: &[Completion]) -> Result<
         "
              ORDER BY o.id
                FOR UPDATE OF o
-         ), done AS (
+         ), ",
+        journal_many_cte!("locked", "$16", "RETURNING 1"),
+        ", done AS (
             UPDATE operations o
                SET status = ",
         to_sql!(COMPLETE),
         ", result = l.result, finished_at = now(), updated_at = now(),
                    lease_owner = NULL, lease_expires_at = NULL,
-                   error_class = NULL, error_message = NULL
+                   error_class = NULL, error_message = NULL,
+                   finished_event_id = nextval('agentq_event_ids'),
+                   finished_event_at = clock_timestamp()
               FROM locked l
              WHERE o.id = l.id AND o.epoch = l.epoch AND o.status IN ",
         from_sql!(COMPLETE),
         "
-         RETURNING o.id, o.epoch
-         ), ",
-        journal_many_cte!("done", "$16"),
-        "
+               -- After the journal's rows: their event ids come before this one.
+               AND (SELECT count(*) FROM journal) >= 0
+         RETURNING o.id
+         )
          SELECT id FROM done"
     );
     let done: Vec<Uuid> = bind_steps(sqlx::query_scalar(SQL), steps)

@@ -118,6 +118,10 @@ pub(crate) use journal_cte;
 /// `$src` (the operations fenced and locked by the statement, with `id` and `epoch`).
 macro_rules! journal_many_cte {
     ($src:literal, $owners:literal) => {
+        $crate::db::steps::journal_many_cte!($src, $owners, "")
+    };
+    // `$returning`: a `RETURNING` clause, for a statement that must wait for the rows.
+    ($src:literal, $owners:literal, $returning:literal) => {
         concat!(
             "journal AS (
             ",
@@ -143,6 +147,8 @@ macro_rules! journal_many_cte {
             ".id = s.op_id
             ",
             $crate::db::steps::journal_upsert!(),
+            " ",
+            $returning,
             "
          )"
         )
