@@ -184,16 +184,26 @@ pub async fn run(mut config: Deployment, args: Args) -> anyhow::Result<()> {
     db::migrate(&config.database_url)
         .await
         .context("creating the benchmark database")?;
-    let outcome = match args.scenario {
-        Scenario::E2e => jobs::e2e(&config, &args).await,
-        Scenario::Batch => jobs::batch(&config, &args).await,
-        Scenario::Steps => jobs::steps(&config, &args).await,
-        Scenario::Inflight => jobs::inflight(&config, &args).await,
-        Scenario::Timers => scenarios::timers(&config, &args).await,
-        Scenario::Waiting => scenarios::waiting(&config, &args).await,
-        Scenario::Http => http::http(&config, &args).await,
-        Scenario::DurableSteps => durable::durable_steps(&config, &args).await,
-        Scenario::Remote => remote::remote(&config, &args).await,
+    let scenario = async {
+        match args.scenario {
+            Scenario::E2e => jobs::e2e(&config, &args).await,
+            Scenario::Batch => jobs::batch(&config, &args).await,
+            Scenario::Steps => jobs::steps(&config, &args).await,
+            Scenario::Inflight => jobs::inflight(&config, &args).await,
+            Scenario::Timers => scenarios::timers(&config, &args).await,
+            Scenario::Waiting => scenarios::waiting(&config, &args).await,
+            Scenario::Http => http::http(&config, &args).await,
+            Scenario::DurableSteps => durable::durable_steps(&config, &args).await,
+            Scenario::Remote => remote::remote(&config, &args).await,
+        }
+    };
+    // Ctrl-C or SIGTERM stops the run where it is (its worker and scheduler processes are
+    // spawned kill-on-drop, so they stop with it) and still removes what it created.
+    let outcome = tokio::select! {
+        outcome = scenario => outcome,
+        signal = stop_signal() => Err(anyhow::anyhow!(
+            "stopped by {signal}: no figures; the benchmark's database and namespace are removed"
+        )),
     };
     if args.keep {
         eprintln!(
@@ -205,6 +215,21 @@ pub async fn run(mut config: Deployment, args: Args) -> anyhow::Result<()> {
         cleanup(&config).await;
     }
     outcome
+}
+
+/// Resolves with the signal's name on SIGINT or SIGTERM (never, if no handler could be set).
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
 }
 
 async fn cleanup(config: &Deployment) {

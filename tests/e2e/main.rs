@@ -11,6 +11,7 @@ mod api_hostile;
 mod api_list;
 mod approval_context;
 mod batch;
+mod bench_cli;
 mod budgets;
 mod capacity;
 mod children;

@@ -1,0 +1,88 @@
+//! `agentq bench` as a user runs it: stopped by a signal (Ctrl-C, or a script's `kill`), it
+//! removes the database and the broker namespace it created, as a run that ends does.
+
+use agentq_core::Lane;
+use agentq_core::broker::{self, Names};
+use agentq_core::db;
+
+use crate::harness::{DEADLINE, TestApp};
+
+/// The benchmark databases on the test's server.
+async fn bench_databases(pool: &sqlx::PgPool) -> Vec<String> {
+    sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'agentq\\_bench\\_%'")
+        .fetch_all(pool)
+        .await
+        .expect("databases")
+}
+
+#[tokio::test]
+async fn a_benchmark_stopped_by_a_signal_removes_its_database_and_namespace() {
+    let mut app = TestApp::start().await;
+    let before = bench_databases(&app.pool).await;
+    // Far more jobs than the test waits for: it is stopped mid-run.
+    let bench = app.spawn_logged(&[
+        "bench",
+        "--scenario",
+        "e2e",
+        "--jobs",
+        "1000000",
+        "--concurrency",
+        "8",
+        "--producers",
+        "2",
+    ]);
+    // Its database once operations are in it: the run's processes are up and working.
+    let (database, url) = app
+        .wait_until("the benchmark's operations", DEADLINE, || {
+            let (pool, before, base) = (app.pool.clone(), before.clone(), app.database_url.clone());
+            async move {
+                let new = bench_databases(&pool)
+                    .await
+                    .into_iter()
+                    .find(|d| !before.contains(d))?;
+                let url = db::with_database(&base, &new).ok()?;
+                let bench_pool = db::connect(&url, 1).await.ok()?;
+                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM operations")
+                    .fetch_one(&bench_pool)
+                    .await
+                    .ok()?;
+                bench_pool.close().await;
+                (n > 0).then_some((new, url))
+            }
+        })
+        .await;
+    app.signal(bench, "TERM");
+    assert!(
+        app.wait_exit(bench, DEADLINE).await,
+        "the benchmark stops: {}",
+        app.log(bench)
+    );
+    assert_ne!(
+        app.exit_code(bench),
+        Some(0),
+        "a stopped run is not a result"
+    );
+    assert!(
+        app.log(bench).contains("stopped by SIGTERM"),
+        "it says why: {}",
+        app.log(bench)
+    );
+    assert!(
+        !bench_databases(&app.pool).await.contains(&database),
+        "its database {} is dropped",
+        agentq_core::config::redact_url(&url)
+    );
+    let tag = database.trim_start_matches("agentq_bench_");
+    let conn = broker::connect(&app.amqp_url, "test")
+        .await
+        .expect("broker");
+    let names = Names::new(&format!("agentq-bench-{tag}"));
+    for lane in [Lane::Interactive, Lane::Batch] {
+        assert!(
+            broker::queue_depth(&conn, &names, lane).await.is_err(),
+            "its {lane} queue is deleted"
+        );
+    }
+    let _ = conn.close(200, "checked".into()).await;
+    app.cleanup().await;
+}
