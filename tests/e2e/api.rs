@@ -2216,6 +2216,20 @@ fn journal_row(
     }
 }
 
+/// The whole event log of `op` (the tests' logs are short), in order.
+async fn whole_log(pool: &sqlx::PgPool, op: Uuid) -> Vec<agentq_core::db::events::Event> {
+    agentq_core::db::events::events_after(pool, op, 0, 100)
+        .await
+        .expect("events")
+}
+
+/// The `status` each event of `log` names.
+fn statuses(log: &[agentq_core::db::events::Event]) -> Vec<&str> {
+    log.iter()
+        .map(|e| e.data["status"].as_str().unwrap_or("?"))
+        .collect()
+}
+
 /// Checks the log of an operation that ran, journaled step 0 `completed` and step 1 `started`,
 /// then step 1 `completed` and step 2 `completed`, and succeeded: those events in that order,
 /// with increasing ids and times.
@@ -2309,9 +2323,7 @@ async fn the_event_log_keeps_every_state_of_a_step_and_the_rows_a_rebase_moves()
         .await
         .expect("finishing");
 
-    let log = events::events_after(&app.pool, op, 0, 100)
-        .await
-        .expect("events");
+    let log = whole_log(&app.pool, op).await;
     assert_steps_then_success(&log);
     // Resuming after any event gives exactly the ones after it.
     for (i, e) in log.iter().enumerate() {
@@ -2409,9 +2421,7 @@ async fn a_creation_event_is_served_from_the_operation_row_when_it_says_nothing_
     };
     for op in [now, many] {
         let (created_at, from_row, rows) = stored(op).await;
-        let log = events::events_after(&app.pool, op, 0, 100)
-            .await
-            .expect("events");
+        let log = whole_log(&app.pool, op).await;
         assert_eq!(rows, 0, "no event row for {op}");
         assert_eq!(log.len(), 1, "one event: {log:#?}");
         assert_eq!(Some(log[0].seq), from_row, "the row's id");
@@ -2423,9 +2433,7 @@ async fn a_creation_event_is_served_from_the_operation_row_when_it_says_nothing_
         );
     }
     let (_, from_row, rows) = stored(later).await;
-    let log = events::events_after(&app.pool, later, 0, 100)
-        .await
-        .expect("events");
+    let log = whole_log(&app.pool, later).await;
     assert_eq!(
         (from_row, rows),
         (None, 1),
@@ -2453,14 +2461,8 @@ async fn a_creation_event_is_served_from_the_operation_row_when_it_says_nothing_
     .execute(&app.pool)
     .await
     .expect("running");
-    let log = events::events_after(&app.pool, now, 0, 100)
-        .await
-        .expect("events");
-    let statuses: Vec<&str> = log
-        .iter()
-        .map(|e| e.data["status"].as_str().unwrap_or("?"))
-        .collect();
-    assert_eq!(statuses, ["queued", "running"], "{log:#?}");
+    let log = whole_log(&app.pool, now).await;
+    assert_eq!(statuses(&log), ["queued", "running"], "{log:#?}");
     assert!(
         log[0].seq < log[1].seq && log[0].at <= log[1].at,
         "{log:#?}"
@@ -2532,9 +2534,7 @@ async fn a_success_is_served_from_the_operation_row_after_its_last_steps() {
     both.sort();
     assert_eq!(done, both, "both fenced by epoch 1");
 
-    let log = events::events_after(&app.pool, op, 0, 100)
-        .await
-        .expect("events");
+    let log = whole_log(&app.pool, op).await;
     assert_steps_then_success(&log);
     let (run_at, from_row): (chrono::DateTime<chrono::Utc>, Option<i64>) =
         sqlx::query_as("SELECT run_at, finished_event_id FROM operations WHERE id = $1")
@@ -2582,14 +2582,12 @@ async fn a_success_is_served_from_the_operation_row_after_its_last_steps() {
         outcome.as_ref().and_then(|o| o.result.clone()),
         Some(json!({ "ok": true }))
     );
-    let bare_log = events::events_after(&app.pool, bare, 0, 100)
-        .await
-        .expect("events");
-    let statuses: Vec<&str> = bare_log
-        .iter()
-        .map(|e| e.data["status"].as_str().unwrap_or("?"))
-        .collect();
-    assert_eq!(statuses, ["running", "succeeded"], "{bare_log:#?}");
+    let bare_log = whole_log(&app.pool, bare).await;
+    assert_eq!(
+        statuses(&bare_log),
+        ["running", "succeeded"],
+        "{bare_log:#?}"
+    );
 
     // A column the event shows changes: the event is archived as it was served.
     sqlx::query("UPDATE operations SET error_message = 'changed later' WHERE id = $1")
@@ -2597,9 +2595,7 @@ async fn a_success_is_served_from_the_operation_row_after_its_last_steps() {
         .execute(&app.pool)
         .await
         .expect("an update");
-    let after = events::events_after(&app.pool, op, 0, 100)
-        .await
-        .expect("events");
+    let after = whole_log(&app.pool, op).await;
     let pairs = |log: &[events::Event]| -> Vec<(i64, Value)> {
         log.iter().map(|e| (e.seq, e.data.clone())).collect()
     };

@@ -5,11 +5,10 @@
 //! from the operation's row when it was enqueued `queued` and due at once (migration
 //! `20261208000001_creation_event_from_row.sql`), its `succeeded` event, served from the row
 //! when the completion wrote it (migration `20261208000002_finished_event_from_row.sql`), and
-//! its step events, which are the journal
-//! rows themselves, each carrying the id and time of its current status's event (earlier
-//! statuses of a row are archived into `operation_events`: migration
-//! `20261207000001_step_events_from_journal.sql`). `event_log!` is the union every reader
-//! reads.
+//! its step events, which are the journal rows themselves, each carrying the id and time of its
+//! current status's event (earlier statuses of a row are archived into `operation_events`:
+//! migration `20261207000001_step_events_from_journal.sql`). `event_log!` is the union every
+//! reader reads.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
