@@ -177,13 +177,24 @@ pub async fn pause(
     };
     let rows: Vec<(String, i64)> = bind_scope(
         sqlx::query_as(concat!(
-            "WITH marked AS (
-                UPDATE operations o SET paused_by = $6
+            "WITH locked AS (
+                -- Locked in id order, like the claim, the journal, the completion and the
+                -- heartbeat, which lock many operations at once: in scan order the mark
+                -- deadlocked with them.
+                SELECT o.id FROM operations o
                  WHERE o.paused_by IS NULL AND (o.status IN ",
             idle_sql!(),
             " OR o.status = 'running') AND ",
             in_scope!(),
-            " RETURNING o.status)
+            "
+                 ORDER BY o.id
+                   FOR NO KEY UPDATE
+             ), marked AS (
+                UPDATE operations o SET paused_by = $6 FROM locked l
+                 WHERE o.id = l.id AND o.paused_by IS NULL AND (o.status IN ",
+            idle_sql!(),
+            " OR o.status = 'running')
+                 RETURNING o.status)
              SELECT status, count(*) FROM marked GROUP BY status"
         )),
         scope,
