@@ -21,6 +21,7 @@ pub mod broker;
 pub mod config;
 pub mod db;
 pub mod dispatch;
+pub mod group_commit;
 pub mod health;
 pub mod kinds;
 pub mod metrics;

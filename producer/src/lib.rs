@@ -10,6 +10,7 @@ use std::sync::Arc;
 use agentq_core::db::stores::{self, Need};
 use agentq_core::db::{self, operations::Inserted, operations::NewOperation};
 use agentq_core::dispatch::{Dispatcher, Target};
+use agentq_core::group_commit::GroupCommit;
 use agentq_core::kinds::{self, Catalog};
 use agentq_core::metrics;
 use agentq_core::operation::{Lane, OperationId, Origin, Requires, Status, TenantId, input_sha256};
@@ -118,6 +119,74 @@ pub struct Bulk {
     pub refused: Vec<(usize, String)>,
 }
 
+/// What an enqueue keeps of its operation while the row is written: enough to answer
+/// (created or existing) and to publish its pointer.
+struct Stored {
+    id: OperationId,
+    tenant: String,
+    kind: String,
+    lane: Lane,
+    traceparent: Option<String>,
+    dedupe_key: Option<String>,
+    input_sha256: String,
+}
+
+impl Stored {
+    fn of(op: &NewOperation) -> Self {
+        Self {
+            id: op.id,
+            tenant: op.tenant.clone(),
+            kind: op.kind.clone(),
+            lane: op.lane,
+            traceparent: op.traceparent.clone(),
+            dedupe_key: op.dedupe_key.clone(),
+            input_sha256: op.input_sha256.clone(),
+        }
+    }
+
+    /// The answer to an insert of the operation: created (its pointer to publish), the same
+    /// operation stored before, or a dedupe key naming another input.
+    fn pending(self, inserted: Inserted) -> Result<Pending, Error> {
+        match inserted {
+            Inserted::Created { id, epoch } => Ok(Pending {
+                enqueued: Enqueued {
+                    op_id: id,
+                    created: true,
+                    status: Status::Queued,
+                },
+                target: Some(Target {
+                    op_id: id,
+                    tenant: self.tenant,
+                    kind: self.kind,
+                    lane: self.lane,
+                    epoch,
+                    traceparent: self.traceparent,
+                }),
+            }),
+            Inserted::Existing {
+                id,
+                status,
+                input_sha256,
+            } => {
+                if input_sha256 != self.input_sha256 {
+                    return Err(Error::KeyConflict {
+                        key: self.dedupe_key.unwrap_or_default(),
+                        op_id: id,
+                    });
+                }
+                Ok(Pending {
+                    enqueued: Enqueued {
+                        op_id: id,
+                        created: false,
+                        status,
+                    },
+                    target: None,
+                })
+            }
+        }
+    }
+}
+
 /// An operation committed by [`Producer::enqueue_in`] whose pointer is not published yet.
 #[derive(Clone, Debug)]
 pub struct Pending {
@@ -129,6 +198,8 @@ pub struct Pending {
 #[derive(Clone)]
 pub struct Producer {
     pool: PgPool,
+    /// Concurrent enqueues' rows, written many per statement.
+    inserts: Arc<GroupCommit<NewOperation>>,
     dispatcher: Arc<Dispatcher>,
     /// The deployment's kinds, each input checked against them before anything is written.
     catalog: Arc<dyn Catalog>,
@@ -145,6 +216,7 @@ impl Producer {
         default_max_attempts: i32,
     ) -> Self {
         Self {
+            inserts: Arc::new(GroupCommit::spawn(pool.clone())),
             pool,
             dispatcher,
             catalog,
@@ -154,11 +226,47 @@ impl Producer {
 
     /// Stores the operation and publishes its pointer. A publish failure is not an error: the
     /// row is committed and the dispatch sweeper publishes it later (a warning is logged).
+    /// Concurrent enqueues share one `INSERT` (group commit); each returns, and its pointer
+    /// goes out, only after its own row has committed.
     pub async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, Error> {
-        let mut conn = self.pool.acquire().await.map_err(db::Error::from)?;
-        let pending = self.enqueue_in(&mut conn, req).await?;
-        drop(conn);
+        let (op, needs) = self.validate(req)?;
+        if !needs.is_empty() || op.concurrency_key.is_some() {
+            let mut conn = self.pool.acquire().await.map_err(db::Error::from)?;
+            self.check_stored(&mut conn, &op, &needs).await?;
+        }
+        let about = Stored::of(&op);
+        let inserted = match self.inserts.write(&self.pool, op).await {
+            Ok(true) => Inserted::Created {
+                id: about.id,
+                epoch: db::operations::NEW_EPOCH,
+            },
+            // Not created by this statement: the writer stopped with the write taken (then it
+            // is stored or not), or its dedupe key names an operation (stored before, or by a
+            // write earlier in the same statement).
+            Ok(false) => {
+                let mut conn = self.pool.acquire().await.map_err(db::Error::from)?;
+                match db::operations::epoch_of(&mut conn, about.id.0).await? {
+                    Some(epoch) => Inserted::Created {
+                        id: about.id,
+                        epoch,
+                    },
+                    None if about.dedupe_key.is_some() => {
+                        let key = about.dedupe_key.as_deref();
+                        db::operations::existing(&mut conn, &about.tenant, key).await?
+                    }
+                    None => return Err(db::Error::Unanswered.into()),
+                }
+            }
+            Err(unwritten) => return Err(unwritten.error.into()),
+        };
+        let pending = about.pending(inserted)?;
         Ok(self.dispatch(pending).await)
+    }
+
+    /// Enqueues handed to the shared `INSERT` and not yet taken into a statement (while two
+    /// statements are in flight, the next one grows).
+    pub fn enqueues_waiting(&self) -> usize {
+        self.inserts.waiting()
     }
 
     /// Stores the operation through the caller's connection or transaction. Call
@@ -169,43 +277,8 @@ impl Producer {
         req: EnqueueRequest,
     ) -> Result<Pending, Error> {
         let op = self.prepare(conn, req).await?;
-        match db::operations::insert_operation(conn, &op).await? {
-            Inserted::Created { id, epoch } => Ok(Pending {
-                enqueued: Enqueued {
-                    op_id: id,
-                    created: true,
-                    status: Status::Queued,
-                },
-                target: Some(Target {
-                    op_id: id,
-                    tenant: op.tenant,
-                    kind: op.kind,
-                    lane: op.lane,
-                    epoch,
-                    traceparent: op.traceparent,
-                }),
-            }),
-            Inserted::Existing {
-                id,
-                status,
-                input_sha256,
-            } => {
-                if input_sha256 != op.input_sha256 {
-                    return Err(Error::KeyConflict {
-                        key: op.dedupe_key.unwrap_or_default(),
-                        op_id: id,
-                    });
-                }
-                Ok(Pending {
-                    enqueued: Enqueued {
-                        op_id: id,
-                        created: false,
-                        status,
-                    },
-                    target: None,
-                })
-            }
-        }
+        let inserted = db::operations::insert_operation(conn, &op).await?;
+        Stored::of(&op).pending(inserted)
     }
 
     /// Checks `req` as an enqueue does (the kind, the input against it and the stores it
@@ -217,7 +290,19 @@ impl Producer {
         req: EnqueueRequest,
     ) -> Result<NewOperation, Error> {
         let (op, needs) = self.validate(req)?;
-        if let Some(why) = stores::refusal(conn, &op.tenant, &needs).await? {
+        self.check_stored(conn, &op, &needs).await?;
+        Ok(op)
+    }
+
+    /// The checks of an enqueue that read the database: the stores `op`'s input names
+    /// (`needs`), and its concurrency key's limit.
+    async fn check_stored(
+        &self,
+        conn: &mut PgConnection,
+        op: &NewOperation,
+        needs: &[Need],
+    ) -> Result<(), Error> {
+        if let Some(why) = stores::refusal(conn, &op.tenant, needs).await? {
             return Err(invalid("/input", why));
         }
         if let (Some(key), Some(wanted)) = (&op.concurrency_key, op.concurrency_limit)
@@ -233,7 +318,7 @@ impl Producer {
                 ),
             ));
         }
-        Ok(op)
+        Ok(())
     }
 
     /// Publishes the pointer of a committed [`Pending`] operation.
@@ -299,7 +384,7 @@ impl Producer {
                 refused,
             });
         }
-        let created = db::batches::insert_operations(&self.pool, &ops).await?;
+        let created = db::operations::insert_operations(&self.pool, &ops).await?;
         let existing = ops.len() - created.len();
         let targets: Vec<Target> = created.into_iter().map(Target::from).collect();
         for t in &targets {

@@ -769,3 +769,156 @@ async fn a_batched_completion_writes_only_the_operations_whose_lease_it_holds() 
     }
     app.cleanup().await;
 }
+
+/// Concurrent enqueues share one `INSERT` (group commit). Held behind a lock on the table
+/// (two statements waiting on it, fourteen writes queued behind them), the fourteen go in
+/// together once it is released, and each answer is still its own: a new operation, its budget written with it,
+/// the same operation for a dedupe key repeated within the statement, a refusal for that key
+/// with another input; and every created operation's pointer goes out and it runs.
+#[tokio::test]
+async fn concurrent_enqueues_share_a_statement_and_each_gets_its_own_answer() {
+    let app = crate::harness::running_app().await;
+    let (producer, dispatcher) = app.producer();
+    let mut gate = app.pool.begin().await.unwrap();
+    // SHARE conflicts with the ROW EXCLUSIVE lock every INSERT takes.
+    sqlx::query("LOCK TABLE operations IN SHARE MODE")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    let budget = agentq_core::db::budgets::Spec {
+        tokens: 100_000,
+        measure: agentq_core::db::budgets::Measure::Total,
+        timeout_secs: 60,
+    };
+    let mut reqs: Vec<EnqueueRequest> = (0..10usize)
+        .map(|i| EnqueueRequest {
+            tenant: "t1".into(),
+            kind: "echo".into(),
+            input: json!({ "text": format!("doc {i}") }),
+            budget: i.is_multiple_of(2).then_some(budget),
+            ..Default::default()
+        })
+        .collect();
+    // One dedupe key six times: five with one input, one with another.
+    for i in 0..6 {
+        reqs.push(EnqueueRequest {
+            tenant: "t1".into(),
+            kind: "echo".into(),
+            input: json!({ "text": if i == 3 { "other" } else { "same" } }),
+            dedupe_key: Some("same-key".into()),
+            ..Default::default()
+        });
+    }
+    let spawn = |req: EnqueueRequest| {
+        let producer = producer.clone();
+        let text = req.input["text"].as_str().unwrap().to_string();
+        tokio::spawn(async move { (text, producer.enqueue(req).await) })
+    };
+    let held = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE wait_event_type = 'Lock' AND query LIKE 'WITH inserted AS%'",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+    };
+    // The first two enqueues take both statements the writer runs at once, one each, and
+    // wait on the lock; the other fourteen queue behind them.
+    let mut rest = reqs.into_iter();
+    let mut tasks = Vec::new();
+    for n in 1..=2 {
+        tasks.push(spawn(rest.next().unwrap()));
+        app.wait_for(
+            "an enqueue statement held by the lock",
+            DEADLINE,
+            || async { held().await == n },
+        )
+        .await;
+    }
+    tasks.extend(rest.map(spawn));
+    app.wait_for("fourteen enqueues queued", DEADLINE, || async {
+        producer.enqueues_waiting() == 14
+    })
+    .await;
+    gate.commit().await.unwrap();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+
+    // The ten without a key: each created, each its own.
+    let plain: Vec<OperationId> = answers
+        .iter()
+        .filter(|(text, _)| text.starts_with("doc "))
+        .map(|(_, r)| {
+            let e = r.as_ref().expect("a plain enqueue is stored");
+            assert!(e.created);
+            e.op_id
+        })
+        .collect();
+    let distinct: std::collections::HashSet<_> = plain.iter().collect();
+    assert_eq!(distinct.len(), 10);
+    // The key: one created; the same input gets it back, the other input is refused.
+    let keyed: Vec<&(String, Result<_, _>)> = answers
+        .iter()
+        .filter(|(text, _)| !text.starts_with("doc "))
+        .collect();
+    let (won_text, won) = keyed
+        .iter()
+        .find_map(|(text, r)| match r {
+            Ok(e) if e.created => Some((text.clone(), e.op_id)),
+            _ => None,
+        })
+        .expect("one enqueue of the key is created");
+    for (text, r) in &keyed {
+        match r {
+            Ok(e) => {
+                assert_eq!(text, &won_text, "only the created input is answered");
+                assert_eq!(e.op_id, won);
+            }
+            Err(agentq_producer::Error::KeyConflict { op_id, .. }) => {
+                assert_ne!(text, &won_text);
+                assert_eq!(*op_id, won);
+            }
+            Err(e) => panic!("unexpected answer for {text}: {e}"),
+        }
+    }
+    assert_eq!(
+        keyed
+            .iter()
+            .filter(|(_, r)| r.as_ref().is_ok_and(|e| e.created))
+            .count(),
+        1
+    );
+    // Eleven rows in three statements: the two held, then the fourteen queued in one.
+    let (rows, statements): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT xmin::text) FROM operations")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!((rows, statements), (11, 3));
+    // Each even plain one has its budget, written with it.
+    let budgeted: Vec<uuid::Uuid> = sqlx::query_scalar(
+        "SELECT op_id FROM budgets WHERE limit_tokens = 100000 AND timeout_secs = 60 ORDER BY op_id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let mut expected: Vec<uuid::Uuid> = answers
+        .iter()
+        .filter_map(|(text, r)| {
+            let i: usize = text.strip_prefix("doc ")?.parse().ok()?;
+            i.is_multiple_of(2).then(|| r.as_ref().unwrap().op_id.0)
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(budgeted, expected);
+    // Every created operation was published and runs.
+    for id in plain.iter().chain([&won]) {
+        app.wait_status(&id.to_string(), "succeeded", DEADLINE)
+            .await;
+    }
+    dispatcher.close().await;
+    app.cleanup().await;
+}

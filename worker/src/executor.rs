@@ -21,10 +21,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::{JobContext, OperationInfo, Services};
 use crate::error::JobError;
-use crate::group_commit::GroupCommit;
 use crate::lease::Leases;
 use crate::registry::Registry;
 use crate::versions::Versions;
+use agentq_core::group_commit::GroupCommit;
 
 /// Everything a running operation shares with its worker.
 pub(crate) struct Shared {

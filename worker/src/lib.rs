@@ -5,7 +5,8 @@
 //! transaction or pooled connection is held across a job's model or tool calls; a delivery is
 //! acked right after the claim commits, never held for the length of a job.
 //!
-//! Two parts. The runtime (`claim`, `executor`, `lease`, `group_commit`, [`gate`]) runs
+//! Two parts. The runtime (`claim`, `executor`, `lease`, [`gate`]; the journal and completion
+//! writers are `agentq_core::group_commit`'s) runs
 //! operations. The SDK is what a kind is written with: [`Registry`] (kinds by name, their input
 //! checks), [`JobContext`] (durable steps, model and tool calls, sleeps, signals, the agent
 //! loop; for a kind's own data [`JobContext::pool`] and [`JobContext::http_allow`]; journal
@@ -20,7 +21,6 @@ pub mod error;
 mod executor;
 pub mod gate;
 mod grants;
-mod group_commit;
 mod info;
 mod lease;
 mod limits;
@@ -52,10 +52,10 @@ pub use registry::KindOptions;
 pub use registry::Registry;
 pub use tool::{Reconciled, Replay, Tool, ToolContext, TypedTool};
 
+use agentq_core::group_commit::GroupCommit;
 use claim::Ended;
 use context::Services;
 use executor::Shared;
-use group_commit::GroupCommit;
 use lease::Leases;
 use versions::Versions;
 

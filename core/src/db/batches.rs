@@ -12,7 +12,7 @@ use serde_json::Value;
 use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
-use super::{Result, dispatch::Dispatch, operations::NewOperation};
+use super::Result;
 use crate::state::BatchStatus;
 use crate::state::transition::batch::{self, Transition};
 use crate::state::transition::{from_sql, to_sql};
@@ -189,50 +189,6 @@ pub async fn enqueued_keys(pool: &PgPool, batch: Uuid) -> Result<Vec<String>> {
     .fetch_all(pool)
     .await?;
     Ok(keys)
-}
-
-/// Inserts many operations in one statement; those whose dedupe key exists are skipped.
-/// Returns the created ones as dispatch targets.
-pub async fn insert_operations(pool: &PgPool, ops: &[NewOperation]) -> Result<Vec<Dispatch>> {
-    let col = |f: fn(&NewOperation) -> Option<String>| ops.iter().map(f).collect::<Vec<_>>();
-    let rows = sqlx::query_as(
-        "INSERT INTO operations (id, tenant_id, kind, lane, concurrency_limit, input,
-                                 input_sha256, dedupe_key, ordering_key, batch_id, max_attempts,
-                                 run_at, deadline, request_id, traceparent, concurrency_key,
-                                 rate_key)
-         SELECT u.id, u.tenant, u.kind, u.lane, u.concurrency_limit, u.input, u.sha, u.key,
-                u.ordering, u.batch, u.max_attempts, COALESCE(u.run_at, now()), u.deadline,
-                u.request_id, u.traceparent, u.concurrency_key, u.rate_key
-           FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::jsonb[],
-                       $7::text[], $8::text[], $9::text[], $10::uuid[], $11::int4[],
-                       $12::timestamptz[], $13::timestamptz[], $14::text[], $15::text[],
-                       $16::text[], $17::text[])
-             AS u(id, tenant, kind, lane, concurrency_limit, input, sha, key, ordering, batch,
-                  max_attempts, run_at, deadline, request_id, traceparent, concurrency_key,
-                  rate_key)
-         ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-         RETURNING id, tenant_id, kind, lane, epoch",
-    )
-    .bind(ops.iter().map(|o| o.id.0).collect::<Vec<_>>())
-    .bind(col(|o| Some(o.tenant.clone())))
-    .bind(col(|o| Some(o.kind.clone())))
-    .bind(col(|o| Some(o.lane.as_str().to_string())))
-    .bind(ops.iter().map(|o| o.concurrency_limit).collect::<Vec<_>>())
-    .bind(ops.iter().map(|o| o.input.clone()).collect::<Vec<_>>())
-    .bind(col(|o| Some(o.input_sha256.clone())))
-    .bind(col(|o| o.dedupe_key.clone()))
-    .bind(col(|o| o.ordering_key.clone()))
-    .bind(ops.iter().map(|o| o.batch_id).collect::<Vec<_>>())
-    .bind(ops.iter().map(|o| o.max_attempts).collect::<Vec<_>>())
-    .bind(ops.iter().map(|o| o.run_at).collect::<Vec<_>>())
-    .bind(ops.iter().map(|o| o.deadline).collect::<Vec<_>>())
-    .bind(col(|o| o.request_id.clone()))
-    .bind(col(|o| o.traceparent.clone()))
-    .bind(col(|o| o.concurrency_key.clone()))
-    .bind(col(|o| o.rate_key.clone()))
-    .fetch_all(pool)
-    .await?;
-    Ok(rows)
 }
 
 /// Moves a batch by one of the named transitions `named` (all to the same status; audited as

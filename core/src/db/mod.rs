@@ -60,6 +60,12 @@ pub enum Error {
         "PostgreSQL did not answer within {0:?} (AGENTQ_DB_TIMEOUT_SECS); the connection was closed"
     )]
     Deadline(Duration),
+    /// A grouped write's writer stopped while it held the write, and what it did is not in the
+    /// database: it was not written. Nothing changed; send it again.
+    #[error(
+        "the write was taken by a writer that stopped before answering, and it is not in the database; nothing changed: send it again"
+    )]
+    Unanswered,
 }
 
 /// Result alias of the database layer.

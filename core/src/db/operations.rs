@@ -69,67 +69,115 @@ pub enum Inserted {
     },
 }
 
-/// Inserts an operation, or finds the one its `(tenant, dedupe_key)` already names.
-/// Takes a connection so it can run inside the caller's own transaction.
-pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Result<Inserted> {
-    let row = sqlx::query_as::<_, (Uuid, i64)>(
+/// The epoch of an operation just inserted: every insert writes it, and a dispatch of the new
+/// operation is stamped with it.
+pub const NEW_EPOCH: i64 = 0;
+
+/// Inserts many operations in one statement, each with its budget row when it has one; one
+/// whose `(tenant, dedupe_key)` names an operation already stored (or an earlier one of
+/// `ops`) is skipped. Returns the created ones as dispatch targets, in no particular order.
+/// Every enqueue goes through it: one at a time ([`insert_operation`]), grouped
+/// (`group_commit`), or many at once (`Producer::enqueue_many`).
+pub async fn insert_operations<'c>(
+    conn: impl sqlx::PgExecutor<'c>,
+    ops: &[NewOperation],
+) -> Result<Vec<super::dispatch::Dispatch>> {
+    let col = |f: fn(&NewOperation) -> Option<String>| ops.iter().map(f).collect::<Vec<_>>();
+    let budgets: Vec<_> = ops.iter().map(|o| budget_columns(o.budget)).collect();
+    let rows = sqlx::query_as(
         "WITH inserted AS (
             INSERT INTO operations (id, tenant_id, kind, lane, concurrency_limit, input,
                                     input_sha256, dedupe_key, ordering_key, batch_id,
                                     max_attempts, run_at, deadline, request_id, traceparent,
-                                    schedule_id, concurrency_key, parent_id, rate_key)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE($12, now()), $13, $14,
-                    $15, $16, $17, $18, $23)
+                                    schedule_id, concurrency_key, parent_id, rate_key, epoch)
+            SELECT u.id, u.tenant, u.kind, u.lane, u.concurrency_limit, u.input, u.sha, u.key,
+                   u.ordering, u.batch, u.max_attempts, COALESCE(u.run_at, now()), u.deadline,
+                   u.request_id, u.traceparent, u.schedule, u.concurrency_key, u.parent,
+                   u.rate_key, $24
+              FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int4[],
+                          $6::jsonb[], $7::text[], $8::text[], $9::text[], $10::uuid[],
+                          $11::int4[], $12::timestamptz[], $13::timestamptz[], $14::text[],
+                          $15::text[], $16::uuid[], $17::text[], $18::uuid[], $19::text[])
+                AS u(id, tenant, kind, lane, concurrency_limit, input, sha, key, ordering, batch,
+                     max_attempts, run_at, deadline, request_id, traceparent, schedule,
+                     concurrency_key, parent, rate_key)
             ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-            RETURNING id, epoch, tenant_id
+            RETURNING id, tenant_id, kind, lane, epoch, traceparent
          ), budget AS (
             -- Its budget in the same statement: no claim can see it without one.
             INSERT INTO budgets (id, tenant_id, op_id, measure, limit_tokens, timeout_secs,
                                  born_apart)
-            SELECT $19, tenant_id, id, $20, $21, $22, false FROM inserted
-             WHERE $21::bigint IS NOT NULL
+            SELECT b.id, i.tenant_id, i.id, b.measure, b.tokens, b.timeout_secs, false
+              FROM inserted i
+              JOIN unnest($1::uuid[], $20::uuid[], $21::text[], $22::int8[], $23::int4[])
+                AS b(op_id, id, measure, tokens, timeout_secs) ON b.op_id = i.id
+             WHERE b.tokens IS NOT NULL
          )
-         SELECT id, epoch FROM inserted",
+         SELECT id, tenant_id, kind, lane, epoch, traceparent FROM inserted",
     )
-    .bind(op.id.0)
-    .bind(&op.tenant)
-    .bind(&op.kind)
-    .bind(op.lane.as_str())
-    .bind(op.concurrency_limit)
-    .bind(&op.input)
-    .bind(&op.input_sha256)
-    .bind(&op.dedupe_key)
-    .bind(&op.ordering_key)
-    .bind(op.batch_id)
-    .bind(op.max_attempts)
-    .bind(op.run_at)
-    .bind(op.deadline)
-    .bind(&op.request_id)
-    .bind(&op.traceparent)
-    .bind(op.schedule_id)
-    .bind(&op.concurrency_key)
-    .bind(op.parent_id)
-    .bind(Uuid::new_v4());
-    let (measure, tokens, timeout_secs) = budget_columns(op.budget);
-    let row = row
-        .bind(measure)
-        .bind(tokens)
-        .bind(timeout_secs)
-        .bind(&op.rate_key)
-        .fetch_optional(&mut *conn)
-        .await?;
-    if let Some((id, epoch)) = row {
+    .bind(ops.iter().map(|o| o.id.0).collect::<Vec<_>>())
+    .bind(col(|o| Some(o.tenant.clone())))
+    .bind(col(|o| Some(o.kind.clone())))
+    .bind(col(|o| Some(o.lane.as_str().to_string())))
+    .bind(ops.iter().map(|o| o.concurrency_limit).collect::<Vec<_>>())
+    .bind(ops.iter().map(|o| &o.input).collect::<Vec<_>>())
+    .bind(col(|o| Some(o.input_sha256.clone())))
+    .bind(col(|o| o.dedupe_key.clone()))
+    .bind(col(|o| o.ordering_key.clone()))
+    .bind(ops.iter().map(|o| o.batch_id).collect::<Vec<_>>())
+    .bind(ops.iter().map(|o| o.max_attempts).collect::<Vec<_>>())
+    .bind(ops.iter().map(|o| o.run_at).collect::<Vec<_>>())
+    .bind(ops.iter().map(|o| o.deadline).collect::<Vec<_>>())
+    .bind(col(|o| o.request_id.clone()))
+    .bind(col(|o| o.traceparent.clone()))
+    .bind(ops.iter().map(|o| o.schedule_id).collect::<Vec<_>>())
+    .bind(col(|o| o.concurrency_key.clone()))
+    .bind(ops.iter().map(|o| o.parent_id).collect::<Vec<_>>())
+    .bind(col(|o| o.rate_key.clone()))
+    .bind(ops.iter().map(|_| Uuid::new_v4()).collect::<Vec<_>>())
+    .bind(budgets.iter().map(|b| b.0).collect::<Vec<_>>())
+    .bind(budgets.iter().map(|b| b.1).collect::<Vec<_>>())
+    .bind(budgets.iter().map(|b| b.2).collect::<Vec<_>>())
+    .bind(NEW_EPOCH)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Inserts an operation, or finds the one its `(tenant, dedupe_key)` already names.
+/// Takes a connection so it can run inside the caller's own transaction.
+pub async fn insert_operation(conn: &mut PgConnection, op: &NewOperation) -> Result<Inserted> {
+    let created = insert_operations(&mut *conn, std::slice::from_ref(op)).await?;
+    if let Some(c) = created.into_iter().next() {
         return Ok(Inserted::Created {
-            id: OperationId(id),
-            epoch,
+            id: OperationId(c.id),
+            epoch: c.epoch,
         });
     }
-    // A status this build does not know is a decoding error, never a guess.
+    existing(conn, &op.tenant, op.dedupe_key.as_deref()).await
+}
+
+/// The epoch of operation `id`, if it is stored.
+pub async fn epoch_of(conn: &mut PgConnection, id: Uuid) -> Result<Option<i64>> {
+    let epoch = sqlx::query_scalar("SELECT epoch FROM operations WHERE id = $1")
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(epoch)
+}
+
+/// The operation `(tenant, dedupe_key)` names, for an insert that created nothing. A status
+/// this build does not know is a decoding error, never a guess.
+pub async fn existing(
+    conn: &mut PgConnection,
+    tenant: &str,
+    dedupe_key: Option<&str>,
+) -> Result<Inserted> {
     let (id, status, input_sha256): (Uuid, Status, String) = sqlx::query_as(
         "SELECT id, status, input_sha256 FROM operations WHERE tenant_id = $1 AND dedupe_key = $2",
     )
-    .bind(&op.tenant)
-    .bind(&op.dedupe_key)
+    .bind(tenant)
+    .bind(dedupe_key)
     .fetch_one(&mut *conn)
     .await?;
     Ok(Inserted::Existing {

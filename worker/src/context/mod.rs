@@ -24,7 +24,7 @@
 //!   its row waits for the next durable write (or [`DEFERRED_FLUSH_AFTER`]), and a crash before
 //!   then runs it again.
 //!
-//! Journal writes go through the worker's group commit (`group_commit.rs`): the rows of every
+//! Journal writes go through the worker's group commit (`agentq_core::group_commit`): the rows of every
 //! operation that finished a step meanwhile share one fenced statement, and each step waits for
 //! its own commit. Every write is fenced by the claim's epoch; a lost lease turns into
 //! [`JobError::LeaseLost`].
@@ -51,9 +51,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::JobError;
 use crate::gate::ModelGate;
-use crate::group_commit::GroupCommit;
 pub use crate::info::OperationInfo;
 use crate::tool::Tool;
+use agentq_core::group_commit::GroupCommit;
 
 pub use children::ChildOutcome;
 use journal::row_bytes;

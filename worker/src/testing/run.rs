@@ -21,10 +21,10 @@ use super::{ChildFn, Tester};
 use crate::context::{JobContext, OperationInfo, Services};
 use crate::error::JobError;
 use crate::gate::{GateSettings, ModelGate};
-use crate::group_commit::GroupCommit;
 use crate::model::ModelClient;
 use crate::registry::Registry;
 use crate::store::Store;
+use agentq_core::group_commit::GroupCommit;
 
 /// Attempts a run gets for retryable failures before the tester takes the failure as its end.
 const ATTEMPTS: u32 = 5;
