@@ -891,9 +891,11 @@ async fn concurrent_enqueues_share_a_statement_and_each_gets_its_own_answer() {
             .count(),
         1
     );
-    // Eleven rows in three statements: the two held, then the fourteen queued in one.
+    // Eleven rows in three statements: the two held, then the fourteen queued in one. (A
+    // row's `created_at` is its statement's transaction start; its `xmin` would not do: the
+    // worker may have claimed the row since.)
     let (rows, statements): (i64, i64) =
-        sqlx::query_as("SELECT count(*), count(DISTINCT xmin::text) FROM operations")
+        sqlx::query_as("SELECT count(*), count(DISTINCT created_at) FROM operations")
             .fetch_one(&app.pool)
             .await
             .unwrap();
