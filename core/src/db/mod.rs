@@ -60,10 +60,11 @@ pub enum Error {
         "PostgreSQL did not answer within {0:?} (AGENTQ_DB_TIMEOUT_SECS); the connection was closed"
     )]
     Deadline(Duration),
-    /// A grouped write's writer stopped while it held the write, and what it did is not in the
-    /// database: it was not written. Nothing changed; send it again.
+    /// A grouped write's writer stopped (a panic, a shutdown) while it held the write, and the
+    /// row was not found afterwards. It was almost surely not written; a statement cut off in
+    /// flight may still have committed, so a repeat should carry a dedupe key.
     #[error(
-        "the write was taken by a writer that stopped before answering, and it is not in the database; nothing changed: send it again"
+        "the write was taken by a writer that stopped before answering, and its row was not found; send it again (with an Idempotency-Key, a repeat cannot store it twice)"
     )]
     Unanswered,
 }
