@@ -38,8 +38,9 @@ pub trait Grouped: Send + Sync + 'static {
     const MAX_BATCH: usize = 256;
     /// The operation written.
     fn op_id(&self) -> Uuid;
-    /// Writes `batch` (distinct operations) in one statement; returns the ids written (an id
-    /// missing from it lost its lease: nothing was written for it).
+    /// Writes `batch` (distinct operations) in one statement; returns the ids written (nothing
+    /// was written for an id missing from it: a worker's write lost its lease, an enqueue's
+    /// dedupe key already names an operation).
     fn write_many<'a>(pool: &'a PgPool, batch: &'a [Self]) -> BoxFuture<'a, db::Result<Vec<Uuid>>>
     where
         Self: Sized;
@@ -98,8 +99,9 @@ pub struct Unwritten<T> {
     pub write: T,
 }
 
-/// What became of a write: true once committed, false when the lease was lost and nothing was
-/// written (or the writer was stopped): write nothing more for that operation.
+/// What became of a write: true once committed; false when nothing was written for it (see
+/// [`Grouped::write_many`]) or the writer was stopped with it: a worker writes nothing more for
+/// that operation, a producer looks the operation up.
 pub type Written<T> = Result<bool, Unwritten<T>>;
 
 struct Request<T> {

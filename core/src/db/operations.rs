@@ -76,8 +76,9 @@ pub const NEW_EPOCH: i64 = 0;
 /// Inserts many operations in one statement, each with its budget row when it has one; one
 /// whose `(tenant, dedupe_key)` names an operation already stored (or an earlier one of
 /// `ops`) is skipped. Returns the created ones as dispatch targets, in no particular order.
-/// Every enqueue goes through it: one at a time ([`insert_operation`]), grouped
-/// (`group_commit`), or many at once (`Producer::enqueue_many`).
+/// Every enqueue of a producer goes through it: one at a time ([`insert_operation`]),
+/// grouped (`group_commit`), or many at once (`Producer::enqueue_many`); a debounced enqueue
+/// and a child's spawn have statements of their own (`debounce`, `children`).
 pub async fn insert_operations<'c>(
     conn: impl sqlx::PgExecutor<'c>,
     ops: &[NewOperation],
