@@ -1,14 +1,14 @@
 //! Group commit: writes of many operations share one statement (one commit).
 //!
-//! Three writers use it: a worker's journal writer (a running operation's finished steps, and
-//! an unsafe step's `started` row) and completer (a successful attempt's result with its last
-//! rows), both fenced by each operation's epoch, and a producer's enqueues (new operations, each
-//! with its budget). Each caller hands its write to [`GroupCommit::write`] and waits for the
+//! Two writers use it: a worker's journal writer (a running operation's finished steps, an
+//! unsafe step's `started` row, and a successful attempt's result with its last rows, in the
+//! same statements), fenced by each operation's epoch, and a producer's enqueues (new
+//! operations, each with its budget). Each caller hands its write to [`GroupCommit::write`] and waits for the
 //! answer, so a step is reported durable, an outcome acked, released or reported, and an
 //! enqueue answered and published only after its own row has committed, exactly as with one
 //! statement per operation. A writer takes everything queued at that moment (up to
-//! [`Grouped::MAX_BATCH`], one write per operation) into one statement (the worker's writers
-//! check each row against its own operation's epoch and status and lock the rows in id order);
+//! [`Grouped::MAX_BATCH`], one write per operation) into one statement (the worker's writer
+//! checks each row against its own operation's epoch and status and lock the rows in id order);
 //! up to [`Grouped::IN_FLIGHT`] statements are in flight at once, and while they are, the next
 //! batch grows. A failed batch (a deadlock with a heartbeat, say) is retried one operation at a
 //! time, so one fenced-out or broken operation never fails the others.
@@ -16,7 +16,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use crate::db::{self, operations::NewOperation, settle::Completion, steps::StepBatch};
+use crate::db::{self, operations::NewOperation, settle::RunWrite};
 use futures_util::future::BoxFuture;
 use sqlx::PgPool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -46,25 +46,14 @@ pub trait Grouped: Send + Sync + 'static {
         Self: Sized;
 }
 
-impl Grouped for Completion {
-    const WHAT: &'static str = "completion";
-    const IN_FLIGHT: usize = 4;
-    fn op_id(&self) -> Uuid {
-        self.id
-    }
-    fn write_many<'a>(pool: &'a PgPool, batch: &'a [Self]) -> BoxFuture<'a, db::Result<Vec<Uuid>>> {
-        Box::pin(db::within(db::settle::complete_operations(pool, batch)))
-    }
-}
-
-impl Grouped for StepBatch {
+impl Grouped for RunWrite {
     const WHAT: &'static str = "journal";
     const IN_FLIGHT: usize = 2;
     fn op_id(&self) -> Uuid {
-        self.id
+        self.id()
     }
     fn write_many<'a>(pool: &'a PgPool, batch: &'a [Self]) -> BoxFuture<'a, db::Result<Vec<Uuid>>> {
-        Box::pin(db::within(db::steps::record_steps_many(pool, batch)))
+        Box::pin(db::within(db::settle::write_runs(pool, batch)))
     }
 }
 

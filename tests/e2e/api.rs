@@ -2269,7 +2269,7 @@ fn assert_steps_then_success(log: &[agentq_core::db::events::Event]) {
 /// journal's own statements on an operation no worker runs.
 #[tokio::test]
 async fn the_event_log_keeps_every_state_of_a_step_and_the_rows_a_rebase_moves() {
-    use agentq_core::db::{events, steps, versions};
+    use agentq_core::db::{events, settle, steps, versions};
     use agentq_core::state::{Replay, StepStatus};
     let app = TestApp::start().await;
     let op = Uuid::new_v4();
@@ -2286,14 +2286,12 @@ async fn the_event_log_keeps_every_state_of_a_step_and_the_rows_a_rebase_moves()
     let write = |rows: Vec<steps::StepWrite>| {
         let pool = app.pool.clone();
         async move {
-            let batch = [steps::StepBatch {
+            let batch = [settle::RunWrite::Steps(steps::StepBatch {
                 id: op,
                 epoch: 1,
                 steps: rows,
-            }];
-            let written = steps::record_steps_many(&pool, &batch)
-                .await
-                .expect("journal");
+            })];
+            let written = settle::write_runs(&pool, &batch).await.expect("journal");
             assert_eq!(written, vec![op], "the journal write is fenced by epoch 1");
         }
     };
@@ -2496,21 +2494,21 @@ async fn a_success_is_served_from_the_operation_row_after_its_last_steps() {
         .expect("a running operation");
     }
     let step = |seq, replay, status| journal_row(op, seq, replay, status);
-    let batch = [steps::StepBatch {
+    let batch = [settle::RunWrite::Steps(steps::StepBatch {
         id: op,
         epoch: 1,
         steps: vec![
             step(0, Replay::Safe, StepStatus::Completed),
             step(1, Replay::Unsafe, StepStatus::Started),
         ],
-    }];
-    steps::record_steps_many(&app.pool, &batch)
+    })];
+    settle::write_runs(&app.pool, &batch)
         .await
         .expect("journal");
     // One statement finishes both: one with its last rows (one of them a row written before),
     // one with none.
     let completions = [
-        settle::Completion {
+        settle::RunWrite::Complete(settle::Completion {
             id: op,
             epoch: 1,
             result: json!({ "ok": true }),
@@ -2518,15 +2516,15 @@ async fn a_success_is_served_from_the_operation_row_after_its_last_steps() {
                 step(1, Replay::Unsafe, StepStatus::Completed),
                 step(2, Replay::Safe, StepStatus::Completed),
             ],
-        },
-        settle::Completion {
+        }),
+        settle::RunWrite::Complete(settle::Completion {
             id: bare,
             epoch: 1,
             result: json!({ "ok": 2 }),
             steps: vec![],
-        },
+        }),
     ];
-    let mut done = settle::complete_operations(&app.pool, &completions)
+    let mut done = settle::write_runs(&app.pool, &completions)
         .await
         .expect("completion");
     done.sort();

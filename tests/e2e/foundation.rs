@@ -703,16 +703,18 @@ async fn migrate_is_safe_to_run_twice_and_concurrently() {
     app.cleanup().await;
 }
 
-/// The batched completion writes each operation fenced by its own epoch: a stale one in the
-/// batch is left alone (its lease was lost) and the others commit with their journal rows.
+/// The worker's grouped journal write fences each operation by its own epoch: in one statement
+/// with successes and another operation's steps, a stale success and stale steps are left alone
+/// (their leases were lost) and the others commit, each success with its journal rows.
 #[tokio::test]
-async fn a_batched_completion_writes_only_the_operations_whose_lease_it_holds() {
+async fn a_grouped_journal_write_writes_only_the_operations_whose_lease_it_holds() {
+    use db::settle::{Completion, RunWrite};
     let app = TestApp::start().await;
     let ids = app
         .enqueue_many(
             "echo",
             Lane::Interactive,
-            (0..3).map(|i| json!({ "text": format!("doc {i}") })),
+            (0..5).map(|i| json!({ "text": format!("doc {i}") })),
         )
         .await;
     let echo = db::versions::Runnable::at_default(&["echo"]);
@@ -720,7 +722,7 @@ async fn a_batched_completion_writes_only_the_operations_whose_lease_it_holds() 
         db::claim::claim_operations(&app.pool, &ids, &echo, "batcher", Duration::from_secs(30))
             .await
             .unwrap();
-    assert_eq!(claimed.len(), 3);
+    assert_eq!(claimed.len(), 5);
     let step = |id: uuid::Uuid| db::steps::StepWrite {
         seq: 0,
         name: "model".into(),
@@ -735,27 +737,42 @@ async fn a_batched_completion_writes_only_the_operations_whose_lease_it_holds() 
         usage: None,
         wake_at: None,
     };
-    let batch: Vec<db::settle::Completion> = claimed
+    let batch: Vec<RunWrite> = claimed
         .iter()
-        .map(|c| db::settle::Completion {
-            id: c.id,
-            // The second one's lease was lost: another claim bumped its epoch.
-            epoch: if c.id == ids[1] { c.epoch - 1 } else { c.epoch },
-            result: json!({ "text": "done" }),
-            steps: vec![step(c.id)],
+        .map(|c| {
+            // The second and the fifth lost their leases: another claim bumped their epochs.
+            let epoch = if c.id == ids[1] || c.id == ids[4] {
+                c.epoch - 1
+            } else {
+                c.epoch
+            };
+            if c.id == ids[3] || c.id == ids[4] {
+                RunWrite::Steps(db::steps::StepBatch {
+                    id: c.id,
+                    epoch,
+                    steps: vec![step(c.id)],
+                })
+            } else {
+                RunWrite::Complete(Completion {
+                    id: c.id,
+                    epoch,
+                    result: json!({ "text": "done" }),
+                    steps: vec![step(c.id)],
+                })
+            }
         })
         .collect();
-    let mut written = db::settle::complete_operations(&app.pool, &batch)
-        .await
-        .unwrap();
+    let mut written = db::settle::write_runs(&app.pool, &batch).await.unwrap();
     written.sort();
-    let mut expected = vec![ids[0], ids[2]];
+    let mut expected = vec![ids[0], ids[2], ids[3]];
     expected.sort();
     assert_eq!(written, expected);
     for (id, status, steps) in [
         (ids[0], "succeeded", 1),
         (ids[1], "running", 0),
         (ids[2], "succeeded", 1),
+        (ids[3], "running", 1),
+        (ids[4], "running", 0),
     ] {
         let (s, n): (String, i64) = sqlx::query_as(
             "SELECT o.status, (SELECT count(*) FROM operation_steps s WHERE s.op_id = o.id)

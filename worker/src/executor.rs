@@ -24,7 +24,6 @@ use crate::error::JobError;
 use crate::lease::Leases;
 use crate::registry::Registry;
 use crate::versions::Versions;
-use agentq_core::group_commit::GroupCommit;
 
 /// Everything a running operation shares with its worker.
 pub(crate) struct Shared {
@@ -36,8 +35,6 @@ pub(crate) struct Shared {
     pub(crate) leases: Leases,
     /// Fair shares of this worker's slots between tenants.
     pub(crate) shares: crate::share::Shares,
-    /// Writes successful attempts, many per statement.
-    pub(crate) completer: GroupCommit<db::settle::Completion>,
 }
 
 impl Shared {
@@ -237,14 +234,17 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
     let written = match &outcome {
         Ok(result) => {
             finished = Some((Status::Succeeded.as_str(), None));
-            let completion = db::settle::Completion {
+            let completion = db::settle::RunWrite::Complete(db::settle::Completion {
                 id: op.id,
                 epoch: op.epoch,
                 result: result.clone(),
                 steps,
-            };
+            });
+            // Through the journal's writer: a success shares its statement with other
+            // operations' steps.
             shared
-                .completer
+                .services
+                .journal
                 .write(shared.pool(), completion)
                 .await
                 .map_err(|unwritten| unwritten.error)

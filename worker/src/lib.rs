@@ -150,7 +150,6 @@ impl Worker {
                 versions,
                 leases,
                 shares,
-                completer: GroupCommit::new(),
             }),
         }
     }
@@ -179,10 +178,6 @@ impl Worker {
             let stop = CancellationToken::new();
             let pool = shared.pool().clone();
             tokio::spawn(async move { shared.leases.run_heartbeat(pool, stop).await })
-        };
-        let completer = {
-            let shared = self.shared.clone();
-            tokio::spawn(async move { shared.completer.run(shared.pool().clone()).await })
         };
         let journal = {
             let shared = self.shared.clone();
@@ -288,7 +283,6 @@ impl Worker {
         registration.cancel();
         let _ = versions.await;
         // Every execution has had its writes answered: nothing is waiting on the writers.
-        completer.abort();
         journal.abort();
         // Spawned children's dispatch marks still queued are written (unwritten ones are only
         // published again by the sweeper: a harmless duplicate).

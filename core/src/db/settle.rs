@@ -10,12 +10,12 @@ use uuid::Uuid;
 
 use super::Result;
 use super::steps::{
-    StepWrite, bind_journal, bind_steps, journal_cte, journal_many_cte, owned_rows,
+    StepBatch, StepWrite, bind_journal, bind_steps, journal_cte, journal_many_cte, owned_rows,
 };
 use crate::state::transition::{FAIL_CANCEL, FAIL_DEAD, FAIL_RETRY, from_sql, to_sql};
 use crate::state::{ErrorClass, Status};
 
-/// One running operation's success, for [`complete_operations`].
+/// One running operation's success, for [`write_runs`].
 #[derive(Clone, Debug)]
 pub struct Completion {
     pub id: Uuid,
@@ -25,32 +25,85 @@ pub struct Completion {
     pub steps: Vec<StepWrite>,
 }
 
-/// Finishes many running operations with their results and pending journal rows in one
-/// statement (one commit), each fenced by its own epoch and status. Returns the ids written;
-/// an id missing from it lost its lease (nothing was written for it).
-/// The journal upsert is `journal_cte!`'s, joined on each row's operation instead of one.
-/// The `succeeded` event is served from the operation row (migration
+/// What a running operation's worker writes while it holds the lease, many operations per
+/// statement ([`write_runs`]): finished steps, or the success with its last rows.
+#[derive(Clone, Debug)]
+pub enum RunWrite {
+    Steps(StepBatch),
+    Complete(Completion),
+}
+
+impl RunWrite {
+    /// The operation written.
+    pub fn id(&self) -> Uuid {
+        match self {
+            Self::Steps(b) => b.id,
+            Self::Complete(c) => c.id,
+        }
+    }
+
+    fn epoch(&self) -> i64 {
+        match self {
+            Self::Steps(b) => b.epoch,
+            Self::Complete(c) => c.epoch,
+        }
+    }
+
+    /// Its journal rows.
+    pub fn steps(&self) -> &[StepWrite] {
+        match self {
+            Self::Steps(b) => &b.steps,
+            Self::Complete(c) => &c.steps,
+        }
+    }
+
+    /// Its journal rows, taken (from a write that failed, to write them again).
+    pub fn into_steps(self) -> Vec<StepWrite> {
+        match self {
+            Self::Steps(b) => b.steps,
+            Self::Complete(c) => c.steps,
+        }
+    }
+
+    fn result(&self) -> Option<&Value> {
+        match self {
+            Self::Steps(_) => None,
+            Self::Complete(c) => Some(&c.result),
+        }
+    }
+}
+
+/// Writes the journal rows of many running operations, and the successes among them, in one
+/// statement (one commit), each fenced by its own epoch and status: an operation no longer
+/// `running` at its epoch gets nothing written (its lease was lost: its worker must stop it at
+/// once). Returns the ids written. Each operation may appear once.
+///
+/// Operations are locked in id order, like the claim and the heartbeat, so overlapping
+/// statements queue instead of deadlocking; `FOR NO KEY UPDATE`, because each journal row draws
+/// its event id here and every writer of an operation's events holds that lock (migration
+/// `20261207000001_step_events_from_journal.sql`), and a success changes no key. The journal
+/// upsert is `journal_cte!`'s, joined on each row's operation instead of one. The `succeeded`
+/// event is served from the operation row (migration
 /// `20261208000002_finished_event_from_row.sql`): its id is drawn by the `UPDATE`, which waits
 /// for the journal's rows (a scalar subquery over them, evaluated before any row is updated), so
 /// the steps' event ids come first, as the deferred status trigger had it.
-pub async fn complete_operations(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Uuid>> {
-    let ids: Vec<Uuid> = batch.iter().map(|c| c.id).collect();
-    let epochs: Vec<i64> = batch.iter().map(|c| c.epoch).collect();
-    let results: Vec<&Value> = batch.iter().map(|c| &c.result).collect();
-    let (steps, owners) = owned_rows(batch.iter().map(|c| (c.id, c.steps.as_slice())));
+pub async fn write_runs(pool: &PgPool, batch: &[RunWrite]) -> Result<Vec<Uuid>> {
+    let ids: Vec<Uuid> = batch.iter().map(RunWrite::id).collect();
+    let epochs: Vec<i64> = batch.iter().map(RunWrite::epoch).collect();
+    let results: Vec<Option<&Value>> = batch.iter().map(RunWrite::result).collect();
+    let (steps, owners) = owned_rows(batch.iter().map(|w| (w.id(), w.steps())));
     const SQL: &str = concat!(
         "WITH input AS (
             SELECT * FROM unnest($13::uuid[], $14::bigint[], $15::jsonb[]) AS i(id, epoch, result)
-         ), locked AS (
-            -- Lock in id order, like the claim and the heartbeat, so they cannot deadlock.
-            SELECT o.id, i.epoch, i.result FROM operations o JOIN input i ON o.id = i.id
+         ), lease AS (
+            SELECT o.id, o.epoch, i.result FROM operations o JOIN input i ON o.id = i.id
              WHERE o.epoch = i.epoch AND o.status IN ",
         from_sql!(COMPLETE),
         "
              ORDER BY o.id
-               FOR UPDATE OF o
+               FOR NO KEY UPDATE OF o
          ), ",
-        journal_many_cte!("locked", "$16", "RETURNING 1"),
+        journal_many_cte!("lease", "$16", "RETURNING 1"),
         ", done AS (
             UPDATE operations o
                SET status = ",
@@ -60,24 +113,27 @@ pub async fn complete_operations(pool: &PgPool, batch: &[Completion]) -> Result<
                    error_class = NULL, error_message = NULL,
                    finished_event_id = nextval('agentq_event_ids'),
                    finished_event_at = clock_timestamp()
-              FROM locked l
-             WHERE o.id = l.id AND o.epoch = l.epoch AND o.status IN ",
+              FROM lease l
+             WHERE l.result IS NOT NULL
+               AND o.id = l.id AND o.epoch = l.epoch AND o.status IN ",
         from_sql!(COMPLETE),
         "
                -- After the journal's rows: their event ids come before this one.
                AND (SELECT count(*) FROM journal) >= 0
          RETURNING o.id
          )
+         SELECT id FROM lease WHERE result IS NULL
+         UNION ALL
          SELECT id FROM done"
     );
-    let done: Vec<Uuid> = bind_steps(sqlx::query_scalar(SQL), steps)
+    let written: Vec<Uuid> = bind_steps(sqlx::query_scalar(SQL), steps)
         .bind(&ids)
         .bind(&epochs)
         .bind(&results)
         .bind(&owners)
         .fetch_all(pool)
         .await?;
-    Ok(done)
+    Ok(written)
 }
 
 /// Where a failed attempt sends a running operation.

@@ -236,46 +236,12 @@ pub(crate) fn owned_rows<'a>(
     (steps, owners)
 }
 
-/// One running operation's journal rows, for [`record_steps_many`].
-#[derive(Debug)]
+/// One running operation's journal rows, written by [`super::settle::write_runs`].
+#[derive(Clone, Debug)]
 pub struct StepBatch {
     pub id: Uuid,
     pub epoch: i64,
     pub steps: Vec<StepWrite>,
-}
-
-/// Writes the journal rows of many running operations in one statement (one commit), each
-/// fenced by its own epoch: an operation no longer `running` at its epoch gets nothing written
-/// (its lease was lost: its worker must stop it at once). Operations are locked in id order,
-/// like the claim, the heartbeat and the completion, so overlapping statements queue instead of
-/// deadlocking; `FOR NO KEY UPDATE`, because each journal row draws its event id here and every
-/// writer of an operation's events holds that lock (migration
-/// `20261207000001_step_events_from_journal.sql`).
-/// Returns the ids written. Each operation may appear once.
-pub async fn record_steps_many(pool: &PgPool, batch: &[StepBatch]) -> Result<Vec<Uuid>> {
-    let ids: Vec<Uuid> = batch.iter().map(|b| b.id).collect();
-    let epochs: Vec<i64> = batch.iter().map(|b| b.epoch).collect();
-    let (steps, owners) = owned_rows(batch.iter().map(|b| (b.id, b.steps.as_slice())));
-    const SQL: &str = concat!(
-        "WITH input AS (
-            SELECT * FROM unnest($13::uuid[], $14::bigint[]) AS i(id, epoch)
-         ), lease AS (
-            SELECT o.id, o.epoch FROM operations o JOIN input i ON o.id = i.id
-             WHERE o.epoch = i.epoch AND o.status = 'running'
-             ORDER BY o.id
-               FOR NO KEY UPDATE OF o
-         ), ",
-        journal_many_cte!("lease", "$15"),
-        "
-         SELECT id FROM lease"
-    );
-    let held: Vec<Uuid> = bind_steps(sqlx::query_scalar(SQL), steps)
-        .bind(&ids)
-        .bind(&epochs)
-        .bind(&owners)
-        .fetch_all(pool)
-        .await?;
-    Ok(held)
 }
 
 /// A journal row as replay needs it.

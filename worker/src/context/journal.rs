@@ -270,7 +270,11 @@ impl JobContext {
             return Ok(());
         }
         let asked = Instant::now();
-        match services.journal.write(&services.pool, write).await {
+        match services
+            .journal
+            .write(&services.pool, db::settle::RunWrite::Steps(write))
+            .await
+        {
             Ok(true) => {
                 metrics::JOURNAL_COMMIT_DURATION.observe(&[], asked.elapsed().as_secs_f64());
                 Ok(())
@@ -284,7 +288,7 @@ impl JobContext {
                 // the same seq wins), so the failure's statement writes them.
                 let mut st = self.state();
                 let newer: Vec<StepWrite> = std::mem::take(&mut st.pending);
-                let mut rows = unwritten.write.steps;
+                let mut rows = unwritten.write.into_steps();
                 rows.retain(|r| !newer.iter().any(|n| n.seq == r.seq));
                 rows.extend(newer);
                 st.pending = rows;

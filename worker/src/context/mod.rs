@@ -134,8 +134,8 @@ pub(crate) struct Services {
     pub(crate) http_allow: Arc<Origins>,
     /// Model calls, within the worker's limits and circuit breaker.
     pub(crate) model: Arc<ModelGate>,
-    /// Writes finished steps (and unsafe starts), many operations per statement.
-    pub(crate) journal: GroupCommit<db::steps::StepBatch>,
+    /// Writes finished steps (and unsafe starts) and successes, many operations per statement.
+    pub(crate) journal: GroupCommit<db::settle::RunWrite>,
     /// Whether a child's kind and input fit (`ctx.spawn`).
     pub(crate) check_child: ChildCheck,
     /// The deployment's registered tools ([`JobContext::registered_tool`]).
