@@ -9,17 +9,19 @@
 //! statement per operation. A writer takes everything queued at that moment (up to
 //! [`Grouped::MAX_BATCH`], one write per operation) into one statement (the worker's writer
 //! checks each row against its own operation's epoch and status and lock the rows in id order);
-//! up to [`Grouped::IN_FLIGHT`] statements are in flight at once, and while they are, the next
-//! batch grows. A failed batch (a deadlock with a heartbeat, say) is retried one operation at a
+//! up to [`Grouped::IN_FLIGHT`] statements are in flight at once (the journal's: one, and a
+//! second only beside one that is slow, [`Grouped::STALL`]), and while they are, the next batch
+//! grows. A failed batch (a deadlock with a heartbeat, say) is retried one operation at a
 //! time, so one fenced-out or broken operation never fails the others.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::db::{self, operations::NewOperation, settle::RunWrite};
 use futures_util::future::BoxFuture;
 use sqlx::PgPool;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
 /// Writes waiting for a statement; beyond this, executions wait (backpressure).
@@ -30,10 +32,14 @@ pub trait Grouped: Send + Sync + 'static {
     /// What the metric and the logs call this writer.
     const WHAT: &'static str;
     /// Statements of this writer in flight at once. Fewer statements carry more operations
-    /// each: on the 2-core machine the journal's throughput is bounded by CPU per statement,
-    /// so it runs 2 (1: 11.1k durable steps/s, 2: 10.7k, 4: 8.9k, 8: 5.8k at concurrency 64);
-    /// more than one keeps a statement that waits on a row lock from stalling every step.
+    /// each: on the 2-core machine the journal's throughput is bounded by CPU per statement
+    /// (1: 11.1k durable steps/s, 2: 10.7k, 4: 8.9k, 8: 5.8k at concurrency 64); more than one
+    /// keeps a statement that waits on a row lock from stalling every write.
     const IN_FLIGHT: usize;
+    /// With a value, a statement starts beside others only once the newest in flight has run
+    /// this long: one at a time while statements are quick (each carries more), and another
+    /// (up to [`Grouped::IN_FLIGHT`]) as soon as one is slow, as when it waits on a row lock.
+    const STALL: Option<Duration> = None;
     /// Most operations written by one statement.
     const MAX_BATCH: usize = 256;
     /// The operation written.
@@ -49,6 +55,11 @@ pub trait Grouped: Send + Sync + 'static {
 impl Grouped for RunWrite {
     const WHAT: &'static str = "journal";
     const IN_FLIGHT: usize = 2;
+    /// One statement at a time unless it is slow: a quarter fewer commits per job on workload
+    /// B than two at a time, with as many durable steps/s or a few per cent more
+    /// (docs/benchmarks.md, "One journal statement at a time"); under that load a statement
+    /// commits in a few milliseconds, so 20 ms is slow.
+    const STALL: Option<Duration> = Some(Duration::from_millis(20));
     fn op_id(&self) -> Uuid {
         self.id()
     }
@@ -161,17 +172,16 @@ impl<T: Grouped> Default for GroupCommit<T> {
 /// Takes batches off `rx` and writes them, until every sender is gone.
 async fn drain<T: Grouped>(mut rx: mpsc::Receiver<Request<T>>, pool: PgPool) {
     let writers = Arc::new(Semaphore::new(T::IN_FLIGHT));
+    // Notified as each statement ends, for [`Grouped::STALL`].
+    let ended = Arc::new(Notify::new());
+    let mut newest = Instant::now();
     // A write of an operation already in the batch being built waits for the next one (a
     // statement may touch an operation's rows once).
     let mut held: Option<Request<T>> = None;
     loop {
-        // A statement's turn first, then its writes: while every statement is in flight, the
-        // writes stay queued ([`GroupCommit::waiting`]) and the next batch grows.
-        let permit = writers
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("writers semaphore is never closed");
+        // A statement's turn first, then its writes: while it waits, the writes stay queued
+        // ([`GroupCommit::waiting`]) and the next batch grows.
+        let permit = turn::<T>(&writers, &ended, newest).await;
         let first = match held.take() {
             Some(r) => r,
             None => match rx.recv().await {
@@ -191,12 +201,39 @@ async fn drain<T: Grouped>(mut rx: mpsc::Receiver<Request<T>>, pool: PgPool) {
                 Err(_) => break,
             }
         }
-        let pool = pool.clone();
+        newest = Instant::now();
+        let (pool, ended) = (pool.clone(), ended.clone());
         tokio::spawn(async move {
             write_batch(&pool, batch).await;
             drop(permit);
+            ended.notify_one();
         });
     }
+}
+
+/// Waits for a statement's turn: one of [`Grouped::IN_FLIGHT`]; with a [`Grouped::STALL`], only
+/// when none is in flight or the newest (started at `newest`) has run that long.
+async fn turn<T: Grouped>(
+    writers: &Arc<Semaphore>,
+    ended: &Notify,
+    newest: Instant,
+) -> OwnedSemaphorePermit {
+    if let Some(stall) = T::STALL {
+        let slow = tokio::time::sleep_until((newest + stall).into());
+        tokio::pin!(slow);
+        // A statement that ends between the check and the wait leaves its notification stored.
+        while writers.available_permits() < T::IN_FLIGHT {
+            tokio::select! {
+                () = ended.notified() => {}
+                () = &mut slow => break,
+            }
+        }
+    }
+    writers
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("writers semaphore is never closed")
 }
 
 async fn write_batch<T: Grouped>(pool: &PgPool, batch: Vec<Request<T>>) {

@@ -362,6 +362,31 @@ struct Observed {
     lease_in_future: bool,
 }
 
+/// A worker in this test's process running `registry`'s kinds, 4 interactive slots.
+fn in_process_worker(
+    app: &TestApp,
+    registry: agentq_worker::Registry,
+    lease_ttl: Duration,
+) -> Worker {
+    Worker::new(
+        agentq_worker::Settings {
+            amqp_url: app.amqp_url.clone(),
+            namespace: app.namespace.clone(),
+            lease_ttl,
+            concurrency_interactive: 4,
+            concurrency_batch: 1,
+            shutdown_grace: Duration::from_secs(5),
+            gate: Default::default(),
+            http_allow: Default::default(),
+            job_limits: Default::default(),
+            tenant_share: 1.0,
+        },
+        app.pool.clone(),
+        registry,
+        Arc::new(LocalModel),
+    )
+}
+
 #[tokio::test]
 async fn the_job_function_runs_only_after_running_is_committed() {
     let app = TestApp::start().await;
@@ -388,23 +413,7 @@ async fn the_job_function_runs_only_after_running_is_committed() {
         }
     });
     let kinds = registry.clone();
-    let worker = Worker::new(
-        agentq_worker::Settings {
-            amqp_url: app.amqp_url.clone(),
-            namespace: app.namespace.clone(),
-            lease_ttl: Duration::from_secs(30),
-            concurrency_interactive: 4,
-            concurrency_batch: 1,
-            shutdown_grace: Duration::from_secs(5),
-            gate: Default::default(),
-            http_allow: Default::default(),
-            job_limits: Default::default(),
-            tenant_share: 1.0,
-        },
-        app.pool.clone(),
-        registry,
-        Arc::new(LocalModel),
-    );
+    let worker = in_process_worker(&app, registry, Duration::from_secs(30));
     let owner = worker.owner().to_string();
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(worker.run(shutdown.clone()));
@@ -787,6 +796,17 @@ async fn a_grouped_journal_write_writes_only_the_operations_whose_lease_it_holds
     app.cleanup().await;
 }
 
+/// Statements whose text is `like` waiting on a lock now.
+async fn waiting_on_a_lock(app: &TestApp, like: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+    )
+    .bind(like)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap()
+}
+
 /// Concurrent enqueues share one `INSERT` (group commit). Held behind a lock on the table
 /// (two statements waiting on it, fourteen writes queued behind them), the fourteen go in
 /// together once it is released, and each answer is still its own: a new operation, its budget written with it,
@@ -831,15 +851,7 @@ async fn concurrent_enqueues_share_a_statement_and_each_gets_its_own_answer() {
         let text = req.input["text"].as_str().unwrap().to_string();
         tokio::spawn(async move { (text, producer.enqueue(req).await) })
     };
-    let held = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity
-              WHERE wait_event_type = 'Lock' AND query LIKE 'WITH inserted AS%'",
-        )
-        .fetch_one(&app.pool)
-        .await
-        .unwrap()
-    };
+    let held = || waiting_on_a_lock(&app, "WITH inserted AS%");
     // The first two enqueues take both statements the writer runs at once, one each, and
     // wait on the lock; the other fourteen queue behind them.
     let mut rest = reqs.into_iter();
@@ -938,6 +950,112 @@ async fn concurrent_enqueues_share_a_statement_and_each_gets_its_own_answer() {
         app.wait_status(&id.to_string(), "succeeded", DEADLINE)
             .await;
     }
+    dispatcher.close().await;
+    app.cleanup().await;
+}
+
+/// The worker's journal writer runs one statement at a time while statements are quick, and
+/// starts another beside one that is slow: an operation whose statement waits on a row lock
+/// (here a transaction holding its row, as an operator's session might) holds up only the
+/// operations in that statement. Another operation runs to the end meanwhile, long before the
+/// stuck statement's call deadline could have freed the writer.
+#[tokio::test]
+async fn a_journal_statement_waiting_on_a_row_lock_holds_up_only_its_own_operations() {
+    let app = TestApp::start().await;
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut registry = agentq_kinds::registry();
+    {
+        let (entered, gate) = (entered.clone(), gate.clone());
+        registry.register("gated", move |ctx: JobContext, _input: Value| {
+            let (entered, gate) = (entered.clone(), gate.clone());
+            async move {
+                ctx.step("held", agentq_core::state::Replay::Safe, |_| async move {
+                    entered.notify_one();
+                    gate.acquire().await.expect("gate").forget();
+                    Ok::<_, JobError>(json!({}))
+                })
+                .await?;
+                // Its start writes the row of "held" (held by the lock below).
+                ctx.step("after", agentq_core::state::Replay::Safe, |_| async {
+                    Ok::<_, JobError>(json!({}))
+                })
+                .await?;
+                Ok::<_, JobError>(json!({ "done": true }))
+            }
+        });
+    }
+    let kinds = registry.clone();
+    // No heartbeat during the test: it locks every running operation's row in id order and
+    // would queue behind the lock too.
+    let worker = in_process_worker(&app, registry, Duration::from_secs(600));
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    let (producer, dispatcher) = app.producer_with(kinds);
+    let enqueue = |kind: &str, input: Value| {
+        producer.enqueue(EnqueueRequest {
+            tenant: "t1".into(),
+            kind: kind.into(),
+            input,
+            ..EnqueueRequest::default()
+        })
+    };
+
+    // A runs its first step; its row is locked; its step ends, and the statement writing it
+    // waits on the lock.
+    let a = enqueue("gated", json!({})).await.unwrap().op_id;
+    entered.notified().await;
+    let mut lock = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM operations WHERE id = $1 FOR UPDATE")
+        .bind(a.0)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    gate.add_permits(1);
+    app.wait_for(
+        "A's journal statement waiting on the lock",
+        DEADLINE,
+        || async { waiting_on_a_lock(&app, "WITH input AS%").await == 1 },
+    )
+    .await;
+    let stuck = std::time::Instant::now();
+
+    // B, three durable steps, runs to the end through a statement of its own.
+    let b = enqueue(
+        "script",
+        json!({ "steps": [{ "work_ms": 0 }, { "work_ms": 0 }, { "work_ms": 0 }] }),
+    )
+    .await
+    .unwrap()
+    .op_id;
+    let done = app.wait_status(&b.to_string(), "succeeded", DEADLINE).await;
+    assert!(
+        stuck.elapsed() < db::call_deadline(),
+        "B finished {:?} after A's statement stuck: not before its call deadline ({:?}) freed the writer",
+        stuck.elapsed(),
+        db::call_deadline()
+    );
+    assert_eq!(done.status.as_str(), "succeeded");
+    let a_view = app.operation(&a.to_string()).await;
+    assert_eq!(a_view.status.as_str(), "running", "A waits on its lock");
+
+    // The lock goes; A's statement commits and A finishes, each step once.
+    lock.commit().await.unwrap();
+    app.wait_status(&a.to_string(), "succeeded", DEADLINE).await;
+    let steps: Vec<(String, String)> =
+        sqlx::query_as("SELECT name, status FROM operation_steps WHERE op_id = $1 ORDER BY seq")
+            .bind(a.0)
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        steps,
+        [("held", "completed"), ("after", "completed")]
+            .map(|(n, s)| (n.to_string(), s.to_string()))
+    );
+
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
     dispatcher.close().await;
     app.cleanup().await;
 }
