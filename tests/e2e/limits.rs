@@ -140,7 +140,10 @@ async fn a_key_limited_to_3_never_runs_4_at_once_under_3_workers() {
 #[tokio::test]
 async fn a_killed_worker_gives_its_slots_back_and_the_limit_holds() {
     let mut app = TestApp::start().await;
-    app.set_env("AGENTQ_LEASE_TTL_SECS", "3");
+    // Short, so the reaper finds the dead worker's leases soon; not so short that a live
+    // worker's heartbeat (every third of it) misses one on a loaded machine: at 3 s, CI on
+    // bdb51ae saw a third operation reaped from a live worker.
+    app.set_env("AGENTQ_LEASE_TTL_SECS", "6");
     app.spawn(&["scheduler"]);
     let limited = ["--concurrency-key", "account-9", "--concurrency-limit", "2"];
     let ops: Vec<String> = (0..8)
