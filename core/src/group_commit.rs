@@ -3,15 +3,15 @@
 //! Two writers use it: a worker's journal writer (a running operation's finished steps, an
 //! unsafe step's `started` row, and a successful attempt's result with its last rows, in the
 //! same statements), fenced by each operation's epoch, and a producer's enqueues (new
-//! operations, each with its budget). Each caller hands its write to [`GroupCommit::write`] and waits for the
-//! answer, so a step is reported durable, an outcome acked, released or reported, and an
-//! enqueue answered and published only after its own row has committed, exactly as with one
-//! statement per operation. A writer takes everything queued at that moment (up to
-//! [`Grouped::MAX_BATCH`], one write per operation) into one statement (the worker's writer
-//! checks each row against its own operation's epoch and status and lock the rows in id order);
-//! up to [`Grouped::IN_FLIGHT`] statements are in flight at once (the journal's: one, and a
-//! second only beside one that is slow, [`Grouped::STALL`]), and while they are, the next batch
-//! grows. A failed batch (a deadlock with a heartbeat, say) is retried one operation at a
+//! operations, each with its budget). Each caller hands its write to [`GroupCommit::write`]
+//! and waits for the answer, so a step is reported durable, an outcome acked, released or
+//! reported, and an enqueue answered and published only after its own row has committed,
+//! exactly as with one statement per operation. A writer takes everything queued at that moment
+//! (up to [`Grouped::MAX_BATCH`], one write per operation) into one statement (the worker's
+//! writer checks each row against its own operation's epoch and status and locks the rows in id
+//! order); up to [`Grouped::IN_FLIGHT`] statements are in flight at once (the journal's: one,
+//! and a second only beside one that is slow, [`Grouped::STALL`]), and while they are, the next
+//! batch grows. A failed batch (a deadlock with a heartbeat, say) is retried one operation at a
 //! time, so one fenced-out or broken operation never fails the others.
 
 use std::collections::HashSet;
