@@ -55,7 +55,7 @@ pub const CLAIM: Transition = Transition {
     from: &[Queued],
     to: Running,
 };
-/// A run succeeds (`db::settle::complete_operations`).
+/// A run succeeds (`db::settle::write_runs`).
 pub const COMPLETE: Transition = Transition {
     name: "complete",
     from: &[Running],

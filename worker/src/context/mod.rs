@@ -126,7 +126,7 @@ struct State {
 }
 
 /// What every job's context shares with its worker: only what steps use (the context never
-/// sees the registry, the leases or the completion writer).
+/// sees the registry or the leases).
 pub(crate) struct Services {
     /// agentq's database: the journal's waits, and [`JobContext::pool`].
     pub(crate) pool: PgPool,
