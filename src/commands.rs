@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Cli, Command, EnqueueArgs, ListArgs};
 use crate::wiring::{
-    Deployment, app, cli_app, cli_error, connect_deployment, done, flag_error_app, parse_moment,
-    parse_time, refuse, scheduler, shutdown_on_signal, worker,
+    Deployment, app, cli_app, cli_error, connect_deployment, connect_serving, done, flag_error_app,
+    parse_moment, parse_time, refuse, scheduler, shutdown_on_signal, worker,
 };
 
 /// The user's input was refused: exit code 2, nothing was changed.
@@ -40,23 +40,29 @@ pub async fn run(
             Ok(())
         }
         Command::Worker { concurrency } => {
-            let pool = connect_deployment(&config).await?;
             let shutdown = shutdown_on_signal();
+            let Some(pool) = connect_serving(&config, &shutdown).await? else {
+                return Ok(());
+            };
             let worker = worker(&config, pool, concurrency)?;
             let progress = vec![worker.progress()];
             with_metrics(&config, None, progress, worker.run(shutdown)).await
         }
         Command::Scheduler => {
-            let pool = connect_deployment(&config).await?;
             let shutdown = shutdown_on_signal();
+            let Some(pool) = connect_serving(&config, &shutdown).await? else {
+                return Ok(());
+            };
             let scheduler = scheduler(&config, pool.clone());
             let progress = vec![scheduler.progress()];
             with_metrics(&config, Some(pool), progress, scheduler.run(shutdown)).await
         }
         Command::Dev => dev(config).await,
         Command::Serve => {
-            let pool = connect_deployment(&config).await?;
             let shutdown = shutdown_on_signal();
+            let Some(pool) = connect_serving(&config, &shutdown).await? else {
+                return Ok(());
+            };
             let metrics_pool = pool.clone();
             with_metrics(
                 &config,

@@ -16,7 +16,6 @@ use agentq_core::broker::Names;
 use agentq_core::dispatch::Dispatcher;
 use agentq_producer::Producer;
 use agentq_worker::{LocalModel, ModelClient, Registry, Worker};
-use anyhow::Context;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -52,22 +51,66 @@ pub(crate) fn refuse(msg: impl Into<String>) -> anyhow::Error {
     Refused(msg.into()).into()
 }
 
-/// Runs one command to completion.
+/// A pool for `config`, failing at once when PostgreSQL cannot be reached (a command).
 pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
     agentq_app::database::connect(&config.database_url, config.db_pool)
         .await
-        .with_context(|| {
-            format!(
-                "connecting to {} (is PostgreSQL running, and has `agentq migrate` been run?)",
-                agentq_core::config::redact_url(&config.database_url)
-            )
-        })
+        .map_err(|e| connect_error(config, e))
+}
+
+/// A connection failure, with what to check.
+fn connect_error(config: &Config, e: agentq_app::database::Error) -> anyhow::Error {
+    anyhow::Error::new(e).context(format!(
+        "connecting to {} (is PostgreSQL running, and has `agentq migrate` been run?)",
+        agentq_core::config::redact_url(&config.database_url)
+    ))
 }
 
 /// A pool for `deployment`, its registry serving the remote kinds of the services an admin
 /// registered (read now, then every few seconds for as long as the process runs).
 pub async fn connect_deployment(deployment: &Deployment) -> anyhow::Result<PgPool> {
     let pool = connect(deployment).await?;
+    Ok(serve_registered(deployment, pool).await)
+}
+
+/// [`connect_deployment`] for a long-running role (worker, scheduler, API server): while
+/// PostgreSQL cannot be reached (stopped, restarting, starting up, a network fault) it says so
+/// and tries again, 1 s after a failed attempt and doubling to 10 s, instead of exiting, so a
+/// process started during an outage serves once the outage ends. A failure only the operator
+/// can mend (a bad URL, a refused role, a missing database) still exits at once. `None` when
+/// `shutdown` came first.
+pub async fn connect_serving(
+    deployment: &Deployment,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<PgPool>> {
+    let mut wait = Duration::from_secs(1);
+    loop {
+        let attempt = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            attempt = agentq_app::database::connect(&deployment.database_url, deployment.db_pool) => attempt,
+        };
+        match attempt {
+            Ok(pool) => return Ok(Some(serve_registered(deployment, pool).await)),
+            Err(e) if e.is_unreachable() => {
+                tracing::warn!(
+                    error = %e,
+                    database = %agentq_core::config::redact_url(&deployment.database_url),
+                    "PostgreSQL cannot be reached; trying again in {wait:?}"
+                );
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(None),
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => return Err(connect_error(deployment, e)),
+        }
+    }
+}
+
+/// Makes `deployment`'s registry serve the remote kinds of the registered services: read now,
+/// then watched for as long as the process runs.
+async fn serve_registered(deployment: &Deployment, pool: PgPool) -> PgPool {
     if let Err(e) = deployment.registry.load_services(&pool).await {
         // Before `agentq migrate` there is no services table: nothing remote to serve yet.
         tracing::warn!(error = %e, "reading the registered services failed; serving the binary's own kinds");
@@ -78,7 +121,7 @@ pub async fn connect_deployment(deployment: &Deployment) -> anyhow::Result<PgPoo
         watched,
         CancellationToken::new(),
     ));
-    Ok(pool)
+    pool
 }
 
 /// The model client the configuration asks for: an OpenAI-compatible provider, or the built-in

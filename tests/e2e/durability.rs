@@ -2,6 +2,8 @@
 //! expiry and the reaper, unsafe side effects, nondeterminism, ordering keys, graceful
 //! shutdown, and a chaos run.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use agentq_core::broker::{self, Publisher};
@@ -374,6 +376,97 @@ async fn sigterm_drain_longer_than_the_lease_is_not_a_crash() {
         "finished by the draining worker"
     );
     assert_eq!(done.restarts, 0, "the reaper never took its lease");
+    app.cleanup().await;
+}
+
+/// A TCP forwarder to the PostgreSQL of `database_url`: until `open` is set it takes every
+/// connection and drops it at once, as a server that is restarting does. Returns the URL
+/// through it.
+async fn gated_postgres(database_url: &str, open: Arc<AtomicBool>) -> String {
+    let (scheme, rest) = database_url.split_once("://").unwrap();
+    let (authority, path) = rest.split_once('/').unwrap();
+    let (user, upstream) = authority.rsplit_once('@').unwrap_or(("", authority));
+    let upstream = upstream.to_string();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            if !open.load(Ordering::SeqCst) {
+                continue;
+            }
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                if let Ok(mut out) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+            });
+        }
+    });
+    let at = if user.is_empty() { "" } else { "@" };
+    format!("{scheme}://{user}{at}127.0.0.1:{port}/{path}")
+}
+
+/// A worker, a scheduler and an API server started while PostgreSQL cannot be reached do not
+/// exit: each says so and tries again, and serves once the server is back (the chaos run found
+/// a worker restarted during a Postgres pause exiting 1 after its first attempt). One stopped
+/// while it waits exits cleanly; a database that does not exist still fails at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_started_while_postgres_is_down_wait_for_it() {
+    let mut app = TestApp::start().await;
+    let open = Arc::new(AtomicBool::new(false));
+    let gated = gated_postgres(&app.database_url, open.clone()).await;
+    app.set_env("DATABASE_URL", &gated);
+    let worker = app.spawn_logged(&["worker"]);
+    let scheduler = app.spawn_logged(&["scheduler"]);
+    let api = app.spawn_logged(&["serve", "--listen", "127.0.0.1:0"]);
+    let stopped = app.spawn_logged(&["worker"]);
+    app.unset_env("DATABASE_URL");
+    for p in [worker, scheduler, api, stopped] {
+        app.wait_for("a second failed attempt, logged", DEADLINE, || async {
+            app.log(p).matches("PostgreSQL cannot be reached").count() >= 2
+        })
+        .await;
+        assert_eq!(app.exit_code(p), None, "still up:\n{}", app.log(p));
+    }
+    app.signal(stopped, "TERM");
+    assert!(
+        app.wait_exit(stopped, DEADLINE).await,
+        "SIGTERM while waiting ends it"
+    );
+    assert_eq!(app.exit_code(stopped), Some(0), "{}", app.log(stopped));
+
+    // Enqueued straight to the database: a step, then a durable sleep only the scheduler wakes.
+    let op = app.enqueue_script(json!([{ "work_ms": 1 }, { "sleep_ms": 500 }]), &[]);
+    open.store(true, Ordering::SeqCst);
+    app.wait_status(&op, "succeeded", DEADLINE).await;
+    let base = app
+        .wait_until("the API server to listen", DEADLINE, || {
+            let log = app.log(api);
+            async move {
+                let at = log.find("listening on http://")?;
+                Some(
+                    log[at + "listening on ".len()..]
+                        .split_whitespace()
+                        .next()?
+                        .to_string(),
+                )
+            }
+        })
+        .await;
+    let ready = reqwest::get(format!("{base}/healthz")).await.unwrap();
+    assert_eq!(ready.status(), 200);
+    for p in [worker, scheduler, api] {
+        assert_eq!(app.exit_code(p), None, "still up:\n{}", app.log(p));
+    }
+
+    // What only the operator can mend is said at once.
+    let missing = agentq_core::db::with_database(&app.database_url, "agentq_no_such_db").unwrap();
+    app.set_env("DATABASE_URL", &missing);
+    let out = app.agentq(&["worker"]);
+    app.unset_env("DATABASE_URL");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not exist"), "{err}");
     app.cleanup().await;
 }
 

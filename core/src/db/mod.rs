@@ -69,6 +69,29 @@ pub enum Error {
     Unanswered,
 }
 
+impl Error {
+    /// True when the server could not be reached or would not take a connection yet: refused,
+    /// reset, silent past the deadline, cut off mid-message, starting up or shutting down
+    /// (SQLSTATE class 57P), a connection failure (class 08), or out of connection slots
+    /// (53300). Such a failure may pass by itself; a bad URL, a refused role or password, or a
+    /// missing database needs the operator, and is false.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Error::Deadline(_) => true,
+            Error::Sqlx(
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::PoolTimedOut,
+            ) => true,
+            Error::Sqlx(sqlx::Error::Database(e)) => e
+                .code()
+                .is_some_and(|c| c.starts_with("57P") || c.starts_with("08") || c == "53300"),
+            _ => false,
+        }
+    }
+}
+
 /// Result alias of the database layer.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -171,10 +194,19 @@ fn checking_releases() -> bool {
 /// good. So while calls are being abandoned ([`abandoned`], the last minute), a connection
 /// handed back is first pinged under the call deadline and closed if it does not answer. At
 /// other times the extra round trip is skipped: it cost 8 % of `agentq bench --scenario e2e`.
+///
+/// One connection is opened first, alone: its error says why the server cannot be used
+/// (refused, an unknown role, a missing database), where a pool's says only that it timed out.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
+    let options = options(url)?;
+    let acquire = Duration::from_secs(10).max(call_deadline());
+    let first = tokio::time::timeout(acquire, options.connect())
+        .await
+        .map_err(|_| Error::Deadline(acquire))??;
+    let _ = tokio::time::timeout(call_deadline(), first.close()).await;
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10).max(call_deadline()))
+        .acquire_timeout(acquire)
         .after_release(|conn, _| {
             Box::pin(async move {
                 if !checking_releases() {
@@ -191,7 +223,7 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
                 }
             })
         })
-        .connect_with(options(url)?)
+        .connect_with(options)
         .await?;
     Ok(pool)
 }
