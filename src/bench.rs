@@ -53,6 +53,7 @@ fn arguments(a: BenchArgs) -> agentq_bench::Args {
         steps: a.steps,
         kills: a.kills,
         model_latency_ms: a.model_latency_ms,
+        model_calls: a.model_calls,
         rate_limit_tokens: a.rate_limit_tokens,
         concurrency: a.concurrency,
         lane: a.lane,

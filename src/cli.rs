@@ -392,6 +392,10 @@ pub struct BenchArgs {
     /// instead of the built-in model (inflight: default 2000).
     #[arg(long)]
     pub model_latency_ms: Option<u64>,
+    /// With --model-latency-ms: model calls a worker has in flight at once, and per tenant
+    /// (default --concurrency).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub model_calls: Option<u16>,
     /// e2e, batch: every operation names rate key `bench`, under a limit of this many tokens
     /// a minute (a limit nobody is near measures what checking a limit costs).
     #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
@@ -420,4 +424,69 @@ pub struct BenchArgs {
     /// Give up if the run has not finished after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_secs: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A subcommand's own flag with the id of a global setting shadows it, and panics when it
+    /// is read if their types differ (a bench flag once named `model_concurrency`, a `u16`,
+    /// where the setting is a `usize`). The ones kept are checked here by name:
+    /// `--max-attempts` of `enqueue` and `schedules add` is the operation's own value of the
+    /// global default, an `i32` both.
+    #[test]
+    fn no_subcommand_flag_shares_an_id_with_a_global_setting() {
+        const OVERRIDES: [&str; 2] = ["enqueue max_attempts", "schedules add max_attempts"];
+        let root = Cli::command();
+        let globals: Vec<String> = root
+            .get_arguments()
+            .filter(|a| a.is_global_set())
+            .map(|a| a.get_id().to_string())
+            .collect();
+        let mut clashes = Vec::new();
+        let mut stack: Vec<(String, &clap::Command)> = root
+            .get_subcommands()
+            .map(|c| (c.get_name().to_string(), c))
+            .collect();
+        while let Some((path, cmd)) = stack.pop() {
+            for a in cmd.get_arguments() {
+                let clash = format!("{path} {}", a.get_id());
+                if globals.iter().any(|g| g == a.get_id().as_str())
+                    && !OVERRIDES.contains(&clash.as_str())
+                {
+                    clashes.push(clash);
+                }
+            }
+            stack.extend(
+                cmd.get_subcommands()
+                    .map(|c| (format!("{path} {}", c.get_name()), c)),
+            );
+        }
+        assert!(clashes.is_empty(), "{clashes:?}");
+    }
+
+    #[test]
+    fn the_bench_flags_parse() {
+        let matches = command()
+            .try_get_matches_from([
+                "agentq",
+                "bench",
+                "--scenario",
+                "inflight",
+                "--model-latency-ms",
+                "1000",
+                "--model-calls",
+                "8",
+            ])
+            .unwrap();
+        let cli = Cli::from_arg_matches(&matches).unwrap();
+        let Command::Bench(args) = cli.command else {
+            panic!("not bench")
+        };
+        assert_eq!(
+            (args.model_latency_ms, args.model_calls),
+            (Some(1000), Some(8))
+        );
+    }
 }

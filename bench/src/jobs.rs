@@ -145,8 +145,9 @@ pub(crate) async fn run_jobs(
     let mut config = config.clone();
     if let Some(f) = &fake {
         config.model_base_url = Some(f.url.clone());
-        config.model_concurrency = usize::from(args.concurrency);
-        config.model_tenant_concurrency = usize::from(args.concurrency);
+        let calls = usize::from(args.model_calls.unwrap_or(args.concurrency));
+        config.model_concurrency = calls;
+        config.model_tenant_concurrency = calls;
         config.model_first_byte_secs = config
             .model_first_byte_secs
             .max(model_latency_ms.unwrap_or(0) / 1000 + 60);
@@ -549,14 +550,20 @@ pub async fn inflight(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     let mut r = Report::new(
         "inflight",
         format!(
-            "agentq bench inflight: {} echo operations, model latency {latency} ms, {} worker process(es) × concurrency {}",
+            "agentq bench inflight: {} echo operations, model latency {latency} ms, {} worker process(es) × concurrency {}, {} model calls at once",
             m.jobs,
             args.workers.unwrap_or(1),
-            args.concurrency
+            args.concurrency,
+            args.model_calls.unwrap_or(args.concurrency)
         ),
     );
     r.val("jobs", "jobs", json!(m.jobs))
         .val("model latency ms", "model_latency_ms", json!(latency))
+        .val(
+            "model calls allowed at once",
+            "model_concurrency",
+            json!(args.model_calls.unwrap_or(args.concurrency)),
+        )
         .val(
             "model calls in flight (peak)",
             "model_peak_concurrency",

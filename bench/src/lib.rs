@@ -128,6 +128,9 @@ pub struct Args {
     pub steps: usize,
     pub kills: usize,
     pub model_latency_ms: Option<u64>,
+    /// With a fake provider: model calls in flight per worker and per tenant (else
+    /// `concurrency`).
+    pub model_calls: Option<u16>,
     /// e2e, batch: every operation names rate key `bench`, limited to this many tokens a
     /// minute.
     pub rate_limit_tokens: Option<i64>,

@@ -450,3 +450,62 @@ async fn a_kind_can_use_its_own_model_and_the_agent_fetches_only_allowed_hosts()
     );
     app.cleanup().await;
 }
+
+/// A model call in flight lends its operation's lane slot to another operation: a worker with
+/// 2 slots and a gate of 6 calls has 6 calls in flight at once (with the slots held for the
+/// whole run, 2), and 8 operations running: 6 in calls, 2 waiting at the full gate, each with a
+/// slot. Then with 1 slot and a gate of 1, operations of two model calls around a step all finish:
+/// an operation back from a call waits for a slot holding no call slot, so the two never wait on
+/// each other.
+#[tokio::test]
+async fn a_model_call_in_flight_lends_its_slot_to_another_operation() {
+    let fake = FakeModel::start(Mode::Echo).await;
+    let gate = fake.hold_requests();
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.set_env("AGENTQ_MODEL_CONCURRENCY", "6");
+    app.set_env("AGENTQ_MODEL_TENANT_CONCURRENCY", "6");
+    let ops: Vec<String> = (0..8)
+        .map(|i| {
+            app.enqueue_script(
+                json!([{ "model": format!("call {i}") }, { "work_ms": 1 }]),
+                &[],
+            )
+        })
+        .collect();
+    let w = app.spawn(&["worker", "--concurrency", "2"]);
+    app.wait_for("six model calls in flight", DEADLINE, || async {
+        fake.requests() == 6
+    })
+    .await;
+    app.wait_for("eight operations running", DEADLINE, || async {
+        running(&app).await == 8
+    })
+    .await;
+    assert_eq!(fake.requests(), 6, "no call beyond the gate's 6");
+    gate.add_permits(1_000);
+    for op in &ops {
+        app.wait_status(op, "succeeded", DEADLINE).await;
+    }
+    app.kill(w);
+
+    app.set_env("AGENTQ_MODEL_CONCURRENCY", "1");
+    app.set_env("AGENTQ_MODEL_TENANT_CONCURRENCY", "1");
+    let program = json!([{ "model": "first" }, { "work_ms": 5 }, { "model": "second" }]);
+    let ops: Vec<String> = (0..6)
+        .map(|_| app.enqueue_script(program.clone(), &[]))
+        .collect();
+    app.spawn(&["worker", "--concurrency", "1"]);
+    for op in &ops {
+        app.wait_status(op, "succeeded", DEADLINE).await;
+    }
+    assert_eq!(fake.requests(), 8 + 12);
+    app.cleanup().await;
+}
+
+async fn running(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM operations WHERE status = 'running'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}

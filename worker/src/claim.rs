@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::executor::Shared;
+use crate::slot::LaneSlot;
 use crate::versions::PULL_EVERY;
 
 /// Most deliveries claimed by one statement.
@@ -43,19 +44,24 @@ pub(crate) async fn consume_lane(
     shutdown: CancellationToken,
 ) -> Ended {
     loop {
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            p = slots.clone().acquire_owned() => p.expect("slots semaphore is never closed"),
-        };
+        // A delivery first, then a slot for it: a slot waiting for a delivery would sit idle
+        // while an operation back from a model call waits for one (`crate::slot`). The broker
+        // sends this consumer no more unacked deliveries than it has slots, so one waiting for
+        // a slot here holds nothing another worker could take sooner.
         let first = tokio::select! {
             _ = shutdown.cancelled() => break,
             d = consumer.next() => d,
         };
-        let mut batch = match first {
-            Some(Ok(d)) => vec![(d, permit)],
+        let first = match first {
+            Some(Ok(d)) => d,
             Some(Err(e)) => return Ended::Broken(e.to_string()),
             None => return Ended::Broken(format!("consumer of lane {lane} was cancelled")),
         };
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            p = slots.clone().acquire_owned() => p.expect("slots semaphore is never closed"),
+        };
+        let mut batch = vec![(first, permit)];
         while batch.len() < MAX_BATCH {
             let Ok(permit) = slots.clone().try_acquire_owned() else {
                 break;
@@ -66,7 +72,7 @@ pub(crate) async fn consume_lane(
                 None => break,
             }
         }
-        if let Err(e) = claim_batch(&shared, lane, batch, &tasks).await {
+        if let Err(e) = claim_batch(&shared, lane, &slots, batch, &tasks).await {
             return Ended::Broken(e.to_string());
         }
     }
@@ -78,6 +84,7 @@ pub(crate) async fn consume_lane(
 async fn claim_batch(
     shared: &Arc<Shared>,
     lane: Lane,
+    slots: &Arc<Semaphore>,
     batch: Vec<(Delivery, OwnedSemaphorePermit)>,
     tasks: &TaskTracker,
 ) -> broker::Result<()> {
@@ -193,7 +200,7 @@ async fn claim_batch(
         }
         // The same pointer twice in one batch claims once; the second permit is just dropped.
         if let Some(i) = claimed.iter().position(|c| c.id == id) {
-            start(shared, lane, claimed.swap_remove(i), permit, tasks);
+            start(shared, lane, claimed.swap_remove(i), (slots, permit), tasks);
         }
         last_acked = Some(delivery);
     }
@@ -204,19 +211,22 @@ async fn claim_batch(
     Ok(())
 }
 
-/// Runs a claimed operation on the worker's tasks, holding its slot until it settles.
+/// Runs a claimed operation on the worker's tasks, with its slot of `slots` (`permit`), held
+/// until it settles but during its model calls (`crate::slot`).
 fn start(
     shared: &Arc<Shared>,
     lane: Lane,
     op: db::claim::Claimed,
-    permit: OwnedSemaphorePermit,
+    (slots, permit): (&Arc<Semaphore>, OwnedSemaphorePermit),
     tasks: &TaskTracker,
 ) {
     let (stop, cancel, yielding) = shared.leases.hold(op.id, op.epoch, &op.tenant_id, lane);
     let shared = shared.clone();
+    let slot = LaneSlot::new(slots.clone(), permit);
     tasks.spawn(async move {
-        crate::executor::execute(shared, op, stop, cancel, yielding).await;
-        drop(permit);
+        crate::executor::execute(shared, op, slot.clone(), stop, cancel, yielding).await;
+        // Given back here even if a clone of the job's context outlives the run.
+        slot.release();
     });
 }
 
@@ -349,7 +359,7 @@ impl Pull {
             Ok(claimed) => {
                 let n = claimed.len();
                 for (op, permit) in claimed.into_iter().zip(permits) {
-                    start(shared, self.lane, op, permit, &self.tasks);
+                    start(shared, self.lane, op, (&self.slots, permit), &self.tasks);
                 }
                 n
             }

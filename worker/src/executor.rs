@@ -48,6 +48,7 @@ impl Shared {
 pub(crate) async fn execute(
     shared: Arc<Shared>,
     op: Claimed,
+    slot: Arc<crate::slot::LaneSlot>,
     stop: CancellationToken,
     cancel: CancellationToken,
     yielding: Arc<crate::share::Yield>,
@@ -69,7 +70,7 @@ pub(crate) async fn execute(
     );
     // Part of the trace of the request (or webhook delivery) that created the operation.
     agentq_core::telemetry::set_parent(&span, op.traceparent.as_deref());
-    tracing::Instrument::instrument(run(&shared, op, stop, cancel, yielding), span).await;
+    tracing::Instrument::instrument(run(&shared, op, slot, stop, cancel, yielding), span).await;
     metrics::ATTEMPT_DURATION.observe(&[&kind], started.elapsed().as_secs_f64());
     shared.leases.release(id, epoch);
 }
@@ -77,6 +78,7 @@ pub(crate) async fn execute(
 async fn run(
     shared: &Arc<Shared>,
     op: Claimed,
+    slot: Arc<crate::slot::LaneSlot>,
     stop: CancellationToken,
     cancel: CancellationToken,
     yielding: Arc<crate::share::Yield>,
@@ -111,6 +113,7 @@ async fn run(
             budgeted: op.budgeted,
             claimed_at: op.claimed_at,
             rate_key: op.rate_key.clone(),
+            slot: Some(slot),
         },
         stop.clone(),
         cancel.clone(),

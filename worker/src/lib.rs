@@ -29,6 +29,7 @@ pub mod openai;
 pub mod registry;
 pub mod remote;
 mod share;
+mod slot;
 mod store;
 pub mod testing;
 pub mod tool;

@@ -168,6 +168,9 @@ pub(crate) struct ClaimFacts {
     pub(crate) claimed_at: DateTime<Utc>,
     /// The key its model calls count against (rate limits of scope `key`).
     pub(crate) rate_key: Option<String>,
+    /// The lane slot the claim took, lent back during model calls (`None` in the replay
+    /// tester, which has no lanes).
+    pub(crate) slot: Option<Arc<crate::slot::LaneSlot>>,
 }
 
 struct Inner {

@@ -96,8 +96,15 @@ impl JobContext {
                 outcome = tracing::field::Empty,
                 otel.status_code = tracing::field::Empty,
             );
+            // Admitted by the gate: the lane slot is lent to another operation while the call
+            // is in flight (`crate::slot`), and taken again once its call slots are given back.
+            let slot = ctx.inner.claim.slot.as_ref();
+            slot.inspect(|s| s.release());
             let send = model.send(slots, &kind, &request, retry_in_step);
             let called = tracing::Instrument::instrument(send, span.clone()).await;
+            if let Some(slot) = slot {
+                slot.reacquire().await;
+            }
             ctx.settle_call(holds, &called).await;
             match &called {
                 Ok(_) => span.record("outcome", "ok"),
