@@ -602,6 +602,7 @@ pub async fn cancel(
 /// Re-publishes the queued operations of a resumed batch (their pointers were dropped while
 /// it was paused). Returns how many were published.
 async fn redispatch(app: &App, batch: Uuid) -> Result<usize> {
+    batches::cut_retry_delays(&app.pool, batch).await?;
     let cutoff = chrono::Utc::now();
     app.publish_all(|| async {
         Ok(batches::lock_queued(&app.pool, batch, cutoff, CHUNK as i64).await?)

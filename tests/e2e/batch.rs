@@ -426,6 +426,65 @@ async fn batch_auto_pauses_when_the_provider_fails_and_resume_finishes_it() {
     app.cleanup().await;
 }
 
+/// A resume retries at once what waited out a retry's delay: three documents rate limited
+/// with ten minutes to wait, the batch paused and resumed, all three migrate now. (The delays
+/// are cut in a statement of their own, committed before the pointers go: cut under the lock
+/// they are sent under, a claim that came before the commit read the row as not due and
+/// dropped its pointer, and the operation sat queued until the lost-pointer sweep a minute
+/// on. That race is argued in `db::dispatch::Locked`; this test does not force it.)
+#[tokio::test]
+async fn a_resume_retries_at_once_what_waited_out_a_retry_delay() {
+    const N: usize = 3;
+    let fake = FakeModel::start(Mode::Error {
+        status: 429,
+        body: json!({ "error": { "message": "slow down", "type": "rate_limit", "code": "" } }),
+        headers: vec![("Retry-After".into(), "600".into())],
+    })
+    .await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    let (src, dst, tmp) = (
+        TempDir::new("src"),
+        TempDir::new("dst"),
+        TempDir::new("cfg"),
+    );
+    write_docs(&src.0, N);
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let started = start_batch(
+        &app,
+        (&src.0, &dst.0, &tmp.0),
+        "Keep the text as it is.",
+        &[],
+    );
+    let batch = started["batch_id"].as_str().unwrap().to_string();
+    app.wait_for("every document waiting to retry", DEADLINE, || async {
+        count(
+            &app,
+            "SELECT count(*) FROM operations
+              WHERE status = 'queued' AND attempt = 1 AND run_at > now() + interval '5 minutes'",
+        )
+        .await
+            == N as i64
+    })
+    .await;
+    app.agentq_ok(&["batch", "pause", &batch, "--reason", "fix the rate"]);
+    fake.set(Mode::Echo);
+    app.agentq_ok(&["batch", "resume", &batch]);
+    app.wait_until("the batch to complete", DEADLINE, || async {
+        let s = batch_status(&app, &batch).await;
+        (s["status"] == "completed").then_some(s)
+    })
+    .await;
+    assert_eq!(files(&dst.0).len(), N);
+    assert_eq!(
+        fake.requests(),
+        2 * N,
+        "each document rate limited once, then migrated"
+    );
+    app.cleanup().await;
+}
+
 /// The README's "Draining the DLQ" walkthrough: a bad instruction fails the memos, three
 /// empty files can never succeed, a provider outage only parks operations; the operator
 /// discards the broken, retries the rest with the instruction fixed, and the batch completes.

@@ -728,3 +728,55 @@ async fn a_webhook_sources_budget_is_each_of_its_operations_own() {
     assert_eq!(fake.requests(), 4, "no call past either budget was sent");
     app.cleanup().await;
 }
+
+/// A call back from the provider charges its budget hold before it waits for a lane slot. One
+/// slot, and a tenant's budget with room for one call's estimate at a time: A's call is held at
+/// the provider, its slot lent to B, whose call must wait for A's hold to be charged. A back
+/// from its call charges at once and B's call goes; charged only once A had a slot again, B
+/// held the only slot waiting for the room, gave up and was parked (and claimed a second time).
+#[tokio::test]
+async fn a_call_back_from_the_provider_charges_its_hold_before_it_waits_for_a_slot() {
+    let fake = FakeModel::start(Mode::Echo).await;
+    let gate = fake.hold_requests();
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    // About 1,030 tokens a call's estimate (its prompt, 1,024 of completion); each uses ~10.
+    app.agentq_ok(&[
+        "budget",
+        "set",
+        "--tenant",
+        "t1",
+        "--period",
+        "1h",
+        "--budget-tokens",
+        "1600",
+    ]);
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker", "--concurrency", "1"]);
+    let a = app.enqueue_script(json!([{ "model": "first" }]), &[]);
+    app.wait_for("A's call at the provider", DEADLINE, || async {
+        fake.requests() == 1
+    })
+    .await;
+    let b = app.enqueue_script(json!([{ "model": "second" }]), &[]);
+    app.wait_status(&b, "running", DEADLINE).await;
+    assert_eq!(fake.requests(), 1, "B waits for the room A's hold takes");
+    gate.add_permits(1_000);
+    for op in [&a, &b] {
+        app.wait_status(op, "succeeded", DEADLINE).await;
+        let epoch: i64 = sqlx::query_scalar("SELECT epoch FROM operations WHERE id = $1::uuid")
+            .bind(op)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        assert_eq!(epoch, 1, "{op} claimed once, never parked");
+    }
+    assert_eq!(fake.requests(), 2);
+    let b = app
+        .agentq_json_lines(&["budget", "show", &a, "--json"])
+        .into_iter()
+        .find(|b| b["scope"] == "tenant")
+        .expect("the tenant's budget");
+    assert_eq!(b["held_tokens"], 0, "{b}");
+    app.cleanup().await;
+}

@@ -521,6 +521,39 @@ async fn pauses_hold_their_scope_refuse_bad_requests_and_drain_mode_holds_everyt
     app.cleanup().await;
 }
 
+/// A retry waiting out its delay, paused and resumed meanwhile, runs when it is due: not
+/// before, and not a minute late. Its pointer is sent when it is due, by the dispatch sweep;
+/// sent at the resume, a claim dropped it as not due and the mark hid it from the sweep.
+#[tokio::test]
+async fn a_retry_paused_and_resumed_during_its_delay_runs_when_it_is_due() {
+    let mut app = TestApp::start().await;
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let op = app.enqueue_script(
+        json!([{ "fail": "retryable", "times": 1, "not_before_ms": 6000 }]),
+        &[],
+    );
+    let run_at = app
+        .wait_until("the retry's delay", DEADLINE, || async {
+            let v = app.operation(&op).await;
+            (v.status.as_str() == "queued" && v.attempt == 1).then_some(v.run_at)
+        })
+        .await;
+    app.agentq_ok(&["pause", &op, "--reason", "look first"]);
+    let resumed = app.agentq_json(&["resume", &op, "--json"]);
+    assert!(
+        chrono::Utc::now() < run_at,
+        "resumed within the delay, or this test tests nothing: {resumed}"
+    );
+    let done = app.wait_status(&op, "succeeded", DEADLINE).await;
+    assert!(
+        done.finished_at.unwrap() >= run_at,
+        "not run before it was due"
+    );
+    assert_eq!(done.attempt, 2);
+    app.cleanup().await;
+}
+
 /// Waits for two renewals of `op`'s lease after this call: the second began after whatever
 /// committed before it (a pause), so the worker's heartbeat has seen that.
 pub(crate) async fn two_renewals(pool: &sqlx::PgPool, op: &str) {

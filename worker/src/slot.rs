@@ -8,10 +8,14 @@
 //!
 //! Why it cannot deadlock: an operation lends its slot only once the gate has admitted its call
 //! (an operation waiting at the gate keeps its slot, so the waiting are bounded by the slots),
-//! and one back from a call has given its call slot back before it waits for a lane slot (it
-//! holds nothing while it waits). So whoever waits for a call slot holds a lane slot and waits
-//! on calls in flight, which end holding neither. And no slot sits idle: the lane's consumer
-//! takes one only for a delivery in hand (`claim::consume_lane`), never to wait for one.
+//! and one back from a call has given back all the call held before it waits for a lane slot:
+//! its call slot, its budget holds (charged) and its rate reservations (settled), so it holds
+//! nothing another operation waits on. So whoever waits for a call slot, or for room its
+//! budget's holds take (`context::budget`), holds a lane slot and waits on calls in flight,
+//! which end holding neither. (Charged after the slot was taken again, a budget's holds stayed
+//! while the operations waiting for its room held every slot: each gave up after its wait and
+//! was parked as overloaded.) And no slot sits idle: the lane's consumer takes one only for a
+//! delivery in hand (`claim::consume_lane`), never to wait for one.
 
 use std::sync::{Arc, Mutex};
 

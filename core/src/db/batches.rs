@@ -374,9 +374,25 @@ pub async fn complete(pool: &PgPool) -> Result<Vec<Completed>> {
     Ok(done)
 }
 
-/// Locks up to `limit` queued operations of a batch not dispatched since `cutoff`, for the
-/// caller to publish and then mark ([`super::dispatch::Locked`]). Retry delays are cut short: a resume
-/// means the operator fixed what made them fail.
+/// Makes every queued operation of a batch due now, committed: its retry delays are cut short,
+/// as a resume means the operator fixed what made them fail. Apart from [`lock_queued`], as
+/// a claim of a row whose `run_at` changed under a lock not yet committed reads the old one
+/// and skips it (`super::dispatch::Locked`). Returns how many were waiting for a retry.
+pub async fn cut_retry_delays(pool: &PgPool, batch: Uuid) -> Result<u64> {
+    Ok(sqlx::query(
+        "UPDATE operations SET run_at = now()
+          WHERE batch_id = $1 AND status = 'queued' AND run_at > now()",
+    )
+    .bind(batch)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// Locks up to `limit` due, queued operations of a batch not dispatched since `cutoff`, for
+/// the caller to publish and then mark ([`super::dispatch::Locked`]). One not due yet (a retry
+/// that failed after [`cut_retry_delays`]) is left to the dispatch sweep, which publishes it
+/// when it is.
 pub async fn lock_queued(
     pool: &PgPool,
     batch: Uuid,
@@ -384,13 +400,11 @@ pub async fn lock_queued(
     limit: i64,
 ) -> Result<super::dispatch::Locked> {
     let query = sqlx::query_as(
-        "UPDATE operations o SET run_at = LEAST(o.run_at, now())
-          WHERE o.id IN (SELECT id FROM operations
-                          WHERE batch_id = $1 AND status = 'queued'
-                            AND (dispatched_at IS NULL OR dispatched_at < $2)
-                          ORDER BY id LIMIT $3
-                          FOR UPDATE SKIP LOCKED)
-      RETURNING o.id, o.tenant_id, o.kind, o.lane, o.epoch, o.traceparent",
+        "SELECT id, tenant_id, kind, lane, epoch, traceparent FROM operations
+          WHERE batch_id = $1 AND status = 'queued' AND run_at <= now()
+            AND (dispatched_at IS NULL OR dispatched_at < $2)
+          ORDER BY id LIMIT $3
+          FOR UPDATE SKIP LOCKED",
     )
     .bind(batch)
     .bind(cutoff)

@@ -62,6 +62,11 @@ pub async fn mark_dispatched(pool: &PgPool, sent: &[(Uuid, i64)]) -> Result<u64>
 /// rows stay due for the next sweep, at worst with a second, harmless pointer); a publish that
 /// fails leaves its row unmarked. While locked, the rows are skipped by other sweepers, and a
 /// worker's claim of one waits for the commit (milliseconds: one round of confirms).
+///
+/// The locking statement must not change what the claim's gates read (`run_at`, `status`,
+/// pauses): a claim tests its gates on the last committed row before it waits for a lock, so
+/// a row made due under the lock is skipped as not due, its pointer dropped, and the mark
+/// then hides it from the sweep. And it must lock only rows due now, for the same reason.
 pub struct Locked {
     tx: sqlx::Transaction<'static, sqlx::Postgres>,
     pub rows: Vec<Dispatch>,

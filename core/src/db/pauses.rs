@@ -249,9 +249,11 @@ pub async fn resume(
     Ok(Some((pause, freed)))
 }
 
-/// Locks up to `limit` queued operations of `scope` that no pause holds now and whose pointer
-/// was not sent since `cutoff` (a claim refused it while it was paused, or a sweep skipped it),
-/// for the caller to publish and then mark ([`super::dispatch::Locked`]).
+/// Locks up to `limit` due, queued operations of `scope` that no pause holds now and whose
+/// pointer was not sent since `cutoff` (a claim refused it while it was paused, or a sweep
+/// skipped it), for the caller to publish and then mark ([`super::dispatch::Locked`]). One
+/// not due yet (a retry's delay) is left to the dispatch sweep: published now, a claim would
+/// drop its pointer and the mark would hide it from the sweep.
 pub async fn lock_freed(
     pool: &PgPool,
     scope: &Scope,
@@ -261,7 +263,7 @@ pub async fn lock_freed(
     let query = bind_scope(
         sqlx::query_as(concat!(
             "SELECT o.id, o.tenant_id, o.kind, o.lane, o.epoch, o.traceparent FROM operations o
-              WHERE o.status = 'queued' AND o.paused_by IS NULL AND ",
+              WHERE o.status = 'queued' AND o.run_at <= now() AND o.paused_by IS NULL AND ",
             in_scope!(),
             " AND (o.dispatched_at IS NULL OR o.dispatched_at < $6)
                 AND NOT o.version_parked AND NOT o.share_held

@@ -97,15 +97,19 @@ impl JobContext {
                 otel.status_code = tracing::field::Empty,
             );
             // Admitted by the gate: the lane slot is lent to another operation while the call
-            // is in flight (`crate::slot`), and taken again once its call slots are given back.
+            // is in flight (`crate::slot`), and taken again once the call has given back all it
+            // held: its call slots, and its budget holds and rate reservations, which others
+            // may wait for while holding a lane slot.
             let slot = ctx.inner.claim.slot.as_ref();
-            slot.inspect(|s| s.release());
+            if let Some(slot) = slot {
+                slot.release();
+            }
             let send = model.send(slots, &kind, &request, retry_in_step);
             let called = tracing::Instrument::instrument(send, span.clone()).await;
+            ctx.settle_call(holds, &called).await;
             if let Some(slot) = slot {
                 slot.reacquire().await;
             }
-            ctx.settle_call(holds, &called).await;
             match &called {
                 Ok(_) => span.record("outcome", "ok"),
                 Err(e) => span
