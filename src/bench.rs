@@ -54,6 +54,7 @@ fn arguments(a: BenchArgs) -> agentq_bench::Args {
         kills: a.kills,
         model_latency_ms: a.model_latency_ms,
         model_calls: a.model_calls,
+        model_capacity: a.model_capacity.map(|c| c as usize),
         rate_limit_tokens: a.rate_limit_tokens,
         concurrency: a.concurrency,
         lane: a.lane,

@@ -393,9 +393,13 @@ pub struct BenchArgs {
     #[arg(long)]
     pub model_latency_ms: Option<u64>,
     /// With --model-latency-ms: model calls a worker has in flight at once, and per tenant
-    /// (default --concurrency).
+    /// (default: the deployment's AGENTQ_MODEL_CONCURRENCY, auto unless set).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub model_calls: Option<u16>,
+    /// With --model-latency-ms: the fake provider answers this many calls at once and refuses
+    /// a call past them at once with a 503, as a provider's concurrency limit does.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub model_capacity: Option<u64>,
     /// e2e, batch: every operation names rate key `bench`, under a limit of this many tokens
     /// a minute (a limit nobody is near measures what checking a limit costs).
     #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
@@ -478,6 +482,8 @@ mod tests {
                 "1000",
                 "--model-calls",
                 "8",
+                "--model-capacity",
+                "300",
             ])
             .unwrap();
         let cli = Cli::from_arg_matches(&matches).unwrap();
@@ -485,8 +491,8 @@ mod tests {
             panic!("not bench")
         };
         assert_eq!(
-            (args.model_latency_ms, args.model_calls),
-            (Some(1000), Some(8))
+            (args.model_latency_ms, args.model_calls, args.model_capacity),
+            (Some(1000), Some(8), Some(300))
         );
     }
 }

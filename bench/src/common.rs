@@ -97,12 +97,13 @@ impl Proc {
                 config.model_concurrency.to_string(),
             )
             .env(
-                "AGENTQ_MODEL_TENANT_CONCURRENCY",
-                config.model_tenant_concurrency.to_string(),
-            )
-            .env(
                 "AGENTQ_MODEL_FIRST_BYTE_SECS",
                 config.model_first_byte_secs.to_string(),
+            )
+            .envs(
+                config
+                    .model_tenant_concurrency
+                    .map(|n| ("AGENTQ_MODEL_TENANT_CONCURRENCY", n.to_string())),
             )
             .env("AGENTQ_LEASE_TTL_SECS", config.lease_ttl_secs.to_string())
             .env("AGENTQ_RESTART_LIMIT", config.restart_limit.to_string())

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use agentq_core::config::CallLimit;
 use agentq_core::db;
 use agentq_producer::EnqueueRequest;
 use anyhow::Context;
@@ -104,8 +105,8 @@ async fn crash_cost(config: &Deployment, args: &Args, latency: u64) -> anyhow::R
         .await
         .context("starting the latency provider")?;
     config.model_base_url = Some(model.url.clone());
-    config.model_concurrency = usize::from(args.concurrency);
-    config.model_tenant_concurrency = usize::from(args.concurrency);
+    config.model_concurrency = CallLimit::Fixed(usize::from(args.concurrency));
+    config.model_tenant_concurrency = Some(usize::from(args.concurrency));
     let config = &config;
     let deadline = Duration::from_secs(args.timeout_secs);
 

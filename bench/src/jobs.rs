@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use agentq_core::config::CallLimit;
 use agentq_core::db;
 use agentq_producer::EnqueueRequest;
 use anyhow::Context;
@@ -52,8 +53,8 @@ pub(crate) struct Measured {
     /// The first worker's RSS after one operation, with nothing running (one-by-one only).
     worker_idle_rss_kib: Option<u64>,
     peaks: Vec<(&'static str, u64)>,
-    /// With a latency model: peak calls in flight, all calls.
-    model: Option<(usize, usize)>,
+    /// With a latency model: peak calls in flight, all calls, calls refused past its capacity.
+    model: Option<(usize, usize, usize)>,
 }
 
 impl Measured {
@@ -139,15 +140,18 @@ pub(crate) async fn run_jobs(
     model_latency_ms: Option<u64>,
 ) -> anyhow::Result<Measured> {
     let fake = match model_latency_ms {
-        Some(ms) => Some(LatencyModel::start(Duration::from_millis(ms)).await?),
+        Some(ms) => {
+            Some(LatencyModel::with_capacity(Duration::from_millis(ms), args.model_capacity).await?)
+        }
         None => None,
     };
     let mut config = config.clone();
     if let Some(f) = &fake {
         config.model_base_url = Some(f.url.clone());
-        let calls = usize::from(args.model_calls.unwrap_or(args.concurrency));
-        config.model_concurrency = calls;
-        config.model_tenant_concurrency = calls;
+        if let Some(calls) = args.model_calls.map(usize::from) {
+            config.model_concurrency = CallLimit::Fixed(calls);
+            config.model_tenant_concurrency = Some(calls);
+        }
         config.model_first_byte_secs = config
             .model_first_byte_secs
             .max(model_latency_ms.unwrap_or(0) / 1000 + 60);
@@ -329,6 +333,7 @@ pub(crate) async fn run_jobs(
         (
             f.counters.peak.load(Ordering::SeqCst),
             f.counters.requests.load(Ordering::SeqCst),
+            f.counters.refused.load(Ordering::SeqCst),
         )
     });
     let (peaks, polls) = stop_all(&pool, procs).await;
@@ -410,13 +415,14 @@ pub async fn e2e(config: &Deployment, args: &Args) -> anyhow::Result<()> {
             0,
         );
     m.report_common(&mut r);
-    if let Some((peak, calls)) = m.model {
+    if let Some((peak, calls, refused)) = m.model {
         r.val(
             "model calls in flight (peak)",
             "model_peak_concurrency",
             json!(peak),
         )
-        .val("model calls", "model_calls", json!(calls));
+        .val("model calls", "model_calls", json!(calls))
+        .val("model calls refused (503)", "model_refused", json!(refused));
     }
     r.print();
     Ok(())
@@ -535,6 +541,15 @@ pub async fn steps(config: &Deployment, args: &Args) -> anyhow::Result<()> {
 
 /// `inflight`: every model call answered by a fake provider after `--model-latency-ms`: how
 /// many operations a worker keeps in flight, and what they cost in memory.
+/// The model calls a worker sends at once with `args`: `--model-calls`, else the deployment's.
+fn model_calls(args: &Args, config: &Deployment) -> String {
+    args.model_calls
+        .map_or(config.model_concurrency, |c| {
+            CallLimit::Fixed(usize::from(c))
+        })
+        .to_string()
+}
+
 pub async fn inflight(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     let latency = args.model_latency_ms.unwrap_or(INFLIGHT_LATENCY_MS);
     let m = run_jobs(
@@ -546,7 +561,7 @@ pub async fn inflight(config: &Deployment, args: &Args) -> anyhow::Result<()> {
         Some(latency),
     )
     .await?;
-    let (peak, calls) = m.model.unwrap_or_default();
+    let (peak, calls, refused) = m.model.unwrap_or_default();
     let mut r = Report::new(
         "inflight",
         format!(
@@ -554,7 +569,7 @@ pub async fn inflight(config: &Deployment, args: &Args) -> anyhow::Result<()> {
             m.jobs,
             args.workers.unwrap_or(1),
             args.concurrency,
-            args.model_calls.unwrap_or(args.concurrency)
+            model_calls(args, config)
         ),
     );
     r.val("jobs", "jobs", json!(m.jobs))
@@ -562,7 +577,7 @@ pub async fn inflight(config: &Deployment, args: &Args) -> anyhow::Result<()> {
         .val(
             "model calls allowed at once",
             "model_concurrency",
-            json!(args.model_calls.unwrap_or(args.concurrency)),
+            json!(model_calls(args, config)),
         )
         .val(
             "model calls in flight (peak)",
@@ -570,6 +585,7 @@ pub async fn inflight(config: &Deployment, args: &Args) -> anyhow::Result<()> {
             json!(peak),
         )
         .val("model calls", "model_calls", json!(calls))
+        .val("model calls refused (503)", "model_refused", json!(refused))
         .num(
             "jobs/s (end to end)",
             "jobs_per_s",

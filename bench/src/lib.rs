@@ -128,9 +128,11 @@ pub struct Args {
     pub steps: usize,
     pub kills: usize,
     pub model_latency_ms: Option<u64>,
-    /// With a fake provider: model calls in flight per worker and per tenant (else
-    /// `concurrency`).
+    /// With a fake provider: model calls in flight per worker and per tenant (else the
+    /// deployment's `AGENTQ_MODEL_CONCURRENCY`, `auto` by default).
     pub model_calls: Option<u16>,
+    /// With a fake provider: it answers this many calls at once and refuses more with a 503.
+    pub model_capacity: Option<usize>,
     /// e2e, batch: every operation names rate key `bench`, limited to this many tokens a
     /// minute.
     pub rate_limit_tokens: Option<i64>,

@@ -3,8 +3,10 @@
 //! `agentq bench --model-latency-ms N` measures how many model calls a worker keeps in flight.
 //! With [`LatencyModel::agent`], a request that offers the `kv_put` tool is an agent's turn:
 //! turns before the last call `kv_put`, and every request is counted per (user text, turn) so
-//! `durable-steps` can tell how many calls a crash made it send again. It is served by the
-//! test kit's small HTTP server ([`agentq_testkit::http_server`]), one connection per call.
+//! `durable-steps` can tell how many calls a crash made it send again. With a capacity
+//! ([`LatencyModel::with_capacity`]) it answers that many calls at once and refuses a call past
+//! them at once with a 503, as a provider's concurrency limit does. It is served by the test
+//! kit's small HTTP server ([`agentq_testkit::http_server`]), one connection per call.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,8 +24,10 @@ pub struct Counters {
     /// Calls answered or being answered.
     pub requests: AtomicUsize,
     in_flight: AtomicUsize,
-    /// Most calls in flight at once.
+    /// Most calls in flight at once (answered ones: a refusal is not in flight).
     pub peak: AtomicUsize,
+    /// Calls refused with a 503 for being past the capacity.
+    pub refused: AtomicUsize,
     /// Agent turns: requests per (user text, turn).
     pub turns: Mutex<HashMap<(String, usize), usize>>,
     /// Agent turns sent again although their model step was already committed (must be 0).
@@ -48,18 +52,23 @@ impl LatencyModel {
         agent_turns: usize,
         pool: PgPool,
     ) -> std::io::Result<Self> {
-        Self::serve(latency, agent_turns, Some(pool)).await
+        Self::serve(latency, agent_turns, Some(pool), None).await
     }
 
-    /// Answers every call after `latency`, echoing its last user message.
-    pub async fn start(latency: Duration) -> std::io::Result<Self> {
-        Self::serve(latency, 1, None).await
+    /// Answers every call after `latency`, echoing its last user message; with a `capacity`,
+    /// at most that many calls at once: one past them is refused at once with a 503.
+    pub async fn with_capacity(
+        latency: Duration,
+        capacity: Option<usize>,
+    ) -> std::io::Result<Self> {
+        Self::serve(latency, 1, None, capacity).await
     }
 
     async fn serve(
         latency: Duration,
         agent_turns: usize,
         pool: Option<PgPool>,
+        capacity: Option<usize>,
     ) -> std::io::Result<Self> {
         let counters = Arc::new(Counters::default());
         let c = counters.clone();
@@ -70,6 +79,7 @@ impl LatencyModel {
                 latency,
                 agent_turns,
                 pool.clone(),
+                capacity,
                 c.clone(),
             )
         })
@@ -88,6 +98,7 @@ async fn answer(
     latency: Duration,
     agent_turns: usize,
     pool: Option<PgPool>,
+    capacity: Option<usize>,
     c: Arc<Counters>,
 ) -> std::io::Result<()> {
     if method.is_empty() {
@@ -96,6 +107,14 @@ async fn answer(
     }
     c.requests.fetch_add(1, Ordering::Relaxed);
     let now = c.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    if capacity.is_some_and(|cap| now > cap) {
+        c.in_flight.fetch_sub(1, Ordering::SeqCst);
+        c.refused.fetch_add(1, Ordering::Relaxed);
+        let body =
+            json!({ "error": { "message": "too many requests at once", "type": "overloaded" } });
+        return http_server::answer(&mut socket, 503, "application/json", &[], &body.to_string())
+            .await;
+    }
     c.peak.fetch_max(now, Ordering::SeqCst);
     tokio::time::sleep(latency).await;
     c.in_flight.fetch_sub(1, Ordering::SeqCst);

@@ -107,23 +107,20 @@ pub struct Config {
     #[arg(long, env = "AGENTQ_MODEL_MAX_TOKENS", global = true)]
     pub model_max_tokens: Option<u32>,
 
-    /// Model calls in flight per worker process.
+    /// Model calls in flight per worker process: a number, or `auto` (found from the
+    /// provider's pushback, between 4 and 4096).
     #[arg(
         long,
         env = "AGENTQ_MODEL_CONCURRENCY",
-        default_value_t = 256,
+        default_value = "auto",
         global = true
     )]
-    pub model_concurrency: usize,
+    pub model_concurrency: CallLimit,
 
-    /// Model calls in flight per tenant per worker process.
-    #[arg(
-        long,
-        env = "AGENTQ_MODEL_TENANT_CONCURRENCY",
-        default_value_t = 64,
-        global = true
-    )]
-    pub model_tenant_concurrency: usize,
+    /// Model calls in flight per tenant per worker process (unset: no cap of its own; waiting
+    /// calls are granted a tenant at a time).
+    #[arg(long, env = "AGENTQ_MODEL_TENANT_CONCURRENCY", global = true)]
+    pub model_tenant_concurrency: Option<usize>,
 
     /// Lease length: a worker that stops heartbeating loses its operations after this long.
     #[arg(
@@ -446,6 +443,40 @@ impl Config {
     }
 }
 
+/// How many model calls a worker sends at once (`AGENTQ_MODEL_CONCURRENCY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallLimit {
+    /// This many.
+    Fixed(usize),
+    /// As many as the provider takes without pushing back (`worker::limiter`).
+    Auto,
+}
+
+impl std::str::FromStr for CallLimit {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(Self::Auto);
+        }
+        match s.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Self::Fixed(n)),
+            _ => Err(format!(
+                "{s:?} is not a number of model calls: give a whole number above 0, or auto"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for CallLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Fixed(n) => write!(f, "{n}"),
+            Self::Auto => f.write_str("auto"),
+        }
+    }
+}
+
 /// Replaces the password of `scheme://user:password@host/...` with `***`.
 pub fn redact_url(url: &str) -> String {
     // A list of nodes (`AMQP_URL`): each one redacted.
@@ -467,6 +498,22 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_limit_is_a_number_above_0_or_auto() {
+        assert_eq!("auto".parse(), Ok(CallLimit::Auto));
+        assert_eq!("AUTO".parse(), Ok(CallLimit::Auto));
+        assert_eq!("12".parse(), Ok(CallLimit::Fixed(12)));
+        for bad in ["0", "-1", "1.5", "", "many"] {
+            let e = bad.parse::<CallLimit>().unwrap_err();
+            assert!(
+                e.contains("give a whole number above 0, or auto"),
+                "{bad}: {e}"
+            );
+        }
+        assert_eq!(CallLimit::Fixed(12).to_string(), "12");
+        assert_eq!(CallLimit::Auto.to_string(), "auto");
+    }
 
     #[test]
     fn redact_url_hides_the_password_of_every_node_of_a_list() {

@@ -127,6 +127,8 @@ metrics! {
         "Operations the reaper moved to dead as crash_loop (restarts over the limit), by kind.";
     BREAKER_STATE = "agentq_circuit_breaker_state", Gauge, ["provider"], NO_BUCKETS,
         "Model circuit breaker of this worker per provider: 0 closed, 1 half-open, 2 open.";
+    MODEL_CALL_LIMIT = "agentq_model_call_limit", Gauge, ["provider"], NO_BUCKETS,
+        "Model calls this worker sends at once to the provider: AGENTQ_MODEL_CONCURRENCY, or the limit it found (auto).";
     MODEL_CALL_DURATION = "agentq_model_call_duration_seconds", Histogram, ["provider"], MODEL_BUCKETS,
         "Time of one model call to the provider (each in-step retry counts), by provider.";
     MODEL_CALL_ERRORS = "agentq_model_call_errors_total", Counter, ["provider", "class"], NO_BUCKETS,

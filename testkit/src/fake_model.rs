@@ -45,6 +45,9 @@ pub enum Mode {
     StreamTrickle,
     /// Echo after this delay (many calls in flight).
     Slow(Duration),
+    /// A provider that answers `calls` at once (echoing after `latency`) and refuses a request
+    /// past them at once with a 503 (counted in [`Counters::refused`]).
+    Capacity { calls: usize, latency: Duration },
     /// An agent script keyed on how many tool results the request carries: call `kv_put`, then
     /// `ledger`, then answer.
     Agent,
@@ -76,6 +79,8 @@ pub struct Counters {
     pub requests: AtomicUsize,
     pub in_flight: AtomicUsize,
     pub peak: AtomicUsize,
+    /// Requests a [`Mode::Capacity`] refused.
+    pub refused: AtomicUsize,
     /// The `model` field of every completion request, in order.
     pub models: Mutex<Vec<String>>,
 }
@@ -160,6 +165,10 @@ impl FakeModel {
 
     pub fn peak(&self) -> usize {
         self.counters.peak.load(Ordering::SeqCst)
+    }
+
+    pub fn refused(&self) -> usize {
+        self.counters.refused.load(Ordering::SeqCst)
     }
 
     /// An error mode in OpenAI's shape.
@@ -304,6 +313,11 @@ async fn serve(
             };
             respond(&mut socket, ok(reply), &text).await
         }
+        Mode::Capacity { calls, .. } if now > calls => {
+            c.refused.fetch_add(1, Ordering::SeqCst);
+            respond(&mut socket, FakeModel::error(503, "overloaded", ""), &text).await
+        }
+        Mode::Capacity { latency, .. } => respond(&mut socket, Mode::Slow(latency), &text).await,
         Mode::Script(Script(f)) => {
             let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             respond(&mut socket, ok(f(&request)), &text).await
@@ -416,7 +430,8 @@ async fn respond(socket: &mut TcpStream, mode: Mode, text: &str) -> std::io::Res
         | Mode::AgentHttp(_)
         | Mode::AgentTurns { .. }
         | Mode::Obey
-        | Mode::Script(_) => {
+        | Mode::Script(_)
+        | Mode::Capacity { .. } => {
             unreachable!("answered in serve")
         }
         Mode::StreamTrickle => {

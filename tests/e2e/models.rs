@@ -509,3 +509,104 @@ async fn running(app: &TestApp) -> i64 {
         .await
         .unwrap()
 }
+
+/// With `AGENTQ_MODEL_CONCURRENCY` unset a worker finds how many model calls its provider
+/// takes. A provider that answers 300 at once (in 1.5 s: long enough for a worker on a loaded
+/// machine to have more than that in flight) and refuses the rest with a 503: the worker's
+/// limit grows past its start (256) while its calls return, comes down at the first refusals,
+/// and its breaker, which counts a refusal only when the limit came down for it, stays closed.
+/// Every one of 1,200 operations succeeds, with fewer refusals than operations.
+#[tokio::test]
+async fn the_model_call_limit_grows_to_what_the_provider_takes_and_comes_down_on_pushback() {
+    const CAPACITY: usize = 300;
+    const N: usize = 1200;
+    let fake = FakeModel::start(Mode::Capacity {
+        calls: CAPACITY,
+        latency: Duration::from_millis(1500),
+    })
+    .await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.spawn(&["scheduler"]);
+    app.enqueue_many(
+        "echo",
+        agentq_core::Lane::Interactive,
+        (0..N).map(|i| json!({ "text": format!("document {i}") })),
+    )
+    .await;
+    let w = app.spawn_logged(&["worker"]);
+    app.wait_for("every operation to succeed", 3 * DEADLINE, || async {
+        let done: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM operations WHERE status = 'succeeded'")
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
+        done == N as i64
+    })
+    .await;
+    let (peak, refused) = (fake.peak(), fake.refused());
+    assert!(
+        peak > agentq_worker::limiter::AUTO_START,
+        "grew past its start: {peak} at once"
+    );
+    assert!(refused > 0, "reached what the provider takes");
+    assert!(peak < 2 * CAPACITY, "came down, not on: {peak} at once");
+    assert!(refused < N, "{refused} refusals for {N} operations");
+    assert!(
+        !app.log(w).contains("model circuit open"),
+        "the limit's overshoot is no outage"
+    );
+    app.cleanup().await;
+}
+
+/// A tenant cannot take every model call slot of a worker, even with calls that never return:
+/// tenant t1's 100 calls are held at the provider, and t1 fills the limit (64 here, fixed, as
+/// a found limit grows when t2's call returns) but the eighth it must leave free; tenant t2's
+/// call goes at once and its operation succeeds while t1's calls are still held. Then t1's
+/// calls return and all of its operations succeed.
+#[tokio::test]
+async fn a_tenant_whose_calls_never_return_leaves_call_slots_to_another() {
+    const N: usize = 100;
+    let fake = FakeModel::start(Mode::Echo).await;
+    let held = fake.hold_prompt("slow");
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.set_env("AGENTQ_MODEL_CONCURRENCY", "64");
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    app.enqueue_many(
+        "script",
+        agentq_core::Lane::Interactive,
+        (0..N).map(|_| json!({ "steps": [{ "model": "slow" }] })),
+    )
+    .await;
+    let taken = 64 - 64 / agentq_worker::limiter::RESERVE;
+    app.wait_for("t1's calls at the provider", DEADLINE, || async {
+        fake.requests() == taken
+    })
+    .await;
+    let input = json!({ "steps": [{ "model": "quick" }] }).to_string();
+    let other = app.agentq_json(&[
+        "enqueue", "--tenant", "t2", "--kind", "script", "--input", &input, "--json",
+    ])["op_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    app.wait_status(&other, "succeeded", DEADLINE).await;
+    assert_eq!(
+        fake.requests(),
+        taken + 1,
+        "t1's calls still held, none more sent"
+    );
+    held.add_permits(N);
+    app.wait_for("every operation to succeed", DEADLINE, || async {
+        let done: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM operations WHERE status = 'succeeded'")
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
+        done == N as i64 + 1
+    })
+    .await;
+    app.cleanup().await;
+}

@@ -1,6 +1,8 @@
-//! The gate every model call of a worker passes: concurrency limits (per provider, and per
-//! tenant so one tenant's batch cannot take every slot), a circuit breaker, and a few short
-//! in-step retries for transient errors.
+//! The gate every model call of a worker passes: a limit of calls in flight (a number, or
+//! found from the provider's pushback; waiting calls granted a tenant at a time, so one
+//! tenant's batch cannot starve another's calls: `crate::limiter`), a circuit breaker, and a
+//! few short in-step retries for transient errors (with a found limit, a call refused as
+//! overloaded goes again once it has a slot under the lowered limit).
 //!
 //! The breaker opens after a burst of failures (overloaded, rate-limited, 5xx, broken
 //! connections). While it is open, calls fail at once as `Overloaded` with the time it may
@@ -13,19 +15,20 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agentq_core::config::CallLimit;
 use agentq_core::metrics;
 use chrono::Utc;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::limiter::{Limiter, Permit};
 use crate::model::{ModelClient, ModelError, ModelRequest, ModelResponse};
 
 /// Limits and breaker settings.
 #[derive(Clone, Debug)]
 pub struct GateSettings {
     /// Model calls in flight per worker process.
-    pub concurrency: usize,
-    /// Model calls in flight per tenant per worker process.
-    pub per_tenant: usize,
+    pub concurrency: CallLimit,
+    /// Model calls in flight per tenant per worker process (`None`: no cap of its own).
+    pub per_tenant: Option<usize>,
     /// Consecutive failures that open the breaker.
     pub failure_threshold: u32,
     /// First cool-down; doubles on each failed probe, up to `max_cooldown`.
@@ -40,8 +43,8 @@ pub struct GateSettings {
 impl Default for GateSettings {
     fn default() -> Self {
         Self {
-            concurrency: 256,
-            per_tenant: 64,
+            concurrency: CallLimit::Auto,
+            per_tenant: None,
             failure_threshold: 5,
             cooldown: Duration::from_secs(5),
             max_cooldown: Duration::from_secs(60),
@@ -103,10 +106,9 @@ impl Drop for Admitted<'_> {
     }
 }
 
-/// A call slot of the process and one of its tenant's, held until the call returns.
+/// A call slot of the process, counted as its tenant's, held until the call returns.
 pub struct Slots {
-    _tenant: OwnedSemaphorePermit,
-    _all: OwnedSemaphorePermit,
+    permit: Permit,
 }
 
 /// Successes in half-open state that close the breaker.
@@ -116,8 +118,7 @@ const CLOSE_AFTER: u32 = 4;
 pub struct ModelGate {
     client: Arc<dyn ModelClient>,
     settings: GateSettings,
-    slots: Arc<Semaphore>,
-    tenants: Mutex<HashMap<String, Arc<Semaphore>>>,
+    limiter: Arc<Limiter>,
     state: Mutex<State>,
     /// Half-open periods so far.
     generations: std::sync::atomic::AtomicU64,
@@ -133,10 +134,9 @@ impl ModelGate {
             metrics::MODEL_CALL_ERRORS.start_at_zero(&[&provider, class]);
         }
         Self {
-            slots: Arc::new(Semaphore::new(settings.concurrency.max(1))),
+            limiter: Limiter::new(settings.concurrency, settings.per_tenant, provider),
             client,
             settings,
-            tenants: Mutex::new(HashMap::new()),
             state: Mutex::new(State::Closed { failures: 0 }),
             generations: std::sync::atomic::AtomicU64::new(0),
         }
@@ -188,13 +188,6 @@ impl ModelGate {
         self.client.default_max_tokens()
     }
 
-    fn tenant_slots(&self, tenant: &str) -> Arc<Semaphore> {
-        let mut map = self.tenants.lock().expect("tenant limits lock");
-        map.entry(tenant.to_string())
-            .or_insert_with(|| Arc::new(Semaphore::new(self.settings.per_tenant.max(1))))
-            .clone()
-    }
-
     /// Runs one model call for `tenant`'s operation of `kind` through the limits, the breaker and
     /// in-step retries.
     pub async fn call(
@@ -207,14 +200,11 @@ impl ModelGate {
         self.send(slots, kind, request, true).await
     }
 
-    /// Waits for a call slot of this process and one of `tenant`'s. A call under a rate limit
-    /// takes them before it reserves its tokens, so that it is sent as soon as it is reserved.
+    /// Waits for a call slot for `tenant`'s call. A call under a rate limit takes it before
+    /// it reserves its tokens, so that it is sent as soon as it is reserved.
     pub async fn slots(&self, tenant: &str) -> Slots {
-        let tenant = self.tenant_slots(tenant).acquire_owned().await;
-        let all = self.slots.clone().acquire_owned().await;
         Slots {
-            _tenant: tenant.expect("never closed"),
-            _all: all.expect("never closed"),
+            permit: self.limiter.acquire(tenant).await,
         }
     }
 
@@ -228,7 +218,7 @@ impl ModelGate {
         request: &ModelRequest,
         retry_in_step: bool,
     ) -> Result<ModelResponse, ModelError> {
-        let _slots = slots;
+        let mut permit = slots.permit;
         let overridden;
         let request = match (&request.model, self.settings.model_by_kind.get(kind)) {
             (None, Some(model)) => {
@@ -261,11 +251,18 @@ impl ModelGate {
                 }
                 Err(e) => metrics::MODEL_CALL_ERRORS.inc(&[&provider, error_class(e)]),
             }
-            admitted.settle(match &result {
-                Ok(_) => Outcome::Succeeded,
+            // The limit hears every answer; the breaker a failure only when it is news: a
+            // found limit's overshoot (calls sent before it came down) is no outage.
+            let outcome = match &result {
+                Ok(_) => {
+                    permit.returned();
+                    Outcome::Succeeded
+                }
                 Err(ModelError::NonRetryable { .. }) => Outcome::Neutral,
-                Err(_) => Outcome::Failed,
-            });
+                Err(_) if permit.pushed_back() => Outcome::Failed,
+                Err(_) => Outcome::Neutral,
+            };
+            admitted.settle(outcome);
             match &result {
                 Err(ModelError::Retryable { retry_after, .. })
                     if retry_in_step && attempt < self.settings.retries =>
@@ -280,6 +277,18 @@ impl ModelGate {
                     }
                     attempt += 1;
                     tokio::time::sleep(wait).await;
+                }
+                // A found limit came down for this overload (or an earlier one of its round
+                // trip): the call waits for a slot under the new limit and goes again, rather
+                // than parking its operation for seconds. The breaker still hears the news.
+                Err(ModelError::Overloaded { retry_after, .. })
+                    if retry_in_step
+                        && attempt < self.settings.retries
+                        && self.settings.concurrency == CallLimit::Auto
+                        && retry_after.is_none_or(|t| t <= Utc::now()) =>
+                {
+                    attempt += 1;
+                    permit = permit.again().await;
                 }
                 _ => return result,
             }

@@ -23,6 +23,7 @@ pub mod gate;
 mod grants;
 mod info;
 mod lease;
+pub mod limiter;
 mod limits;
 pub mod model;
 pub mod openai;
