@@ -259,11 +259,7 @@ async fn a_provider_outage_parks_operations_without_using_attempts() {
     let calls_during_outage = fake.requests();
     fake.set(Mode::Echo);
     app.wait_for("all 200 to succeed", Duration::from_secs(90), || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM operations WHERE status = 'succeeded'")
-            .fetch_one(&app.pool)
-            .await
-            .unwrap()
-            == 200
+        succeeded(&app).await == 200
     })
     .await;
     let max_attempt: i32 = sqlx::query_scalar("SELECT max(attempt) FROM operations")
@@ -503,6 +499,13 @@ async fn a_model_call_in_flight_lends_its_slot_to_another_operation() {
     app.cleanup().await;
 }
 
+async fn succeeded(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM operations WHERE status = 'succeeded'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
 async fn running(app: &TestApp) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM operations WHERE status = 'running'")
         .fetch_one(&app.pool)
@@ -536,12 +539,7 @@ async fn the_model_call_limit_grows_to_what_the_provider_takes_and_comes_down_on
     .await;
     let w = app.spawn_logged(&["worker"]);
     app.wait_for("every operation to succeed", 3 * DEADLINE, || async {
-        let done: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM operations WHERE status = 'succeeded'")
-                .fetch_one(&app.pool)
-                .await
-                .unwrap();
-        done == N as i64
+        succeeded(&app).await == N as i64
     })
     .await;
     let (peak, refused) = (fake.peak(), fake.refused());
@@ -600,12 +598,7 @@ async fn a_tenant_whose_calls_never_return_leaves_call_slots_to_another() {
     );
     held.add_permits(N);
     app.wait_for("every operation to succeed", DEADLINE, || async {
-        let done: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM operations WHERE status = 'succeeded'")
-                .fetch_one(&app.pool)
-                .await
-                .unwrap();
-        done == N as i64 + 1
+        succeeded(&app).await == N as i64 + 1
     })
     .await;
     app.cleanup().await;

@@ -138,12 +138,14 @@ impl Limiter {
 
     /// [`Limiter::acquire`] with the tenant's name moved in (a future that borrows nothing of
     /// the caller's).
-    pub async fn acquire_owned(self: &Arc<Self>, tenant: String) -> Permit {
+    #[cfg(test)]
+    async fn acquire_owned(self: &Arc<Self>, tenant: String) -> Permit {
         self.acquire(&tenant).await
     }
 
     /// The limit now (rounded down), and the calls in flight.
-    pub fn now(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn now(&self) -> (usize, usize) {
         let s = self.state.lock().expect("limiter lock");
         (s.limit as usize, s.in_flight)
     }
