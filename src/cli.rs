@@ -388,8 +388,8 @@ pub struct BenchArgs {
     /// durable-steps: worker SIGKILLs in the crash-cost phase (0 skips it).
     #[arg(long, default_value_t = 5)]
     pub kills: usize,
-    /// e2e, inflight: answer model calls from an in-process fake provider after this many ms,
-    /// instead of the built-in model (inflight: default 2000).
+    /// e2e, batch, inflight: answer model calls from an in-process fake provider after this
+    /// many ms, instead of the built-in model (inflight: default 2000).
     #[arg(long)]
     pub model_latency_ms: Option<u64>,
     /// With --model-latency-ms: model calls a worker has in flight at once, and per tenant

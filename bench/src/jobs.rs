@@ -110,6 +110,15 @@ impl Measured {
         )
         .num("done p99 ms", "done_p99_ms", done.p99, 1)
         .num("commits/job", "commits_per_job", self.commits_per_job, 2);
+        if let Some((peak, calls, refused)) = self.model {
+            r.val(
+                "model calls in flight (peak)",
+                "model_peak_concurrency",
+                json!(peak),
+            )
+            .val("model calls", "model_calls", json!(calls))
+            .val("model calls refused (503)", "model_refused", json!(refused));
+        }
         if let Some(idle) = self.worker_idle_rss_kib {
             r.val("worker idle RSS KiB", "worker_idle_rss_kib", json!(idle));
         }
@@ -415,22 +424,22 @@ pub async fn e2e(config: &Deployment, args: &Args) -> anyhow::Result<()> {
             0,
         );
     m.report_common(&mut r);
-    if let Some((peak, calls, refused)) = m.model {
-        r.val(
-            "model calls in flight (peak)",
-            "model_peak_concurrency",
-            json!(peak),
-        )
-        .val("model calls", "model_calls", json!(calls))
-        .val("model calls refused (503)", "model_refused", json!(refused));
-    }
     r.print();
     Ok(())
 }
 
-/// `batch`: `enqueue_many` in chunks of 1,000, then the workers drain the backlog.
+/// `batch`: `enqueue_many` in chunks of 1,000, then the workers drain the backlog (each
+/// operation's model call answered by a fake provider after `--model-latency-ms`, if given).
 pub async fn batch(config: &Deployment, args: &Args) -> anyhow::Result<()> {
-    let m = run_jobs(config, args, "echo", Arc::new(echo), Enqueue::Batched, None).await?;
+    let m = run_jobs(
+        config,
+        args,
+        "echo",
+        Arc::new(echo),
+        Enqueue::Batched,
+        args.model_latency_ms,
+    )
+    .await?;
     let drain = m.drain().as_secs_f64();
     let run = percentiles(m.run_ms());
     let mut r = Report::new(
@@ -539,8 +548,6 @@ pub async fn steps(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `inflight`: every model call answered by a fake provider after `--model-latency-ms`: how
-/// many operations a worker keeps in flight, and what they cost in memory.
 /// The model calls a worker sends at once with `args`: `--model-calls`, else the deployment's.
 fn model_calls(args: &Args, config: &Deployment) -> String {
     args.model_calls
@@ -550,6 +557,8 @@ fn model_calls(args: &Args, config: &Deployment) -> String {
         .to_string()
 }
 
+/// `inflight`: every model call answered by a fake provider after `--model-latency-ms`: how
+/// many operations a worker keeps in flight, and what they cost in memory.
 pub async fn inflight(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     let latency = args.model_latency_ms.unwrap_or(INFLIGHT_LATENCY_MS);
     let m = run_jobs(
@@ -561,7 +570,6 @@ pub async fn inflight(config: &Deployment, args: &Args) -> anyhow::Result<()> {
         Some(latency),
     )
     .await?;
-    let (peak, calls, refused) = m.model.unwrap_or_default();
     let mut r = Report::new(
         "inflight",
         format!(
@@ -579,13 +587,6 @@ pub async fn inflight(config: &Deployment, args: &Args) -> anyhow::Result<()> {
             "model_concurrency",
             json!(model_calls(args, config)),
         )
-        .val(
-            "model calls in flight (peak)",
-            "model_peak_concurrency",
-            json!(peak),
-        )
-        .val("model calls", "model_calls", json!(calls))
-        .val("model calls refused (503)", "model_refused", json!(refused))
         .num(
             "jobs/s (end to end)",
             "jobs_per_s",
@@ -593,6 +594,7 @@ pub async fn inflight(config: &Deployment, args: &Args) -> anyhow::Result<()> {
             0,
         );
     m.report_common(&mut r);
+    let (peak, _, _) = m.model.unwrap_or_default();
     let worker_peak = m
         .peaks
         .iter()

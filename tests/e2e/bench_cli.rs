@@ -86,3 +86,40 @@ async fn a_benchmark_stopped_by_a_signal_removes_its_database_and_namespace() {
     let _ = conn.close(200, "checked".into()).await;
     app.cleanup().await;
 }
+
+/// `batch` drains model steps answered by the bench's fake provider after
+/// `--model-latency-ms`, and reports that provider's calls as `e2e` and `inflight` do.
+#[tokio::test]
+async fn a_batch_benchmark_drains_model_steps_through_its_fake_provider() {
+    let app = TestApp::start().await;
+    let out = app.agentq_ok(&[
+        "bench",
+        "--scenario",
+        "batch",
+        "--jobs",
+        "200",
+        "--concurrency",
+        "32",
+        "--model-latency-ms",
+        "50",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: serde_json::Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON line: {stdout}"));
+    assert_eq!(report["jobs"], 200, "{report}");
+    assert!(
+        report["model_calls"].as_u64().is_some_and(|n| n >= 200),
+        "every operation's call went to the fake provider: {report}"
+    );
+    assert!(
+        report["model_peak_concurrency"]
+            .as_u64()
+            .is_some_and(|n| n >= 1),
+        "{report}"
+    );
+    assert_eq!(report["model_refused"], 0, "{report}");
+    app.cleanup().await;
+}

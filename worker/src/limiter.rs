@@ -1,10 +1,14 @@
 //! How many model calls a worker has in flight, and whose call goes next.
 //!
 //! The limit is a number the deployment sets (`AGENTQ_MODEL_CONCURRENCY=N`), or, by default
-//! (`auto`), found: it starts at [`AUTO_START`] and, while the gate is full (a call waits) and
-//! calls return without pushback, grows by two calls per call that returns (about three times
-//! as many every round trip) until the provider first pushes back, and by a tenth of a call per
-//! call after that (a tenth more every round trip). A pushback (a 429, a 503, a 5xx, a timeout,
+//! (`auto`), found: it starts at [`AUTO_START`] and, until the provider first pushes back,
+//! doubles every [`PROBE`] while the gate stays full with calls waiting, and grows by two calls
+//! per call that returns while it is full (about three times as many every round trip); after
+//! the first pushback it grows by a tenth of a call per returned call (a tenth more every round
+//! trip). The doubling is for slow calls: a burst of one-second calls waited a round trip for
+//! each step of growth when returned calls alone drove it, and a provider that refuses what it
+//! cannot take does so at once, well within a [`PROBE`], so the doubling stops at the first
+//! refusal and overshoots at most twice what the provider takes. A pushback (a 429, a 503, a 5xx, a timeout,
 //! a broken connection: every error the breaker counts as a failure) takes it down to seven
 //! tenths ([`BACK_OFF`]), once per round trip: only a call sent after the last decrease can
 //! cause the next one. It stays within [`AUTO_MIN`] and [`AUTO_MAX`].
@@ -27,7 +31,8 @@
 //! one dropped after its grant drops the permit, which gives the slot back.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use agentq_core::config::CallLimit;
 use agentq_core::metrics;
@@ -43,6 +48,11 @@ pub const AUTO_MAX: usize = 3584;
 /// What a pushback leaves of a found limit: the gate then runs between seven tenths of what the
 /// provider takes and all of it, not between half and all.
 pub const BACK_OFF: f64 = 0.7;
+/// How often a full gate with calls waiting doubles its found limit until the provider first
+/// pushes back: long enough for a refusal sent at once to come back (a 429 or a 503 takes a
+/// round trip of the network, not of the model), short enough that a burst of slow calls
+/// reaches the ceiling within a second.
+pub const PROBE: Duration = Duration::from_millis(200);
 /// Growth per returned call until the provider first pushes back: about three times as many
 /// calls each round trip (seven eighths of the limit return per round trip with one tenant).
 const START_STEP: f64 = 2.0;
@@ -70,6 +80,8 @@ struct State {
     in_flight: usize,
     /// Decreases so far: a call granted before the latest one cannot cause another.
     generation: u64,
+    /// Whether a task doubles the limit every [`PROBE`] (`Limiter::probe`).
+    probing: bool,
     tenants: HashMap<String, Tenant>,
     /// Tenants with a call waiting, in the order they are granted.
     ring: VecDeque<String>,
@@ -103,6 +115,7 @@ impl Limiter {
                 threshold: f64::INFINITY,
                 in_flight: 0,
                 generation: 0,
+                probing: false,
                 tenants: HashMap::new(),
                 ring: VecDeque::new(),
             }),
@@ -128,6 +141,10 @@ impl Limiter {
                 .push_back(tx);
             if !s.ring.iter().any(|t| t == tenant) {
                 s.ring.push_back(tenant.to_string());
+            }
+            if self.adaptive && !s.probing && s.threshold.is_infinite() {
+                s.probing = true;
+                tokio::spawn(Self::probe(Arc::downgrade(self)));
             }
             rx
         };
@@ -157,6 +174,43 @@ impl Limiter {
             return false;
         }
         own < (limit as f64 * SHARE).ceil() as usize || s.in_flight + 1 + limit / RESERVE <= limit
+    }
+
+    /// Full: no slot free, or only the reserve a tenant past its share must leave.
+    fn full(s: &State) -> bool {
+        let limit = s.limit as usize;
+        s.in_flight + limit / RESERVE >= limit
+    }
+
+    /// Sets a found limit, within its bounds, and grants what it frees.
+    fn grow_to(self: &Arc<Self>, s: &mut State, limit: f64) {
+        let before = s.limit as usize;
+        s.limit = limit.min(AUTO_MAX as f64);
+        if s.limit as usize != before {
+            metrics::MODEL_CALL_LIMIT.set(&[&self.provider], s.limit.floor());
+            self.dispatch(s);
+        }
+    }
+
+    /// Until the provider first pushes back, doubles the limit every [`PROBE`] while the gate
+    /// is full and a call waits; ends when none waits or after a pushback (the next call that
+    /// waits before any pushback starts it again).
+    async fn probe(limiter: Weak<Limiter>) {
+        loop {
+            tokio::time::sleep(PROBE).await;
+            let Some(l) = limiter.upgrade() else {
+                return;
+            };
+            let mut s = l.state.lock().expect("limiter lock");
+            if s.ring.is_empty() || s.threshold.is_finite() {
+                s.probing = false;
+                return;
+            }
+            if Self::full(&s) {
+                let doubled = s.limit * 2.0;
+                l.grow_to(&mut s, doubled);
+            }
+        }
     }
 
     /// Counts a call slot as `tenant`'s, and makes its permit.
@@ -237,15 +291,13 @@ impl Limiter {
         self.dispatch(&mut s);
     }
 
-    /// A call returned without pushback: a full gate, with a call waiting, grows (full: no
-    /// slot free, or only the reserve a tenant past its share must leave).
+    /// A call returned without pushback: a full gate, with a call waiting, grows.
     fn returned(self: &Arc<Self>) {
         if !self.adaptive {
             return;
         }
         let mut s = self.state.lock().expect("limiter lock");
-        let limit = s.limit as usize;
-        if s.ring.is_empty() || s.in_flight + limit / RESERVE < limit {
+        if s.ring.is_empty() || !Self::full(&s) {
             return;
         }
         let step = if s.limit < s.threshold {
@@ -253,12 +305,8 @@ impl Limiter {
         } else {
             AVOIDANCE_STEP
         };
-        let before = s.limit as usize;
-        s.limit = (s.limit + step).min(AUTO_MAX as f64);
-        if s.limit as usize != before {
-            metrics::MODEL_CALL_LIMIT.set(&[&self.provider], s.limit.floor());
-            self.dispatch(&mut s);
-        }
+        let grown = s.limit + step;
+        self.grow_to(&mut s, grown);
     }
 
     /// The provider pushed back on a call granted in `generation`: come down to [`BACK_OFF`]
@@ -448,6 +496,57 @@ mod tests {
             assert!(l.acquire("a").await.pushed_back());
         }
         assert_eq!(l.now().0, AUTO_MIN);
+    }
+
+    /// Until the first pushback, a gate full with calls waiting doubles every [`PROBE`] without
+    /// a call returning; after it, only returned calls grow it.
+    #[tokio::test(start_paused = true)]
+    async fn a_found_limit_doubles_while_calls_wait_until_the_first_pushback() {
+        let l = limiter(CallLimit::Auto, None);
+        // Unconstrained: a task's budget would stop its polls of granted calls at 128.
+        let mut waiting: Vec<_> = (0..2 * AUTO_MAX)
+            .map(|i| Box::pin(tokio::task::unconstrained(l.acquire_owned(format!("w{i}")))))
+            .collect();
+        let mut held: Vec<Permit> = Vec::new();
+        let mut grant = |held: &mut Vec<Permit>| {
+            waiting.retain_mut(|f| match ready(f) {
+                Some(p) => {
+                    held.push(p);
+                    false
+                }
+                None => true,
+            });
+        };
+        grant(&mut held);
+        assert_eq!(held.len(), AUTO_START);
+        // A probe's time later (just past it, so that the probe has run): twice as many.
+        let tick = PROBE + Duration::from_millis(1);
+        for expected in [2 * AUTO_START, 4 * AUTO_START, 8 * AUTO_START, AUTO_MAX] {
+            tokio::time::sleep(tick).await;
+            grant(&mut held);
+            assert_eq!(l.now(), (expected, expected), "doubled and granted");
+            assert_eq!(held.len(), expected);
+        }
+        tokio::time::sleep(tick).await;
+        assert_eq!(l.now().0, AUTO_MAX, "never past the ceiling");
+        // The first pushback ends the doubling.
+        assert!(held[0].pushed_back());
+        let after = (AUTO_MAX as f64 * BACK_OFF) as usize;
+        assert_eq!(l.now().0, after);
+        drop(held.drain(..AUTO_MAX - after + 10).collect::<Vec<_>>());
+        grant(&mut held);
+        assert_eq!(l.now(), (after, after), "full again, calls waiting");
+        tokio::time::sleep(5 * tick).await;
+        assert_eq!(l.now().0, after, "no doubling after a pushback");
+        drop(held);
+        drop(waiting);
+
+        // A gate with no call waiting does not grow.
+        let l = limiter(CallLimit::Auto, None);
+        let held = calls(&l, AUTO_START, 0).await;
+        tokio::time::sleep(5 * tick).await;
+        assert_eq!(l.now(), (AUTO_START, AUTO_START));
+        drop(held);
     }
 
     #[tokio::test]
