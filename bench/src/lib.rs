@@ -189,6 +189,10 @@ pub async fn run(mut config: Deployment, args: Args) -> anyhow::Result<()> {
     db::migrate(&config.database_url)
         .await
         .context("creating the benchmark database")?;
+    eprintln!(
+        "database agentq_bench_{tag}, broker namespace {} (removed when the run ends)",
+        config.namespace
+    );
     let scenario = async {
         match args.scenario {
             Scenario::E2e => jobs::e2e(&config, &args).await,
