@@ -8,10 +8,10 @@
 //! trip). The doubling is for slow calls: a burst of one-second calls waited a round trip for
 //! each step of growth when returned calls alone drove it, and a provider that refuses what it
 //! cannot take does so at once, well within a [`PROBE`], so the doubling stops at the first
-//! refusal and overshoots at most twice what the provider takes. A pushback (a 429, a 503, a 5xx, a timeout,
-//! a broken connection: every error the breaker counts as a failure) takes it down to seven
-//! tenths ([`BACK_OFF`]), once per round trip: only a call sent after the last decrease can
-//! cause the next one. It stays within [`AUTO_MIN`] and [`AUTO_MAX`].
+//! refusal and overshoots at most twice what the provider takes. A pushback (a 429, a 503, a
+//! 5xx, a timeout, a broken connection: every error the breaker counts as a failure) takes it
+//! down to seven tenths ([`BACK_OFF`]), once per round trip: only a call sent after the last
+//! decrease can cause the next one. It stays within [`AUTO_MIN`] and [`AUTO_MAX`].
 //! Latency is no signal here: a model call's length follows its answer, not the provider's
 //! queue. A provider that queues without pushing back (a local server with one slot) is given
 //! a number instead (docs/models.md).
