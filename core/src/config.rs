@@ -108,7 +108,7 @@ pub struct Config {
     pub model_max_tokens: Option<u32>,
 
     /// Model calls in flight per worker process: a number, or `auto` (found from the
-    /// provider's pushback, between 4 and 4096).
+    /// provider's pushback, between 4 and 3584).
     #[arg(
         long,
         env = "AGENTQ_MODEL_CONCURRENCY",

@@ -309,15 +309,26 @@ impl World {
         }
     }
 
-    /// Enqueues a `script` operation (its program is the `steps` array); returns its id.
-    pub fn enqueue_script(&self, steps: Value, extra: &[&str]) -> String {
-        let input = serde_json::json!({ "steps": steps }).to_string();
+    /// Enqueues an operation of `kind` for `tenant` through the CLI (`agentq enqueue`, with
+    /// `extra` flags); returns its id.
+    pub fn enqueue_as(&self, tenant: &str, kind: &str, input: &Value, extra: &[&str]) -> String {
+        let input = input.to_string();
         let mut args = vec![
-            "enqueue", "--tenant", "t1", "--kind", "script", "--input", &input, "--json",
+            "enqueue", "--tenant", tenant, "--kind", kind, "--input", &input, "--json",
         ];
         args.extend_from_slice(extra);
         let v = self.agentq_json(&args);
         v["op_id"].as_str().unwrap().to_string()
+    }
+
+    /// Enqueues a `script` operation (its program is the `steps` array); returns its id.
+    pub fn enqueue_script(&self, steps: Value, extra: &[&str]) -> String {
+        self.enqueue_as(
+            "t1",
+            "script",
+            &serde_json::json!({ "steps": steps }),
+            extra,
+        )
     }
 
     /// The exit code of a process started by [`World::spawn`] that has exited (`None` while it
@@ -341,11 +352,7 @@ impl World {
 
     /// Enqueues an `echo` operation through the CLI; returns its id.
     pub fn enqueue_echo(&self, text: &str) -> String {
-        let input = serde_json::json!({ "text": text }).to_string();
-        let v = self.agentq_json(&[
-            "enqueue", "--tenant", "t1", "--kind", "echo", "--input", &input, "--json",
-        ]);
-        v["op_id"].as_str().unwrap().to_string()
+        self.enqueue_as("t1", "echo", &serde_json::json!({ "text": text }), &[])
     }
 
     /// Reads an operation straight from the database.

@@ -583,13 +583,8 @@ async fn a_tenant_whose_calls_never_return_leaves_call_slots_to_another() {
         fake.requests() == taken
     })
     .await;
-    let input = json!({ "steps": [{ "model": "quick" }] }).to_string();
-    let other = app.agentq_json(&[
-        "enqueue", "--tenant", "t2", "--kind", "script", "--input", &input, "--json",
-    ])["op_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let input = json!({ "steps": [{ "model": "quick" }] });
+    let other = app.enqueue_as("t2", "script", &input, &[]);
     app.wait_status(&other, "succeeded", DEADLINE).await;
     assert_eq!(
         fake.requests(),

@@ -541,9 +541,14 @@ mod tests {
         drop(held);
         drop(waiting);
 
-        // A gate with no call waiting does not grow.
+        // A gate with no call waiting does not grow: one waited (the doubling began), then
+        // a call returned without growth (`Permit::returned` was not called) and it had a slot.
         let l = limiter(CallLimit::Auto, None);
-        let held = calls(&l, AUTO_START, 0).await;
+        let mut held = calls(&l, AUTO_START, 0).await;
+        let mut last = Box::pin(tokio::task::unconstrained(l.acquire_owned("last".into())));
+        assert!(ready(&mut last).is_none(), "full: it waits");
+        held.pop();
+        let _last = ready(&mut last).expect("granted the freed slot");
         tokio::time::sleep(5 * tick).await;
         assert_eq!(l.now(), (AUTO_START, AUTO_START));
         drop(held);
