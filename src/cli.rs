@@ -165,10 +165,17 @@ pub enum Command {
     /// docs/protocol.md). Register one by its URL; agentq serves the kinds its manifest lists.
     #[command(subcommand)]
     Services(crate::services::ServicesCommand),
-    /// The pauses in force: what each holds, who paused it, when and why.
+    /// The pauses in force, oldest first, one page at a time: what each holds, who paused it,
+    /// when and why.
     Pauses {
         #[arg(long)]
         tenant: Option<String>,
+        /// Page size.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        /// Continue after this cursor (printed after a full page).
+        #[arg(long)]
+        after: Option<String>,
         /// JSON Lines, one pause per line.
         #[arg(long)]
         json: bool,

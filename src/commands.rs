@@ -162,7 +162,12 @@ pub async fn run(
         Command::Limits(cmd) => crate::limits::run(config, cmd).await,
         Command::Services(cmd) => crate::services::run(config, cmd).await,
         Command::Resume(args) => crate::pauses::resume(config, args).await,
-        Command::Pauses { tenant, json } => crate::pauses::list(config, tenant, json).await,
+        Command::Pauses {
+            tenant,
+            limit,
+            after,
+            json,
+        } => crate::pauses::list(config, tenant, limit, after, json).await,
         Command::Bench(args) => crate::bench::run(config, args).await,
         // `main` runs it before the runtime; here for completeness.
         Command::Probe { url, timeout_secs } => {

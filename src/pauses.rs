@@ -7,7 +7,7 @@ use agentq_app::pauses::{self, PauseView, Target};
 use agentq_core::operation::Lane;
 use clap::Args;
 
-use crate::wiring::{Deployment, cli_app, done};
+use crate::wiring::{Deployment, cli_app, done, flag_error_app};
 
 /// What to pause or resume.
 #[derive(Args, Clone, Debug)]
@@ -124,20 +124,29 @@ pub async fn resume(config: Deployment, args: ResumeArgs) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// `agentq pauses`: the pauses in force.
-pub async fn list(config: Deployment, tenant: Option<String>, json: bool) -> anyhow::Result<()> {
+/// `agentq pauses`: a page of the pauses in force.
+pub async fn list(
+    config: Deployment,
+    tenant: Option<String>,
+    limit: i64,
+    after: Option<String>,
+    json: bool,
+) -> anyhow::Result<()> {
     let (app, caller) = cli_app(&config, &None).await?;
-    let listed = pauses::list(&app, &caller, tenant.as_deref()).await;
-    let listed = done(app, listed).await?;
-    if listed.is_empty() && !json {
+    let listed = pauses::list(&app, &caller, tenant.as_deref(), after.as_deref(), limit).await;
+    let page = done(app, listed.map_err(flag_error_app)).await?;
+    if page.items.is_empty() && after.is_none() && !json {
         println!("no pauses in force");
     }
-    for p in listed {
+    for p in &page.items {
         if json {
-            println!("{}", serde_json::to_string(&p)?);
+            println!("{}", serde_json::to_string(p)?);
         } else {
-            print_line(&p);
+            print_line(p);
         }
+    }
+    if let (false, Some(next)) = (json, &page.next_cursor) {
+        eprintln!("next page: --after {next}");
     }
     Ok(())
 }

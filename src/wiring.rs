@@ -180,6 +180,7 @@ pub fn worker(
         },
         http_allow: config.agent_http_allow().map_err(refuse)?,
         tenant_share: config.tenant_share,
+        tenant_share_grace: Duration::from_secs(config.tenant_share_grace_secs),
         job_limits: agentq_worker::context::JobLimits {
             max_children: config.max_children,
             tenant_max_unfinished: config.tenant_max_unfinished,
@@ -228,6 +229,7 @@ pub fn app(config: &Deployment, pool: PgPool, role: &str) -> agentq_app::App {
                 tenant_max_unfinished: config.tenant_max_unfinished,
                 max_children: config.max_children,
                 tenant_max_schedules: config.tenant_max_schedules,
+                tenant_max_pauses: config.tenant_max_pauses,
                 schedule_min_interval: Duration::from_secs(config.schedule_min_interval_secs),
             },
             redact: agentq_app::redact::redact_keys(config.console_redact.as_deref()),

@@ -547,6 +547,8 @@ pub async fn resume(
     progress: &dyn Progress,
 ) -> Result<Resumed> {
     let b = find(app, caller, id).await?;
+    let what = format!("; batch {id} stays {}", b.status);
+    crate::tenants::check_kind_now(app, &b.tenant, &b.kind, &what).await?;
     let was = batches::transition(
         &app.pool,
         id,

@@ -21,7 +21,8 @@ use crate::{App, AppError, Result};
 const COUNT_TTL: Duration = Duration::from_secs(1);
 
 /// The caps (`AGENTQ_TENANT_MAX_UNFINISHED`, `AGENTQ_MAX_CHILDREN`,
-/// `AGENTQ_TENANT_MAX_SCHEDULES`, `AGENTQ_SCHEDULE_MIN_INTERVAL_SECS`).
+/// `AGENTQ_TENANT_MAX_SCHEDULES`, `AGENTQ_SCHEDULE_MIN_INTERVAL_SECS`,
+/// `AGENTQ_TENANT_MAX_PAUSES`).
 #[derive(Clone, Debug)]
 pub struct Limits {
     /// Unfinished operations (queued, running, sleeping, waiting) per tenant.
@@ -30,6 +31,8 @@ pub struct Limits {
     pub max_children: i64,
     /// Schedules per tenant.
     pub tenant_max_schedules: i64,
+    /// Pauses in force per tenant (the deployment's own, naming no tenant, count as one more).
+    pub tenant_max_pauses: i64,
     /// Shortest time between two firings of a schedule.
     pub schedule_min_interval: Duration,
 }
@@ -40,6 +43,7 @@ impl Default for Limits {
             tenant_max_unfinished: 100_000,
             max_children: 10_000,
             tenant_max_schedules: 100,
+            tenant_max_pauses: 100,
             schedule_min_interval: Duration::from_secs(10),
         }
     }

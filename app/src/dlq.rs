@@ -205,6 +205,19 @@ pub async fn act(
         _ => {}
     }
     let d = find(app, caller, id).await?;
+    // A retry or a resolve makes the operation run again: its kind must still be the
+    // tenant's (a discard is always allowed).
+    if let (Request::Retry { .. } | Request::Resolve { .. }, Some(tenant), Some(kind)) =
+        (&request, &d.tenant, &d.kind)
+    {
+        let done = if matches!(request, Request::Retry { .. }) {
+            "retried"
+        } else {
+            "resolved"
+        };
+        let what = format!("; dead letter {} was not {done} and stays open", d.id);
+        crate::tenants::check_kind_now(app, tenant, kind, &what).await?;
+    }
     let action = match request.clone() {
         Request::Discard => Action::Discard,
         Request::Resolve {

@@ -5,12 +5,13 @@
 //! re-dispatches what the pause held. Both are audited with a reason; a pause has a dry run.
 
 use agentq_core::db::names::Named;
-use agentq_core::db::pauses::{self, Pause};
+use agentq_core::db::pauses::{self, Made, Pause};
 pub use agentq_core::db::pauses::{Counts, Scope};
 use agentq_core::operation::{Lane, OperationId};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use crate::page::{self, Page, check_limit};
 use crate::{App, AppError, Caller, Result, Role};
 
 /// The longest reason kept.
@@ -140,8 +141,29 @@ pub async fn pause(
             operations,
         });
     }
+    let cap = app.settings.limits.tenant_max_pauses;
     let (pause, created, operations) =
-        pauses::pause(&app.pool, &scope, reason, &caller.actor).await?;
+        match pauses::pause(&app.pool, &scope, reason, &caller.actor, cap).await? {
+            Made::Paused {
+                pause,
+                created,
+                counts,
+            } => (*pause, created, counts),
+            Made::Capped { have } => {
+                let whose = match &scope.tenant {
+                    Some(t) => format!("tenant {t:?}"),
+                    None => "the deployment (pauses naming no tenant)".to_string(),
+                };
+                return Err(AppError::Busy {
+                    message: format!(
+                        "{whose} has {have} pauses in force and may have at most {cap} \
+                         (AGENTQ_TENANT_MAX_PAUSES): resume one first, or pause a wider \
+                         scope (a kind, a lane, the tenant) instead of many narrow ones"
+                    ),
+                    retry_after_secs: 0,
+                });
+            }
+        };
     Ok(Paused {
         pause: Some(PauseView::of(&pause)),
         created,
@@ -232,12 +254,8 @@ pub async fn resume_target(
 ) -> Result<Resumed> {
     caller.require(Role::Operator)?;
     let scope = scope_of(app, caller, target).await?;
-    let found = list(app, caller, None)
-        .await?
-        .into_iter()
-        .find(|p| p.scope == scope);
-    match found {
-        Some(p) => resume(app, caller, p.pause_id, reason).await,
+    match pauses::find_scope(&app.pool, &scope).await? {
+        Some(p) => resume(app, caller, p.id, reason).await,
         None => {
             let holding = match scope.op_id {
                 Some(op) => pauses::holding(&app.pool, op).await?,
@@ -256,12 +274,25 @@ pub async fn resume_target(
     }
 }
 
-/// The pauses in force that the caller may see: a non-admin's, those of its tenant.
-pub async fn list(app: &App, caller: &Caller, tenant: Option<&str>) -> Result<Vec<PauseView>> {
+/// A page of the pauses in force that the caller may see (a non-admin's: those of its
+/// tenant), oldest first: up to `limit` (1–[`MAX_PAGE`](crate::page::MAX_PAGE)) after the cursor `after` of the
+/// previous page.
+pub async fn list(
+    app: &App,
+    caller: &Caller,
+    tenant: Option<&str>,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Page<PauseView>> {
     caller.require(Role::Producer)?;
+    check_limit(limit)?;
+    let after = page::after(after)?;
     let tenant = caller.tenant_filter(tenant)?;
-    let rows = pauses::list(&app.pool, tenant.as_deref()).await?;
-    Ok(rows.iter().map(PauseView::of).collect())
+    let rows = pauses::list(&app.pool, tenant.as_deref(), after, limit).await?;
+    let items = rows.iter().map(PauseView::of).collect();
+    Ok(Page::new(items, limit, |p: &PauseView| {
+        (p.paused_at, p.pause_id)
+    }))
 }
 
 /// The pause `id`, if the caller may see it.
@@ -327,11 +358,15 @@ async fn scope_of(app: &App, caller: &Caller, target: &Target) -> Result<Scope> 
         ));
     }
     if let Some(kind) = &target.kind
-        && (kind.trim().is_empty() || kind.len() > 200)
+        && !app.producer.catalog().has_kind(kind)
     {
         return Err(AppError::invalid(
             "/kind",
-            "a kind is a non-empty name of at most 200 bytes (see `agentq kinds`)",
+            format!(
+                "this deployment serves no kind {kind:?}; a pause names one of its kinds: {} \
+                 (`agentq kinds`)",
+                agentq_core::kinds::names(app.producer.catalog().as_ref())
+            ),
         ));
     }
     let mut tenant = caller.tenant_filter(target.tenant.as_deref())?;

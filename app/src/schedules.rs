@@ -229,7 +229,8 @@ pub async fn set_paused(
     if !paused {
         // A schedule an admin's list paused stays paused until its kind is allowed again.
         let s = find(app, caller, id).await?.schedule;
-        crate::tenants::check_kind(app, &s.tenant, &s.kind).await?;
+        let what = format!("; schedule {id} stays paused");
+        crate::tenants::check_kind_now(app, &s.tenant, &s.kind, &what).await?;
     }
     match schedules::set_paused(&app.pool, id, caller.scope(), paused, &caller.actor).await? {
         Toggled::Now(s) => Ok(view(s)),

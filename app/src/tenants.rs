@@ -1,8 +1,11 @@
 //! Which kinds a tenant may use, as an admin decides (`agentq tenants kinds`,
-//! `GET`/`PUT /v1/tenants/{tenant}/kinds`), and the check every way an operation is born from
-//! a caller goes through ([`check_kind`], called by [`crate::capacity::admit`], and when a
-//! schedule or a webhook source is added or a schedule resumed). A spawn is checked by its
-//! insert in the worker (`agentq_kind_allowed`, migration 20).
+//! `GET`/`PUT /v1/tenants/{tenant}/kinds`), and the check every way an operation is born or
+//! made to run again from a caller goes through ([`check_kind`], called by
+//! [`crate::capacity::admit`] and when a webhook source or a schedule is added; and
+//! [`check_kind_now`], against the list as it is now, when a dead letter is retried or
+//! resolved, an operation upgraded, a batch or a schedule resumed). A spawn is checked by its
+//! insert in the worker (`agentq_kind_allowed`, migration 20). Operations already unfinished
+//! when a list shrinks go on (docs/security.md, "When a list shrinks").
 //!
 //! A tenant without a list of its own follows the list of `*` (the default); without either
 //! it may use every kind. Invariant kept here: a refused change writes nothing.
@@ -52,6 +55,19 @@ impl Policies {
 /// Refuses an operation of `kind` for `tenant` when an admin's list keeps it from the tenant.
 pub async fn check_kind(app: &App, tenant: &str, kind: &str) -> Result<()> {
     let policy = app.policies.of(&app.pool, tenant).await?;
+    refuse(tenant, kind, &policy, "")
+}
+
+/// [`check_kind`] against the list as it is now (not a cached one): for an act that makes
+/// existing work run again or on other code (a dead letter's retry or resolve, a version
+/// upgrade, a batch's or a schedule's resume), so a list an admin shrank a moment ago in
+/// another process already holds. `what` says what stays as it was (appended to the refusal).
+pub async fn check_kind_now(app: &App, tenant: &str, kind: &str, what: &str) -> Result<()> {
+    let policy = tenant_kinds::policy(&app.pool, tenant).await?;
+    refuse(tenant, kind, &policy, what)
+}
+
+fn refuse(tenant: &str, kind: &str, policy: &Policy, what: &str) -> Result<()> {
     if policy.allows(kind) {
         return Ok(());
     }
@@ -62,7 +78,7 @@ pub async fn check_kind(app: &App, tenant: &str, kind: &str) -> Result<()> {
     };
     Err(AppError::Forbidden(format!(
         "tenant {tenant:?} may not create operations of kind {kind:?}: {which} allows {}; \
-         an admin changes it with `agentq tenants kinds {tenant} --allow …`",
+         an admin changes it with `agentq tenants kinds {tenant} --allow …`{what}",
         listed(policy.effective().unwrap_or_default())
     )))
 }

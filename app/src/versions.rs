@@ -220,6 +220,8 @@ pub async fn upgrade(
     )
     .await?
     .ok_or_else(|| AppError::NotFound(format!("no operation {id}")))?;
+    let what = format!("; operation {id} was not moved to version {to:?}");
+    crate::tenants::check_kind_now(app, &op.tenant, &op.kind, &what).await?;
     require_live(app, &op.kind, &to).await?;
     let reason = reason.map(str::trim).filter(|r| !r.is_empty());
     versions::upgrade(&app.pool, id, caller.scope(), &to, &caller.actor, reason)

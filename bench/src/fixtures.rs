@@ -79,7 +79,10 @@ pub async fn insert_join_parents(pool: &PgPool, parents: i64, children: i64) -> 
 pub async fn time_join_reads(pool: &PgPool) -> Result<(f64, f64)> {
     let count = "SELECT o.id FROM operations o
                   WHERE o.status = 'waiting' AND o.waiting_for = '(children)'
-                    AND o.join_pending <= 0 LIMIT 500";
+                    AND o.join_pending + COALESCE((SELECT sum(d.delta) FROM join_deltas d
+                                                    WHERE d.parent_id = o.id
+                                                      AND d.child_id = ANY(o.joining)), 0) <= 0
+                  LIMIT 500";
     // The terminal statuses as an SQL list, as `core::state`'s `terminal_sql!` spells them.
     let terminal: Vec<String> = Status::ALL
         .iter()

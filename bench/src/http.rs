@@ -31,7 +31,7 @@ use crate::fixtures;
 /// Load before the clock starts (connections opened, broker link up, caches warm). Its requests
 /// are checked like the others but not timed.
 const WARM_UP: Duration = Duration::from_secs(1);
-/// The tenant whose producer token every connection uses.
+/// The tenant of the producer tokens the connections use (one each).
 const TENANT: &str = "bench";
 /// A request with no answer by then is a transport error (the API abandons its own at 30 s).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -183,12 +183,19 @@ pub async fn http(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     // still be counted under their status.
     config.tenant_max_unfinished = i64::MAX / 2;
     let pool = config.connect().await?;
-    let (_, token) = db::access::create_token(&pool, TENANT, "producer", "bench")
-        .await
-        .context("creating a producer token")?;
+    // A token per connection, as producers each have their own (one token's rate,
+    // AGENTQ_API_TOKEN_RATE, is a tenant's producer's, not the server's).
+    let mut auths = Vec::with_capacity(args.connections);
+    for _ in 0..args.connections {
+        let (_, token) = db::access::create_token(&pool, TENANT, "producer", "bench")
+            .await
+            .context("creating a producer token")?;
+        auths.push(
+            HeaderValue::from_str(&format!("Bearer {token}"))
+                .context("the token is not a header value")?,
+        );
+    }
     let commits_before = db::commit_count(&pool).await?;
-    let auth = HeaderValue::from_str(&format!("Bearer {token}"))
-        .context("the token is not a header value")?;
 
     let shutdown = CancellationToken::new();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -234,7 +241,7 @@ pub async fn http(config: &Deployment, args: &Args) -> anyhow::Result<()> {
             tokio::spawn(connection(
                 client.clone(),
                 url.clone(),
-                auth.clone(),
+                auths[c].clone(),
                 c,
                 window,
                 answered.clone(),

@@ -211,6 +211,18 @@ pub struct Config {
     )]
     pub tenant_share: f64,
 
+    /// Seconds a tenant past its share may keep the slots it owes others: meanwhile each of
+    /// its operations that reaches a step boundary gives one back there (nothing is cut); past
+    /// this, the ones whose step began last are stopped mid-step (never an unsafe call) and
+    /// resume later from their journals.
+    #[arg(
+        long,
+        env = "AGENTQ_TENANT_SHARE_GRACE_SECS",
+        default_value_t = 5,
+        global = true
+    )]
+    pub tenant_share_grace_secs: u64,
+
     /// Most children one operation may spawn (`ctx.spawn`); a spawn past it fails the parent
     /// (non-retryable).
     #[arg(
@@ -250,6 +262,16 @@ pub struct Config {
     )]
     pub tenant_max_schedules: i64,
 
+    /// Most pauses in force a tenant may have (an admin's deployment-wide pauses, those naming
+    /// no tenant, count together as one more tenant's); another answers 429.
+    #[arg(
+        long,
+        env = "AGENTQ_TENANT_MAX_PAUSES",
+        default_value_t = 100,
+        global = true
+    )]
+    pub tenant_max_pauses: i64,
+
     /// Shortest time between two firings of a schedule, in seconds (an interval, or the
     /// closest two ticks of a cron expression).
     #[arg(
@@ -259,6 +281,17 @@ pub struct Config {
         global = true
     )]
     pub schedule_min_interval_secs: u64,
+
+    /// Request units a second each API token may use on one `agentq serve` (a request is one,
+    /// a list page one more per 20 rows of its `limit`); past it, 429 with `Retry-After`. 0
+    /// turns the limit off.
+    #[arg(
+        long,
+        env = "AGENTQ_API_TOKEN_RATE",
+        default_value_t = 500,
+        global = true
+    )]
+    pub api_token_rate: u32,
 
     /// Event streams (`GET …/events`) one token may hold open at once; more answer 429.
     #[arg(
@@ -387,6 +420,7 @@ impl Config {
             ("AGENTQ_JOURNAL_MAX_STEPS", self.journal_max_steps),
             ("AGENTQ_JOURNAL_MAX_BYTES", self.journal_max_bytes),
             ("AGENTQ_TENANT_MAX_SCHEDULES", self.tenant_max_schedules),
+            ("AGENTQ_TENANT_MAX_PAUSES", self.tenant_max_pauses),
         ] {
             if value < 1 {
                 return Err(format!("{name} must be at least 1 (got {value})"));

@@ -25,6 +25,7 @@ pub mod routes;
 mod schedules;
 mod services;
 mod tenants;
+mod throttle;
 mod ui;
 mod webhooks;
 
@@ -76,6 +77,8 @@ pub struct ApiState {
     streams: events::Streams,
     broker: Mutex<Option<(Instant, bool)>>,
     metrics: meta::Metrics,
+    /// Each token's request rate (`AGENTQ_API_TOKEN_RATE`).
+    throttle: throttle::Throttle,
     shutdown: CancellationToken,
 }
 
@@ -366,6 +369,7 @@ pub fn state(config: &Config, app: agentq_app::App, shutdown: CancellationToken)
         streams: events::Streams::new(config.streams_per_token, config.streams_max),
         broker: Mutex::new(None),
         metrics: meta::Metrics,
+        throttle: throttle::Throttle::new(config.api_token_rate),
         shutdown,
     })
 }

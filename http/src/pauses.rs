@@ -15,19 +15,24 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::Caller;
 use super::problem::ApiResult;
-use super::{ApiState, Params, QueryParams, body};
+use super::{ApiState, Params, QueryParams, body, page_limit};
 
-/// `GET /v1/pauses`'s query: an admin may name one tenant.
+/// `GET /v1/pauses`'s query: an admin may name one tenant; a page of `limit` (default 100, at
+/// most 1000) continues `after` the previous page's `next_cursor`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     tenant: Option<String>,
+    limit: Option<String>,
+    after: Option<String>,
 }
 
-/// The pauses in force the caller may see, oldest first.
+/// A page of the pauses in force the caller may see, oldest first.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct PauseList {
     pub items: Vec<PauseView>,
+    /// Set when the page is full: pass it as `after` for the next one.
+    pub next_cursor: Option<String>,
 }
 
 /// The body of a resume, or of one operation's pause (where the reason is required).
@@ -47,8 +52,18 @@ pub async fn list(
     caller: Caller,
     QueryParams(q): QueryParams<ListQuery>,
 ) -> ApiResult<Json<PauseList>> {
-    let items = app::pauses::list(&state.app, &caller.app(), q.tenant.as_deref()).await?;
-    Ok(Json(PauseList { items }))
+    let page = app::pauses::list(
+        &state.app,
+        &caller.app(),
+        q.tenant.as_deref(),
+        q.after.as_deref(),
+        page_limit(q.limit.as_deref()),
+    )
+    .await?;
+    Ok(Json(PauseList {
+        items: page.items,
+        next_cursor: page.next_cursor,
+    }))
 }
 
 /// `POST /v1/pauses`: pause a scope (or count it, `dry_run`).

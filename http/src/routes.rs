@@ -129,6 +129,21 @@ pub async fn enforce(
     if let Err(refused) = caller.require(least) {
         return refused.into_response();
     }
+    if let Err(wait) = state
+        .throttle
+        .take(&caller.token_hash, crate::throttle::cost(req.uri()))
+    {
+        return ApiError::from(agentq_app::AppError::Busy {
+            message: format!(
+                "this token has used its request rate ({} units a second, \
+                 AGENTQ_API_TOKEN_RATE; a list page costs one more per 20 rows of its limit); \
+                 nothing was done: retry after the Retry-After seconds",
+                state.throttle.rate()
+            ),
+            retry_after_secs: wait.as_secs().max(1) + u64::from(wait.subsec_nanos() > 0),
+        })
+        .into_response();
+    }
     req.extensions_mut().insert(caller);
     next.run(req).await
 }
@@ -197,6 +212,7 @@ mod tests {
             streams: crate::events::Streams::new(1, 1),
             broker: Mutex::new(None),
             metrics: meta::Metrics,
+            throttle: crate::throttle::Throttle::new(0),
             shutdown: CancellationToken::new(),
         })
     }

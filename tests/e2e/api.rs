@@ -2193,7 +2193,7 @@ async fn event_streams_of_many_operations_share_the_poller_and_each_gets_exactly
 }
 
 /// A journal row of `op` at `seq`, named `s<seq>`, with an output once completed.
-fn journal_row(
+pub(crate) fn journal_row(
     op: Uuid,
     seq: i32,
     replay: agentq_core::state::Replay,

@@ -437,7 +437,7 @@ fn script_of(app: &crate::harness::TestApp, tenant: &str, steps: Value) -> Strin
 }
 
 /// How many operations `tenant` runs now.
-async fn running_of(app: &crate::harness::TestApp, tenant: &str) -> i64 {
+pub(crate) async fn running_of(app: &crate::harness::TestApp, tenant: &str) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM operations WHERE tenant_id = $1 AND status = 'running'",
     )
@@ -467,6 +467,8 @@ async fn wake_lag_ms(app: &crate::harness::TestApp, op: &str) -> f64 {
 async fn a_flooding_tenant_gives_way_to_another_and_still_drains() {
     let mut app = crate::harness::TestApp::start().await;
     app.spawn(&["scheduler"]);
+    // a's steps are one long step each: the slots it owes are taken mid-step, after the grace.
+    app.set_env("AGENTQ_TENANT_SHARE_GRACE_SECS", "2");
     // Four slots per lane, so a tenant's share (AGENTQ_TENANT_SHARE, 0.5) is two.
     app.spawn(&["worker", "--concurrency", "4"]);
     // Tenant a floods: more long operations than slots, and a parent spawning two more.
@@ -502,7 +504,8 @@ async fn a_flooding_tenant_gives_way_to_another_and_still_drains() {
     }
     let started_within = arrived.elapsed();
     println!("tenant b's operations finished {started_within:?} after it arrived");
-    // Without giving way, b would wait for a's eight-second steps; a gave slots back.
+    // Without giving way, b would wait for a's eight-second steps; a gave slots back after the
+    // grace.
     assert!(
         started_within < Duration::from_millis(STEP_MS) - Duration::from_secs(1),
         "b waited {started_within:?}"

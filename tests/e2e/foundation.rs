@@ -369,22 +369,29 @@ fn in_process_worker(
     lease_ttl: Duration,
 ) -> Worker {
     Worker::new(
-        agentq_worker::Settings {
-            amqp_url: app.amqp_url.clone(),
-            namespace: app.namespace.clone(),
-            lease_ttl,
-            concurrency_interactive: 4,
-            concurrency_batch: 1,
-            shutdown_grace: Duration::from_secs(5),
-            gate: Default::default(),
-            http_allow: Default::default(),
-            job_limits: Default::default(),
-            tenant_share: 1.0,
-        },
+        worker_settings(app, lease_ttl),
         app.pool.clone(),
         registry,
         Arc::new(LocalModel),
     )
+}
+
+/// The settings of a worker in a test's process: 4 interactive slots and 1 batch slot, no fair
+/// shares, a model that answers locally.
+pub(crate) fn worker_settings(app: &TestApp, lease_ttl: Duration) -> agentq_worker::Settings {
+    agentq_worker::Settings {
+        amqp_url: app.amqp_url.clone(),
+        namespace: app.namespace.clone(),
+        lease_ttl,
+        concurrency_interactive: 4,
+        concurrency_batch: 1,
+        shutdown_grace: Duration::from_secs(5),
+        gate: Default::default(),
+        http_allow: Default::default(),
+        job_limits: Default::default(),
+        tenant_share: 1.0,
+        tenant_share_grace: Duration::from_secs(5),
+    }
 }
 
 #[tokio::test]
@@ -797,7 +804,7 @@ async fn a_grouped_journal_write_writes_only_the_operations_whose_lease_it_holds
 }
 
 /// Statements whose text is `like` waiting on a lock now.
-async fn waiting_on_a_lock(app: &TestApp, like: &str) -> i64 {
+pub(crate) async fn waiting_on_a_lock(app: &TestApp, like: &str) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
     )

@@ -25,6 +25,7 @@ mod fake_model;
 mod flows;
 mod foundation;
 mod hostile_producer;
+mod hostile_tenant;
 mod limits;
 mod messages;
 mod metrics;

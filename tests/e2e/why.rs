@@ -423,37 +423,39 @@ async fn why_names_a_tenants_fair_share_then_it_lifts() {
     let (_, base) = app.serve().await;
     let front = Front::new(&app, &base, "a").await;
 
-    // b: one running (its call held), one queued behind it: b has work waiting.
-    let b1 = script_of(
-        &app,
-        "b",
-        json!([{ "model": "b1" }]),
-        &["--ordering-key", "kb"],
-    );
-    let b2 = script_of(
-        &app,
-        "b",
-        json!([{ "work_ms": 1 }]),
-        &["--ordering-key", "kb"],
-    );
+    // b: one running (its call held), and one waiting that a worker could start: queued, due,
+    // its pointer out (marked by hand: published nowhere, so no worker takes it before the
+    // test lets it).
+    let b1 = script_of(&app, "b", json!([{ "model": "b1" }]), &[]);
+    let b2 = {
+        let (producer, dispatcher) = app.producer();
+        let mut tx = app.pool.begin().await.unwrap();
+        let pending = producer
+            .enqueue_in(
+                &mut tx,
+                agentq_producer::EnqueueRequest {
+                    tenant: "b".into(),
+                    kind: "script".into(),
+                    input: json!({ "steps": [{ "work_ms": 1 }] }),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        sqlx::query("UPDATE operations SET dispatched_at = now() WHERE id = $1")
+            .bind(pending.enqueued.op_id.0)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        dispatcher.close().await;
+        pending.enqueued.op_id.to_string()
+    };
     // a: two running (held), its share of four slots.
     let a1 = script_of(&app, "a", json!([{ "model": "a1" }]), &[]);
     let a2 = script_of(&app, "a", json!([{ "model": "a2" }]), &[]);
     app.wait_for("three held model calls in flight", DEADLINE, || async {
         fake.requests() == 3
-    })
-    .await;
-    // b2's pointer is out (its mark skips a row a refused claim holds locked at that moment,
-    // and then the sweeper publishes it again after its grace): only then is b2 work another
-    // tenant has waiting, for the share.
-    app.wait_for("b2's pointer confirmed", DEADLINE, || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT dispatched_at IS NOT NULL FROM operations WHERE id = $1::uuid",
-        )
-        .bind(&b2)
-        .fetch_one(&app.pool)
-        .await
-        .unwrap()
     })
     .await;
     let a3 = script_of(&app, "a", json!([{ "work_ms": 1 }]), &[]);
@@ -481,6 +483,12 @@ async fn why_names_a_tenants_fair_share_then_it_lifts() {
     );
 
     gate.add_permits(1000);
+    // b2's pointer goes out now (the dispatch sweeper publishes what has none).
+    sqlx::query("UPDATE operations SET dispatched_at = NULL WHERE id = $1::uuid")
+        .bind(&b2)
+        .execute(&app.pool)
+        .await
+        .unwrap();
     for op in [&b1, &b2, &a1, &a2, &a3] {
         app.wait_status(op, "succeeded", DEADLINE).await;
     }

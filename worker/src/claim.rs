@@ -269,26 +269,33 @@ pub(crate) async fn pull_parked(pull: Pull) {
     }
 }
 
-/// Until `shutdown`, every [`PULL_EVERY`]: asks a tenant running more than its share of `lane`
-/// here while another tenant has work queued to give the slots it claimed last back (each
-/// stops at once, or after an unsafe call in flight, and is held); then claims the operations
-/// of `lane` held for fair shares that this worker may start now (`Shares::pullable`: oldest
+/// Until `shutdown`, every [`PULL_EVERY`]: sets the slots each tenant running more than its
+/// share of `lane` here owes other tenants with claimable work waiting (`Shares::debts`,
+/// `Leases::owe`: paid at its operations' step boundaries, or by stopping some mid-step once
+/// the debt has stood for the grace; each stopped one is held); then claims the operations of
+/// `lane` held for fair shares that this worker may start now (`Shares::pullable`: oldest
 /// first, tenants under their share here, or any when nobody else waits), as many as it has
 /// free slots, and starts them.
 pub(crate) async fn pull_held(pull: Pull) {
     let (shared, lane) = (&pull.shared, pull.lane);
     while pull.next().await {
         let running = shared.leases.running_by_tenant(lane);
-        for tenant in shared
+        let debts = shared
             .shares
-            .over_share(shared.pool(), lane, &running)
-            .await
-        {
-            let keep = shared.shares.per_tenant(lane);
-            let n = shared.leases.yield_beyond(&tenant, lane, keep);
-            if n > 0 {
-                tracing::info!(n, %lane, "a tenant over its share gives slots back to others waiting");
-            }
+            .debts(
+                shared.pool(),
+                lane,
+                &running,
+                pull.slots.available_permits(),
+            )
+            .await;
+        let stopped = shared.leases.owe(lane, &debts, shared.shares.grace());
+        if stopped > 0 {
+            tracing::info!(
+                stopped,
+                %lane,
+                "a tenant over its share stopped operations mid-step for others waiting past the grace"
+            );
         }
         let free = pull.free();
         if free == 0 {

@@ -7,6 +7,7 @@
 //! (self-fencing), because another worker may already own those operations.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,8 +22,6 @@ struct Held {
     /// Whose, and in which lane: what fair shares count.
     tenant: String,
     lane: agentq_core::operation::Lane,
-    /// When this worker claimed it (the newest give their slots back first).
-    since: Instant,
     /// Fair shares asking it to give its slot back.
     yielding: Arc<crate::share::Yield>,
     stop: CancellationToken,
@@ -32,11 +31,21 @@ struct Held {
     settling: bool,
 }
 
+/// A tenant's debt of slots in a lane here (fair shares), paid by its operations.
+struct Debt {
+    /// Slots still owed, taken by its operations at their step boundaries.
+    owed: Arc<AtomicUsize>,
+    /// Since when something has been owed without a break.
+    since: Option<Instant>,
+}
+
 /// The operations this worker holds.
 pub(crate) struct Leases {
     owner: String,
     ttl: Duration,
     active: Mutex<HashMap<Uuid, Held>>,
+    /// (tenant, lane) → the slots it owes other tenants now.
+    debts: Mutex<HashMap<(String, agentq_core::operation::Lane), Debt>>,
     /// Marked by every heartbeat round whose renewal succeeded (or had nothing to renew); stale
     /// after a whole lease period, when the worker fences itself.
     progress: Arc<Progress>,
@@ -48,6 +57,7 @@ impl Leases {
             owner,
             ttl,
             active: Mutex::new(HashMap::new()),
+            debts: Mutex::new(HashMap::new()),
             progress: Progress::new("lease_renewal", ttl),
         }
     }
@@ -84,14 +94,24 @@ impl Leases {
     ) {
         let stop = CancellationToken::new();
         let cancel = CancellationToken::new();
-        let yielding = Arc::new(crate::share::Yield::default());
+        let owed = self
+            .debts
+            .lock()
+            .expect("debts lock")
+            .entry((tenant.to_string(), lane))
+            .or_insert_with(|| Debt {
+                owed: Arc::default(),
+                since: None,
+            })
+            .owed
+            .clone();
+        let yielding = Arc::new(crate::share::Yield::new(owed));
         self.map().insert(
             id,
             Held {
                 epoch,
                 tenant: tenant.to_string(),
                 lane,
-                since: Instant::now(),
                 yielding: yielding.clone(),
                 stop: stop.clone(),
                 cancel: cancel.clone(),
@@ -101,30 +121,58 @@ impl Leases {
         (stop, cancel, yielding)
     }
 
-    /// Keeps at most `keep` of `tenant`'s operations running in `lane` here and asks the ones it
-    /// claimed last to give their slots back (fair shares): each stops at once, or at its next
-    /// step boundary when an unsafe call is in flight, and is then handed back to the queue
-    /// held. Returns how many it asked now.
-    pub(crate) fn yield_beyond(
+    /// Sets what each tenant running in `lane` here owes other tenants now (`owed`, from
+    /// `Shares::debts`; a tenant missing from it owes nothing). Its operations pay at their
+    /// step boundaries; a debt that has stood for `grace` is paid at once instead by stopping
+    /// the tenant's operations whose step in flight began last (the least work lost), each
+    /// at once or, during an unsafe call, at its next step boundary. Returns how many it
+    /// stopped at once.
+    pub(crate) fn owe(
         &self,
-        tenant: &str,
         lane: agentq_core::operation::Lane,
-        keep: usize,
+        owed: &HashMap<String, usize>,
+        grace: Duration,
     ) -> usize {
-        let map = self.map();
-        let mut theirs: Vec<&Held> = map
-            .values()
-            .filter(|h| h.tenant == tenant && h.lane == lane && !h.settling)
-            .filter(|h| !h.yielding.requested())
-            .collect();
-        theirs.sort_by_key(|h| std::cmp::Reverse(h.since));
-        let excess = theirs.len().saturating_sub(keep);
-        for h in theirs.iter().take(excess) {
-            if h.yielding.request() {
-                h.stop.cancel();
+        let mut overdue: Vec<(String, usize)> = Vec::new();
+        {
+            let mut debts = self.debts.lock().expect("debts lock");
+            // A debt no operation can pay any more is forgotten.
+            debts.retain(|_, d| Arc::strong_count(&d.owed) > 1);
+            for ((tenant, l), d) in debts.iter_mut() {
+                if *l != lane {
+                    continue;
+                }
+                let n = owed.get(tenant).copied().unwrap_or(0);
+                d.owed.store(n, Ordering::SeqCst);
+                if n == 0 {
+                    d.since = None;
+                    continue;
+                }
+                let since = *d.since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= grace {
+                    d.owed.store(0, Ordering::SeqCst);
+                    d.since = Some(Instant::now());
+                    overdue.push((tenant.clone(), n));
+                }
             }
         }
-        excess
+        let map = self.map();
+        let mut stopped = 0;
+        for (tenant, n) in overdue {
+            let mut theirs: Vec<&Held> = map
+                .values()
+                .filter(|h| h.tenant == tenant && h.lane == lane && !h.settling)
+                .filter(|h| !h.yielding.requested())
+                .collect();
+            theirs.sort_by_key(|h| h.yielding.work_in_flight());
+            for h in theirs.iter().take(n) {
+                if h.yielding.request() {
+                    h.stop.cancel();
+                }
+                stopped += 1;
+            }
+        }
+        stopped
     }
 
     /// Whether this worker asked `id` (at `epoch`) to give its slot back.
@@ -180,13 +228,18 @@ impl Leases {
         }
     }
 
-    /// How many operations each tenant runs here in `lane`.
+    /// How many operations each tenant runs here in `lane`, leaving out those asked to give
+    /// their slot back (they are leaving).
     pub(crate) fn running_by_tenant(
         &self,
         lane: agentq_core::operation::Lane,
     ) -> HashMap<String, usize> {
         let mut counts = HashMap::new();
-        for h in self.map().values().filter(|h| h.lane == lane) {
+        for h in self
+            .map()
+            .values()
+            .filter(|h| h.lane == lane && !h.yielding.requested())
+        {
             *counts.entry(h.tenant.clone()).or_default() += 1;
         }
         counts

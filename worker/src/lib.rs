@@ -85,6 +85,9 @@ pub struct Settings {
     /// The most of a lane's slots one tenant runs here while another tenant has work queued
     /// there (`AGENTQ_TENANT_SHARE`, 0 < share ≤ 1; 1: no share).
     pub tenant_share: f64,
+    /// How long a tenant past its share pays the slots it owes at its step boundaries before
+    /// its operations are stopped mid-step (`AGENTQ_TENANT_SHARE_GRACE_SECS`).
+    pub tenant_share_grace: Duration,
 }
 
 /// A worker process's engine.
@@ -123,6 +126,7 @@ impl Worker {
             settings.tenant_share,
             usize::from(settings.concurrency_interactive),
             usize::from(settings.concurrency_batch),
+            settings.tenant_share_grace,
         );
         let registry = Arc::new(registry);
         let check_child: context::ChildCheck = {

@@ -1,21 +1,32 @@
 //! Fair shares of this worker's slots: a tenant runs at most `AGENTQ_TENANT_SHARE` of a lane's
-//! slots here while another tenant has work queued in that lane; alone, it may use them all
-//! (work-conserving).
+//! slots here while another tenant has work waiting in that lane that a worker could start;
+//! alone, it may use them all (work-conserving).
 //!
 //! The claim path asks [`Shares::hold`] which of a batch's deliveries to hold instead of
-//! claiming: those of a tenant already at its share here, when another tenant has work queued
-//! (`db::claim::others_queued`, two index probes, cached a second per tenant). Held operations stay
-//! `queued` (`share_held`, their pointers acked, so the worker reaches the deliveries behind
-//! them), and [`Shares::pullable`] picks, every second, the held ones this worker may start now:
-//! oldest first, of tenants under their share here, or of any tenant when nobody else waits.
-//! Every worker applies its own share, so a tenant holds at most that share of every worker.
+//! claiming: those of a tenant already at its share here, when another tenant has claimable
+//! work waiting (`db::claim::others_claimable`: due, its pointer out, and through every gate of
+//! the claim that does not depend on the worker: no pause, no stopped batch, first of its
+//! ordering key, its concurrency key under its limit; counted per tenant over a bounded sample,
+//! cached a second per tenant). Held operations stay `queued` (`share_held`, their pointers
+//! acked, so the worker reaches the deliveries behind them), and [`Shares::pullable`] picks,
+//! every second, the held ones this worker may start now: oldest first, of tenants under their
+//! share here, or of any tenant when nobody else waits.
+//!
+//! A tenant running past its share here gives back only as many slots as other tenants have
+//! claimable work waiting, less the lane's free slots ([`Shares::debts`]). Its debt is paid at
+//! step boundaries first: the first of its operations here to reach one stops there and is
+//! handed back with its journal, whichever it is, so nothing is cut and the ones that give
+//! way rotate. Only when the debt has stood for the grace (`AGENTQ_TENANT_SHARE_GRACE_SECS`)
+//! are operations stopped mid-step, those whose step in flight began last (the least work
+//! lost), never during an unsafe call. Every worker applies its own share, so a tenant holds
+//! at most that share of every worker.
 //!
 //! Invariant kept here: holding never loses an operation: it is a flag on a queued row, and the
 //! claim statement (the one gate) clears it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use agentq_core::db;
@@ -23,24 +34,52 @@ use agentq_core::operation::Lane;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-/// A running operation asked to give its slot back for fair shares. It stops at once unless an
-/// unsafe step's call is in flight (that call is never cut: its effect may be under way), in
-/// which case it stops at its next step boundary; an unsafe step never begins once this is
-/// asked. The two flags are read and written in opposite orders (sequentially consistent), so
-/// either the job sees the request before it begins an unsafe step, or the request sees the
-/// step and waits for its end.
+/// A running operation asked to give its slot back. For fair shares, it stops at its next step
+/// boundary when its tenant owes a slot there ([`Yield::at_boundary`]), or, once the debt has
+/// stood for the grace, at once unless an unsafe step's call is in flight (that call is never
+/// cut: its effect may be under way), in which case at its next step boundary; an unsafe step
+/// never begins once this is asked. The two flags are read and written in opposite orders
+/// (sequentially consistent), so either the job sees the request before it begins an unsafe
+/// step, or the request sees the step and waits for its end.
 ///
 /// An operator's pause asks the same, except that it never cuts a call: the operation stops at
 /// its next step boundary, whatever the step (`pause`).
-#[derive(Default)]
 pub(crate) struct Yield {
     requested: AtomicBool,
     unsafe_running: AtomicBool,
     /// Asked by an operator's pause (not by fair shares).
     paused: AtomicBool,
+    /// The slots its tenant owes other tenants in its lane on this worker now, shared by all its
+    /// tenant's operations there: a step boundary that finds a debt takes one and stops.
+    owed: Arc<AtomicUsize>,
+    /// When its step in flight began ([`clock_ms`]); 0 when none is.
+    step_began: AtomicU64,
+}
+
+impl Default for Yield {
+    fn default() -> Self {
+        Self::new(Arc::default())
+    }
+}
+
+/// Milliseconds since this process first asked, never 0 (0 means "no step in flight").
+fn clock_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
 }
 
 impl Yield {
+    /// One that pays its tenant's debt `owed` at its step boundaries.
+    pub(crate) fn new(owed: Arc<AtomicUsize>) -> Self {
+        Self {
+            requested: AtomicBool::new(false),
+            unsafe_running: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
+            owed,
+            step_began: AtomicU64::new(0),
+        }
+    }
+
     /// Asks the operation to stop at its next step boundary for an operator's pause.
     pub(crate) fn pause(&self) {
         self.paused.store(true, Ordering::SeqCst);
@@ -63,6 +102,23 @@ impl Yield {
         self.requested.load(Ordering::SeqCst)
     }
 
+    /// At a step boundary: whether to stop here, because it was asked to or because its tenant
+    /// owes a slot here and this operation takes that debt on (it is then asked, as if by
+    /// [`Yield::request`]).
+    pub(crate) fn at_boundary(&self) -> bool {
+        if self.requested() {
+            return true;
+        }
+        let took = self
+            .owed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if took.is_ok() {
+            self.requested.store(true, Ordering::SeqCst);
+            return true;
+        }
+        false
+    }
+
     /// An unsafe step is about to begin (before its `started` row is written): false when the
     /// operation must yield instead.
     pub(crate) fn begin_unsafe(&self) -> bool {
@@ -78,9 +134,27 @@ impl Yield {
     pub(crate) fn end_unsafe(&self) {
         self.unsafe_running.store(false, Ordering::SeqCst);
     }
+
+    /// A step's work begins.
+    pub(crate) fn step_began(&self) {
+        self.step_began.store(clock_ms(), Ordering::SeqCst);
+    }
+
+    /// The step's work ended.
+    pub(crate) fn step_ended(&self) {
+        self.step_began.store(0, Ordering::SeqCst);
+    }
+
+    /// How long its step in flight has run: what stopping it now loses (zero between steps).
+    pub(crate) fn work_in_flight(&self) -> Duration {
+        match self.step_began.load(Ordering::SeqCst) {
+            0 => Duration::ZERO,
+            began => Duration::from_millis(clock_ms().saturating_sub(began)),
+        }
+    }
 }
 
-/// How long "another tenant has work queued in this lane" is trusted.
+/// How long a count of other tenants' claimable work waiting in a lane is trusted.
 const WAITING_TTL: Duration = Duration::from_secs(1);
 
 /// A lane's slots and the most of them one tenant may hold while others wait.
@@ -94,13 +168,17 @@ pub(crate) struct LaneShare {
 pub(crate) struct Shares {
     interactive: LaneShare,
     batch: LaneShare,
-    /// (lane, tenant) → whether another tenant had work queued in that lane, and when read.
-    waiting: Mutex<HashMap<(Lane, String), (Instant, bool)>>,
+    /// How long a tenant's debt of slots may stand before operations are stopped mid-step.
+    grace: Duration,
+    /// (lane, tenant) → how many operations of other tenants wait in that lane that a worker
+    /// could start (counted up to the lane's slots), and when read.
+    waiting: Mutex<HashMap<(Lane, String), (Instant, usize)>>,
 }
 
 impl Shares {
-    /// `share` (0 < share ≤ 1) of each lane's `slots`, at least one.
-    pub(crate) fn new(share: f64, interactive: usize, batch: usize) -> Self {
+    /// `share` (0 < share ≤ 1) of each lane's `slots`, at least one; a debt stands `grace`
+    /// before operations are stopped mid-step.
+    pub(crate) fn new(share: f64, interactive: usize, batch: usize, grace: Duration) -> Self {
         let lane = |slots: usize| LaneShare {
             slots,
             per_tenant: ((slots as f64 * share).ceil() as usize).clamp(1, slots.max(1)),
@@ -108,6 +186,7 @@ impl Shares {
         Self {
             interactive: lane(interactive),
             batch: lane(batch),
+            grace,
             waiting: Mutex::new(HashMap::new()),
         }
     }
@@ -119,20 +198,29 @@ impl Shares {
         }
     }
 
-    /// Whether a tenant other than `tenant` has work queued in `lane` (at most a second old; a
-    /// failed read says no, so a database hiccup never holds work back).
-    async fn others_wait(&self, pool: &PgPool, lane: Lane, tenant: &str) -> bool {
+    /// How long a debt of slots stands before operations are stopped mid-step.
+    pub(crate) fn grace(&self) -> Duration {
+        self.grace
+    }
+
+    /// How many operations of tenants other than `tenant` wait in `lane` that a worker could
+    /// start, up to the lane's slots (read now when `fresh`, else at most a second old; a
+    /// failed read says none, so a database hiccup never holds work back).
+    async fn others_waiting(&self, pool: &PgPool, lane: Lane, tenant: &str, fresh: bool) -> usize {
         let key = (lane, tenant.to_string());
         if let Some((at, waiting)) = self.waiting.lock().expect("shares lock").get(&key)
             && at.elapsed() < WAITING_TTL
+            && !fresh
         {
             return *waiting;
         }
-        let waiting = db::within(db::claim::others_queued(pool, lane, tenant))
+        let most = self.of(lane).slots as i64;
+        let waiting = db::within(db::claim::others_claimable(pool, lane, tenant, most))
             .await
+            .map(|n| n as usize)
             .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "reading whether other tenants wait failed");
-                false
+                0
             });
         self.waiting
             .lock()
@@ -144,7 +232,7 @@ impl Shares {
     /// Of `pointed` (operation id and tenant, in delivery order), the ones to hold rather than
     /// claim: each tenant may start operations until it runs its share of the lane here
     /// (`running`: what each tenant runs in this lane now), past which its operations are held
-    /// while another tenant has work queued.
+    /// while another tenant has claimable work waiting.
     pub(crate) async fn hold(
         &self,
         pool: &PgPool,
@@ -159,7 +247,7 @@ impl Shares {
         let mut held = Vec::new();
         for (id, tenant) in pointed {
             let n = running.entry(tenant.clone()).or_default();
-            if *n >= share.per_tenant && self.others_wait(pool, lane, tenant).await {
+            if *n >= share.per_tenant && self.others_waiting(pool, lane, tenant, false).await > 0 {
                 held.push(*id);
             } else {
                 *n += 1;
@@ -168,30 +256,32 @@ impl Shares {
         held
     }
 
-    /// The most of `lane`'s slots here one tenant runs while others wait.
-    pub(crate) fn per_tenant(&self, lane: Lane) -> usize {
-        self.of(lane).per_tenant
-    }
-
-    /// The tenants running more than their share of `lane` here (`running`) while another
-    /// tenant has work queued: they give slots back.
-    pub(crate) async fn over_share(
+    /// The slots each tenant running here (`running`, in `lane`) owes others now: of its
+    /// operations past its share, as many as other tenants have claimable work waiting, less
+    /// the lane's `free` slots (work that waits for a free slot needs no one to give way).
+    /// Every tenant of `running` is in the answer, owing nothing when it is within its share.
+    pub(crate) async fn debts(
         &self,
         pool: &PgPool,
         lane: Lane,
         running: &HashMap<String, usize>,
-    ) -> Vec<String> {
+        free: usize,
+    ) -> HashMap<String, usize> {
         let share = self.of(lane);
-        if share.per_tenant >= share.slots {
-            return Vec::new();
-        }
-        let mut over = Vec::new();
+        let mut debts = HashMap::with_capacity(running.len());
         for (tenant, n) in running {
-            if *n > share.per_tenant && self.others_wait(pool, lane, tenant).await {
-                over.push(tenant.clone());
-            }
+            let excess = n.saturating_sub(share.per_tenant);
+            let owed = if excess == 0 || share.per_tenant >= share.slots {
+                0
+            } else {
+                // Read now: a count a second old may still show work a slot given back a
+                // moment ago has started, and another operation would give way for nothing.
+                let waiting = self.others_waiting(pool, lane, tenant, true).await;
+                excess.min(waiting).saturating_sub(free)
+            };
+            debts.insert(tenant.clone(), owed);
         }
-        over
+        debts
     }
 
     /// Of `held` (operations held for shares, oldest first: id and tenant), up to `free` this
@@ -211,7 +301,7 @@ impl Shares {
                 break;
             }
             let n = running.entry(tenant.clone()).or_default();
-            if *n < share.per_tenant || !self.others_wait(pool, lane, &tenant).await {
+            if *n < share.per_tenant || self.others_waiting(pool, lane, &tenant, false).await == 0 {
                 *n += 1;
                 chosen.push(id);
             }
@@ -226,12 +316,12 @@ mod tests {
 
     #[test]
     fn a_share_is_a_whole_number_of_slots_at_least_one() {
-        let s = Shares::new(0.5, 64, 16);
+        let s = Shares::new(0.5, 64, 16, Duration::from_secs(5));
         assert_eq!(s.of(Lane::Interactive).per_tenant, 32);
         assert_eq!(s.of(Lane::Batch).per_tenant, 8);
-        let tiny = Shares::new(0.01, 3, 0);
+        let tiny = Shares::new(0.01, 3, 0, Duration::ZERO);
         assert_eq!(tiny.of(Lane::Interactive).per_tenant, 1);
-        let all = Shares::new(1.0, 64, 16);
+        let all = Shares::new(1.0, 64, 16, Duration::ZERO);
         assert_eq!(all.of(Lane::Interactive).per_tenant, 64);
     }
 }

@@ -117,9 +117,12 @@ pub enum Join {
 /// and how many are unfinished in `join_pending`, for the wake sweep. Fenced by the epoch.
 ///
 /// Two statements in one transaction: the first locks the parent, the second counts its
-/// children with a snapshot taken after that lock. A child finishing locks its parent too
-/// (migration 18's trigger), so it either committed before the count (and is counted as
-/// finished) or waits for this transaction and then counts itself down: none is missed.
+/// children with a snapshot taken after that lock and deletes the parent's `join_deltas`
+/// with the same snapshot. A child finishing takes its parent's lock only if it is free
+/// (migration `join_deltas`): if it got it, it committed before this transaction locked the
+/// parent and the count sees it finished; if not, it appended a delta, which the count either
+/// sees with its end (and deletes) or does not see, like its end (and the wake sweep adds it).
+/// None is missed or counted twice, and a child's end never waits for the parent.
 pub async fn resolve_join(
     pool: &PgPool,
     id: Uuid,
@@ -148,6 +151,9 @@ pub async fn resolve_join(
             SELECT c.id, c.status, c.kind, c.result, c.error_class, c.error_message
               FROM operations c, lease
              WHERE c.id = ANY($4) AND c.parent_id = lease.id
+         ), cleared AS (
+            -- What this snapshot counts: the ends it sees are in `kids` already.
+            DELETE FROM join_deltas d USING lease WHERE d.parent_id = lease.id
          ), decided AS (
             SELECT CASE WHEN (SELECT count(*) FROM kids) = cardinality($4)
                          AND NOT EXISTS (SELECT 1 FROM kids WHERE status NOT IN ",
@@ -172,7 +178,7 @@ pub async fn resolve_join(
              WHERE o.id = lease.id AND NOT EXISTS (SELECT 1 FROM step)
          RETURNING o.id
          )
-         -- (`mark` runs whether read or not, like every data-modifying CTE.)
+         -- (`mark` and `cleared` run whether read or not, like every data-modifying CTE.)
          SELECT EXISTS (SELECT 1 FROM lease), (SELECT output FROM step), ARRAY(SELECT id FROM kids)"
     ))
     .bind(id)

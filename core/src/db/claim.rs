@@ -238,27 +238,71 @@ pub async fn hold_for_share(pool: &PgPool, ids: &[Uuid]) -> Result<u64> {
     Ok(n)
 }
 
-/// Whether a tenant other than `tenant` has an operation queued in `lane`: the next tenant
-/// after it and the one before it in the index `operations_unfinished`, two probes whatever
-/// the backlog.
-pub async fn others_queued(pool: &PgPool, lane: Lane, tenant: &str) -> Result<bool> {
-    // Work a worker could start: due, its pointer out, not parked for a version nor held for
-    // a share itself (a tenant over its share does not count as waiting on another).
-    let found: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM operations
-                         WHERE lane = $1 AND status = 'queued' AND tenant_id > $2
-                           AND run_at <= now() AND dispatched_at IS NOT NULL
-                           AND NOT version_parked AND NOT share_held AND paused_by IS NULL)
-             OR EXISTS (SELECT 1 FROM operations
-                         WHERE lane = $1 AND status = 'queued' AND tenant_id < $2
-                           AND run_at <= now() AND dispatched_at IS NOT NULL
-                           AND NOT version_parked AND NOT share_held AND paused_by IS NULL)",
-    )
+/// Operations of one tenant's queue in a lane that [`others_claimable`] looks at, found by the
+/// index `operations_unfinished`: a tenant whose first this many are all held by a gate counts
+/// as having nothing to start (what it queued behind its own gates hides only its own work).
+const CLAIMABLE_SAMPLE: i64 = 64;
+/// Tenants [`others_claimable`] visits at most.
+const CLAIMABLE_TENANTS: i64 = 256;
+
+/// How many operations of tenants other than `tenant` wait in `lane` that a worker could start
+/// now, up to `most`: queued, due, their pointer out, not parked for a version nor held for a
+/// share, and through every gate of the claim that does not depend on the worker (no pause
+/// holds them, their batch is not stopped, each is the first unfinished of its ordering key,
+/// its concurrency key is under its limit). Visits the waiting tenants one index probe at a
+/// time and looks at a bounded sample of each one's queue, so the answer costs the same
+/// whatever any tenant has queued behind its gates.
+pub async fn others_claimable(pool: &PgPool, lane: Lane, tenant: &str, most: i64) -> Result<i64> {
+    let found: i64 = sqlx::query_scalar(concat!(
+        "WITH RECURSIVE tenants(t, n) AS (
+            (SELECT tenant_id, 1 FROM operations
+              WHERE lane = $1 AND status = 'queued' AND tenant_id <> $2
+              ORDER BY tenant_id LIMIT 1)
+            UNION ALL
+            SELECT (SELECT o.tenant_id FROM operations o
+                     WHERE o.lane = $1 AND o.status = 'queued' AND o.tenant_id > w.t
+                       AND o.tenant_id <> $2
+                     ORDER BY o.tenant_id LIMIT 1), w.n + 1
+              FROM tenants w WHERE w.t IS NOT NULL AND w.n < $5
+         )
+         SELECT count(*) FROM (
+            SELECT 1 FROM tenants w
+             CROSS JOIN LATERAL (
+                SELECT o.* FROM operations o
+                 WHERE o.lane = $1 AND o.status = 'queued' AND o.tenant_id = w.t
+                 LIMIT $4) o
+             WHERE o.run_at <= now() AND o.dispatched_at IS NOT NULL
+               AND NOT o.version_parked AND NOT o.share_held
+               AND o.paused_by IS NULL
+               AND NOT agentq_paused(o.tenant_id, o.kind, o.lane, o.schedule_id, o.id)
+               AND NOT in_stopped_batch(o.batch_id)
+               AND (o.ordering_key IS NULL OR NOT EXISTS (
+                       SELECT 1 FROM operations p
+                        WHERE p.tenant_id = o.tenant_id AND p.ordering_key = o.ordering_key
+                          AND p.status NOT IN ",
+        terminal_sql!(),
+        "
+                          AND (p.created_at, p.id) < (o.created_at, o.id)))
+               AND (o.concurrency_key IS NULL OR NOT EXISTS (
+                       SELECT 1 FROM concurrency_keys c
+                        WHERE c.tenant_id = o.tenant_id AND c.key = o.concurrency_key
+                          AND c.running >= COALESCE(c.lim, o.concurrency_limit)))
+             LIMIT $3) waiting"
+    ))
     .bind(lane.as_str())
     .bind(tenant)
+    .bind(most)
+    .bind(CLAIMABLE_SAMPLE)
+    .bind(CLAIMABLE_TENANTS)
     .fetch_one(pool)
     .await?;
     Ok(found)
+}
+
+/// Whether a tenant other than `tenant` has an operation waiting in `lane` that a worker could
+/// start now ([`others_claimable`]).
+pub async fn others_queued(pool: &PgPool, lane: Lane, tenant: &str) -> Result<bool> {
+    Ok(others_claimable(pool, lane, tenant, 1).await? > 0)
 }
 
 /// Up to `limit` operations of `lane` held for fair shares, oldest first: id and tenant.

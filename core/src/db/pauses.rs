@@ -134,16 +134,48 @@ pub async fn count(pool: &PgPool, scope: &Scope) -> Result<Counts> {
     Ok(Counts::from_rows(&rows))
 }
 
+/// What [`pause`] did.
+#[derive(Debug)]
+pub enum Made {
+    /// The pause (made now, or `created: false`: the one already in force for exactly that
+    /// scope) and what it marked, by status.
+    Paused {
+        pause: Box<Pause>,
+        created: bool,
+        counts: Counts,
+    },
+    /// The scope's tenant (or, for a scope without one, the deployment) has `have` pauses, the
+    /// most it may: nothing was written.
+    Capped { have: i64 },
+}
+
 /// Pauses `scope` (audited as `pause`): records the pause, or finds the one already in force
-/// for exactly that scope, and marks every unfinished operation it holds. Returns the pause,
-/// whether it was made now, and what it marked by status.
+/// for exactly that scope, and marks every unfinished operation it holds. A new pause is
+/// refused ([`Made::Capped`]) when the scope's tenant already has `cap` pauses (those without
+/// a tenant count together, as the deployment's); pauses of one tenant are made one at a time,
+/// so concurrent ones never pass the cap.
 pub async fn pause(
     pool: &PgPool,
     scope: &Scope,
     reason: &str,
     actor: &str,
-) -> Result<(Pause, bool, Counts)> {
+    cap: i64,
+) -> Result<Made> {
     let mut tx = pool.begin().await?;
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtextextended('agentq_pauses:' || COALESCE($1, ''), 0))",
+    )
+    .bind(scope.tenant.as_deref())
+    .execute(&mut *tx)
+    .await?;
+    let have: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pauses WHERE tenant_id IS NOT DISTINCT FROM $1")
+            .bind(scope.tenant.as_deref())
+            .fetch_one(&mut *tx)
+            .await?;
+    if have >= cap && find_scope_in(&mut tx, scope).await?.is_none() {
+        return Ok(Made::Capped { have });
+    }
     let made: Option<Pause> = bind_scope(
         sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "INSERT INTO pauses (id, tenant_id, kind, lane, schedule_id, op_id, reason, paused_by)
@@ -160,18 +192,9 @@ pub async fn pause(
     let (pause, created) = match made {
         Some(p) => (p, true),
         None => {
-            let existing: Pause = bind_scope(
-                sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                    "SELECT {COLUMNS} FROM pauses
-                      WHERE tenant_id IS NOT DISTINCT FROM $1 AND kind IS NOT DISTINCT FROM $2
-                        AND lane IS NOT DISTINCT FROM $3
-                        AND schedule_id IS NOT DISTINCT FROM $4
-                        AND op_id IS NOT DISTINCT FROM $5"
-                ))),
-                scope,
-            )
-            .fetch_one(&mut *tx)
-            .await?;
+            let existing = find_scope_in(&mut tx, scope)
+                .await?
+                .ok_or(sqlx::Error::RowNotFound)?;
             (existing, false)
         }
     };
@@ -207,7 +230,33 @@ pub async fn pause(
         audit(&mut tx, actor, "pause", &pause, Some(reason), counts).await?;
     }
     tx.commit().await?;
-    Ok((pause, created, counts))
+    Ok(Made::Paused {
+        pause: Box::new(pause),
+        created,
+        counts,
+    })
+}
+
+/// The pause in force for exactly `scope`, if any.
+pub async fn find_scope(pool: &PgPool, scope: &Scope) -> Result<Option<Pause>> {
+    let mut conn = pool.acquire().await?;
+    find_scope_in(&mut conn, scope).await
+}
+
+async fn find_scope_in(conn: &mut sqlx::PgConnection, scope: &Scope) -> Result<Option<Pause>> {
+    let row = bind_scope(
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM pauses
+              WHERE tenant_id IS NOT DISTINCT FROM $1 AND kind IS NOT DISTINCT FROM $2
+                AND lane IS NOT DISTINCT FROM $3
+                AND schedule_id IS NOT DISTINCT FROM $4
+                AND op_id IS NOT DISTINCT FROM $5"
+        ))),
+        scope,
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(row)
 }
 
 /// Lifts the pause `id` (audited as `resume`): deletes it and moves the marks of what it held
@@ -233,7 +282,8 @@ pub async fn resume(
         "WITH moved AS (
             UPDATE operations o
                SET paused_by = (SELECT p.id FROM pauses p
-                                 WHERE agentq_pause_holds(p, o.tenant_id, o.kind, o.lane,
+                                 WHERE (p.tenant_id = o.tenant_id OR p.tenant_id IS NULL)
+                                   AND agentq_pause_holds(p, o.tenant_id, o.kind, o.lane,
                                                           o.schedule_id, o.id)
                                  ORDER BY p.paused_at, p.id LIMIT 1)
              WHERE o.paused_by = $1
@@ -280,13 +330,27 @@ pub async fn lock_freed(
     super::dispatch::Locked::lock(pool, query).await
 }
 
-/// The pauses in force, oldest first: every one, or (`tenant`) those that name that tenant.
-pub async fn list(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<Pause>> {
+/// A page of the pauses in force, oldest first: of every tenant, or (`tenant`) those that
+/// name that tenant; up to `limit` after `after` (the `(paused_at, id)` of the previous page's
+/// last).
+pub async fn list(
+    pool: &PgPool,
+    tenant: Option<&str>,
+    after: Option<(DateTime<Utc>, Uuid)>,
+    limit: i64,
+) -> Result<Vec<Pause>> {
+    let (at, id) = after.unzip();
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM pauses WHERE $1::text IS NULL OR tenant_id = $1
-          ORDER BY paused_at, id"
+        "SELECT {COLUMNS} FROM pauses
+          WHERE ($1::text IS NULL OR tenant_id = $1)
+            AND ($2::timestamptz IS NULL OR (paused_at, id) > ($2, $3))
+          ORDER BY paused_at, id
+          LIMIT $4"
     )))
     .bind(tenant)
+    .bind(at)
+    .bind(id)
+    .bind(limit)
     .fetch_all(pool)
     .await?;
     Ok(rows)
@@ -307,12 +371,15 @@ pub async fn find(pool: &PgPool, id: Uuid) -> Result<Option<Pause>> {
 /// matches it), if any.
 pub async fn holding(pool: &PgPool, op: Uuid) -> Result<Option<Pause>> {
     let row = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM pauses p
-          WHERE EXISTS (SELECT 1 FROM operations o
-                         WHERE o.id = $1
-                           AND (o.paused_by = p.id
-                                OR agentq_pause_holds(p, o.tenant_id, o.kind, o.lane,
-                                                      o.schedule_id, o.id)))
+        "WITH o AS (SELECT * FROM operations WHERE id = $1)
+         SELECT {COLUMNS} FROM (
+             SELECT p.* FROM o JOIN pauses p ON p.id = o.paused_by
+             UNION
+             -- Its tenant's pauses and the deployment's only (`pauses_tenant`).
+             SELECT p.* FROM o JOIN pauses p
+                 ON (p.tenant_id = o.tenant_id OR p.tenant_id IS NULL)
+                AND agentq_pause_holds(p, o.tenant_id, o.kind, o.lane, o.schedule_id, o.id)
+         ) p
           ORDER BY paused_at, id LIMIT 1"
     )))
     .bind(op)

@@ -174,11 +174,14 @@ pub async fn wake_due(pool: &PgPool, limit: i64) -> Result<Vec<Woken>> {
                FOR UPDATE OF o SKIP LOCKED
          ), joined AS (
             -- Parents parked on ctx.join whose joined children have all finished: their count
-            -- (`join_pending`, kept by a trigger) is zero. The partial index operations_joining
-            -- holds only parked parents; no child is read.
+            -- (`join_pending`, kept by a trigger) with the ends it could not count itself
+            -- (`join_deltas`, appended while another transaction held the parent) is zero. The
+            -- partial index operations_joining holds only parked parents; no child is read.
             SELECT o.id FROM operations o
              WHERE o.status = 'waiting' AND o.waiting_for = '(children)'
-               AND (o.join_pending <= 0
+               AND (o.join_pending + COALESCE((SELECT sum(d.delta) FROM join_deltas d
+                                                WHERE d.parent_id = o.id
+                                                  AND d.child_id = ANY(o.joining)), 0) <= 0
                     -- A parent whose join was decided before counts existed (migration 18).
                     OR (o.join_pending IS NULL
                         AND NOT EXISTS (SELECT 1 FROM operations c

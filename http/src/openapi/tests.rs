@@ -717,7 +717,12 @@ async fn answers_as_sent_match_their_schemas() {
         freed: counts,
         redispatched: 3,
     });
-    c.answer(&pauses::PauseList { items: vec![pause] });
+    c.answer(&pauses::PauseList {
+        items: vec![pause],
+        next_cursor: Some(
+            "2026-12-09T10:00:00.000000Z/00000000-0000-0000-0000-000000000000".into(),
+        ),
+    });
     let budget = budget_view();
     let mut of_batch = budget.clone();
     of_batch.scope = "batch".into();

@@ -203,7 +203,7 @@ pub const ROUTES: &[Route] = &[
         "get",
         "/v1/pauses",
         || get(pauses::list),
-        "The pauses in force (an admin may pass ?tenant=)",
+        "A page of the pauses in force, oldest first (?limit= up to 1000, default 100; ?after= the previous page's next_cursor; an admin may pass ?tenant=)",
         Access::Operator,
         None,
         (200, "PauseList"),

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use agentq_app as app;
+use agentq_app::page::MAX_PAGE;
 use agentq_app::pauses::{PauseView, Target};
 use agentq_core::operation::Lane;
 use axum::extract::{Path, State};
@@ -20,7 +21,8 @@ use super::{UiResult, UiState};
 
 /// `GET /ui/pauses`.
 pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResult {
-    let rows = app::pauses::list(&state.api.app, &session.caller, None).await?;
+    let page = app::pauses::list(&state.api.app, &session.caller, None, None, MAX_PAGE).await?;
+    let rows = page.items;
     let body = html! {
         h1 { "Pauses" }
         p class="muted" {
@@ -30,6 +32,11 @@ pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResu
         @if rows.is_empty() {
             p class="muted" { "No pauses in force." }
         } @else {
+            @if page.next_cursor.is_some() {
+                p class="muted" {
+                    "The oldest " (rows.len()) " pauses in force; `agentq pauses` lists them all."
+                }
+            }
             table {
                 thead { tr {
                     th { "holds" } th { "reason" } th { "by" } th { "since (UTC)" }

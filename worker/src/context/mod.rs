@@ -354,7 +354,7 @@ impl JobContext {
     fn check_running(&self) -> Result<(), JobError> {
         if self.inner.lost.load(Ordering::Acquire)
             || self.inner.stop.is_cancelled()
-            || self.inner.yielding.requested()
+            || self.inner.yielding.at_boundary()
         {
             return Err(JobError::LeaseLost);
         }

@@ -416,6 +416,7 @@ impl JobContext {
             );
             st.in_flight = Some(unknown);
         }
+        self.inner.yielding.step_began();
         Ok(started_at)
     }
 
@@ -443,6 +444,7 @@ impl JobContext {
             st.current_key = None;
             st.in_flight = None;
         }
+        self.inner.yielding.step_ended();
         if replay == Replay::Unsafe {
             self.inner.yielding.end_unsafe();
         }
