@@ -39,7 +39,8 @@ pub struct Why {
 #[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 #[serde(tag = "reason", rename_all = "snake_case")]
 pub enum Reason {
-    /// A worker runs it.
+    /// A worker runs it (a caller who is not an admin sees a worker as `worker-<its process
+    /// suffix>`, never its host).
     Running {
         worker: Option<String>,
         since: Option<DateTime<Utc>>,
@@ -164,7 +165,8 @@ pub enum Reason {
     Ready {
         lane: Lane,
         dispatched: bool,
-        /// Due, queued operations of the lane older than it (at most 10,000 are counted).
+        /// Due, queued operations of the lane older than it (at most 10,000 are counted): of
+        /// its own tenant, for a caller who is not an admin.
         queued_ahead: i64,
         /// Live workers running its kind (every worker consumes both lanes).
         live_workers: usize,
@@ -196,7 +198,31 @@ pub struct WorkerVersions {
     pub versions: Vec<String>,
 }
 
+/// A worker as a non-admin sees it: the random suffix its process name ends with
+/// (`host-pid-3f2a1c` → `worker-3f2a1c`), so two answers about one worker agree without naming
+/// the deployment's hosts.
+fn unnamed(owner: &str) -> String {
+    let suffix = owner.rsplit('-').next().unwrap_or(owner);
+    format!("worker-{suffix}")
+}
+
 impl Reason {
+    /// Leaves the deployment's host names out of the answer (for a caller who is not an admin).
+    fn hide_hosts(&mut self) {
+        match self {
+            Reason::Running { worker, .. } => *worker = worker.as_deref().map(unnamed),
+            Reason::OrderingKey { holder, .. } => {
+                holder.worker = holder.worker.as_deref().map(unnamed)
+            }
+            Reason::Version { workers, .. } => {
+                for w in workers {
+                    w.worker = unnamed(&w.worker);
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// The gate of the claim statement (a name of `CLAIM_GATES`) this answer explains; `None`
     /// for what no claim gate decides (running, finished, the worker's fair share, ready).
     pub fn claim_gate(&self) -> Option<&'static str> {
@@ -229,7 +255,10 @@ pub async fn why(app: &App, caller: &Caller, op: OperationId) -> Result<Why> {
     let row = facts::row(&app.pool, op.0, caller.scope())
         .await?
         .ok_or_else(|| not_found(op))?;
-    let detail = reason(app, &row).await?;
+    let mut detail = reason(app, &row, caller.scope()).await?;
+    if caller.role != Role::Admin {
+        detail.hide_hosts();
+    }
     let (headline, evidence) = describe(&detail);
     Ok(Why {
         op_id: op,
@@ -240,7 +269,8 @@ pub async fn why(app: &App, caller: &Caller, op: OperationId) -> Result<Why> {
     })
 }
 
-async fn reason(app: &App, row: &facts::Row) -> Result<Reason> {
+/// Why `row` is where it is; counts of other operations are of `tenant`'s only, when given.
+async fn reason(app: &App, row: &facts::Row, tenant: Option<&str>) -> Result<Reason> {
     let pool = &app.pool;
     Ok(match row.status {
         Status::Running => Reason::Running {
@@ -287,10 +317,12 @@ async fn reason(app: &App, row: &facts::Row) -> Result<Reason> {
                 .as_deref()
                 .and_then(agentq_core::db::rate_limits::parse_waiting_for) =>
         {
+            let id = row
+                .waiting_for
+                .as_deref()
+                .and_then(agentq_core::db::rate_limits::parked_on);
             let now = agentq_core::db::rate_limits::list(pool, None).await?;
-            let view = now.iter().find(|l| {
-                l.scope == scope && (l.name == limit || format!("{}:{}", l.tenant, l.name) == limit)
-            });
+            let view = now.iter().find(|l| Some(l.id) == id);
             Reason::WaitingForRateLimit {
                 scope,
                 limit,
@@ -310,7 +342,7 @@ async fn reason(app: &App, row: &facts::Row) -> Result<Reason> {
                 timeout_at: row.run_at,
             }
         }
-        Status::Queued => queued(app, row).await?,
+        Status::Queued => queued(app, row, tenant).await?,
         status => Reason::Finished {
             status,
             at: row.finished_at,
@@ -321,7 +353,7 @@ async fn reason(app: &App, row: &facts::Row) -> Result<Reason> {
 }
 
 /// The first gate that holds a queued operation, in the claim's order, then the share.
-async fn queued(app: &App, row: &facts::Row) -> Result<Reason> {
+async fn queued(app: &App, row: &facts::Row, tenant: Option<&str>) -> Result<Reason> {
     if row.not_due {
         if let (Some(key), Some(latest)) = (&row.debounce_key, row.debounce_until) {
             let (_, joined) = db::debounce::folded(&app.pool, row.id).await?;
@@ -363,7 +395,7 @@ async fn queued(app: &App, row: &facts::Row) -> Result<Reason> {
     Ok(Reason::Ready {
         lane,
         dispatched: row.dispatched_at.is_some(),
-        queued_ahead: facts::queued_ahead(&app.pool, lane, row.created_at, row.id).await?,
+        queued_ahead: facts::queued_ahead(&app.pool, lane, row.created_at, row.id, tenant).await?,
         live_workers: workers
             .iter()
             .filter(|w| w.kinds.contains(&row.kind))

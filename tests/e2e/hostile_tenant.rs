@@ -3,8 +3,8 @@
 //! test is one way tenant `ta` (the attacker) tried to hurt tenant `tb` (the victim), and fails
 //! without the fix that stopped it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentq_core::Lane;
@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::fake_model::{FakeModel, Mode};
 use crate::harness::{DEADLINE, TestApp};
 
 /// Enqueues a `script` of `steps` for `tenant` with the CLI's `extra` flags; its id.
@@ -537,5 +538,201 @@ async fn a_shrunk_kinds_list_holds_for_dlq_retries_and_resumes() {
         .await
         .unwrap();
     assert_eq!(discard.status(), 200, "{:?}", discard.text().await);
+    app.cleanup().await;
+}
+
+// ---------------------------------------------------------------- what `why` tells
+
+/// `why` told `ta`'s producer how much other tenants had queued ("303 due operations queued
+/// ahead", all `tb`'s) and named the worker's host. Now a tenant's caller counts only its own
+/// tenant's work, and sees a worker by its process suffix, never its host.
+#[tokio::test]
+async fn why_counts_only_the_callers_tenant_and_names_no_host() {
+    let mut app = TestApp::start().await;
+    let (_, base) = app.serve().await;
+    let (ta, admin) = (app.token("ta", "producer"), app.token("ops", "admin"));
+    // One slot, taken by ta's long operation; then tb queues five, then ta one more.
+    app.spawn(&["worker", "--concurrency", "1"]);
+    let long = script_as(&app, "ta", json!([{ "work_ms": 60_000 }]), &[]);
+    app.wait_status(&long, "running", DEADLINE).await;
+    for _ in 0..5 {
+        script_as(&app, "tb", json!([{ "work_ms": 1 }]), &[]);
+    }
+    let mine = script_as(&app, "ta", json!([{ "work_ms": 1 }]), &[]);
+    let http = reqwest::Client::new();
+    let why = |op: String, token: String| {
+        let sent = http
+            .get(format!("{base}/v1/operations/{op}/why"))
+            .bearer_auth(token)
+            .send();
+        async move { sent.await.unwrap().json::<Value>().await.unwrap() }
+    };
+    // ta's operation waits behind tb's five, which ta is not told about.
+    let seen = why(mine.clone(), ta.clone()).await;
+    assert_eq!(seen["detail"]["queued_ahead"], 0, "{seen}");
+    let all = why(mine.clone(), admin.clone()).await;
+    assert_eq!(all["detail"]["queued_ahead"], 5, "{all}");
+
+    let owner: String =
+        sqlx::query_scalar("SELECT lease_owner FROM operations WHERE id = $1::uuid")
+            .bind(&long)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    let host = owner.split('-').next().unwrap().to_string();
+    let seen = why(long.clone(), ta).await;
+    let worker = seen["detail"]["worker"].as_str().unwrap();
+    assert!(
+        worker.starts_with("worker-") && owner.ends_with(&worker["worker-".len()..]),
+        "{seen}"
+    );
+    assert!(!seen.to_string().contains(&host), "{seen}");
+    let all = why(long, admin).await;
+    assert_eq!(all["detail"]["worker"], owner.as_str(), "{all}");
+    app.cleanup().await;
+}
+
+// ---------------------------------------------------------------- shared rate limits
+
+/// Under a model limit of 10 requests per 10 s, `ta`'s 200 queued calls got 161 through while
+/// `tb`'s third call waited 156 s: the room went to whichever call asked first. Now the tenants
+/// waiting on a limit take turns. Forced here: `ta`'s two calls in flight were sent two
+/// seconds apart, so the window has room for another of `ta`'s calls when the first leaves it,
+/// and for `tb`'s larger one only when the second does; `ta`'s parked calls are woken first,
+/// yet `tb`'s is the next to reach the provider.
+#[tokio::test]
+async fn a_shared_rate_limit_gives_its_room_to_the_waiting_tenants_in_turn() {
+    let fake = FakeModel::start(Mode::Echo).await;
+    let arrivals: Arc<Mutex<Vec<String>>> = Arc::default();
+    {
+        // Every call is recorded and held: what is in flight stays counted in the window.
+        let (arrivals, gate) = (arrivals.clone(), Arc::new(Semaphore::new(0)));
+        fake.set_hook(Arc::new(move |body: Value| {
+            let user = crate::fake_model::last_user(body.to_string().as_bytes());
+            arrivals.lock().unwrap().push(user);
+            let gate = gate.clone();
+            Box::pin(async move { gate.acquire().await.expect("open").forget() })
+        }));
+    }
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.set_env("AGENTQ_MODEL", "shared");
+    // A call of ta's reserves about 1,033 tokens (its message's bytes / 4 and the 1,024 of
+    // output it may ask for), tb's about 2,033: two of ta's fit in 2,400, not three, and tb's
+    // fits only beside none of them.
+    app.agentq_ok(&[
+        "limits", "set", "--scope", "model", "--name", "shared", "--tokens", "2400", "--window",
+        "10s",
+    ]);
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let model =
+        |tenant: &str, prompt: &str| script_as(&app, tenant, json!([{ "model": prompt }]), &[]);
+    let arrived = |n: usize| {
+        let arrivals = arrivals.clone();
+        move || {
+            let arrivals = arrivals.clone();
+            async move { arrivals.lock().unwrap().len() >= n }
+        }
+    };
+    // The window's buckets are a tenth of a second (a hundredth of the window).
+    let bucket_now = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint / 100",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+    };
+    model("ta", "ta 0");
+    app.wait_for("ta's first call at the provider", DEADLINE, arrived(1))
+        .await;
+    let first = bucket_now().await;
+    app.wait_for("two seconds of buckets", DEADLINE, || async {
+        bucket_now().await >= first + 20
+    })
+    .await;
+    model("ta", "ta 1");
+    app.wait_for("ta's second call at the provider", DEADLINE, arrived(2))
+        .await;
+    for i in 2..5 {
+        let op = model("ta", &format!("ta {i}"));
+        app.wait_status(&op, "waiting", DEADLINE).await;
+    }
+    let tb = model("tb", &format!("tb {}", "x".repeat(4_000)));
+    app.wait_status(&tb, "waiting", DEADLINE).await;
+    app.wait_for(
+        "the window's next call at the provider",
+        DEADLINE,
+        arrived(3),
+    )
+    .await;
+    let third = arrivals.lock().unwrap()[2].clone();
+    assert!(
+        third.starts_with("tb "),
+        "the third call was {third:?}, not tb's: {:?}",
+        arrivals
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|a| &a[..a.len().min(8)])
+            .collect::<Vec<_>>()
+    );
+    app.cleanup().await;
+}
+
+/// Wake-ups matched parked operations by the text `tenant:name`, and tenant ids may contain
+/// `:`: `ta` changing its key `x:y` woke tenant `ta:x`'s operation parked on its key `y`. Now a
+/// parked operation is matched to its limit by the limit's id.
+#[tokio::test]
+async fn changing_one_tenants_limit_never_wakes_an_operation_parked_on_another_with_the_same_label()
+{
+    let fake = FakeModel::start(Mode::Echo).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    let limit = |app: &TestApp, tenant: &str, key: &str, requests: &str| {
+        app.agentq_ok(&[
+            "limits",
+            "set",
+            "--scope",
+            "key",
+            "--name",
+            key,
+            "--tenant",
+            tenant,
+            "--requests",
+            requests,
+            "--window",
+            "1h",
+        ]);
+    };
+    limit(&app, "ta:x", "y", "1");
+    // No scheduler: a woken operation stays `waiting` with its wake time moved to now.
+    app.spawn(&["worker"]);
+    let on_key = || {
+        script_as(
+            &app,
+            "ta:x",
+            json!([{ "model": "v" }]),
+            &["--rate-key", "y"],
+        )
+    };
+    let first = on_key();
+    app.wait_status(&first, "succeeded", DEADLINE).await;
+    let parked = on_key();
+    app.wait_status(&parked, "waiting", DEADLINE).await;
+    let run_at = app.operation(&parked).await.run_at;
+    assert!(run_at > chrono::Utc::now() + chrono::Duration::minutes(30));
+
+    // ta's key `x:y` reads `ta:x:y` too.
+    limit(&app, "ta", "x:y", "5");
+    assert_eq!(app.operation(&parked).await.run_at, run_at);
+    app.agentq_ok(&[
+        "limits", "delete", "--scope", "key", "--name", "x:y", "--tenant", "ta",
+    ]);
+    assert_eq!(app.operation(&parked).await.run_at, run_at);
+    // Its own limit's change wakes it.
+    limit(&app, "ta:x", "y", "2");
+    assert!(app.operation(&parked).await.run_at <= chrono::Utc::now());
     app.cleanup().await;
 }

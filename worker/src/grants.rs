@@ -22,6 +22,8 @@ use uuid::Uuid;
 
 /// The most calls one grant covers.
 const WANT: i32 = 64;
+/// Open grants kept before the ended ones are forgotten (one per tenant and set of limits).
+const PRUNE_AT: usize = 1024;
 /// A grant is not handed out this close to its bucket's end: the call is sent a little later.
 const END_MARGIN: Duration = Duration::from_millis(10);
 
@@ -166,12 +168,17 @@ impl State {
     }
 }
 
-/// The process's open grants, one per set of limits.
+/// Whose calls a grant serves: a tenant's, in a set of limits. A grant is its tenant's alone,
+/// so one made in a tenant's turn never serves another's calls, and a tenant never waits
+/// behind another's asks.
+type GrantKey = (String, Vec<Uuid>);
+
+/// The process's open grants, one per tenant and set of limits.
 pub(crate) struct Grants {
     pool: PgPool,
-    open: Mutex<HashMap<Vec<Uuid>, Arc<Grant>>>,
-    /// Per set of limits: held by the call asking the database for a new grant.
-    asking: Mutex<HashMap<Vec<Uuid>, Arc<tokio::sync::Mutex<()>>>>,
+    open: Mutex<HashMap<GrantKey, Arc<Grant>>>,
+    /// Per tenant and set of limits: held by the call asking the database for a new grant.
+    asking: Mutex<HashMap<GrantKey, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Grants {
@@ -183,10 +190,16 @@ impl Grants {
         }
     }
 
-    /// Reserves one call of `estimate` tokens in the limits `ids` (sorted): from the open grant
-    /// of those limits if it has room, else by a new grant.
-    pub(crate) async fn reserve(&self, ids: &[Uuid], estimate: i64) -> db::Result<Outcome> {
-        if let Some(share) = self.take_open(ids, estimate) {
+    /// Reserves one call of `tenant`'s of `estimate` tokens in the limits `ids` (sorted): from
+    /// the tenant's open grant of those limits if it has room, else by a new grant.
+    pub(crate) async fn reserve(
+        &self,
+        tenant: &str,
+        ids: &[Uuid],
+        estimate: i64,
+    ) -> db::Result<Outcome> {
+        let key: GrantKey = (tenant.to_string(), ids.to_vec());
+        if let Some(share) = self.take_open(&key, estimate) {
             return Ok(Outcome::Held(share));
         }
         // One call at a time asks for a new grant of these limits; the calls that waited
@@ -195,14 +208,14 @@ impl Grants {
             .asking
             .lock()
             .expect("grants lock")
-            .entry(ids.to_vec())
+            .entry(key.clone())
             .or_default()
             .clone();
         let _asking = asking.lock().await;
-        if let Some(share) = self.take_open(ids, estimate) {
+        if let Some(share) = self.take_open(&key, estimate) {
             return Ok(Outcome::Held(share));
         }
-        let reserved = db::rate_limits::reserve(&self.pool, ids, estimate, WANT);
+        let reserved = db::rate_limits::reserve(&self.pool, tenant, ids, estimate, WANT);
         let grant = match db::within(reserved).await? {
             Reservation::Granted(g) => g,
             Reservation::Refused {
@@ -247,10 +260,18 @@ impl Grants {
             expires: Instant::now() + grant.expires_in,
             state: Mutex::new(state),
         });
-        self.open
-            .lock()
-            .expect("grants lock")
-            .insert(ids.to_vec(), opened.clone());
+        {
+            let mut open = self.open.lock().expect("grants lock");
+            if open.len() >= PRUNE_AT {
+                let now = Instant::now();
+                open.retain(|_, g| g.expires > now);
+                self.asking
+                    .lock()
+                    .expect("grants lock")
+                    .retain(|_, a| Arc::strong_count(a) > 1);
+            }
+            open.insert(key, opened.clone());
+        }
         let (pool, settling) = (self.pool.clone(), opened.clone());
         tokio::spawn(async move {
             tokio::time::sleep_until(settling.expires.into()).await;
@@ -263,8 +284,8 @@ impl Grants {
         }))
     }
 
-    fn take_open(&self, ids: &[Uuid], estimate: i64) -> Option<Share> {
-        let open = self.open.lock().expect("grants lock").get(ids).cloned();
+    fn take_open(&self, key: &GrantKey, estimate: i64) -> Option<Share> {
+        let open = self.open.lock().expect("grants lock").get(key).cloned();
         let grant = open.filter(|g| Instant::now() + END_MARGIN < g.expires)?;
         let tokens = grant.state.lock().expect("grant lock").take(estimate)?;
         Some(Share {

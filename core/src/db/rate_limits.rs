@@ -12,8 +12,11 @@
 //!   reported usage replaces their share (their estimate stays when none was reported). A call
 //!   that used more than its share raises the limit's ratio, so later grants count more; only
 //!   calls already sent can have been counted short (see README, "Rate limits").
-//! - A refused call changes nothing.
-//! - Setting or removing a limit makes the operations parked on it due at once.
+//! - A refused call changes no usage (it records its tenant as waiting on the limit).
+//! - While other tenants wait on a limit, its room goes to them in turn, one call each
+//!   (`rate_waiters`, `last_tenant`; migration `20261209000003_rate_limit_turns.sql`).
+//! - Setting or removing a limit makes the operations parked on it due at once; parked
+//!   operations are matched to a limit by its id, never by its label.
 
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgPool};
@@ -22,11 +25,14 @@ use uuid::Uuid;
 use super::Result;
 
 /// What an operation a rate limit parked is stored as waiting for (`waiting_for`), naming the
-/// limit and when its window reopens: `(rate limit <scope> <label> <RFC 3339 time>)`. In
-/// parentheses, as `(budget)` is: never a signal's name.
+/// limit (by its id, which is what a settlement or a change of the limit wakes it by, and as
+/// people know it) and when its window reopens:
+/// `(rate limit <id> <scope> <label> <RFC 3339 time>)`. In parentheses, as `(budget)` is:
+/// never a signal's name.
 pub fn waiting_for(limit: &Target, reopens_at: DateTime<Utc>) -> String {
     format!(
-        "{WAITING_PREFIX}{} {} {})",
+        "{WAITING_PREFIX}{} {} {} {})",
+        limit.id,
         limit.scope.as_str(),
         limit.label(),
         reopens_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
@@ -38,11 +44,22 @@ const WAITING_PREFIX: &str = "(rate limit ";
 /// The limit a [`waiting_for`] value names (scope, label) and when its window reopens, if it
 /// is one.
 pub fn parse_waiting_for(value: &str) -> Option<(String, String, DateTime<Utc>)> {
+    parse_parked(value).map(|(_, scope, label, at)| (scope, label, at))
+}
+
+/// The id of the limit a [`waiting_for`] value names, if it is one.
+pub fn parked_on(value: &str) -> Option<Uuid> {
+    parse_parked(value).map(|(id, ..)| id)
+}
+
+fn parse_parked(value: &str) -> Option<(Uuid, String, String, DateTime<Utc>)> {
     let rest = value.strip_prefix(WAITING_PREFIX)?.strip_suffix(')')?;
+    let (id, rest) = rest.split_once(' ')?;
+    let id = id.parse().ok()?;
     let (scope, rest) = rest.split_once(' ')?;
     let (label, at) = rest.rsplit_once(' ')?;
     let at = DateTime::parse_from_rfc3339(at).ok()?.with_timezone(&Utc);
-    Some((scope.to_string(), label.to_string(), at))
+    Some((id, scope.to_string(), label.to_string(), at))
 }
 
 /// What a limit is over.
@@ -230,7 +247,7 @@ pub async fn set(
         "max_requests": view.max_requests, "reason": reason,
     });
     super::access::audit(&mut tx, actor, "rate_limit_set", details).await?;
-    wake_parked(&mut tx, spec.scope, tenant, &spec.name).await?;
+    wake_parked(&mut tx, id).await?;
     tx.commit().await?;
     Ok(view)
 }
@@ -245,41 +262,29 @@ pub async fn delete(
 ) -> Result<bool> {
     let tenant = if scope == Scope::Key { tenant } else { "" };
     let mut tx = pool.begin().await?;
-    let gone =
-        sqlx::query("DELETE FROM rate_limits WHERE scope = $1 AND tenant_id = $2 AND name = $3")
-            .bind(scope.as_str())
-            .bind(tenant)
-            .bind(name)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-            > 0;
-    if gone {
+    let gone: Option<Uuid> = sqlx::query_scalar(
+        "DELETE FROM rate_limits WHERE scope = $1 AND tenant_id = $2 AND name = $3 RETURNING id",
+    )
+    .bind(scope.as_str())
+    .bind(tenant)
+    .bind(name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(id) = gone {
         let details =
             serde_json::json!({ "scope": scope.as_str(), "name": name, "tenant": tenant });
         super::access::audit(&mut tx, actor, "rate_limit_delete", details).await?;
-        wake_parked(&mut tx, scope, tenant, name).await?;
+        wake_parked(&mut tx, id).await?;
     }
     tx.commit().await?;
-    Ok(gone)
+    Ok(gone.is_some())
 }
 
-/// Makes the operations parked on a limit (by [`waiting_for`]) due now, after it changed: they
-/// reserve again under the new limit (or none) rather than sleep out the old window.
-async fn wake_parked(
-    tx: &mut sqlx::PgConnection,
-    scope: Scope,
-    tenant: &str,
-    name: &str,
-) -> Result<()> {
-    let label = Target {
-        id: Uuid::nil(),
-        scope,
-        name: name.to_string(),
-        tenant: tenant.to_string(),
-    }
-    .label();
-    let prefix = format!("{WAITING_PREFIX}{} {label} ", scope.as_str());
+/// Makes the operations parked on the limit `id` (by [`waiting_for`], which names it) due now,
+/// after it changed: they reserve again under the new limit (or none) rather than sleep out the
+/// old window.
+async fn wake_parked(tx: &mut sqlx::PgConnection, id: Uuid) -> Result<()> {
+    let prefix = format!("{WAITING_PREFIX}{id} ");
     sqlx::query(
         "UPDATE operations SET run_at = now(), updated_at = now()
           WHERE status = 'waiting' AND waiting_for LIKE '(rate limit %'
@@ -361,18 +366,22 @@ struct Answer {
     r_settling: bool,
 }
 
-/// Grants room for at least one call of `estimate` tokens and at most `want`, in every limit
-/// of `limits` or in none (`agentq_rate_reserve`, one statement).
+/// Grants room for at least one call of `tenant`'s of `estimate` tokens and at most `want`, in
+/// every limit of `limits` or in none (`agentq_rate_reserve`, one statement). While other
+/// tenants have calls waiting on a limit, the tenants take turns there: one call each, and
+/// another tenant's call only where the window holds room for the turn's too.
 pub async fn reserve(
     pool: &PgPool,
+    tenant: &str,
     limits: &[Uuid],
     estimate: i64,
     want: i32,
 ) -> Result<Reservation> {
-    let rows: Vec<Answer> = sqlx::query_as("SELECT * FROM agentq_rate_reserve($1, $2, $3)")
+    let rows: Vec<Answer> = sqlx::query_as("SELECT * FROM agentq_rate_reserve($1, $2, $3, $4)")
         .bind(limits)
         .bind(estimate)
         .bind(want)
+        .bind(tenant)
         .fetch_all(pool)
         .await?;
     if let Some(never) = rows.iter().find(|r| r.r_never) {
@@ -484,11 +493,22 @@ mod tests {
             .unwrap()
             .with_timezone(&Utc);
         let w = waiting_for(&key, at);
-        assert_eq!(w, "(rate limit key t1:org-1 2026-12-03T08:15:30.250Z)");
+        assert_eq!(
+            w,
+            "(rate limit 00000000-0000-0000-0000-000000000000 key t1:org-1 \
+             2026-12-03T08:15:30.250Z)"
+        );
         assert_eq!(
             parse_waiting_for(&w),
             Some(("key".into(), "t1:org-1".into(), at))
         );
+        assert_eq!(parked_on(&w), Some(Uuid::nil()));
         assert_eq!(parse_waiting_for("(budget)"), None);
+        // Labels with a space or a colon read back whole (a tenant `a:b`'s key `c`).
+        let odd = target(Scope::Key, "c d", "a:b");
+        assert_eq!(
+            parse_waiting_for(&waiting_for(&odd, at)),
+            Some(("key".into(), "a:b:c d".into(), at))
+        );
     }
 }

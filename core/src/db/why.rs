@@ -178,24 +178,27 @@ pub async fn running_in_lane(pool: &PgPool, tenant: &str, lane: Lane) -> Result<
 pub const AHEAD_CAP: i64 = 10_000;
 
 /// How many queued, due operations of `lane` are older than `(created_at, id)`, up to
-/// [`AHEAD_CAP`].
+/// [`AHEAD_CAP`]: of every tenant, or only `tenant`'s (what a tenant's caller may know).
 pub async fn queued_ahead(
     pool: &PgPool,
     lane: Lane,
     created_at: DateTime<Utc>,
     id: Uuid,
+    tenant: Option<&str>,
 ) -> Result<i64> {
     let n = sqlx::query_scalar(
         "SELECT count(*) FROM (
             SELECT 1 FROM operations
              WHERE lane = $1 AND status = 'queued' AND run_at <= now()
                AND (created_at, id) < ($2, $3)
+               AND ($5::text IS NULL OR tenant_id = $5)
              LIMIT $4) ahead",
     )
     .bind(lane.as_str())
     .bind(created_at)
     .bind(id)
     .bind(AHEAD_CAP)
+    .bind(tenant)
     .fetch_one(pool)
     .await?;
     Ok(n)

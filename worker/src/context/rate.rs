@@ -124,7 +124,7 @@ impl JobContext {
                 .await;
             let grants = &self.inner.services.call_limits.grants;
             let reserved = grants
-                .reserve(&ids, tokens)
+                .reserve(&self.inner.info.tenant, &ids, tokens)
                 .await
                 .map_err(|e| JobError::no_effect(format!("reserving in its rate limits: {e}")))?;
             let (limit, reopens_at, settling) = match reserved {
