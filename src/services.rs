@@ -23,6 +23,10 @@ pub enum ServicesCommand {
         /// How long a call may take before it fails as retryable (default 300).
         #[arg(long)]
         timeout_secs: Option<i32>,
+        /// Let the URL lead to a link-local or cloud metadata address (169.254.169.254,
+        /// fd00:ec2::254, 100.100.100.200), which agentq otherwise never calls.
+        #[arg(long)]
+        allow_link_local: bool,
         /// Who acts (default: the OS user).
         #[arg(long = "as")]
         actor: Option<String>,
@@ -73,6 +77,7 @@ pub async fn run(config: Deployment, cmd: ServicesCommand) -> anyhow::Result<()>
             url,
             secret,
             timeout_secs,
+            allow_link_local,
             actor,
             json,
         } => {
@@ -81,6 +86,7 @@ pub async fn run(config: Deployment, cmd: ServicesCommand) -> anyhow::Result<()>
                 url,
                 secret,
                 timeout_secs,
+                allow_link_local,
             };
             let registered = services::register(&app, &caller, &request).await;
             let r = done(app, registered).await?;

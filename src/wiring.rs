@@ -183,9 +183,11 @@ pub fn worker(
         tenant_share_grace: Duration::from_secs(config.tenant_share_grace_secs),
         job_limits: agentq_worker::context::JobLimits {
             max_children: config.max_children,
+            max_spawn_depth: config.max_spawn_depth,
             tenant_max_unfinished: config.tenant_max_unfinished,
             journal_max_steps: config.journal_max_steps,
             journal_max_bytes: config.journal_max_bytes,
+            remote_journal_memory: config.remote_journal_memory,
         },
     };
     Ok(Worker::new(

@@ -136,6 +136,10 @@ pub async fn set_for_batch(
         reason,
     )
     .await?;
+    // Children of its documents that wait for it go on (the documents resume with the batch).
+    for w in budgets::lift_tree_batch(&app.pool, id).await? {
+        crate::operations::dispatch(app, &Target::from(w)).await;
+    }
     Ok(BudgetSet {
         budget,
         resumed: false,
@@ -230,13 +234,13 @@ pub async fn of_tenant(app: &App, caller: &Caller, tenant: Option<&str>) -> Resu
         })
 }
 
-/// Queues `op` again if it waits for its budget, and dispatches it.
+/// Queues `op` again if it waits for a budget, and the operations below it in its tree that
+/// do (its budget is over them), and dispatches them; whether `op` itself was.
 async fn lift(app: &App, op: Uuid) -> Result<bool> {
-    match budgets::lift(&app.pool, op).await? {
-        Some(woken) => {
-            crate::operations::dispatch(app, &Target::from(woken)).await;
-            Ok(true)
-        }
-        None => Ok(false),
+    let woken = budgets::lift(&app.pool, op).await?;
+    let itself = woken.iter().any(|w| w.id == op);
+    for w in woken {
+        crate::operations::dispatch(app, &Target::from(w)).await;
     }
+    Ok(itself)
 }

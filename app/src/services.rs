@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use agentq_core::db::services as db;
+use agentq_core::outbound;
 use agentq_core::services::{DEFAULT_TIMEOUT_SECS, MAX_MANIFEST_BYTES, Manifest, check_url};
 use agentq_core::webhook::Secret;
 use chrono::{DateTime, Utc};
@@ -31,6 +32,10 @@ pub struct ServiceRequest {
     pub secret: Option<String>,
     /// How long a call may take before it fails as retryable, 1 to 86400 seconds; default 300
     pub timeout_secs: Option<i32>,
+    /// Let its URL lead to a link-local or cloud metadata address (169.254.169.254 and the
+    /// like), which agentq otherwise never calls
+    #[serde(default)]
+    pub allow_link_local: bool,
 }
 
 /// A kind at a version, as a service serves it.
@@ -46,6 +51,8 @@ pub struct ServiceView {
     pub name: String,
     pub url: String,
     pub timeout_secs: i32,
+    /// Its URL may lead to a link-local or cloud metadata address (registered so).
+    pub allow_link_local: bool,
     pub kinds: Vec<ServedKind>,
     /// The tools its manifest declares, with their replay policy and whether they reconcile.
     pub tools: Vec<agentq_core::services::ManifestTool>,
@@ -84,6 +91,7 @@ fn view(row: &db::ServiceRow) -> ServiceView {
         name: row.name.clone(),
         url: row.url.clone(),
         timeout_secs: row.timeout_secs,
+        allow_link_local: row.allow_link_local,
         kinds,
         tools,
         registered_at: row.created_at,
@@ -91,19 +99,26 @@ fn view(row: &db::ServiceRow) -> ServiceView {
     }
 }
 
-/// Fetches and checks the manifest at `url`.
-async fn fetch_manifest(url: &str) -> Result<Manifest> {
+/// Fetches and checks the manifest at `url`, reaching a link-local or cloud metadata address
+/// only when `allow_link_local`.
+async fn fetch_manifest(url: &str, allow_link_local: bool) -> Result<Manifest> {
     let bad = |m: String| AppError::invalid("/url", m);
-    let client = reqwest::Client::builder()
-        .timeout(MANIFEST_TIMEOUT)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| bad(format!("building an HTTP client failed: {e}")))?;
+    let client = outbound::Client::reaching(
+        MANIFEST_TIMEOUT,
+        None,
+        outbound::Reach::service(allow_link_local),
+    )
+    .map_err(|e| bad(format!("building an HTTP client failed: {e}")))?;
     let at = format!("{url}/agentq/manifest");
-    let mut response = client.get(&at).send().await.map_err(|e| {
-        bad(format!(
-            "fetching {at} failed ({e}): is the service running there, and reachable from here?"
-        ))
+    let parsed = at
+        .parse()
+        .map_err(|e| bad(format!("{at} is not a URL: {e}")))?;
+    let mut response = client.send(client.get(parsed)).await.map_err(|e| match e {
+        outbound::Error::Refused(why) => bad(format!("{why} (the service's URL {url})")),
+        e => bad(format!(
+            "fetching {at} failed ({e}): is the service running there, and reachable from \
+                 here?"
+        )),
     })?;
     if !response.status().is_success() {
         return Err(bad(format!(
@@ -158,7 +173,7 @@ pub async fn register(app: &App, caller: &Caller, request: &ServiceRequest) -> R
         ),
         None => None,
     };
-    let manifest = fetch_manifest(&url).await?;
+    let manifest = fetch_manifest(&url, request.allow_link_local).await?;
     let catalog = app.producer.catalog();
     let others = db::all(&app.pool).await?;
     for k in &manifest.kinds {
@@ -199,11 +214,14 @@ pub async fn register(app: &App, caller: &Caller, request: &ServiceRequest) -> R
         serde_json::to_value(&manifest).map_err(|e| AppError::invalid("/url", e.to_string()))?;
     let written = db::register(
         &app.pool,
-        &manifest.service,
-        &url,
-        secret.as_deref(),
-        timeout_secs,
-        &stored,
+        &db::NewService {
+            name: &manifest.service,
+            url: &url,
+            secret: secret.as_deref(),
+            timeout_secs,
+            manifest: &stored,
+            allow_link_local: request.allow_link_local,
+        },
         &caller.actor,
     )
     .await?;

@@ -295,13 +295,15 @@ async fn reason(app: &App, row: &facts::Row, tenant: Option<&str>) -> Result<Rea
         Status::Waiting
             if row.waiting_for.as_deref() == Some(agentq_core::db::budgets::WAITING_FOR) =>
         {
-            // The budget that refused: the one that says so (its own first), else its own.
+            // The budget that refused: the one that says so (its own first, then an
+            // ancestor's), else its own, else its tree's batch's (a child of a document).
             let budgets = agentq_core::db::budgets::over(pool, row.id).await?;
             let refused = budgets
                 .iter()
                 .filter(|b| b.scope != "batch")
                 .find(|b| b.exceeded_at.is_some())
-                .or_else(|| budgets.iter().find(|b| b.scope == "operation"));
+                .or_else(|| budgets.iter().find(|b| b.scope == "operation"))
+                .or_else(|| budgets.iter().find(|b| b.exceeded_at.is_some()));
             Reason::WaitingForBudget {
                 scope: refused.map_or_else(|| "operation".into(), |b| b.scope.clone()),
                 limit_tokens: refused.map_or(0, |b| b.limit_tokens),

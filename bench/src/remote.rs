@@ -145,6 +145,7 @@ pub async fn remote(config: &Deployment, args: &Args) -> anyhow::Result<()> {
             url: proxy.url.clone(),
             secret: Some(secret),
             timeout_secs: None,
+            allow_link_local: false,
         },
     )
     .await;

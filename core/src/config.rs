@@ -233,6 +233,16 @@ pub struct Config {
     )]
     pub max_children: i64,
 
+    /// Most spawns below its root an operation may be (a child of a child of …); a spawn past
+    /// it fails the parent (non-retryable).
+    #[arg(
+        long,
+        env = "AGENTQ_MAX_SPAWN_DEPTH",
+        default_value_t = 32,
+        global = true
+    )]
+    pub max_spawn_depth: i64,
+
     /// Most steps (journal rows) one operation may record; the step past it fails the
     /// operation (non-retryable, `journal_limit`).
     #[arg(
@@ -252,6 +262,18 @@ pub struct Config {
         global = true
     )]
     pub journal_max_bytes: i64,
+
+    /// Bytes one worker's remote runs may hold, all together, for the journals they keep for
+    /// their services (each its journal's JSON and what its next request carries); when it is
+    /// held, the run holding the most waits for room (up to 10 s) and the others go back to
+    /// the queue at once, their attempts given back.
+    #[arg(
+        long,
+        env = "AGENTQ_REMOTE_JOURNAL_MEMORY",
+        default_value_t = 256 << 20,
+        global = true
+    )]
+    pub remote_journal_memory: u64,
 
     /// Most schedules a tenant may have.
     #[arg(
@@ -417,6 +439,7 @@ impl Config {
         for (name, value) in [
             ("AGENTQ_TENANT_MAX_UNFINISHED", self.tenant_max_unfinished),
             ("AGENTQ_MAX_CHILDREN", self.max_children),
+            ("AGENTQ_MAX_SPAWN_DEPTH", self.max_spawn_depth),
             ("AGENTQ_JOURNAL_MAX_STEPS", self.journal_max_steps),
             ("AGENTQ_JOURNAL_MAX_BYTES", self.journal_max_bytes),
             ("AGENTQ_TENANT_MAX_SCHEDULES", self.tenant_max_schedules),

@@ -27,6 +27,7 @@ pub mod kinds;
 pub mod metrics;
 pub mod operation;
 pub mod origins;
+pub mod outbound;
 pub mod retry;
 pub mod schedule;
 pub mod services;

@@ -24,7 +24,7 @@ use agentq_worker::Registry;
 pub mod agent;
 mod doc_migration;
 pub mod echo;
-pub mod outbound;
+pub use agentq_core::outbound;
 pub mod script;
 pub mod tables;
 mod tools;

@@ -736,3 +736,97 @@ async fn changing_one_tenants_limit_never_wakes_an_operation_parked_on_another_w
     assert!(app.operation(&parked).await.run_at <= chrono::Utc::now());
     app.cleanup().await;
 }
+
+// ---------------------------------------------------------------- budgets over a tree
+
+/// A spawn copied no budget: a parent under a 150-token budget spawned a child that spent
+/// 1,000 tokens (it matters where the budget is not the producer's own: a schedule's, a webhook
+/// source's, a batch's). Now every budget over an operation's ancestors is over it: the child's
+/// call (about 1,030 tokens) is held against the parent's 150 and never sent, until the
+/// parent's budget is raised; and a tree is at most AGENTQ_MAX_SPAWN_DEPTH spawns deep.
+#[tokio::test]
+async fn a_childs_model_calls_are_held_against_the_budgets_over_its_ancestors() {
+    let fake = FakeModel::start(Mode::Echo).await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_MODEL_BASE_URL", &fake.url);
+    app.set_env("AGENTQ_MAX_SPAWN_DEPTH", "2");
+    app.spawn(&["scheduler"]);
+    app.spawn(&["worker"]);
+    let parent = script_as(
+        &app,
+        "ta",
+        json!([
+            { "spawn": "script", "input": { "steps": [{ "model": "child's call" }] } },
+            { "join": true }
+        ]),
+        &["--budget-tokens", "150"],
+    );
+    let child = app
+        .wait_until("the child", DEADLINE, || async {
+            sqlx::query_scalar::<_, uuid::Uuid>(
+                "SELECT id FROM operations WHERE parent_id = $1::uuid",
+            )
+            .bind(&parent)
+            .fetch_optional(&app.pool)
+            .await
+            .unwrap()
+            .map(|id| id.to_string())
+        })
+        .await;
+    app.wait_for("the child to wait for the budget", DEADLINE, || async {
+        let op = app.operation(&child).await;
+        op.status == agentq_core::Status::Waiting && op.waiting_for.as_deref() == Some("(budget)")
+    })
+    .await;
+    assert_eq!(fake.requests(), 0, "the child's call was never sent");
+    let shown = app.agentq_json_lines(&["budget", "show", &child, "--json"]);
+    assert!(
+        shown.iter().any(|b| b["scope"] == "ancestor"
+            && b["limit_tokens"] == 150
+            && b["op_id"] == parent.as_str()),
+        "{shown:?}"
+    );
+    // Raising the parent's budget queues the child again.
+    app.agentq_ok(&[
+        "budget",
+        "set",
+        &parent,
+        "--budget-tokens",
+        "100000",
+        "--reason",
+        "more",
+    ]);
+    app.wait_status(&parent, "succeeded", DEADLINE).await;
+    assert_eq!(fake.requests(), 1);
+
+    // Two spawns deep at most: a grandchild's own spawn fails it.
+    let deep = |steps: Value| json!({ "steps": steps });
+    let root = script_as(
+        &app,
+        "ta",
+        json!([
+            { "spawn": "script", "input": deep(json!([
+                { "spawn": "script", "input": deep(json!([
+                    { "spawn": "script", "input": deep(json!([{ "work_ms": 1 }])) },
+                    { "join": true }
+                ])) },
+                { "join": true }
+            ])) },
+            { "join": true }
+        ]),
+        &[],
+    );
+    app.wait_status(&root, "succeeded", DEADLINE).await;
+    let failed: Vec<(String, String)> = sqlx::query_as(
+        "SELECT error_class, error_message FROM operations
+          WHERE cardinality(ancestors) = 2 AND $1::uuid = ancestors[1]",
+    )
+    .bind(&root)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].0, "non_retryable");
+    assert!(failed[0].1.contains("AGENTQ_MAX_SPAWN_DEPTH"), "{failed:?}");
+    app.cleanup().await;
+}

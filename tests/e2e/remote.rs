@@ -384,6 +384,44 @@ struct Hostile {
     /// Completed steps per session, as the requests' journals said.
     done: Mutex<HashMap<String, usize>>,
     violations: Mutex<Vec<String>>,
+    /// Steps of its kind (then the output), and the bytes of each step's output (0: the
+    /// step's number).
+    steps: AtomicUsize,
+    step_bytes: AtomicUsize,
+    /// How long the output's answer is held.
+    hold_output_ms: AtomicU64,
+    /// Request bytes received.
+    received: AtomicUsize,
+    /// Per operation not yet answered its output: the step output bytes its session's journal
+    /// holds as this service answered them (what its worker keeps for that session).
+    open: Mutex<HashMap<String, usize>>,
+}
+
+impl Hostile {
+    fn new(mode: Misbehave) -> Arc<Self> {
+        Arc::new(Hostile {
+            secret: Secret::generate(),
+            mode: Mutex::new(mode),
+            calls: AtomicUsize::new(0),
+            pool: Mutex::new(None),
+            done: Mutex::new(HashMap::new()),
+            violations: Mutex::new(Vec::new()),
+            steps: AtomicUsize::new(GOOD_STEPS),
+            step_bytes: AtomicUsize::new(0),
+            hold_output_ms: AtomicU64::new(0),
+            received: AtomicUsize::new(0),
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Sets the bytes operation `op`'s session holds, or (`None`) ends it.
+    fn held(&self, op: &str, bytes: Option<usize>) {
+        let mut open = self.open.lock().unwrap();
+        match bytes {
+            Some(b) => open.insert(op.to_string(), b),
+            None => open.remove(op),
+        };
+    }
 }
 
 /// The steps of the fake service's kind when it behaves: `a0`, `a1`, `a2`, then the output.
@@ -401,6 +439,7 @@ async fn hostile_invoke(
     body: Bytes,
 ) -> Response {
     h.calls.fetch_add(1, Ordering::SeqCst);
+    h.received.fetch_add(body.len(), Ordering::SeqCst);
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let id = headers
         .get("webhook-id")
@@ -453,10 +492,11 @@ async fn hostile_invoke(
         )
             .into_response();
     }
-    let session = request["session"].as_str().unwrap_or_default().to_string();
     let done = {
         let mut done = h.done.lock().unwrap();
-        let n = done.entry(session).or_default();
+        let n = done
+            .entry(request["session"].as_str().unwrap_or_default().to_string())
+            .or_default();
         if request["journal"]["base"] == 0 {
             *n = 0;
         }
@@ -464,8 +504,23 @@ async fn hostile_invoke(
         *n
     };
     let step_done = done > 0;
-    let good = if done >= GOOD_STEPS {
+    let step_bytes = h.step_bytes.load(Ordering::SeqCst);
+    let op = request["operation"]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let good = if done >= h.steps.load(Ordering::SeqCst) {
+        h.held(&op, Some(done * step_bytes));
+        let hold = h.hold_output_ms.load(Ordering::SeqCst);
+        if hold > 0 {
+            tokio::time::sleep(Duration::from_millis(hold)).await;
+        }
+        h.held(&op, None);
         json!({ "type": "output", "output": "done" })
+    } else if step_bytes > 0 {
+        h.held(&op, Some((done + 1) * step_bytes));
+        json!({ "type": "step", "seq": done, "name": format!("a{done}"),
+                "output": "x".repeat(step_bytes) })
     } else {
         json!({ "type": "step", "seq": done, "name": format!("a{done}"), "output": done })
     };
@@ -532,14 +587,7 @@ async fn hostile_invoke(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_and_broken_services_are_classified_failures_that_journal_nothing() {
-    let hostile = Arc::new(Hostile {
-        secret: Secret::generate(),
-        mode: Mutex::new(Misbehave::Good),
-        calls: AtomicUsize::new(0),
-        pool: Mutex::new(None),
-        done: Mutex::new(HashMap::new()),
-        violations: Mutex::new(Vec::new()),
-    });
+    let hostile = Hostile::new(Misbehave::Good);
     let (url, task) = serve(
         Router::new()
             .route("/agentq/manifest", get(hostile_manifest))
@@ -559,6 +607,23 @@ async fn hostile_and_broken_services_are_classified_failures_that_journal_nothin
         ),
         (vec!["--url", &url, "--secret", "nope"], "whsec_"),
         (vec!["--url", &url, "--timeout-secs", "0"], "1 to 86400"),
+        // Link-local and cloud metadata addresses, refused before anything is sent.
+        (
+            vec!["--url", "http://169.254.169.254"],
+            "is a link-local address; agentq calls it only for a service registered with --allow-link-local",
+        ),
+        (
+            vec!["--url", "http://[::ffff:169.254.169.254]"],
+            "link-local",
+        ),
+        (
+            vec!["--url", "http://[fd00:ec2::254]"],
+            "a cloud metadata address",
+        ),
+        (
+            vec!["--url", "http://100.100.100.200"],
+            "a cloud metadata address",
+        ),
     ] {
         let mut full = vec!["services", "add"];
         full.extend(args);
@@ -667,9 +732,56 @@ async fn hostile_and_broken_services_are_classified_failures_that_journal_nothin
         };
         assert_eq!(journaled, want, "{mode:?}");
     }
-    // The worker is unharmed: still running, and still runs remote and built-in kinds.
+    // A service row pointing at the cloud's metadata address (written before the check, or
+    // by hand) is called by no worker: the run fails naming it, and nothing reaches anyone.
+    sqlx::query("UPDATE services SET url = 'http://169.254.169.254', updated_at = now()")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    // Each worker reads the services again within a few seconds: runs go on until one meets
+    // the new URL.
+    let finished = |op: String| {
+        let app = &app;
+        async move {
+            app.wait_until("the run to finish", DEADLINE, || async {
+                let o = app.operation(&op).await;
+                o.status.is_terminal().then_some(o)
+            })
+            .await
+        }
+    };
+    let (op, message) = app
+        .wait_until("a run against the new URL", DEADLINE, || async {
+            let op = run(Misbehave::Good);
+            let o = finished(op.clone()).await;
+            let message = o.error_message.unwrap_or_default();
+            message.contains("link-local").then_some((op, message))
+        })
+        .await;
+    let calls = hostile.calls.load(Ordering::SeqCst);
+    assert!(
+        message.contains("remote service \"hostile\"") && message.contains("--allow-link-local"),
+        "{op}: {message}"
+    );
     let op = run(Misbehave::Good);
-    app.wait_status(&op, "succeeded", DEADLINE).await;
+    let o = finished(op.clone()).await;
+    assert!(o.error_message.unwrap_or_default().contains("link-local"));
+    assert_eq!(
+        hostile.calls.load(Ordering::SeqCst),
+        calls,
+        "{op} called someone"
+    );
+    sqlx::query("UPDATE services SET url = $1, updated_at = now()")
+        .bind(&url)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    // The worker is unharmed: still running, and still runs remote and built-in kinds.
+    app.wait_until("a run against the service again", DEADLINE, || async {
+        let o = finished(run(Misbehave::Good)).await;
+        (o.status == agentq_core::Status::Succeeded).then_some(())
+    })
+    .await;
     let echo = app.enqueue_echo("still here");
     app.wait_status(&echo, "succeeded", DEADLINE).await;
     assert_eq!(app.exit_code(w), None, "the worker exited");
@@ -712,6 +824,107 @@ async fn hostile_and_broken_services_are_classified_failures_that_journal_nothin
         .unwrap_or_default();
     assert_eq!(listed["service"], "hostile", "{kinds}");
     assert_eq!(listed["live_versions"], json!(["1"]), "{listed}");
+    task.abort();
+    app.cleanup().await;
+}
+
+/// A registered service could make a worker hold and send unbounded bytes: each remote run kept
+/// its journal in memory beside the loaded one, bounded only per operation, and a service that
+/// asked for the whole journal at every call made the worker send the square of it (633 MB for
+/// one operation of 4 MiB steps). Now a run resends at most twice its journal and a MiB, and
+/// the worker's remote runs hold their journals within one budget
+/// (AGENTQ_REMOTE_JOURNAL_MEMORY).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_journals_have_a_memory_budget_and_a_service_that_keeps_asking_for_them_fails() {
+    const MIB: usize = 1 << 20;
+    let hostile = Hostile::new(Misbehave::Forgetful);
+    let (url, task) = serve(
+        Router::new()
+            .route("/agentq/manifest", get(hostile_manifest))
+            .route("/agentq/invoke", post(hostile_invoke))
+            .layer(axum::extract::DefaultBodyLimit::disable())
+            .with_state(hostile.clone()),
+    )
+    .await;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_REMOTE_JOURNAL_MEMORY", &(12 * MIB).to_string());
+    let secret = hostile.secret.expose();
+    app.agentq_ok(&["services", "add", "--url", &url, "--secret", &secret]);
+    app.spawn(&["worker"]);
+    app.spawn(&["scheduler"]);
+    let enqueue = |attempts: &str| {
+        let out = app.agentq_json(&[
+            "enqueue",
+            "--tenant",
+            "ta",
+            "--kind",
+            "hostile_kind",
+            "--input",
+            "{}",
+            "--max-attempts",
+            attempts,
+            "--json",
+        ]);
+        out["op_id"].as_str().unwrap().to_string()
+    };
+
+    // Twelve steps of 1 MiB, and the whole journal asked for again at every call: sent whole
+    // every time, that is 78 MiB; the run fails after its allowance instead.
+    hostile.steps.store(12, Ordering::SeqCst);
+    hostile.step_bytes.store(MIB, Ordering::SeqCst);
+    let op = enqueue("1");
+    let dead = app.wait_status(&op, "dead", DEADLINE).await;
+    let message = dead.error_message.unwrap_or_default();
+    assert!(
+        message.contains("remote service \"hostile\"")
+            && message.contains("asked for the whole journal again"),
+        "{message}"
+    );
+    let received = hostile.received.swap(0, Ordering::SeqCst);
+    assert!(received < 24 * MIB, "{received} bytes sent for one run");
+
+    // Five runs of four 1 MiB steps at once, each holding its last answer a second: together
+    // their journals would hold 20 MiB; they hold 12 at most (an operation that gives way goes
+    // back to the queue, and its session's journal with it: it is not counted while queued).
+    *hostile.mode.lock().unwrap() = Misbehave::Good;
+    hostile.steps.store(4, Ordering::SeqCst);
+    hostile.hold_output_ms.store(1_000, Ordering::SeqCst);
+    hostile.open.lock().unwrap().clear();
+    let ops: Vec<String> = (0..5).map(|_| enqueue("5")).collect();
+    let mut most = 0;
+    let end = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let running: Vec<String> = sqlx::query_scalar(
+            "SELECT id::text FROM operations WHERE status = 'running' AND id::text = ANY($1)",
+        )
+        .bind(&ops)
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+        let held: usize = {
+            let mut open = hostile.open.lock().unwrap();
+            open.retain(|op, _| running.contains(op));
+            open.values().sum()
+        };
+        most = most.max(held);
+        let done: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM operations WHERE status = 'succeeded' AND id::text = ANY($1)",
+        )
+        .bind(&ops)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        if done == 5 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < end, "{done} of 5 succeeded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        most <= 12 * MIB,
+        "the worker held {} MiB of remote journals at once",
+        most / MIB
+    );
     task.abort();
     app.cleanup().await;
 }

@@ -150,6 +150,7 @@ impl Worker {
                     names,
                     limits: job_limits,
                     counts: Default::default(),
+                    remote_memory: Arc::new(remote::Memory::new(job_limits.remote_journal_memory)),
                     memory: None,
                 }),
                 registry,

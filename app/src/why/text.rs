@@ -127,6 +127,18 @@ pub fn describe(r: &Reason) -> (String, Vec<String>) {
                      the period ends at {}, or when an admin raises it",
                     t(*timeout_at)
                 )
+            } else if scope == "ancestor" || scope == "batch" {
+                let whose = if scope == "batch" {
+                    "its tree's batch's"
+                } else {
+                    "an operation's above it in its tree"
+                };
+                format!(
+                    "waiting for {whose} token budget: {spent_tokens} of {limit_tokens} \
+                     {measure} tokens spent ({held_tokens} held); dead as budget_exceeded at {} \
+                     unless raised",
+                    t(*timeout_at)
+                )
             } else {
                 format!(
                     "waiting for its token budget: {spent_tokens} of {limit_tokens} {measure} \
@@ -140,6 +152,10 @@ pub fn describe(r: &Reason) -> (String, Vec<String>) {
                 if scope == "tenant" {
                     "an admin raises it: `agentq budget set --tenant T --period P \
                      --budget-tokens N`"
+                        .into()
+                } else if scope == "ancestor" || scope == "batch" {
+                    "raise it where it is set (`agentq budget show OP` lists the budgets over \
+                     an operation); a raise queues again what waits for it below"
                         .into()
                 } else {
                     "raise it: `agentq budget set OP --budget-tokens N`, or let one call \

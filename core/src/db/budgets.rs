@@ -123,8 +123,12 @@ pub enum On {
 pub struct BudgetView {
     #[serde(skip)]
     pub id: Uuid,
-    /// `operation`, `batch` or `tenant`.
+    /// `operation`, `ancestor` (an operation's budget over the operation asked about: a parent's
+    /// or one further up its tree), `batch` or `tenant`.
     pub scope: String,
+    /// The operation whose budget it is (scopes `operation` and `ancestor`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op_id: Option<Uuid>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch_id: Option<Uuid>,
     /// `input`, `output` or `total`.
@@ -149,18 +153,32 @@ pub struct BudgetView {
     pub period_ends: Option<DateTime<Utc>>,
 }
 
+impl BudgetView {
+    /// As seen from operation `op`: another operation's budget over it is its ancestor's.
+    fn seen_from(mut self, op: Uuid) -> Self {
+        if self.scope == "operation" && self.op_id != Some(op) {
+            self.scope = "ancestor".into();
+        }
+        self
+    }
+}
+
 const VIEW: &str = "b.id,
      CASE WHEN b.op_id IS NOT NULL THEN 'operation'
           WHEN b.batch_id IS NOT NULL THEN 'batch' ELSE 'tenant' END AS scope,
+     b.op_id,
      b.batch_id, b.measure, b.limit_tokens, b.spent_tokens,
      COALESCE((SELECT sum(h.tokens) FROM budget_holds h WHERE h.budget_id = b.id), 0)::bigint
          AS held_tokens,
      b.estimated_calls, b.timeout_secs, b.exceeded_at, b.allow_once, b.period_secs,
      b.period_start + b.period_secs * interval '1 second' AS period_ends";
 
-/// The budgets over operation `op` (`$1`): its own, its batch's, its tenant's.
-const OVER: &str = "b.op_id = $1
-     OR b.batch_id = (SELECT batch_id FROM operations WHERE id = $1)
+/// The budgets over operation `op` (`$1`): its own and its ancestors' (a spawn's child is
+/// covered by every budget over its tree above it), its batch's or its tree's batch's, its
+/// tenant's.
+const OVER: &str =
+    "b.op_id = ANY((SELECT o.ancestors || o.id FROM operations o WHERE o.id = $1)::uuid[])
+     OR b.batch_id = (SELECT COALESCE(batch_id, tree_batch_id) FROM operations WHERE id = $1)
      OR b.tenant_scope = (SELECT tenant_id FROM operations WHERE id = $1)";
 
 /// Whether any budget is over operation `op` (its claim answered this already; a worker asks
@@ -185,15 +203,17 @@ pub async fn newest_born_apart(pool: &PgPool) -> Result<(Option<DateTime<Utc>>, 
     )
 }
 
-/// The budgets over operation `op`: its own, its batch's, its tenant's.
+/// The budgets over operation `op`: its own, its ancestors', its batch's (or its tree's),
+/// its tenant's; an ancestor's is of scope `ancestor`.
 pub async fn over(pool: &PgPool, op: Uuid) -> Result<Vec<BudgetView>> {
-    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let budgets: Vec<BudgetView> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT {VIEW} FROM budgets b WHERE {OVER}
-          ORDER BY b.op_id IS NULL, b.batch_id IS NULL"
+          ORDER BY b.op_id IS DISTINCT FROM $1, b.op_id IS NULL, b.batch_id IS NULL"
     )))
     .bind(op)
     .fetch_all(pool)
-    .await?)
+    .await?;
+    Ok(budgets.into_iter().map(|b| b.seen_from(op)).collect())
 }
 
 /// The budget per period of tenant `tenant`, if it has one.
@@ -336,19 +356,19 @@ pub async fn allow_once(
     Ok(true)
 }
 
-/// The statement that queues again the operations `$1` names (by `$selector`, `id` or
-/// `tenant_id`) that wait for a budget: its attempt given back (the claim counts it again), as
-/// a wake does; returns what to publish.
+/// The statement that queues again the operations `$1` names (by the condition `$which`) that
+/// wait for a budget: its attempt given back (the claim counts it again), as a wake does;
+/// returns what to publish.
 macro_rules! lift_sql {
-    ($selector:literal) => {
+    ($which:literal) => {
         concat!(
             "UPDATE operations SET status = ",
             to_sql!(BUDGET),
             ", waiting_for = NULL, attempt = attempt - 1, run_at = now(), dispatched_at = NULL,
                   updated_at = clock_timestamp()
               WHERE ",
-            $selector,
-            " = $1 AND status IN ",
+            $which,
+            " AND status IN ",
             from_sql!(BUDGET),
             " AND waiting_for = '",
             waiting_for!(),
@@ -358,21 +378,31 @@ macro_rules! lift_sql {
     };
 }
 
-/// Queues operation `op` again if it waits for its budget (status `waiting`, `(budget)`):
-/// after a raise or an allow-once. Its dispatch is the caller's: what to publish, when it was
-/// woken.
-pub async fn lift(pool: &PgPool, op: Uuid) -> Result<Option<Dispatch>> {
-    Ok(sqlx::query_as(lift_sql!("id"))
+/// Queues operation `op` again if it waits for a budget (status `waiting`, `(budget)`), and
+/// every operation below it in its tree that does (its budget is over them): after a raise or
+/// an allow-once. Their dispatch is the caller's: what to publish, when they were woken (one
+/// that another budget still refuses parks again).
+pub async fn lift(pool: &PgPool, op: Uuid) -> Result<Vec<Dispatch>> {
+    Ok(sqlx::query_as(lift_sql!("$1 = ANY(ancestors || id)"))
         .bind(op)
-        .fetch_optional(pool)
+        .fetch_all(pool)
         .await?)
 }
 
 /// Queues again every operation of `tenant` that waits for a budget (after its tenant budget
 /// was raised), as [`lift`] does one; what to publish.
 pub async fn lift_tenant(pool: &PgPool, tenant: &str) -> Result<Vec<Dispatch>> {
-    Ok(sqlx::query_as(lift_sql!("tenant_id"))
+    Ok(sqlx::query_as(lift_sql!("tenant_id = $1"))
         .bind(tenant)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Queues again the children of batch `batch`'s documents that wait for a budget (after the
+/// batch's budget was raised; its documents resume with the batch), as [`lift`] does one.
+pub async fn lift_tree_batch(pool: &PgPool, batch: Uuid) -> Result<Vec<Dispatch>> {
+    Ok(sqlx::query_as(lift_sql!("tree_batch_id = $1"))
+        .bind(batch)
         .fetch_all(pool)
         .await?)
 }
@@ -420,17 +450,20 @@ pub async fn reserve(
     output: i64,
 ) -> Result<Reserved> {
     let mut tx = pool.begin().await?;
-    let running: Option<bool> = sqlx::query_scalar(
-        "SELECT true FROM operations WHERE id = $1 AND epoch = $2 AND status = 'running'
+    // Running, and whether it is a batch's document (else a batch's budget over it is its
+    // tree's, over a child of a document).
+    let document: Option<bool> = sqlx::query_scalar(
+        "SELECT batch_id IS NOT NULL FROM operations
+          WHERE id = $1 AND epoch = $2 AND status = 'running'
             FOR SHARE",
     )
     .bind(op)
     .bind(epoch)
     .fetch_optional(&mut *tx)
     .await?;
-    if running.is_none() {
+    let Some(document) = document else {
         return Ok(Reserved::LeaseLost);
-    }
+    };
     // The budget rows locked first, in a statement of their own: the statements after it
     // take their snapshots once the lock is held (READ COMMITTED), so they see every hold and
     // charge committed by the transactions this one waited for.
@@ -478,6 +511,7 @@ pub async fn reserve(
     .bind(&locked)
     .fetch_all(&mut *tx)
     .await?;
+    let budgets: Vec<BudgetView> = budgets.into_iter().map(|b| b.seen_from(op)).collect();
     // The batch's first: a spent batch stops every one of its operations, not just this one;
     // then the tenant's (its operations wait for the next period), then the operation's own.
     // A call that the spent tokens leave room for, but the holds of calls in flight do not,
@@ -496,11 +530,15 @@ pub async fn reserve(
         if b.scope == "batch" {
             let batch = b.batch_id.expect("a batch budget names its batch");
             pause_batch(&mut tx, batch, b, needed).await?;
-            tx.commit().await?;
-            return Ok(Reserved::Batch {
-                budget: Box::new(b.clone()),
-                needed,
-            });
+            if document {
+                tx.commit().await?;
+                return Ok(Reserved::Batch {
+                    budget: Box::new(b.clone()),
+                    needed,
+                });
+            }
+            // A child of a document: the batch's documents stop with the batch, and the child
+            // waits for the budget as for its own (a raise of the batch's queues it again).
         }
         if b.scope == "tenant" {
             sqlx::query(

@@ -26,12 +26,18 @@ pub enum Spawned {
     Capped(i64),
     /// An admin's list keeps the child's kind from the parent's tenant (migration 20).
     KindNotAllowed,
+    /// The parent is already this many spawns below its root, the most a tree may be.
+    TooDeep(i64),
 }
 
 /// Inserts the child of `parent` that the spawn step with dedupe key `key` makes, or finds
-/// the one it made before. The child takes its parent's tenant, lane, attempt budget and trace.
-/// A parent that has spawned `max_children` makes no more (`children_spawned`, counted in the
-/// same statement, with the parent's row locked), and none of a kind its tenant may not use.
+/// the one it made before. The child takes its parent's tenant, lane, attempt budget, trace and
+/// rate key, and its place in the tree: its ancestors (the parent's and the parent) and its
+/// tree's batch, so every budget over them covers it too. A parent that has spawned
+/// `max_children` makes no more (`children_spawned`, counted in the same statement, with the
+/// parent's row locked), none `max_depth` spawns below a root, and none of a kind its tenant
+/// may not use.
+#[allow(clippy::too_many_arguments)]
 pub async fn spawn(
     pool: &PgPool,
     parent: Uuid,
@@ -40,17 +46,22 @@ pub async fn spawn(
     input: &Value,
     input_sha256: &str,
     max_children: i64,
+    max_depth: i64,
 ) -> Result<Spawned> {
     let created: Option<Dispatch> = sqlx::query_as(
         "WITH p AS (
-            SELECT id, tenant_id, lane, max_attempts, traceparent, children_spawned
+            SELECT id, tenant_id, lane, max_attempts, traceparent, children_spawned, rate_key,
+                   ancestors, COALESCE(batch_id, tree_batch_id) AS tree_batch_id
               FROM operations WHERE id = $6
                FOR NO KEY UPDATE
          ), child AS (
             INSERT INTO operations (id, tenant_id, kind, lane, input, input_sha256, dedupe_key,
-                                    max_attempts, traceparent, parent_id)
-            SELECT $1, p.tenant_id, $2, p.lane, $3, $4, $5, p.max_attempts, p.traceparent, p.id
+                                    max_attempts, traceparent, parent_id, rate_key, ancestors,
+                                    tree_batch_id)
+            SELECT $1, p.tenant_id, $2, p.lane, $3, $4, $5, p.max_attempts, p.traceparent, p.id,
+                   p.rate_key, p.ancestors || p.id, p.tree_batch_id
               FROM p WHERE p.children_spawned < $7 AND agentq_kind_allowed(p.tenant_id, $2)
+                AND cardinality(p.ancestors) < $8
             ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
          RETURNING id, tenant_id, kind, lane, epoch, traceparent
          ), counted AS (
@@ -66,6 +77,7 @@ pub async fn spawn(
     .bind(key)
     .bind(parent)
     .bind(max_children)
+    .bind(max_depth)
     .fetch_optional(pool)
     .await?;
     if let Some(d) = created {
@@ -83,17 +95,18 @@ pub async fn spawn(
     if let Some(id) = existing {
         return Ok(Spawned::Existing(id));
     }
-    let spawned: Option<(i32, bool)> = sqlx::query_as(
-        "SELECT children_spawned, agentq_kind_allowed(tenant_id, $2) FROM operations
-          WHERE id = $1",
+    let spawned: Option<(i32, bool, i32)> = sqlx::query_as(
+        "SELECT children_spawned, agentq_kind_allowed(tenant_id, $2), cardinality(ancestors)
+           FROM operations WHERE id = $1",
     )
     .bind(parent)
     .bind(kind)
     .fetch_optional(pool)
     .await?;
     Ok(match spawned {
-        Some((_, false)) => Spawned::KindNotAllowed,
-        Some((n, _)) if i64::from(n) >= max_children => Spawned::Capped(max_children),
+        Some((_, false, _)) => Spawned::KindNotAllowed,
+        Some((n, ..)) if i64::from(n) >= max_children => Spawned::Capped(max_children),
+        Some((.., depth)) if i64::from(depth) >= max_depth => Spawned::TooDeep(max_depth),
         _ => Spawned::NoParent,
     })
 }

@@ -40,8 +40,8 @@ pub struct Claimed {
     pub traceparent: Option<String>,
     /// Whether the journal has rows; a first run skips loading it.
     pub has_journal: bool,
-    /// Whether a token budget is over it (its own, its batch's, its tenant's) as the claim
-    /// committed: a run with none checks no budget before its model calls, unless a budget
+    /// Whether a token budget is over it (its own or an ancestor's, its batch's or its tree's,
+    /// its tenant's) as the claim committed: a run with none checks no budget before its model calls, unless a budget
     /// is born apart from its operation later (`db::budgets::newest_born_apart`).
     pub budgeted: bool,
     /// The database's clock at the claim.
@@ -162,7 +162,8 @@ pub async fn claim_operations(
                 o.traceparent,
                 EXISTS (SELECT 1 FROM operation_steps s WHERE s.op_id = o.id) AS has_journal,
                 EXISTS (SELECT 1 FROM budgets b
-                         WHERE b.op_id = o.id OR b.batch_id = o.batch_id
+                         WHERE b.op_id = ANY(o.ancestors || o.id)
+                            OR b.batch_id = COALESCE(o.batch_id, o.tree_batch_id)
                             OR b.tenant_scope = o.tenant_id) AS budgeted,
                 now() AS claimed_at, o.rate_key"
     ))

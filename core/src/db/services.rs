@@ -15,6 +15,8 @@ pub struct ServiceRow {
     pub secret: String,
     pub timeout_secs: i32,
     pub manifest: Value,
+    /// Its URL may lead to a link-local or cloud metadata address (an admin said so).
+    pub allow_link_local: bool,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -22,7 +24,8 @@ pub struct ServiceRow {
 /// Every registered service, by name.
 pub async fn all(pool: &PgPool) -> Result<Vec<ServiceRow>> {
     Ok(sqlx::query_as(
-        "SELECT name, url, secret, timeout_secs, manifest, created_at, updated_at
+        "SELECT name, url, secret, timeout_secs, manifest, allow_link_local, created_at,
+                updated_at
          FROM services ORDER BY name",
     )
     .fetch_all(pool)
@@ -37,36 +40,44 @@ pub struct Registered {
     pub replaced: bool,
 }
 
-/// Registers the service `name` (a second registration replaces the first's URL, manifest and
-/// timeout, and its secret when `secret` is given), audited as `service_register` by `actor`.
-pub async fn register(
-    pool: &PgPool,
-    name: &str,
-    url: &str,
-    secret: Option<&str>,
-    timeout_secs: i32,
-    manifest: &Value,
-    actor: &str,
-) -> Result<Registered> {
+/// A service as registered.
+#[derive(Debug)]
+pub struct NewService<'a> {
+    pub name: &'a str,
+    pub url: &'a str,
+    /// Its signing secret; `None` keeps a registered one's.
+    pub secret: Option<&'a str>,
+    pub timeout_secs: i32,
+    pub manifest: &'a Value,
+    pub allow_link_local: bool,
+}
+
+/// Registers the service `s.name` (a second registration replaces the first's URL, manifest,
+/// timeout and link-local choice, and its secret when one is given), audited as
+/// `service_register` by `actor`.
+pub async fn register(pool: &PgPool, s: &NewService<'_>, actor: &str) -> Result<Registered> {
+    let (name, manifest) = (s.name, s.manifest);
     let mut tx = pool.begin().await?;
     // `xmax <> 0`: the row was updated, not inserted.
     let registered: Registered = sqlx::query_as(
-        "INSERT INTO services (name, url, secret, timeout_secs, manifest)
-         VALUES ($1, $2, COALESCE($3, ''), $4, $5)
+        "INSERT INTO services (name, url, secret, timeout_secs, manifest, allow_link_local)
+         VALUES ($1, $2, COALESCE($3, ''), $4, $5, $6)
          ON CONFLICT (name) DO UPDATE SET
              url = EXCLUDED.url,
              secret = COALESCE($3, services.secret),
              timeout_secs = EXCLUDED.timeout_secs,
              manifest = EXCLUDED.manifest,
+             allow_link_local = EXCLUDED.allow_link_local,
              updated_at = now()
-         RETURNING name, url, secret, timeout_secs, manifest, created_at, updated_at,
-                   (xmax <> 0) AS replaced",
+         RETURNING name, url, secret, timeout_secs, manifest, allow_link_local, created_at,
+                   updated_at, (xmax <> 0) AS replaced",
     )
     .bind(name)
-    .bind(url)
-    .bind(secret)
-    .bind(timeout_secs)
+    .bind(s.url)
+    .bind(s.secret)
+    .bind(s.timeout_secs)
     .bind(manifest)
+    .bind(s.allow_link_local)
     .fetch_one(&mut *tx)
     .await?;
     let kinds: Vec<Value> = manifest["kinds"]
@@ -81,8 +92,9 @@ pub async fn register(
         &mut tx,
         actor,
         "service_register",
-        serde_json::json!({ "service": name, "url": url, "kinds": kinds,
-                            "secret_changed": secret.is_some() }),
+        serde_json::json!({ "service": name, "url": s.url, "kinds": kinds,
+                            "secret_changed": s.secret.is_some(),
+                            "allow_link_local": s.allow_link_local }),
     )
     .await?;
     tx.commit().await?;

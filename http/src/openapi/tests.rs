@@ -769,6 +769,7 @@ async fn answers_as_sent_match_their_schemas() {
         name: "billing".into(),
         url: "http://127.0.0.1:8000".into(),
         timeout_secs: 300,
+        allow_link_local: false,
         kinds: vec![app::services::ServedKind {
             name: "refund".into(),
             version: "2".into(),
@@ -1050,6 +1051,7 @@ fn budget_view() -> app::budgets::BudgetView {
     app::budgets::BudgetView {
         id: Uuid::nil(),
         scope: "operation".into(),
+        op_id: Some(Uuid::nil()),
         batch_id: None,
         measure: "total".into(),
         limit_tokens: 3000,

@@ -170,6 +170,7 @@ impl JobContext {
                 &input,
                 &sha,
                 services.limits.max_children,
+                services.limits.max_spawn_depth,
             ))
             .await
             .map_err(|e| JobError::retryable(format!("spawning a child: {e}")))?;
@@ -188,6 +189,11 @@ impl JobContext {
                 db::children::Spawned::Capped(n) => Err(JobError::NonRetryable(format!(
                     "this operation has spawned {n} children, the most one operation may \
                      (AGENTQ_MAX_CHILDREN); spawn fewer, or from the children themselves"
+                ))),
+                db::children::Spawned::TooDeep(n) => Err(JobError::NonRetryable(format!(
+                    "this operation is {n} spawns below its root, the deepest a tree of \
+                     operations may be (AGENTQ_MAX_SPAWN_DEPTH); spawn from an operation \
+                     nearer the root"
                 ))),
                 db::children::Spawned::KindNotAllowed => Err(JobError::NonRetryable(format!(
                     "spawning a {kind:?} child: tenant {tenant:?} may not create operations of \

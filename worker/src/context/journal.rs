@@ -156,9 +156,10 @@ impl JobContext {
         recorded
     }
 
-    /// The journal as this run's claim loaded it (a remote kind sends it to its service).
-    pub(crate) fn loaded_journal(&self) -> Vec<JournalEntry> {
-        self.state().journal.clone()
+    /// `f` of the journal as this run's claim loaded it (a remote kind sends it to its service),
+    /// read in place.
+    pub(crate) fn with_loaded_journal<R>(&self, f: impl FnOnce(&[JournalEntry]) -> R) -> R {
+        f(&self.state().journal)
     }
 
     /// The position the next step takes.

@@ -61,12 +61,15 @@ pub use journal::{DEFERRED_FLUSH_AFTER, DEFERRED_MAX_ROWS};
 pub use park::{MAX_PARK, SignalOutcome, check_park, check_park_length};
 pub(crate) use steps::Reconcile;
 
-/// The caps a job's steps obey (`AGENTQ_MAX_CHILDREN`, `AGENTQ_TENANT_MAX_UNFINISHED`,
+/// The caps a job's steps obey (`AGENTQ_MAX_CHILDREN`, `AGENTQ_MAX_SPAWN_DEPTH`,
+/// `AGENTQ_TENANT_MAX_UNFINISHED`,
 /// `AGENTQ_JOURNAL_MAX_STEPS`, `AGENTQ_JOURNAL_MAX_BYTES`).
 #[derive(Clone, Copy, Debug)]
 pub struct JobLimits {
     /// Children one operation may spawn.
     pub max_children: i64,
+    /// Spawns below its root a child may be (its ancestors).
+    pub max_spawn_depth: i64,
     /// Unfinished operations a tenant may have; a spawn past it waits.
     pub tenant_max_unfinished: i64,
     /// Journal rows one operation may record: the step at this position fails the operation.
@@ -74,15 +77,19 @@ pub struct JobLimits {
     /// Bytes of step outputs and errors (as JSON) one journal may hold: once past it, the next
     /// step fails the operation.
     pub journal_max_bytes: i64,
+    /// Bytes the worker's remote runs may hold for their services' journals, all together.
+    pub remote_journal_memory: u64,
 }
 
 impl Default for JobLimits {
     fn default() -> Self {
         Self {
             max_children: 10_000,
+            max_spawn_depth: 32,
             tenant_max_unfinished: 100_000,
             journal_max_steps: 10_000,
             journal_max_bytes: 64 << 20,
+            remote_journal_memory: 256 << 20,
         }
     }
 }
@@ -147,6 +154,8 @@ pub(crate) struct Services {
     pub(crate) names: agentq_core::broker::Names,
     /// The caps a spawn obeys.
     pub(crate) limits: JobLimits,
+    /// The worker's budget of bytes for remote kinds' journals (`AGENTQ_REMOTE_JOURNAL_MEMORY`).
+    pub(crate) remote_memory: Arc<crate::remote::Memory>,
     /// Tenants' counts of unfinished operations, as the spawn cap reads them.
     pub(crate) counts: std::sync::Mutex<std::collections::HashMap<String, (Instant, i64)>>,
     /// The rate limits, and the newest budget's birth, as this process last read them.
@@ -345,6 +354,11 @@ impl JobContext {
     /// The wake time and awaited signal if the job parked itself.
     pub(crate) fn take_suspend(&self) -> Option<(DateTime<Utc>, Option<String>)> {
         self.state().suspend.take()
+    }
+
+    /// What the run shares with its worker.
+    pub(crate) fn services(&self) -> &Services {
+        &self.inner.services
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use agentq_core::metrics;
+use agentq_core::outbound::Error::{Http, Refused, UnapprovedPeer};
 use agentq_core::webhook::{self, Secret};
 use chrono::Utc;
 use serde::Deserialize;
@@ -21,7 +22,8 @@ pub(crate) struct ServiceDef {
     pub(crate) url: String,
     pub(crate) secret: Secret,
     pub(crate) timeout: Duration,
-    pub(crate) http: reqwest::Client,
+    /// Reaches only the addresses a service's may lead to (`agentq_core::outbound::Reach`).
+    pub(crate) http: agentq_core::outbound::Client,
 }
 
 impl std::fmt::Debug for ServiceDef {
@@ -155,36 +157,45 @@ impl ServiceDef {
         let id = format!("msg_{}", uuid::Uuid::new_v4().simple());
         let timestamp = Utc::now().timestamp();
         let signature = self.secret.sign(&id, timestamp, &body);
+        let Ok(url) = format!("{}/agentq/invoke", self.url).parse() else {
+            return Err(self.fail(
+                "unreachable",
+                true,
+                format!("{}/agentq/invoke is not a URL", self.url),
+            ));
+        };
         metrics::REMOTE_BYTES_SENT.add(&[&self.name], body.len() as f64);
-        let sent = self
+        let request = self
             .http
-            .post(format!("{}/agentq/invoke", self.url))
+            .post(url)
             .header("content-type", "application/json")
             .header("webhook-id", &id)
             .header("webhook-timestamp", timestamp.to_string())
             .header("webhook-signature", signature)
             .timeout(self.timeout)
-            .body(body)
-            .send()
-            .await;
+            .body(body);
+        let sent = self.http.send(request).await;
         let timeout_secs = self.timeout.as_secs();
         let mut response = match sent {
             Ok(r) => r,
-            Err(e) if e.is_timeout() => {
+            // A link-local or metadata address it was not registered for: nothing was sent.
+            Err(Refused(why)) => return Err(self.fail("unreachable", true, why)),
+            Err(UnapprovedPeer(why)) => return Err(self.fail("unreachable", false, why)),
+            Err(Http(e)) if e.is_timeout() => {
                 return Err(self.fail(
                     "timeout",
                     false,
                     format!("did not answer within {timeout_secs} s"),
                 ));
             }
-            Err(e) if e.is_connect() => {
+            Err(Http(e)) if e.is_connect() => {
                 return Err(self.fail(
                     "unreachable",
                     true,
                     format!("connecting to {} failed: {}", self.url, source_of(&e)),
                 ));
             }
-            Err(e) => {
+            Err(Http(e)) => {
                 return Err(self.fail(
                     "unreachable",
                     false,

@@ -15,6 +15,7 @@
 //!   names, at the position the journal is at: an answer for another position is refused.
 
 mod client;
+mod memory;
 mod run;
 mod schema;
 
@@ -33,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use client::MAX_ANSWER_BYTES;
 pub(crate) use client::ServiceDef;
+pub(crate) use memory::Memory;
 pub(crate) use run::run;
 pub use schema::InputSchema;
 
@@ -100,11 +102,12 @@ impl RemoteKinds {
                 continue;
             };
             let timeout = Duration::from_secs(u64::try_from(row.timeout_secs).unwrap_or(300));
-            let http = match reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(10))
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-            {
+            let reach = agentq_core::outbound::Reach::service(row.allow_link_local);
+            let http = match agentq_core::outbound::Client::reaching(
+                timeout,
+                Some(Duration::from_secs(10)),
+                reach,
+            ) {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(service = %row.name, error = %e, "building an HTTP client failed");

@@ -5,7 +5,13 @@
 //! Bytes stay O(steps): a run is one session; each call sends only the journal's entries at or
 //! past the first position that changed since the previous call (and the input only with a
 //! whole journal). A service that lost the session answers `resend` and gets the whole journal
-//! once (docs/protocol.md, "The request").
+//! again, within an allowance: a run resends at most twice its journal's bytes and a MiB more
+//! in all, so a service that asks for the whole journal at every call fails its run instead of
+//! making the worker send the square of its journal (docs/protocol.md, "The request").
+//!
+//! The session's journal (its entries as JSON, kept as the text they are sent as) and the
+//! whole of it a request may carry are held in the worker's budget for remote journals
+//! ([`super::memory`]), grown before each call.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -14,6 +20,8 @@ use std::time::Duration;
 use agentq_core::db::steps::JournalEntry;
 use agentq_core::state::StepStatus;
 use futures_util::future::BoxFuture;
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::client::{Answer, CallError, ServiceDef, StepFailure};
@@ -32,16 +40,47 @@ enum Directive<'a> {
     Reconcile { seq: i32, key: &'a str },
 }
 
+/// Bytes a run may resend beyond twice its journal.
+const RESEND_SLACK: usize = 1 << 20;
+
 struct Journal {
-    /// The journal as the service sees it, by position.
-    entries: BTreeMap<i32, Value>,
+    /// The journal as the service sees it, by position, as the JSON it is sent as.
+    entries: BTreeMap<i32, Box<RawValue>>,
+    /// Their bytes.
+    bytes: usize,
     /// The first position the service has not been sent as it is now.
     dirty_from: i32,
+    /// Bytes sent again because the service asked for the whole journal.
+    resent: usize,
 }
 
 impl Journal {
+    fn new(entries: BTreeMap<i32, Box<RawValue>>) -> Self {
+        let bytes = entries.values().map(|e| e.get().len()).sum();
+        Self {
+            entries,
+            bytes,
+            dirty_from: 0,
+            resent: 0,
+        }
+    }
+
     fn end(&self) -> i32 {
         self.entries.keys().next_back().map_or(0, |s| s + 1)
+    }
+
+    fn set(&mut self, seq: i32, entry: Box<RawValue>) {
+        self.bytes += entry.get().len();
+        if let Some(old) = self.entries.insert(seq, entry) {
+            self.bytes -= old.get().len();
+        }
+        self.dirty_from = self.dirty_from.min(seq);
+    }
+
+    /// Whether a resend of the whole journal now stays within the run's allowance (twice the
+    /// journal's bytes and [`RESEND_SLACK`], over the run).
+    fn may_resend(&self) -> bool {
+        self.resent + self.bytes <= 2 * self.bytes + RESEND_SLACK
     }
 }
 
@@ -51,6 +90,8 @@ struct Session<'c> {
     ctx: &'c JobContext,
     input: Value,
     journal: Mutex<Journal>,
+    /// Its room in the worker's budget for remote journals.
+    room: tokio::sync::Mutex<super::memory::Room>,
 }
 
 /// Runs the remote operation `ctx` with `input` on `service` to its end (or a park).
@@ -59,25 +100,25 @@ pub(crate) async fn run(
     ctx: JobContext,
     input: Value,
 ) -> Result<Value, JobError> {
-    let entries = ctx
-        .loaded_journal()
-        .iter()
-        .map(|e| (e.seq, entry_json(e)))
-        .collect();
+    let entries = ctx.with_loaded_journal(|journal| {
+        journal
+            .iter()
+            .map(|e| (e.seq, entry_json(e)))
+            .collect::<BTreeMap<_, _>>()
+    });
     let session = Session {
         id: uuid::Uuid::new_v4().simple().to_string(),
         service,
         ctx: &ctx,
         input,
-        journal: Mutex::new(Journal {
-            entries,
-            dirty_from: 0,
-        }),
+        journal: Mutex::new(Journal::new(entries)),
+        room: tokio::sync::Mutex::new(ctx.services().remote_memory.room()),
     };
     loop {
         // The step just journaled commits before the service runs the next one (a Rust kind's
         // next step waits for it the same way).
         ctx.make_durable().await?;
+        session.make_room().await?;
         let answer = session.call(Directive::Next).await.map_err(retryable)?;
         match answer {
             Answer::Output { output } => return Ok(output),
@@ -101,16 +142,53 @@ fn retryable(e: CallError) -> JobError {
 }
 
 /// A journal entry as the service reads it.
-fn entry_json(e: &JournalEntry) -> Value {
-    json!({
-        "seq": e.seq,
-        "name": e.name,
-        "kind": e.kind.as_str(),
-        "replay": e.replay.as_str(),
-        "status": e.status.as_str(),
-        "output": e.output,
-        "error": e.error,
-    })
+#[derive(Serialize)]
+struct Entry<'a> {
+    seq: i32,
+    name: &'a str,
+    kind: &'a str,
+    replay: &'a str,
+    status: &'a str,
+    output: Option<&'a Value>,
+    error: Option<&'a str>,
+}
+
+impl Entry<'_> {
+    fn raw(&self) -> Box<RawValue> {
+        let text = serde_json::to_string(self).expect("an entry serializes");
+        RawValue::from_string(text).expect("serde_json wrote JSON")
+    }
+}
+
+fn entry_json(e: &JournalEntry) -> Box<RawValue> {
+    Entry {
+        seq: e.seq,
+        name: &e.name,
+        kind: e.kind.as_str(),
+        replay: e.replay.as_str(),
+        status: e.status.as_str(),
+        output: e.output.as_ref(),
+        error: e.error.as_deref(),
+    }
+    .raw()
+}
+
+/// A request's body (docs/protocol.md, "The request").
+#[derive(Serialize)]
+struct Request<'a> {
+    protocol: u32,
+    operation: Value,
+    session: &'a str,
+    input: Option<&'a Value>,
+    journal: RequestJournal<'a>,
+    run: Value,
+    reconcile: Value,
+}
+
+#[derive(Serialize)]
+struct RequestJournal<'a> {
+    base: i32,
+    entries: Vec<&'a RawValue>,
 }
 
 impl Session<'_> {
@@ -125,50 +203,79 @@ impl Session<'_> {
 
     /// Sets the entry at `seq` (sent with the next call).
     fn record(&self, seq: i32, name: &str, kind: &str, replay: &str, status: &str, output: Value) {
-        let mut j = self.journal();
-        j.entries.insert(
+        let entry = Entry {
             seq,
-            json!({ "seq": seq, "name": name, "kind": kind, "replay": replay,
-                    "status": status, "output": output, "error": null }),
-        );
-        j.dirty_from = j.dirty_from.min(seq);
+            name,
+            kind,
+            replay,
+            status,
+            output: Some(&output),
+            error: None,
+        }
+        .raw();
+        self.journal().set(seq, entry);
+    }
+
+    /// Grows the session's room in the worker's budget for remote journals to its journal's
+    /// bytes and those its next request carries ([`super::memory`]); else its operation goes
+    /// back to the queue.
+    async fn make_room(&self) -> Result<(), JobError> {
+        let bytes = {
+            let j = self.journal();
+            let tail: usize = j
+                .entries
+                .range(j.dirty_from..)
+                .map(|(_, e)| e.get().len())
+                .sum();
+            j.bytes + tail
+        };
+        if self.room.lock().await.grow(bytes).await {
+            return Ok(());
+        }
+        agentq_core::metrics::REMOTE_CALLS.inc(&[&self.service.name, "memory"]);
+        Err(JobError::Overloaded {
+            message: format!(
+                "remote service {:?}: this worker's memory for remote journals \
+                 (AGENTQ_REMOTE_JOURNAL_MEMORY) is held by other operations; this one needs \
+                 {bytes} bytes and goes back to the queue",
+                self.service.name
+            ),
+            not_before: Some(chrono::Utc::now() + chrono::Duration::seconds(5)),
+        })
     }
 
     fn body(&self, directive: Directive<'_>) -> (Vec<u8>, i32) {
         let info = self.ctx.info();
-        let (base, entries) = {
-            let j = self.journal();
-            let entries: Vec<Value> = j
-                .entries
-                .range(j.dirty_from..)
-                .map(|(_, v)| v.clone())
-                .collect();
-            (j.dirty_from, entries)
-        };
         let (run, reconcile) = match directive {
             Directive::Next => (Value::Null, Value::Null),
             Directive::Run { seq, key } => (json!({ "seq": seq, "key": key }), Value::Null),
             Directive::Reconcile { seq, key } => (Value::Null, json!({ "seq": seq, "key": key })),
         };
-        let body = json!({
-            "protocol": agentq_core::services::PROTOCOL,
-            "operation": {
+        let j = self.journal();
+        let base = j.dirty_from;
+        let body = Request {
+            protocol: agentq_core::services::PROTOCOL,
+            operation: json!({
                 "id": info.op_id.0,
                 "kind": info.kind,
                 "version": info.version,
                 "tenant": info.tenant,
                 "attempt": info.attempt,
+            }),
+            session: &self.id,
+            input: (base == 0).then_some(&self.input),
+            journal: RequestJournal {
+                base,
+                entries: j.entries.range(base..).map(|(_, e)| e.as_ref()).collect(),
             },
-            "session": self.id,
-            "input": if base == 0 { self.input.clone() } else { Value::Null },
-            "journal": { "base": base, "entries": entries },
-            "run": run,
-            "reconcile": reconcile,
-        });
+            run,
+            reconcile,
+        };
         (serde_json::to_vec(&body).unwrap_or_default(), base)
     }
 
-    /// One call (two when the service asks for the whole journal again).
+    /// One call (more when the service asks for the whole journal again, within the run's
+    /// allowance).
     async fn call(&self, directive: Directive<'_>) -> Result<Answer, CallError> {
         loop {
             let (body, base) = self.body(directive);
@@ -185,6 +292,20 @@ impl Session<'_> {
                         not_sent: false,
                     });
                 }
+                if !j.may_resend() {
+                    agentq_core::metrics::REMOTE_CALLS.inc(&[&self.service.name, "protocol"]);
+                    return Err(CallError {
+                        message: format!(
+                            "remote service {:?}: asked for the whole journal again after {} \
+                             bytes resent in this run (a run resends at most twice its {}-byte \
+                             journal and 1 MiB): the service must keep its sessions (send one \
+                             session's calls to one replica, or keep more sessions)",
+                            self.service.name, j.resent, j.bytes
+                        ),
+                        not_sent: false,
+                    });
+                }
+                j.resent += j.bytes;
                 j.dirty_from = 0;
                 continue;
             }

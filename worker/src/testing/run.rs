@@ -224,6 +224,9 @@ impl Tester {
             names: agentq_core::broker::Names::new("replay-tester"),
             limits: Default::default(),
             counts: Default::default(),
+            remote_memory: Arc::new(crate::remote::Memory::new(
+                crate::context::JobLimits::default().remote_journal_memory,
+            )),
             memory: Some(memory.clone() as Arc<dyn Store>),
         })
     }

@@ -1,4 +1,5 @@
-//! Outbound HTTP of the built-in tools (`http_get`, `triage`'s callback).
+//! Outbound HTTP of the built-in tools (`http_get`, `triage`'s callback) and of registered
+//! services (their manifest, and every call of the step protocol).
 //!
 //! - Where they may go: [`Origins`], the operator's `AGENTQ_AGENT_HTTP_ALLOW`, names origins
 //!   (scheme, host and port). A bare host allows its default ports only, so allowing a host
@@ -8,7 +9,10 @@
 //!   answer and be connected with another (DNS rebinding). A name's unspecified, link-local
 //!   (169.254.169.254, cloud metadata), multicast and broadcast addresses are never used;
 //!   loopback and private ones are, as operators name internal services. An IP literal in a
-//!   URL is not resolved: the allow-list alone governs it. The answer's peer address is
+//!   URL is not resolved: for the tools the allow-list alone governs it; for a service
+//!   ([`Reach::service`]), which no allow-list covers, it is checked as a name's addresses
+//!   are. Link-local and cloud metadata addresses are reachable only where an admin said so
+//!   (a service registered with `--allow-link-local`). The answer's peer address is
 //!   compared with what was approved once more, and no proxy is ever used (a proxy would
 //!   resolve the name itself).
 //! - What they read: answers are capped while they stream ([`read_capped`]), so a huge or
@@ -23,7 +27,7 @@ use async_trait::async_trait;
 use reqwest::Url;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
-pub use agentq_core::origins::Origins;
+pub use crate::origins::Origins;
 
 /// How a host name becomes addresses: the system resolver in production ([`SystemLookup`]),
 /// a fake in tests (a name that answers differently each time, counting its calls).
@@ -65,12 +69,33 @@ pub enum Error {
 /// The addresses the resolver handed the connector, per host name (lower case).
 type Approved = Arc<Mutex<HashMap<String, HashSet<IpAddr>>>>;
 
+/// Which addresses a client may reach beyond what a name may lead to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reach {
+    /// A URL's IP literal is checked as a name's addresses are (no allow-list covers it).
+    pub literals: bool,
+    /// Link-local and cloud metadata addresses may be reached (an admin said so).
+    pub link_local: bool,
+}
+
+impl Reach {
+    /// A registered service's: literals checked; link-local and metadata addresses only when
+    /// its registration allowed them.
+    pub fn service(allow_link_local: bool) -> Self {
+        Self {
+            literals: true,
+            link_local: allow_link_local,
+        }
+    }
+}
+
 /// The HTTP client of the built-in tools: no redirects, no proxy, and a resolver that checks
 /// the addresses it hands the connector. Build one per call with [`Client::new`], send with
 /// [`Client::send`].
 pub struct Client {
     http: reqwest::Client,
     approved: Approved,
+    reach: Reach,
 }
 
 impl Client {
@@ -80,16 +105,35 @@ impl Client {
         Self::with_lookup(timeout, connect_timeout, Arc::new(SystemLookup))
     }
 
+    /// [`Client::new`] reaching what `reach` allows.
+    pub fn reaching(
+        timeout: Duration,
+        connect_timeout: Option<Duration>,
+        reach: Reach,
+    ) -> Result<Self, Error> {
+        Self::build(timeout, connect_timeout, Arc::new(SystemLookup), reach)
+    }
+
     /// [`Client::new`] with names resolved by `lookup`.
     pub fn with_lookup(
         timeout: Duration,
         connect_timeout: Option<Duration>,
         lookup: Arc<dyn Lookup>,
     ) -> Result<Self, Error> {
+        Self::build(timeout, connect_timeout, lookup, Reach::default())
+    }
+
+    fn build(
+        timeout: Duration,
+        connect_timeout: Option<Duration>,
+        lookup: Arc<dyn Lookup>,
+        reach: Reach,
+    ) -> Result<Self, Error> {
         let approved = Approved::default();
         let resolver = CheckedResolver {
             lookup,
             approved: approved.clone(),
+            reach,
         };
         let mut builder = reqwest::Client::builder()
             .timeout(timeout)
@@ -100,7 +144,11 @@ impl Client {
             builder = builder.connect_timeout(connect);
         }
         let http = builder.build().map_err(|e| Error::Http(e.without_url()))?;
-        Ok(Self { http, approved })
+        Ok(Self {
+            http,
+            approved,
+            reach,
+        })
     }
 
     /// A GET of `url`, to hand to [`Client::send`].
@@ -118,6 +166,15 @@ impl Client {
     pub async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, Error> {
         let request = request.build().map_err(|e| Error::Http(e.without_url()))?;
         let url = request.url().clone();
+        if self.reach.literals
+            && let Some(ip) = literal(&url)
+            && let Some(what) = refused(ip, self.reach)
+        {
+            return Err(Error::Refused(format!(
+                "{ip} is {what}; agentq calls it only for a service registered with \
+                 --allow-link-local"
+            )));
+        }
         let response = self
             .http
             .execute(request)
@@ -162,6 +219,7 @@ impl std::error::Error for Refusal {}
 struct CheckedResolver {
     lookup: Arc<dyn Lookup>,
     approved: Approved,
+    reach: Reach,
 }
 
 impl Resolve for CheckedResolver {
@@ -169,9 +227,10 @@ impl Resolve for CheckedResolver {
         let host = name.as_str().to_ascii_lowercase();
         let lookup = self.lookup.clone();
         let approved = self.approved.clone();
+        let reach = self.reach;
         Box::pin(async move {
             let answers = lookup.lookup(&host).await?;
-            let usable = usable_addresses(&host, &answers).map_err(Refusal)?;
+            let usable = usable_addresses(&host, &answers, reach).map_err(Refusal)?;
             approved
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -187,14 +246,14 @@ impl Resolve for CheckedResolver {
 
 /// The addresses of `answers` a name may lead to, in their order; if there is none, why not,
 /// naming the host and saying what to configure.
-fn usable_addresses(host: &str, answers: &[IpAddr]) -> Result<Vec<IpAddr>, String> {
+fn usable_addresses(host: &str, answers: &[IpAddr], reach: Reach) -> Result<Vec<IpAddr>, String> {
     if answers.is_empty() {
         return Err(format!("{host} resolves to no address"));
     }
     let usable: Vec<IpAddr> = answers
         .iter()
         .copied()
-        .filter(|ip| never_through_a_name(*ip).is_none())
+        .filter(|ip| refused(*ip, reach).is_none())
         .collect();
     if !usable.is_empty() {
         return Ok(usable);
@@ -202,16 +261,53 @@ fn usable_addresses(host: &str, answers: &[IpAddr]) -> Result<Vec<IpAddr>, Strin
     let mut listed: Vec<String> = answers
         .iter()
         .take(4)
-        .map(|ip| format!("{ip}, {}", never_through_a_name(*ip).unwrap_or_default()))
+        .map(|ip| format!("{ip}, {}", refused(*ip, reach).unwrap_or_default()))
         .collect();
     if answers.len() > 4 {
         listed.push("…".into());
     }
+    let what_to_do = if reach.literals {
+        "a service at a link-local or metadata address is registered with --allow-link-local"
+    } else {
+        "call the address itself and list it in AGENTQ_AGENT_HTTP_ALLOW if you mean it"
+    };
     Err(format!(
-        "{host} resolves to {}; agentq never calls such an address through a name: call the \
-         address itself and list it in AGENTQ_AGENT_HTTP_ALLOW if you mean it",
+        "{host} resolves to {}; agentq never calls such an address through a name: {what_to_do}",
         listed.join("; ")
     ))
+}
+
+/// A URL's host as an IP address, if it is one (IPv6 in brackets).
+fn literal(url: &Url) -> Option<IpAddr> {
+    let host = url.host_str()?;
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+        .parse()
+        .ok()
+}
+
+/// Cloud metadata services at addresses that are not link-local: AWS's IPv6 one (fd00:ec2::254)
+/// and Alibaba's (100.100.100.200). (The common one, 169.254.169.254, is link-local.)
+fn metadata(ip: IpAddr) -> bool {
+    let v4 = match ip {
+        IpAddr::V4(v4) => Some(v4),
+        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+    };
+    v4 == Some(Ipv4Addr::new(100, 100, 100, 200))
+        || ip == IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254))
+}
+
+/// What kind of address `ip` is if `reach` may not lead to it: [`never_through_a_name`]'s,
+/// and a cloud metadata address; link-local and metadata ones are allowed where
+/// `reach.link_local` says so.
+fn refused(ip: IpAddr, reach: Reach) -> Option<&'static str> {
+    let what =
+        never_through_a_name(ip).or_else(|| metadata(ip).then_some("a cloud metadata address"));
+    match what {
+        Some("a link-local address" | "a cloud metadata address") if reach.link_local => None,
+        other => other,
+    }
 }
 
 /// What kind of address `ip` is if a host name may never lead to it: unspecified
@@ -490,8 +586,12 @@ mod tests {
             let ip: IpAddr = allowed.parse().unwrap();
             assert!(never_through_a_name(ip).is_none(), "{allowed}");
         }
-        let why =
-            usable_addresses("api.example", &["169.254.169.254".parse().unwrap()]).unwrap_err();
+        let why = usable_addresses(
+            "api.example",
+            &["169.254.169.254".parse().unwrap()],
+            Reach::default(),
+        )
+        .unwrap_err();
         assert!(why.contains("api.example"), "{why}");
         assert!(
             why.contains("169.254.169.254, a link-local address"),
@@ -622,5 +722,60 @@ mod tests {
             assert!(matches!(refused, Error::UnapprovedPeer(_)), "{u} {peer:?}");
             assert!(!refused.to_string().contains("?q"), "{refused}");
         }
+    }
+
+    #[test]
+    fn a_service_reaches_no_link_local_or_metadata_address_unless_allowed() {
+        let service = Reach::service(false);
+        for refused_ip in [
+            "169.254.169.254",
+            "::ffff:169.254.169.254",
+            "fe80::1",
+            "100.100.100.200",
+            "fd00:ec2::254",
+            "0.0.0.0",
+        ] {
+            let ip: IpAddr = refused_ip.parse().unwrap();
+            assert!(refused(ip, service).is_some(), "{refused_ip}");
+        }
+        for fine in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "192.168.1.1",
+            "::1",
+            "93.184.216.34",
+        ] {
+            assert!(refused(fine.parse().unwrap(), service).is_none(), "{fine}");
+        }
+        let allowed = Reach::service(true);
+        for ip in [
+            "169.254.169.254",
+            "100.100.100.200",
+            "fd00:ec2::254",
+            "fe80::1",
+        ] {
+            assert!(refused(ip.parse().unwrap(), allowed).is_none(), "{ip}");
+        }
+        assert!(refused("0.0.0.0".parse().unwrap(), allowed).is_some());
+        assert_eq!(
+            literal(&"http://[fd00:ec2::254]:80/x".parse().unwrap()),
+            Some("fd00:ec2::254".parse().unwrap())
+        );
+        assert_eq!(literal(&"http://api.example/".parse().unwrap()), None);
+    }
+
+    #[tokio::test]
+    async fn a_services_literal_address_is_refused_before_anything_is_sent() {
+        let client = Client::reaching(Duration::from_secs(5), None, Reach::service(false)).unwrap();
+        let sent = client
+            .send(client.get("http://169.254.169.254/latest/meta-data/".parse().unwrap()))
+            .await;
+        let Err(Error::Refused(why)) = sent else {
+            panic!("not refused: {sent:?}");
+        };
+        assert!(
+            why.contains("link-local") && why.contains("--allow-link-local"),
+            "{why}"
+        );
     }
 }
