@@ -345,6 +345,12 @@ async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
             _ => "already enqueued",
         };
         println!("{verb} {op_id} ({status})");
+        if let Some(d) = debounce.as_ref().filter(|d| !d.kept.is_empty()) {
+            println!(
+                "the pending operation kept its own {} (a join replaces only the input)",
+                d.kept.join(", ")
+            );
+        }
         if let Some(at) = debounce.as_ref().and_then(|d| d.run_at) {
             println!(
                 "starts at {} unless a newer arrival pushes it back",

@@ -213,6 +213,12 @@ pub struct Answer {
     /// The key's started operations cancelled for this one (policy `cancel_running`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub cancelled: Vec<OperationId>,
+    /// Joined: the options (by their fields' names: `deadline`, `budget`, `rate_key`, `lane`,
+    /// `max_attempts`, `ordering_key`, `concurrency_key`, `concurrency_limit`) this arrival
+    /// asked otherwise than the pending operation, which kept its own (a join replaces only
+    /// the input).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<String>,
 }
 
 /// A debounced enqueue's answer: the operation the caller's input is (or is not, when
@@ -274,6 +280,7 @@ pub(crate) async fn fold(
         debounce_key: spec.key.clone(),
         run_at,
         cancelled: Vec::new(),
+        kept: Vec::new(),
     };
     let outcome = db::enqueue(&app.pool, &op, spec, actor).await?;
     let debounced = match outcome {
@@ -290,13 +297,15 @@ pub(crate) async fn fold(
                 debounce: answer,
             }
         }
-        Outcome::Joined { id, run_at } => {
+        Outcome::Joined { id, run_at, kept } => {
             metrics::DEBOUNCED.inc(&[&op.kind, "joined"]);
+            let mut answer = answer(Folded::Joined, Some(run_at));
+            answer.kept = kept.into_iter().map(String::from).collect();
             Debounced {
                 op_id: OperationId(id),
                 created: false,
                 status: Status::Queued,
-                debounce: answer(Folded::Joined, Some(run_at)),
+                debounce: answer,
             }
         }
         Outcome::Skipped { id, status } => {

@@ -830,3 +830,72 @@ async fn a_childs_model_calls_are_held_against_the_budgets_over_its_ancestors() 
     assert!(failed[0].1.contains("AGENTQ_MAX_SPAWN_DEPTH"), "{failed:?}");
     app.cleanup().await;
 }
+
+// ---------------------------------------------------------------- debounce
+
+/// A debounce join silently kept the first arrival's budget, rate key and deadline: an arrival
+/// asking a larger budget believed it had one. Now a join's answer names every option the
+/// pending operation kept (a join replaces only the input).
+#[tokio::test]
+async fn a_debounce_join_says_which_options_the_pending_operation_kept() {
+    let app = TestApp::start().await;
+    let debounced = |extra: &[&str]| {
+        let mut args = vec![
+            "enqueue",
+            "--tenant",
+            "ta",
+            "--kind",
+            "echo",
+            "--input",
+            r#"{"text":"x"}"#,
+            "--debounce-key",
+            "doc-1",
+            "--debounce",
+            "1h",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        app.agentq_json(&args)
+    };
+    let first = debounced(&["--budget-tokens", "100", "--rate-key", "k1"]);
+    assert_eq!(first["debounce"]["outcome"], "pending", "{first}");
+    // The same options: nothing kept that differs.
+    let same = debounced(&["--budget-tokens", "100", "--rate-key", "k1"]);
+    assert_eq!(same["debounce"]["outcome"], "joined", "{same}");
+    assert!(same["debounce"].get("kept").is_none(), "{same}");
+    let other = debounced(&[
+        "--budget-tokens",
+        "99999",
+        "--rate-key",
+        "k2",
+        "--deadline",
+        "2h",
+    ]);
+    assert_eq!(other["op_id"], first["op_id"]);
+    assert_eq!(
+        other["debounce"]["kept"],
+        json!(["deadline", "rate_key", "budget"]),
+        "{other}"
+    );
+    let text = app.agentq_ok(&[
+        "enqueue",
+        "--tenant",
+        "ta",
+        "--kind",
+        "echo",
+        "--input",
+        r#"{"text":"y"}"#,
+        "--debounce-key",
+        "doc-1",
+        "--debounce",
+        "1h",
+        "--lane",
+        "batch",
+    ]);
+    let said = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        said.contains("kept its own lane, rate_key, budget"),
+        "{said}"
+    );
+    app.cleanup().await;
+}

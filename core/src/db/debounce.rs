@@ -71,8 +71,13 @@ pub enum Outcome {
         epoch: i64,
         run_at: DateTime<Utc>,
     },
-    /// The key's pending operation took this input; it starts at `run_at`.
-    Joined { id: Uuid, run_at: DateTime<Utc> },
+    /// The key's pending operation took this input; it starts at `run_at`. It kept its own
+    /// options where this arrival asked others (`kept`: their names, as the API's fields).
+    Joined {
+        id: Uuid,
+        run_at: DateTime<Utc>,
+        kept: Vec<&'static str>,
+    },
     /// The dedupe key was folded into `id` before; the caller compares `input_sha256`.
     Existing {
         id: Uuid,
@@ -221,16 +226,62 @@ pub async fn enqueue(
                 .ok_or_else(|| sqlx::Error::RowNotFound.into());
         }
     }
-    if !inserted {
-        let queued = Status::Queued;
-        audit(&mut tx, actor, "debounce", id, queued, spec, Some(run_at)).await?;
+    if inserted {
+        tx.commit().await?;
+        return Ok(Outcome::Created { id, epoch, run_at });
     }
+    let queued = Status::Queued;
+    audit(&mut tx, actor, "debounce", id, queued, spec, Some(run_at)).await?;
+    let kept = kept_options(&mut tx, id, op).await?;
     tx.commit().await?;
-    Ok(if inserted {
-        Outcome::Created { id, epoch, run_at }
-    } else {
-        Outcome::Joined { id, run_at }
-    })
+    Ok(Outcome::Joined { id, run_at, kept })
+}
+
+/// The options of the pending operation `id` that differ from what the joining arrival `op`
+/// asked (a join replaces only the input): by their API fields' names.
+async fn kept_options(
+    tx: &mut sqlx::PgConnection,
+    id: Uuid,
+    op: &NewOperation,
+) -> Result<Vec<&'static str>> {
+    #[allow(clippy::type_complexity)]
+    let row: (
+        String,
+        Option<DateTime<Utc>>,
+        Option<String>,
+        i32,
+        Option<String>,
+        Option<String>,
+        Option<i32>,
+        Option<(String, i64, i32)>,
+    ) = sqlx::query_as(
+        "SELECT o.lane, o.deadline, o.rate_key, o.max_attempts, o.ordering_key,
+                o.concurrency_key, o.concurrency_limit,
+                (SELECT ROW(b.measure, b.limit_tokens, b.timeout_secs) FROM budgets b
+                  WHERE b.op_id = o.id)
+           FROM operations o WHERE o.id = $1",
+    )
+    .bind(id)
+    .fetch_one(tx)
+    .await?;
+    let (measure, tokens, timeout) = super::operations::budget_columns(op.budget);
+    let asked_budget = tokens.map(|t| (measure.to_string(), t, timeout));
+    let mut kept = Vec::new();
+    for (differs, name) in [
+        (row.0 != op.lane.as_str(), "lane"),
+        (row.1 != op.deadline, "deadline"),
+        (row.2 != op.rate_key, "rate_key"),
+        (row.3 != op.max_attempts, "max_attempts"),
+        (row.4 != op.ordering_key, "ordering_key"),
+        (row.5 != op.concurrency_key, "concurrency_key"),
+        (row.6 != op.concurrency_limit, "concurrency_limit"),
+        (row.7 != asked_budget, "budget"),
+    ] {
+        if differs {
+            kept.push(name);
+        }
+    }
+    Ok(kept)
 }
 
 /// The operation a delivery with `dedupe_key` was folded into, or an ordinary enqueue with

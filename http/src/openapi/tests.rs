@@ -380,6 +380,7 @@ async fn answers_as_sent_match_their_schemas() {
         debounce_key: "doc-7".into(),
         run_at: Some(chrono::Utc::now()),
         cancelled: vec![OperationId::new()],
+        kept: vec!["deadline".into()],
     };
     c.wire(
         "Accepted",
