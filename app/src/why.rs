@@ -256,7 +256,8 @@ pub async fn why(app: &App, caller: &Caller, op: OperationId) -> Result<Why> {
         .await?
         .ok_or_else(|| not_found(op))?;
     let mut detail = reason(app, &row, caller.scope()).await?;
-    if caller.role != Role::Admin {
+    // Only a caller who sees every tenant sees the deployment's hosts.
+    if !caller.sees_every_tenant() {
         detail.hide_hosts();
     }
     let (headline, evidence) = describe(&detail);

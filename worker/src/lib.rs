@@ -29,6 +29,7 @@ pub mod model;
 pub mod openai;
 pub mod registry;
 pub mod remote;
+mod remote_memory;
 mod share;
 mod slot;
 mod store;
@@ -150,7 +151,9 @@ impl Worker {
                     names,
                     limits: job_limits,
                     counts: Default::default(),
-                    remote_memory: Arc::new(remote::Memory::new(job_limits.remote_journal_memory)),
+                    remote_memory: Arc::new(remote_memory::Memory::new(
+                        job_limits.remote_journal_memory,
+                    )),
                     memory: None,
                 }),
                 registry,

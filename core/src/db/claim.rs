@@ -50,6 +50,22 @@ pub struct Claimed {
     pub rate_key: Option<String>,
 }
 
+/// Operation `o` is the oldest unfinished operation of its ordering key, or has none: the
+/// claim's `ordering_key` gate, and what [`others_claimable`] asks of waiting work.
+macro_rules! first_of_its_ordering_key {
+    () => {
+        concat!(
+            "(o.ordering_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM operations p
+                 WHERE p.tenant_id = o.tenant_id AND p.ordering_key = o.ordering_key
+                   AND p.status NOT IN ",
+            terminal_sql!(),
+            "
+                   AND (p.created_at, p.id) < (o.created_at, o.id)))"
+        )
+    };
+}
+
 /// The gates the claim statement ([`claim_operations`]) applies, in order, each named by a
 /// `-- gate: <name>` comment above its condition there (a test checks that every condition of
 /// the statement has such a comment, or a `-- not a gate:` one, and that this list is theirs).
@@ -110,13 +126,9 @@ pub async fn claim_operations(
         super::versions::runnable_sql!(),
         "
                -- gate: ordering_key. Only the oldest unfinished operation of its key may start.
-               AND (o.ordering_key IS NULL OR NOT EXISTS (
-                       SELECT 1 FROM operations p
-                        WHERE p.tenant_id = o.tenant_id AND p.ordering_key = o.ordering_key
-                          AND p.status NOT IN ",
-        terminal_sql!(),
+               AND ",
+        first_of_its_ordering_key!(),
         "
-                          AND (p.created_at, p.id) < (o.created_at, o.id)))
                -- gate: batch. A paused or cancelled batch starts nothing; resuming
                -- re-dispatches its queue.
                AND NOT in_stopped_batch(o.batch_id)
@@ -277,13 +289,9 @@ pub async fn others_claimable(pool: &PgPool, lane: Lane, tenant: &str, most: i64
                AND o.paused_by IS NULL
                AND NOT agentq_paused(o.tenant_id, o.kind, o.lane, o.schedule_id, o.id)
                AND NOT in_stopped_batch(o.batch_id)
-               AND (o.ordering_key IS NULL OR NOT EXISTS (
-                       SELECT 1 FROM operations p
-                        WHERE p.tenant_id = o.tenant_id AND p.ordering_key = o.ordering_key
-                          AND p.status NOT IN ",
-        terminal_sql!(),
+               AND ",
+        first_of_its_ordering_key!(),
         "
-                          AND (p.created_at, p.id) < (o.created_at, o.id)))
                AND (o.concurrency_key IS NULL OR NOT EXISTS (
                        SELECT 1 FROM concurrency_keys c
                         WHERE c.tenant_id = o.tenant_id AND c.key = o.concurrency_key

@@ -155,7 +155,7 @@ pub(crate) struct Services {
     /// The caps a spawn obeys.
     pub(crate) limits: JobLimits,
     /// The worker's budget of bytes for remote kinds' journals (`AGENTQ_REMOTE_JOURNAL_MEMORY`).
-    pub(crate) remote_memory: Arc<crate::remote::Memory>,
+    pub(crate) remote_memory: Arc<crate::remote_memory::Memory>,
     /// Tenants' counts of unfinished operations, as the spawn cap reads them.
     pub(crate) counts: std::sync::Mutex<std::collections::HashMap<String, (Instant, i64)>>,
     /// The rate limits, and the newest budget's birth, as this process last read them.

@@ -15,7 +15,6 @@
 //!   names, at the position the journal is at: an answer for another position is refused.
 
 mod client;
-mod memory;
 mod run;
 mod schema;
 
@@ -34,7 +33,6 @@ use tokio_util::sync::CancellationToken;
 
 pub use client::MAX_ANSWER_BYTES;
 pub(crate) use client::ServiceDef;
-pub(crate) use memory::Memory;
 pub(crate) use run::run;
 pub use schema::InputSchema;
 

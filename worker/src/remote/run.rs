@@ -11,7 +11,7 @@
 //!
 //! The session's journal (its entries as JSON, kept as the text they are sent as) and the
 //! whole of it a request may carry are held in the worker's budget for remote journals
-//! ([`super::memory`]), grown before each call.
+//! ([`crate::remote_memory`]), grown before each call.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -91,7 +91,7 @@ struct Session<'c> {
     input: Value,
     journal: Mutex<Journal>,
     /// Its room in the worker's budget for remote journals.
-    room: tokio::sync::Mutex<super::memory::Room>,
+    room: tokio::sync::Mutex<crate::remote_memory::Room>,
 }
 
 /// Runs the remote operation `ctx` with `input` on `service` to its end (or a park).
@@ -217,7 +217,7 @@ impl Session<'_> {
     }
 
     /// Grows the session's room in the worker's budget for remote journals to its journal's
-    /// bytes and those its next request carries ([`super::memory`]); else its operation goes
+    /// bytes and those its next request carries ([`crate::remote_memory`]); else its operation goes
     /// back to the queue.
     async fn make_room(&self) -> Result<(), JobError> {
         let bytes = {

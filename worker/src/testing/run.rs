@@ -224,7 +224,7 @@ impl Tester {
             names: agentq_core::broker::Names::new("replay-tester"),
             limits: Default::default(),
             counts: Default::default(),
-            remote_memory: Arc::new(crate::remote::Memory::new(
+            remote_memory: Arc::new(crate::remote_memory::Memory::new(
                 crate::context::JobLimits::default().remote_journal_memory,
             )),
             memory: Some(memory.clone() as Arc<dyn Store>),

@@ -1,4 +1,5 @@
-//! The worker's memory for remote journals: one budget of bytes (`AGENTQ_REMOTE_JOURNAL_MEMORY`)
+//! The worker's memory for remote journals (the sessions of `remote` kinds): one budget of
+//! bytes (`AGENTQ_REMOTE_JOURNAL_MEMORY`)
 //! that every remote run's session draws on for the journal it keeps for its service (its
 //! entries as the JSON they are sent as) and the part of it its next request carries. A session
 //! takes more room before each call to its service. When the budget is held by others, the
