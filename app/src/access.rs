@@ -3,6 +3,10 @@
 //! tenant's operations may read or write. Every act here is an admin's and is audited in
 //! `operator_actions`; a refused one changes nothing.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use agentq_core::db::access;
 use agentq_core::db::batch_source::Ident;
 pub use agentq_core::db::stores::Store;
@@ -44,6 +48,7 @@ pub async fn create_token(app: &App, caller: &Caller, t: &str, role: &str) -> Re
 pub async fn revoke_token(app: &App, caller: &Caller, id: Uuid) -> Result<()> {
     caller.require(Role::Admin)?;
     if access::revoke_token(&app.pool, id, &caller.actor).await? {
+        app.tokens.forget();
         Ok(())
     } else {
         Err(AppError::NotFound(format!("no active token {id}")))
@@ -285,7 +290,7 @@ pub struct Authenticated {
 /// which the table's check constraint rules out).
 pub async fn authenticate(app: &App, token: &str) -> Result<Option<Authenticated>> {
     let token_hash = access::token_hash(token);
-    let Some((tenant, role)) = access::authenticate_hash(&app.pool, &token_hash).await? else {
+    let Some((tenant, role)) = app.tokens.look_up(&app.pool, &token_hash).await? else {
         return Ok(None);
     };
     let Some(role) = Role::parse(&role) else {
@@ -301,6 +306,46 @@ pub async fn authenticate(app: &App, token: &str) -> Result<Option<Authenticated
         prefix,
         token_hash,
     }))
+}
+
+/// The SHA-256 (hex) a token is stored and looked up under.
+pub fn token_hash(token: &str) -> String {
+    access::token_hash(token)
+}
+
+/// How long a process trusts a token's lookup (its tenant and role, or that it names none): a
+/// token revoked elsewhere is refused by this process within this time (at once in the process
+/// that revoked it), and a busy token costs one lookup a second, not one per request.
+const TOKEN_TTL: Duration = Duration::from_secs(1);
+
+/// A token's tenant and role as stored, or none when no valid token has its hash.
+type Found = Option<(String, String)>;
+
+/// Tokens as looked up, each at most [`TOKEN_TTL`] old.
+#[derive(Default)]
+pub struct Tokens {
+    map: Mutex<HashMap<String, (Instant, Found)>>,
+}
+
+impl Tokens {
+    async fn look_up(&self, pool: &sqlx::PgPool, hash: &str) -> Result<Found> {
+        if let Some((at, found)) = self.map.lock().expect("tokens lock").get(hash)
+            && at.elapsed() < TOKEN_TTL
+        {
+            return Ok(found.clone());
+        }
+        let found = access::authenticate_hash(pool, hash).await?;
+        let mut map = self.map.lock().expect("tokens lock");
+        if map.len() >= 10_000 {
+            map.retain(|_, (at, _)| at.elapsed() < TOKEN_TTL);
+        }
+        map.insert(hash.to_string(), (Instant::now(), found.clone()));
+        Ok(found)
+    }
+
+    fn forget(&self) {
+        self.map.lock().expect("tokens lock").clear();
+    }
 }
 
 /// Which of the token hashes `hashes` still name a valid (unrevoked) token, in one query under

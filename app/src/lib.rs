@@ -83,6 +83,8 @@ pub struct App {
     pub counts: Arc<capacity::Counts>,
     /// Tenants' lists of kinds, cached for [`tenants::check_kind`].
     pub policies: Arc<tenants::Policies>,
+    /// API tokens as looked up, cached for [`access::authenticate`].
+    pub tokens: Arc<access::Tokens>,
 }
 
 impl App {
@@ -140,6 +142,7 @@ impl App {
             settings,
             counts: Arc::default(),
             policies: Arc::default(),
+            tokens: Arc::default(),
         }
     }
 }

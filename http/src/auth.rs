@@ -79,37 +79,44 @@ impl Caller {
 
     /// The caller the `Authorization: Bearer` header names.
     async fn of_headers(state: &ApiState, headers: &HeaderMap) -> Result<Self, ApiError> {
-        let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
-            ApiError::unauthorized(
-                "no Authorization header; send `Authorization: Bearer <token>` (create one with \
-                 `agentq tokens create`)",
-            )
-            .field("Authorization")
-        })?;
-        let malformed = || {
-            ApiError::unauthorized(
-                "the Authorization header is not `Bearer <token>` with an agentq token (agq_…)",
-            )
-            .field("Authorization")
-        };
-        let text = value.to_str().map_err(|_| malformed())?;
-        let (scheme, token) = text.trim().split_once(' ').ok_or_else(malformed)?;
-        let token = token.trim();
-        if !scheme.eq_ignore_ascii_case("bearer")
-            || !token.starts_with("agq_")
-            || token.len() > 256
-            || !token
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        {
-            return Err(malformed());
-        }
+        let token = bearer(headers)?;
         let found = agentq_app::access::authenticate(&state.app, token).await?;
         found.map(Caller::from).ok_or_else(|| {
             ApiError::unauthorized("the token is unknown or revoked; ask an admin for a new one")
                 .field("Authorization")
         })
     }
+}
+
+/// The agentq token an `Authorization: Bearer` header carries (its form checked, nothing
+/// looked up); 401 when there is none or it is malformed.
+pub(crate) fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
+        ApiError::unauthorized(
+            "no Authorization header; send `Authorization: Bearer <token>` (create one with \
+             `agentq tokens create`)",
+        )
+        .field("Authorization")
+    })?;
+    let malformed = || {
+        ApiError::unauthorized(
+            "the Authorization header is not `Bearer <token>` with an agentq token (agq_…)",
+        )
+        .field("Authorization")
+    };
+    let text = value.to_str().map_err(|_| malformed())?;
+    let (scheme, token) = text.trim().split_once(' ').ok_or_else(malformed)?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer")
+        || !token.starts_with("agq_")
+        || token.len() > 256
+        || !token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    {
+        return Err(malformed());
+    }
+    Ok(token)
 }
 
 impl FromRequestParts<Arc<ApiState>> for Caller {

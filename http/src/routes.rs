@@ -114,6 +114,22 @@ pub async fn enforce(
     let Some(least) = access.least_role(state.app.settings.producer_may_approve) else {
         return next.run(req).await;
     };
+    // The token's rate first, by the token presented: a request past it costs no lookup.
+    if let Ok(token) = crate::auth::bearer(req.headers()) {
+        let hash = agentq_app::access::token_hash(token);
+        if let Err(wait) = state.throttle.take(&hash, crate::throttle::cost(req.uri())) {
+            return ApiError::from(agentq_app::AppError::Busy {
+                message: format!(
+                    "this token has used its request rate ({} units a second, \
+                     AGENTQ_API_TOKEN_RATE; a list page costs one more per 20 rows of its \
+                     limit); nothing was done: retry after the Retry-After seconds",
+                    state.throttle.rate()
+                ),
+                retry_after_secs: wait.as_secs().max(1) + u64::from(wait.subsec_nanos() > 0),
+            })
+            .into_response();
+        }
+    }
     let caller = match Caller::of_request(&state, req.extensions(), req.headers()).await {
         Ok(c) => c,
         Err(e) => return e.into_response(),
@@ -128,21 +144,6 @@ pub async fn enforce(
     }
     if let Err(refused) = caller.require(least) {
         return refused.into_response();
-    }
-    if let Err(wait) = state
-        .throttle
-        .take(&caller.token_hash, crate::throttle::cost(req.uri()))
-    {
-        return ApiError::from(agentq_app::AppError::Busy {
-            message: format!(
-                "this token has used its request rate ({} units a second, \
-                 AGENTQ_API_TOKEN_RATE; a list page costs one more per 20 rows of its limit); \
-                 nothing was done: retry after the Retry-After seconds",
-                state.throttle.rate()
-            ),
-            retry_after_secs: wait.as_secs().max(1) + u64::from(wait.subsec_nanos() > 0),
-        })
-        .into_response();
     }
     req.extensions_mut().insert(caller);
     next.run(req).await

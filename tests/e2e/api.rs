@@ -397,6 +397,14 @@ async fn api_auth_refuses_missing_malformed_unknown_and_revoked_tokens_and_wrong
         .await
         .expect(200);
     app.agentq_ok(&["tokens", "revoke", &revoked_id]);
+    // Revoked in another process: this server trusts its lookup of a token a second at most.
+    app.wait_for("the revocation to reach the server", DEADLINE, || async {
+        api.get(&format!("/v1/operations/{op}"), Some(&revoked))
+            .await
+            .status
+            == 401
+    })
+    .await;
     let before = app.operation_count().await;
 
     let unknown = format!("agq_{}", Uuid::new_v4().simple());
