@@ -188,6 +188,7 @@ pub fn worker(
             journal_max_steps: config.journal_max_steps,
             journal_max_bytes: config.journal_max_bytes,
             remote_journal_memory: config.remote_journal_memory,
+            journal_cache_memory: config.journal_cache_memory,
         },
     };
     Ok(Worker::new(

@@ -275,6 +275,16 @@ pub struct Config {
     )]
     pub remote_journal_memory: u64,
 
+    /// Bytes of journals (outputs and errors) a worker keeps in memory from its runs, so that
+    /// an operation's next run on it reads only the rows that can have changed; 0 keeps none.
+    #[arg(
+        long,
+        env = "AGENTQ_JOURNAL_CACHE_MEMORY",
+        default_value_t = 64 << 20,
+        global = true
+    )]
+    pub journal_cache_memory: u64,
+
     /// Most schedules a tenant may have.
     #[arg(
         long,

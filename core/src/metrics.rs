@@ -117,6 +117,9 @@ metrics! {
     /// Observed by the worker for every grouped statement.
     GROUP_COMMIT_SIZE = "agentq_group_commit_operations", Histogram, ["writer"], BATCH_BUCKETS,
         "Operations written by one grouped statement of a worker, by writer (journal, completion).";
+    /// Counted by the worker as a claim loads the journal it replays.
+    JOURNAL_ROWS_READ = "agentq_journal_rows_read_total", Counter, ["source"], NO_BUCKETS,
+        "Journal rows the worker's runs loaded to replay, by where from (database: read by the claim; memory: kept from the operation's previous run on this worker, AGENTQ_JOURNAL_CACHE_MEMORY).";
     ATTEMPT_DURATION = "agentq_operation_attempt_duration_seconds", Histogram, ["kind"], RUN_BUCKETS,
         "Time from claim to settled outcome of one operation attempt, by kind.";
     LEASES_EXPIRED = "agentq_leases_expired_total", Counter, ["kind"], NO_BUCKETS,

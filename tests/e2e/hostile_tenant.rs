@@ -899,3 +899,57 @@ async fn a_debounce_join_says_which_options_the_pending_operation_kept() {
     );
     app.cleanup().await;
 }
+
+// ---------------------------------------------------------------- resumes
+
+/// A script of 3,000 sleeps used to read its whole journal at every wake (the rows before it,
+/// again and again: the database's work grew with the square of the sleeps). Now a worker keeps
+/// the journal it loaded and its next run of the operation reads only the rows that can have
+/// changed (the woken sleep's, and any after), proved current by the claim's epoch.
+#[tokio::test]
+async fn a_resume_reads_only_the_journal_rows_that_can_have_changed() {
+    const SLEEPS: usize = 20;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_METRICS_ADDR", "127.0.0.1:0");
+    let worker = app.spawn_logged(&["worker"]);
+    app.spawn(&["scheduler"]);
+    let url = crate::metrics::metrics_url(&app, worker).await;
+    let read = |s: &crate::metrics::Scrape, from: &str| {
+        s.get("agentq_journal_rows_read_total", &[("source", from)])
+    };
+    let before = crate::metrics::Scrape::of(&url).await;
+    let steps: Vec<Value> = (0..SLEEPS)
+        .flat_map(|i| [json!({ "work_ms": 1 }), json!({ "sleep_ms": 300 + i })])
+        .collect();
+    let op = app.enqueue_script(json!(steps), &[]);
+    let done = app.wait_status(&op, "succeeded", DEADLINE).await;
+    let result = done.result.expect("a result").to_string();
+    assert_eq!(result.matches("slept_ms").count(), SLEEPS, "{result}");
+    assert_eq!(result.matches("worked_ms").count(), SLEEPS, "{result}");
+    let after = crate::metrics::Scrape::of(&url).await;
+    let (database, memory) = (
+        read(&after, "database") - read(&before, "database"),
+        read(&after, "memory") - read(&before, "memory"),
+    );
+    // Each wake reads three rows: the woken sleep's (it was `started`) and the two the last run
+    // wrote after it, where reading the whole journal each time reads 2 + 4 + … + 2·SLEEPS
+    // (420) rows.
+    assert!(
+        database <= (4 * SLEEPS) as f64,
+        "{database} journal rows read from the database for {SLEEPS} wakes ({memory} kept)"
+    );
+    assert!(memory >= SLEEPS as f64, "{memory} rows kept");
+
+    // With a second worker the operation moves between them: a journal kept by one is stale
+    // once the other ran the operation, and the claim's epoch says so; the results are the same.
+    app.spawn(&["worker"]);
+    let ops: Vec<String> = (0..4)
+        .map(|_| app.enqueue_script(json!(steps), &[]))
+        .collect();
+    for op in &ops {
+        let done = app.wait_status(op, "succeeded", DEADLINE).await;
+        let result = done.result.expect("a result").to_string();
+        assert_eq!(result.matches("slept_ms").count(), SLEEPS, "{result}");
+    }
+    app.cleanup().await;
+}

@@ -14,7 +14,7 @@ use crate::harness::{DEADLINE, TestApp};
 const CANARY: &str = "canary-7f3a9c-metrics";
 
 /// Waits for a process started with `AGENTQ_METRICS_ADDR=127.0.0.1:0` to print its address.
-async fn metrics_url(app: &TestApp, index: usize) -> String {
+pub(crate) async fn metrics_url(app: &TestApp, index: usize) -> String {
     app.wait_until("the metrics endpoint", Duration::from_secs(30), || {
         let log = app.log(index);
         async move {
@@ -27,14 +27,14 @@ async fn metrics_url(app: &TestApp, index: usize) -> String {
 }
 
 /// One scrape: every sample by `name{sorted labels}`, and the raw text.
-struct Scrape {
+pub(crate) struct Scrape {
     samples: BTreeMap<String, f64>,
     text: String,
 }
 
 impl Scrape {
     /// A scrape of a metrics address (no token).
-    async fn of(url: &str) -> Self {
+    pub(crate) async fn of(url: &str) -> Self {
         Self::fetch(reqwest::Client::new().get(url), url).await
     }
 
@@ -70,7 +70,7 @@ impl Scrape {
     }
 
     /// The sample `name` with exactly `labels`, 0 when absent (a counter not yet touched).
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+    pub(crate) fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         let mut pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
         pairs.sort();
         let key = if pairs.is_empty() {

@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     pub(crate) leases: Leases,
     /// Fair shares of this worker's slots between tenants.
     pub(crate) shares: crate::share::Shares,
+    /// Journals kept from this worker's runs for their operations' next runs here.
+    pub(crate) journals: crate::journal_cache::JournalCache,
 }
 
 impl Shared {
@@ -83,17 +85,13 @@ async fn run(
     cancel: CancellationToken,
     yielding: Arc<crate::share::Yield>,
 ) {
-    let journal = if op.has_journal {
-        match db::within(db::steps::load_journal(shared.pool(), op.id)).await {
-            Ok(j) => j,
-            Err(e) => {
-                // Without the journal nothing may run; the lease lapses and the reaper retries.
-                tracing::error!(op_id = %op.id, error = %e, "loading the journal failed");
-                return;
-            }
+    let journal = match shared.journals.load(shared.pool(), &op).await {
+        Ok(j) => j,
+        Err(e) => {
+            // Without the journal nothing may run; the lease lapses and the reaper retries.
+            tracing::error!(op_id = %op.id, error = %e, "loading the journal failed");
+            return;
         }
-    } else {
-        Vec::new()
     };
     let info = OperationInfo {
         op_id: OperationId(op.id),
@@ -294,6 +292,10 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
         },
     };
     if let (Ok(true), Some((outcome, failure))) = (&written, finished) {
+        if !matches!(outcome, "retry" | "parked") {
+            // Ended: nothing will replay its journal again here.
+            shared.journals.forget(op.id);
+        }
         metrics::OPERATIONS_FINISHED.inc(&[&op.kind, outcome]);
         if let Some(class) = failure {
             metrics::OPERATION_FAILURES.inc(&[&op.kind, class.as_str()]);

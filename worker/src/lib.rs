@@ -22,6 +22,7 @@ mod executor;
 pub mod gate;
 mod grants;
 mod info;
+mod journal_cache;
 mod lease;
 pub mod limiter;
 mod limits;
@@ -160,6 +161,7 @@ impl Worker {
                 versions,
                 leases,
                 shares,
+                journals: journal_cache::JournalCache::new(job_limits.journal_cache_memory),
             }),
         }
     }

@@ -270,6 +270,28 @@ pub async fn load_journal(pool: &PgPool, id: Uuid) -> Result<Vec<JournalEntry>> 
     Ok(rows)
 }
 
+/// The rows of an operation's journal that can have changed since a run loaded it whole up to
+/// `after` (a seq): those after it and those at `open` (rows that were not `completed`), in
+/// sequence order. The worker's journal cache reads these instead of the whole journal.
+pub async fn load_journal_changes(
+    pool: &PgPool,
+    id: Uuid,
+    after: i32,
+    open: &[i32],
+) -> Result<Vec<JournalEntry>> {
+    let rows = sqlx::query_as(
+        "SELECT seq, name, kind, replay, status, output, error, wake_at
+           FROM operation_steps WHERE op_id = $1 AND (seq > $2 OR seq = ANY($3))
+          ORDER BY seq",
+    )
+    .bind(id)
+    .bind(after)
+    .bind(open)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
 #[derive(FromRow)]
 struct StepRow {
     seq: i32,

@@ -79,7 +79,7 @@ pub(super) fn entry_at(journal: &[JournalEntry], seq: i32) -> Option<&JournalEnt
 }
 
 /// The bytes a journal row's output and error take as JSON, counted without building the text.
-pub(super) fn row_bytes(output: Option<&Value>, error: Option<&str>) -> u64 {
+pub(crate) fn row_bytes(output: Option<&Value>, error: Option<&str>) -> u64 {
     struct Count(u64);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

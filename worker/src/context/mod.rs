@@ -56,7 +56,7 @@ use crate::tool::Tool;
 use agentq_core::group_commit::GroupCommit;
 
 pub use children::ChildOutcome;
-use journal::row_bytes;
+pub(crate) use journal::row_bytes;
 pub use journal::{DEFERRED_FLUSH_AFTER, DEFERRED_MAX_ROWS};
 pub use park::{MAX_PARK, SignalOutcome, check_park, check_park_length};
 pub(crate) use steps::Reconcile;
@@ -79,6 +79,8 @@ pub struct JobLimits {
     pub journal_max_bytes: i64,
     /// Bytes the worker's remote runs may hold for their services' journals, all together.
     pub remote_journal_memory: u64,
+    /// Bytes of journals the worker keeps from its runs for their operations' next runs here.
+    pub journal_cache_memory: u64,
 }
 
 impl Default for JobLimits {
@@ -90,6 +92,7 @@ impl Default for JobLimits {
             journal_max_steps: 10_000,
             journal_max_bytes: 64 << 20,
             remote_journal_memory: 256 << 20,
+            journal_cache_memory: 64 << 20,
         }
     }
 }
