@@ -321,7 +321,7 @@ const TOKEN_TTL: Duration = Duration::from_secs(1);
 /// A token's tenant and role as stored, or none when no valid token has its hash.
 type Found = Option<(String, String)>;
 
-/// Tokens as looked up, each at most [`TOKEN_TTL`] old.
+/// Tokens as looked up, each at most `TOKEN_TTL` (a second) old.
 #[derive(Default)]
 pub struct Tokens {
     map: Mutex<HashMap<String, (Instant, Found)>>,
