@@ -346,8 +346,10 @@ async fn a_token_past_its_request_rate_is_refused_with_retry_after_and_others_ar
 /// locked its batch in id order, then the child-finished trigger locked each finished child's
 /// parent, which another statement held (117 deadlocks in 15 minutes, a second and a rewrite
 /// of the group each). Forced here: each statement holds its own running parent and the other
-/// one's child, then both finish. Now a child's end never waits for its parent: with the
-/// parent's lock taken, it leaves a count change the join and the wake sweep add.
+/// one's child, then both finish (before the fix: 40P01). Now a child's end never waits for its
+/// parent: with the parent's lock taken, it leaves a count change the join and the wake sweep
+/// add; then, with both parents held by another transaction, two children end and their
+/// parents, parked with the count their joins saw, wake on those changes.
 #[tokio::test]
 async fn journal_statements_finishing_each_others_children_never_deadlock_on_the_parents() {
     use agentq_core::db::{settle, steps, timers};
@@ -356,12 +358,14 @@ async fn journal_statements_finishing_each_others_children_never_deadlock_on_the
     // Ids fix the lock order: each statement locks its parent and the other's child first,
     // then waits at the gate's row.
     let id = Uuid::from_u128;
-    let (p1, p2, a, b, z1, z2) = (id(1), id(2), id(3), id(4), id(10), id(11));
+    let (p1, p2, a, b, c, d, z1, z2) = (id(1), id(2), id(3), id(4), id(5), id(6), id(10), id(11));
     for (op, parent) in [
         (p1, None),
         (p2, None),
         (a, Some(p1)),
         (b, Some(p2)),
+        (c, Some(p1)),
+        (d, Some(p2)),
         (z1, None),
         (z2, None),
     ] {
@@ -414,13 +418,47 @@ async fn journal_statements_finishing_each_others_children_never_deadlock_on_the
         let written = s.await.unwrap().expect("no deadlock");
         assert_eq!(written.len(), n);
     }
-    // Each child's end met its parent locked by the other statement: both were appended, and
-    // a parent parked on its join with the count its join saw wakes on them.
-    let deltas: i64 = sqlx::query_scalar("SELECT count(*) FROM join_deltas")
-        .fetch_one(&app.pool)
+    // Each statement's child's end met its parent locked by the other statement, or (where
+    // the other had committed first) found it free: one or two were appended, none waited.
+    let deltas = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM join_deltas")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap()
+    };
+    let first = deltas().await;
+    assert!((1..=2).contains(&first), "{first} count changes appended");
+
+    // Both parents held by another transaction (as a heartbeat or a cancel would): the
+    // children's ends are appended, whatever the timing.
+    let mut holder = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM operations WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
+        .bind([p1, p2])
+        .execute(&mut *holder)
         .await
         .unwrap();
-    assert_eq!(deltas, 2);
+    let ends = [c, d].map(|child| {
+        settle::RunWrite::Complete(settle::Completion {
+            id: child,
+            epoch: 1,
+            result: json!({}),
+            steps: vec![crate::api::journal_row(
+                child,
+                0,
+                Replay::Safe,
+                StepStatus::Completed,
+            )],
+        })
+    });
+    let written = tokio::time::timeout(DEADLINE, settle::write_runs(&app.pool, &ends))
+        .await
+        .expect("a child's end never waits for its parent's lock")
+        .unwrap();
+    assert_eq!(written.len(), 2);
+    assert_eq!(deltas().await, first + 2);
+    holder.commit().await.unwrap();
+    // The parents park on those children with the count their joins saw (one each): the
+    // wake sweep adds the appended changes and wakes both.
     sqlx::query(
         "UPDATE operations SET status = 'waiting', waiting_for = '(children)',
                 joining = CASE id WHEN $1 THEN ARRAY[$3] ELSE ARRAY[$4] END, join_pending = 1
@@ -428,8 +466,8 @@ async fn journal_statements_finishing_each_others_children_never_deadlock_on_the
     )
     .bind(p1)
     .bind(p2)
-    .bind(a)
-    .bind(b)
+    .bind(c)
+    .bind(d)
     .execute(&app.pool)
     .await
     .unwrap();
