@@ -368,3 +368,18 @@ async fn a_waits_about_is_journaled_with_the_wait_and_shown_by_the_tester() {
     assert_eq!(about["question"], "refund this?");
     assert_eq!(about["cents"], 700);
 }
+
+async fn refuses(_ctx: JobContext, _input: Value) -> Result<Value, JobError> {
+    Err(JobError::NonRetryable("the input names no customer".into()))
+}
+
+#[tokio::test]
+async fn a_run_that_fails_is_not_ok_even_with_no_problem_found() {
+    let mut r = Registry::new();
+    r.register("refuses", refuses);
+    let report = Tester::new(&r, "refuses", json!({})).run().await;
+    assert!(report.violations.is_empty(), "{report}");
+    assert!(!report.is_ok(), "{report}");
+    let caught = std::panic::catch_unwind(|| report.assert_ok());
+    assert!(caught.is_err(), "assert_ok passed a failed run: {report}");
+}

@@ -106,17 +106,20 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not self.violations
+        """Nothing went wrong: no problem found, and the first run did not fail (a kind meant
+        to fail is checked with ``outcome`` and ``found``)."""
+        return not self.violations and self.outcome.status != "failed"
 
     def is_ok(self) -> bool:
-        return not self.violations
+        return self.ok
 
     def found(self, check: str) -> List[Violation]:
         return [v for v in self.violations if v.check == check]
 
     def assert_ok(self) -> None:
-        """Raises ``AssertionError`` with the report unless nothing went wrong."""
-        if self.violations:
+        """Raises ``AssertionError`` with the report unless nothing went wrong (``ok``: a failed
+        run raises too)."""
+        if not self.ok:
             raise AssertionError(str(self))
 
     def __str__(self) -> str:

@@ -32,14 +32,18 @@ class TesterTest(unittest.TestCase):
     def test_a_rejection_ends_non_retryable_without_violations(self):
         report = (Tester(refund_service.svc, "refund_agent", {"order": "A", "effect_url": "http://x"})
                   .reject().run())
-        report.assert_ok()
+        self.assertEqual(report.violations, [])
         self.assertEqual((report.outcome.error_class, report.outcome.message),
                          ("non_retryable", "refund not approved"))
+        # A failed run is not ok, even with no problem found.
+        self.assertFalse(report.ok)
+        with self.assertRaises(AssertionError):
+            report.assert_ok()
 
     def test_a_wait_with_no_signal_times_out(self):
         report = Tester(refund_service.svc, "refund_agent", {"order": "A", "effect_url": "x"}).run()
         self.assertEqual(report.outcome.message, "refund not approved")
-        report.assert_ok()
+        self.assertEqual(report.violations, [])
 
     def test_sleeps_and_the_clock(self):
         report = Tester(refund_service.svc, "sleeper").run()

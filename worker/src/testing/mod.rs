@@ -17,6 +17,11 @@
 //!   operation would stop as `unknown_side_effect` and wait for a human;
 //! - **failed**: a run ended otherwise than the first (a panic, an error).
 //!
+//! [`Report::assert_ok`] also fails a first run that failed. What the tester cannot see: an
+//! effect made outside a step (nothing records it), and whether a real tool's reconcile tells
+//! the truth (the stand-in of the outside system keeps what every simulated run did, so a
+//! reconcile that always answers "happened" passes): test a reconcile against its system.
+//!
 //! [`replay_journal`] replays a journal exported from production (`agentq steps OP --json`,
 //! read by [`journal_from_steps`]) against the code at hand, to see whether a deploy would
 //! replay the operations that wait today; `agentq replay` runs it from the command line.

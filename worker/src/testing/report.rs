@@ -130,9 +130,10 @@ impl Report {
         }
     }
 
-    /// Whether nothing went wrong.
+    /// Whether nothing went wrong: no problem found, and the first run did not fail (a kind
+    /// meant to fail is checked with [`Report::outcome`] and [`Report::found`]).
     pub fn is_ok(&self) -> bool {
-        self.violations.is_empty()
+        self.violations.is_empty() && !matches!(self.outcome, End::Failed { .. })
     }
 
     /// The first run's output, if it succeeded.
@@ -151,7 +152,8 @@ impl Report {
             .collect()
     }
 
-    /// Panics with the report unless nothing went wrong.
+    /// Panics with the report unless nothing went wrong ([`Report::is_ok`]: a failed run fails
+    /// it too).
     #[track_caller]
     pub fn assert_ok(&self) {
         assert!(self.is_ok(), "{self}");
