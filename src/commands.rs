@@ -1,10 +1,9 @@
 //! The subcommands. Each builds what it needs from [`Config`] and calls into the library crates;
 //! none contains SQL or AMQP.
 
-use agentq_app::operations::Signalled;
+use agentq_app::operations::{EnqueueRequest, Signalled};
 use agentq_core::operation::{OperationId, OperationView, StepView};
 use agentq_core::telemetry;
-use agentq_producer::EnqueueRequest;
 use anyhow::Context;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -299,20 +298,12 @@ async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
         budget,
         ..EnqueueRequest::default()
     };
-    let result = match &debounce {
-        Some(spec) => tracing::Instrument::instrument(
-            agentq_app::debounce::enqueue(&app, &caller, req, spec),
-            span,
-        )
-        .await
-        .map(|d| (d.op_id, d.created, d.status, Some(d.debounce))),
-        None => tracing::Instrument::instrument(
-            agentq_app::operations::enqueue(&app, &caller, req),
-            span,
-        )
-        .await
-        .map(|e| (e.op_id, e.created, e.status, None)),
-    };
+    let result = tracing::Instrument::instrument(
+        agentq_app::operations::create(&app, &caller, req, debounce.as_ref()),
+        span,
+    )
+    .await
+    .map(|c| (c.op_id, c.created, c.status, c.debounce));
     // The application layer's refusals name the API's fields; here they are flags.
     let result = result.map_err(|e| match e {
         agentq_app::AppError::Invalid { field, message } => {

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use agentq_app as app;
+use agentq_app::operations::EnqueueRequest;
 use agentq_core::operation::{Lane, OperationId, Status, StepView, input_sha256};
-use agentq_producer::EnqueueRequest;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
@@ -227,17 +227,8 @@ pub async fn create(
         budget: req.budget.as_ref().map(|b| b.spec()).transpose()?,
         ..EnqueueRequest::default()
     };
-    if let Some(spec) = debounce {
-        let d = app::debounce::enqueue(&state.app, &caller.app(), enqueue, &spec).await?;
-        return Ok(accepted(d.op_id, d.created, d.status, Some(d.debounce)));
-    }
-    let enqueued = app::operations::enqueue(&state.app, &caller.app(), enqueue).await?;
-    Ok(accepted(
-        enqueued.op_id,
-        enqueued.created,
-        enqueued.status,
-        None,
-    ))
+    let c = app::operations::create(&state.app, &caller.app(), enqueue, debounce.as_ref()).await?;
+    Ok(accepted(c.op_id, c.created, c.status, c.debounce))
 }
 
 /// Refuses the `priority` field agentq once accepted and never acted on, saying what acts.
