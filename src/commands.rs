@@ -299,7 +299,7 @@ async fn enqueue(config: Deployment, args: EnqueueArgs) -> anyhow::Result<()> {
         ..EnqueueRequest::default()
     };
     let result = tracing::Instrument::instrument(
-        agentq_app::operations::create(&app, &caller, req, debounce.as_ref()),
+        agentq_app::create::operation(&app, &caller, req, debounce.as_ref()),
         span,
     )
     .await

@@ -39,6 +39,7 @@ pub mod budgets;
 pub mod caller;
 pub mod capacity;
 pub mod console;
+pub mod create;
 pub mod database;
 pub mod debounce;
 pub mod decision;

@@ -436,50 +436,6 @@ pub fn listed(o: &listing::Summary) -> Listed {
 /// The request of an enqueue, as a front end fills it in from its flags or its body.
 pub use agentq_producer::EnqueueRequest;
 
-/// What [`create`] answers.
-#[derive(Clone, Debug)]
-pub struct Created {
-    pub op_id: OperationId,
-    /// False when an operation the request names already existed (a repeated key, or a
-    /// debounce joined a pending one).
-    pub created: bool,
-    pub status: Status,
-    /// Where the request was debounced: what the pending operation kept.
-    pub debounce: Option<crate::debounce::Answer>,
-}
-
-/// An operation a person or service asks for (the CLI's `enqueue`, the API's
-/// `POST /v1/operations`): debounced on `debounce` where it names one
-/// ([`crate::debounce::enqueue`]), else enqueued ([`enqueue`]). The one flow both front ends
-/// call, so neither decides on its own which of the two runs.
-pub async fn create(
-    app: &App,
-    caller: &Caller,
-    req: EnqueueRequest,
-    debounce: Option<&agentq_core::db::debounce::Spec>,
-) -> Result<Created> {
-    Ok(match debounce {
-        Some(spec) => {
-            let d = crate::debounce::enqueue(app, caller, req, spec).await?;
-            Created {
-                op_id: d.op_id,
-                created: d.created,
-                status: d.status,
-                debounce: Some(d.debounce),
-            }
-        }
-        None => {
-            let e = enqueue(app, caller, req).await?;
-            Created {
-                op_id: e.op_id,
-                created: e.created,
-                status: e.status,
-                debounce: None,
-            }
-        }
-    })
-}
-
 /// Enqueues `req` for the caller (`req.tenant` must be one [`Caller::tenant_for_write`]
 /// allows): stored, then its pointer published. Refusals name the field at fault (a run time
 /// over a year away, a deadline already past, a dedupe key in a namespace agentq derives keys

@@ -227,7 +227,7 @@ pub async fn create(
         budget: req.budget.as_ref().map(|b| b.spec()).transpose()?,
         ..EnqueueRequest::default()
     };
-    let c = app::operations::create(&state.app, &caller.app(), enqueue, debounce.as_ref()).await?;
+    let c = app::create::operation(&state.app, &caller.app(), enqueue, debounce.as_ref()).await?;
     Ok(accepted(c.op_id, c.created, c.status, c.debounce))
 }
 
