@@ -8,7 +8,7 @@
 //! `debounce`). When the key's operation has already started, the policy decides: `queue` (a
 //! new pending operation), `skip` (the started one is the answer, nothing new) or
 //! `cancel_running` (the started one is cancelled through the cancel flow, and a new pending
-//! one made). The SQL is `agentq_core::db::debounce`; what is durable when is in the README.
+//! one made). The SQL is `agentq_core::db::debounce`; what is durable when is in docs/debounce.md.
 
 use agentq_core::db::debounce::{self as db, Outcome, Spec};
 use agentq_core::metrics;

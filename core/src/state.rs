@@ -583,12 +583,12 @@ mod tests {
     }
 
     #[test]
-    fn every_error_class_has_a_line_in_the_readme() {
-        let readme = include_str!("../../README.md");
+    fn every_error_class_has_a_line_in_the_failures_page() {
+        let page = include_str!("../../docs/dlq.md");
         for class in ErrorClass::ALL {
             assert!(
-                readme.contains(&format!("| `{class}` |")),
-                "README.md's failure table has no line for {class}"
+                page.contains(&format!("| `{class}` |")),
+                "docs/dlq.md's failure table has no line for {class}"
             );
         }
     }

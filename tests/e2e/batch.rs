@@ -485,7 +485,7 @@ async fn a_resume_retries_at_once_what_waited_out_a_retry_delay() {
     app.cleanup().await;
 }
 
-/// The README's "Draining the DLQ" walkthrough: a bad instruction fails the memos, three
+/// docs/dlq.md's "Draining the DLQ" walkthrough: a bad instruction fails the memos, three
 /// empty files can never succeed, a provider outage only parks operations; the operator
 /// discards the broken, retries the rest with the instruction fixed, and the batch completes.
 #[tokio::test]

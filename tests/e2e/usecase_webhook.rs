@@ -1,4 +1,4 @@
-//! The "Webhook-triggered jobs" walkthrough of the README, end to end: a `triage` source with a
+//! docs/webhooks.md's "Webhook-triggered jobs" walkthrough, end to end: a `triage` source with a
 //! callback config, signed deliveries at the HTTP API (with sender retries and duplicates sent
 //! at once), a worker killed while callbacks are in flight, a callback refused with 503 and one
 //! answered 502 after it was applied — and every webhook-id ends as exactly one operation and

@@ -11,7 +11,7 @@
 //! - A grant is settled when its bucket ends: its unused part is returned and its calls'
 //!   reported usage replaces their share (their estimate stays when none was reported). A call
 //!   that used more than its share raises the limit's ratio, so later grants count more; only
-//!   calls already sent can have been counted short (see README, "Rate limits").
+//!   calls already sent can have been counted short (see docs/rate-limits.md).
 //! - A refused call changes no usage (it records its tenant as waiting on the limit).
 //! - While other tenants wait on a limit, its room goes to them in turn, one call each
 //!   (`rate_waiters`, `last_tenant`; migration `20261209000003_rate_limit_turns.sql`).
