@@ -167,7 +167,14 @@ pub async fn run(
             after,
             json,
         } => crate::pauses::list(config, tenant, limit, after, json).await,
+        #[cfg(feature = "bench")]
         Command::Bench(args) => crate::bench::run(config, args).await,
+        #[cfg(not(feature = "bench"))]
+        Command::Bench(_) => Err(crate::wiring::refuse(
+            "this agentq was built without its benchmarks (a deployment's binary does not link \
+             them): build agentq's own binary with them, `cargo build --release --features bench`, \
+             and run target/release/agentq bench",
+        )),
         // `main` runs it before the runtime; here for completeness.
         Command::Probe { url, timeout_secs } => {
             crate::probe::run(&url, std::time::Duration::from_secs(timeout_secs))

@@ -15,7 +15,7 @@
 //! A kind of your own, next to the built-in ones:
 //!
 //! ```no_run
-//! use agentq::{JobContext, JobError, Replay};
+//! use agentq::{JobContext, JobError};
 //!
 //! #[derive(serde::Deserialize, schemars::JsonSchema)]
 //! struct Input {
@@ -23,7 +23,7 @@
 //! }
 //!
 //! async fn greet(ctx: JobContext, input: Input) -> Result<String, JobError> {
-//!     ctx.step("greet", Replay::Safe, |_key| async move { Ok(format!("hello, {}", input.name)) })
+//!     ctx.step("greet", || async move { Ok(format!("hello, {}", input.name)) })
 //!         .await
 //! }
 //!
@@ -44,6 +44,7 @@
 
 mod access;
 mod batch;
+#[cfg(feature = "bench")]
 mod bench;
 mod budgets;
 mod bulk;
@@ -77,8 +78,8 @@ pub use agentq_worker::{
 };
 /// For tools: `#[agentq::async_trait]` on an `impl TypedTool` or `impl Tool`.
 pub use async_trait::async_trait;
-/// The sqlx agentq's pools are of ([`ToolContext::pool`], [`JobContext::pool`]): query your own
-/// tables with it, no second version of sqlx to keep in step.
+/// The sqlx agentq is built with: a pool of your own on it (given to your kinds with
+/// [`Registry::provide`]) needs no second version of sqlx to keep in step.
 pub use sqlx;
 
 /// Output piped into a reader that stopped (`agentq dlq list | head`) ends the process quietly

@@ -1203,3 +1203,28 @@ fn no_source_file_is_over_800_lines() {
         "files over {MAX_FILE_LINES} lines (split them along their seams): {long:?}"
     );
 }
+
+/// A deployment's binary links no benchmark and no test kit: the `agentq` library's normal
+/// dependencies, without features, name neither `agentq-bench` (and its fake model server)
+/// nor `agentq-testkit` (`agentq bench` is the `bench` feature of agentq's own binary).
+#[test]
+fn the_library_links_no_bench_or_test_kit() {
+    let out = std::process::Command::new(env!("CARGO"))
+        .current_dir(root())
+        .args(["tree", "-p", "agentq", "-e", "normal", "--prefix", "none"])
+        .args(["--locked", "--offline", "--no-dedupe"])
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8(out.stdout).unwrap();
+    assert!(tree.lines().count() > 50, "a whole tree: {tree}");
+    let linked: Vec<&str> = tree
+        .lines()
+        .filter(|l| l.starts_with("agentq-bench ") || l.starts_with("agentq-testkit "))
+        .collect();
+    assert!(linked.is_empty(), "the library links {linked:?}");
+}

@@ -71,7 +71,7 @@ if [[ ! -x $VENV/bin/celery ]]; then
 fi
 PY="$VENV/bin/python"
 
-(cd "$ROOT" && cargo build --release --quiet)
+(cd "$ROOT" && cargo build --release --quiet --features bench)
 AGENTQ="$ROOT/target/release/agentq"
 if "$AGENTQ" bench --help | grep -q '\be2e\b'; then SCENARIO=e2e; else SCENARIO=throughput; fi
 

@@ -217,7 +217,7 @@ async fn run_step(ctx: &JobContext, step: ScriptStep) -> Result<Value, JobError>
     let attempt = ctx.info().epoch as i32;
     let out = match step {
         ScriptStep::Work { work_ms, deferred } => {
-            let work = |_key| async move {
+            let work = || async move {
                 // A timer rounds up to the next millisecond tick: 0 ms only yields.
                 if work_ms == 0 {
                     tokio::task::yield_now().await;
@@ -229,7 +229,7 @@ async fn run_step(ctx: &JobContext, step: ScriptStep) -> Result<Value, JobError>
             if deferred {
                 ctx.deferred_step("work", work).await?
             } else {
-                ctx.step("work", Replay::Safe, work).await?
+                ctx.step("work", work).await?
             }
         }
         ScriptStep::Tool {
@@ -299,7 +299,7 @@ async fn run_step(ctx: &JobContext, step: ScriptStep) -> Result<Value, JobError>
             times,
             not_before_ms,
         } => {
-            ctx.step("fail", Replay::Safe, |_key| async move {
+            ctx.step("fail", || async move {
                 if attempt > times {
                     return Ok(json!({ "failed_attempts": times }));
                 }
@@ -311,10 +311,7 @@ async fn run_step(ctx: &JobContext, step: ScriptStep) -> Result<Value, JobError>
                         message,
                         not_before,
                     },
-                    FailClass::Overloaded => JobError::Overloaded {
-                        message,
-                        not_before,
-                    },
+                    FailClass::Overloaded => JobError::overloaded(message, not_before),
                     FailClass::NonRetryable => JobError::NonRetryable(message),
                 })
             })

@@ -977,17 +977,15 @@ async fn a_journal_statement_waiting_on_a_row_lock_holds_up_only_its_own_operati
         registry.register("gated", move |ctx: JobContext, _input: Value| {
             let (entered, gate) = (entered.clone(), gate.clone());
             async move {
-                ctx.step("held", agentq_core::state::Replay::Safe, |_| async move {
+                ctx.step("held", || async move {
                     entered.notify_one();
                     gate.acquire().await.expect("gate").forget();
                     Ok::<_, JobError>(json!({}))
                 })
                 .await?;
                 // Its start writes the row of "held" (held by the lock below).
-                ctx.step("after", agentq_core::state::Replay::Safe, |_| async {
-                    Ok::<_, JobError>(json!({}))
-                })
-                .await?;
+                ctx.step("after", || async { Ok::<_, JobError>(json!({})) })
+                    .await?;
                 Ok::<_, JobError>(json!({ "done": true }))
             }
         });

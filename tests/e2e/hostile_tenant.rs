@@ -156,7 +156,7 @@ async fn a_waiting_operation_takes_one_slot_at_a_step_boundary_and_no_step_is_cu
             async move {
                 for i in 0..STEPS {
                     let (gate, begun) = (gate.clone(), begun.clone());
-                    ctx.step(&format!("s{i}"), Replay::Safe, |_key| async move {
+                    ctx.step(&format!("s{i}"), || async move {
                         begun.fetch_add(1, Ordering::SeqCst);
                         gate.acquire().await.expect("open").forget();
                         Ok::<_, JobError>(i)

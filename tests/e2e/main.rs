@@ -11,6 +11,7 @@ mod api_hostile;
 mod api_list;
 mod approval_context;
 mod batch;
+#[cfg(feature = "bench")]
 mod bench_cli;
 mod budgets;
 mod capacity;

@@ -31,30 +31,49 @@ use chrono::{DateTime, Utc};
 /// assert!(matches!(refund_failed(503), JobError::NoEffect(_)));
 /// assert_eq!(refund_failed(502).class(), "retryable");
 /// ```
+///
+/// The engine's own stops (the lease was lost, the operation parked or was cancelled, the
+/// journal disagrees with the code, …) are [`JobError::Stopped`], opaque: a kind propagates
+/// them with `?` and never makes or matches one.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum JobError {
-    /// Transient: retry the operation later (job-level retries are data, not loops).
+    /// Transient: retry the operation later (job-level retries are data, not loops), not
+    /// before `not_before` if given. From an unsafe step it leaves the outcome unknown: the
+    /// step is reconciled on the next attempt. Build it with [`JobError::retryable`] or
+    /// [`JobError::retryable_after`].
     #[error("{message}")]
     Retryable {
         message: String,
         not_before: Option<DateTime<Utc>>,
     },
+    /// Transient, and the call certainly had no effect: it was never sent, or the outside
+    /// system refused it before acting (429, 503, a database error for the statement).
+    /// Retried like `Retryable`; an unsafe step runs again on the next attempt.
+    #[error("{0}")]
+    NoEffect(String),
+    /// Can never succeed as is: straight to the DLQ.
+    #[error("{0}")]
+    NonRetryable(String),
+    /// The engine stopped the run: propagate it with `?`.
+    #[error("{0}")]
+    Stopped(Stop),
+}
+
+/// Why the engine stopped a run (opaque to kinds; its class is [`JobError::class`]).
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct Stop(pub(crate) Engine);
+
+/// The engine's stops, seen only inside the worker.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Engine {
     /// A provider is overloaded: back off harder.
     #[error("{message}")]
     Overloaded {
         message: String,
         not_before: Option<DateTime<Utc>>,
     },
-    /// Transient, and the call certainly had no effect: it was never sent, or the outside
-    /// system refused it before acting (429, 503, a database error for the statement).
-    /// Retried like `Retryable`; an unsafe step runs again on the next attempt. A plain
-    /// `Retryable` from an unsafe step leaves its outcome unknown instead (see
-    /// [`Tool::call`](crate::Tool::call)).
-    #[error("{0}")]
-    NoEffect(String),
-    /// Can never succeed as is: straight to the DLQ.
-    #[error("{0}")]
-    NonRetryable(String),
     /// Stopped on request.
     #[error("cancelled")]
     Cancelled,
@@ -78,9 +97,23 @@ pub enum JobError {
     #[error("{0}")]
     BudgetExceeded(String),
     /// The operation parked itself (a durable sleep, or a wait for a signal): the worker lets go
-    /// of it and the scheduler wakes it. Job code just propagates it with `?`.
+    /// of it and the scheduler wakes it.
     #[error("suspended until a wake-up")]
     Suspended,
+}
+
+/// An I/O error is transient, and may have had its effect (a write cut short): retryable; in
+/// an unsafe step the step is reconciled. Map it yourself where it is known to be otherwise.
+impl From<std::io::Error> for JobError {
+    fn from(e: std::io::Error) -> Self {
+        JobError::retryable(e.to_string())
+    }
+}
+
+impl From<Engine> for JobError {
+    fn from(stop: Engine) -> Self {
+        JobError::Stopped(Stop(stop))
+    }
 }
 
 impl JobError {
@@ -92,9 +125,41 @@ impl JobError {
         }
     }
 
+    /// A retryable error not to be retried before `not_before` (a `Retry-After`).
+    pub fn retryable_after(message: impl Into<String>, not_before: DateTime<Utc>) -> Self {
+        JobError::Retryable {
+            message: message.into(),
+            not_before: Some(not_before),
+        }
+    }
+
     /// A transient error that certainly had no effect (see [`JobError::NoEffect`]).
     pub fn no_effect(message: impl Into<String>) -> Self {
         JobError::NoEffect(message.into())
+    }
+
+    /// An error that no retry can change (see [`JobError::NonRetryable`]).
+    pub fn non_retryable(message: impl Into<String>) -> Self {
+        JobError::NonRetryable(message.into())
+    }
+
+    /// A provider (a model server, an API) says it is overloaded: retried like `Retryable`,
+    /// but the operation backs off harder, not before `not_before` if given. For a
+    /// [`ModelClient`](crate::ModelClient) of your own.
+    pub fn overloaded(message: impl Into<String>, not_before: Option<DateTime<Utc>>) -> Self {
+        Engine::Overloaded {
+            message: message.into(),
+            not_before,
+        }
+        .into()
+    }
+
+    /// The engine's stop this is, if it is one.
+    pub(crate) fn engine(&self) -> Option<&Engine> {
+        match self {
+            JobError::Stopped(Stop(e)) => Some(e),
+            _ => None,
+        }
     }
 
     /// Whether a step that failed with this error may have had its effect anyway: a
@@ -103,8 +168,18 @@ impl JobError {
     pub(crate) fn outcome_unknown(&self) -> bool {
         matches!(
             self,
-            JobError::Retryable { .. } | JobError::Overloaded { .. }
+            JobError::Retryable { .. } | JobError::Stopped(Stop(Engine::Overloaded { .. }))
         )
+    }
+
+    /// Whether the engine stopped the run because the worker lost the operation's lease.
+    pub(crate) fn is_lease_lost(&self) -> bool {
+        matches!(self.engine(), Some(Engine::LeaseLost))
+    }
+
+    /// Whether the operation parked itself (a sleep, a wait, a budget or rate pause).
+    pub(crate) fn is_suspended(&self) -> bool {
+        matches!(self.engine(), Some(Engine::Suspended))
     }
 
     /// What the failure decision ([`agentq_core::state::failure::after_failure`]) needs to know
@@ -116,17 +191,19 @@ impl JobError {
                 not_before: *not_before,
             },
             JobError::NoEffect(_) => Failure::NoEffect,
-            JobError::Panicked(_) => Failure::Panicked,
-            JobError::Overloaded { not_before, .. } => Failure::Overloaded {
-                not_before: *not_before,
-            },
             JobError::NonRetryable(_) => Failure::NonRetryable,
-            JobError::Nondeterminism(_) => Failure::Nondeterminism,
-            JobError::UnknownSideEffect { .. } => Failure::UnknownSideEffect,
-            JobError::DeadlineExceeded(_) => Failure::DeadlineExceeded,
-            JobError::BudgetExceeded(_) => Failure::BudgetExceeded,
-            JobError::Cancelled => Failure::Cancelled,
-            JobError::LeaseLost | JobError::Suspended => return None,
+            JobError::Stopped(Stop(stop)) => match stop {
+                Engine::Panicked(_) => Failure::Panicked,
+                Engine::Overloaded { not_before, .. } => Failure::Overloaded {
+                    not_before: *not_before,
+                },
+                Engine::Nondeterminism(_) => Failure::Nondeterminism,
+                Engine::UnknownSideEffect { .. } => Failure::UnknownSideEffect,
+                Engine::DeadlineExceeded(_) => Failure::DeadlineExceeded,
+                Engine::BudgetExceeded(_) => Failure::BudgetExceeded,
+                Engine::Cancelled => Failure::Cancelled,
+                Engine::LeaseLost | Engine::Suspended => return None,
+            },
         })
     }
 
@@ -134,10 +211,10 @@ impl JobError {
     /// class, or `lease_lost` / `suspended`. (What is stored as `error_class` is decided by
     /// the failure decision, which may say `retries_exhausted` instead.)
     pub fn class(&self) -> &'static str {
-        match (self.failure(), self) {
+        match (self.failure(), self.is_lease_lost()) {
             (Some(f), _) => f.class().as_str(),
-            (None, JobError::LeaseLost) => "lease_lost",
-            (None, _) => "suspended",
+            (None, true) => "lease_lost",
+            (None, false) => "suspended",
         }
     }
 }

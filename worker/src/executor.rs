@@ -20,7 +20,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{JobContext, OperationInfo, Services};
-use crate::error::JobError;
+use crate::error::{Engine, JobError, Stop};
 use crate::lease::Leases;
 use crate::registry::Registry;
 use crate::versions::Versions;
@@ -118,9 +118,9 @@ async fn run(
         yielding,
     );
     let outcome = match shared.registry.handler(&op.kind, &op.kind_version) {
-        _ if op.deadline.is_some_and(|d| d <= chrono::Utc::now()) => Err(
-            JobError::DeadlineExceeded(op.deadline.expect("checked just above")),
-        ),
+        _ if op.deadline.is_some_and(|d| d <= chrono::Utc::now()) => Err(JobError::from(
+            Engine::DeadlineExceeded(op.deadline.expect("checked just above")),
+        )),
         // A remote kind's service removed since this worker claimed it (its snapshot is read
         // every few seconds): retried, since registering it again makes it runnable.
         None if !shared.registry.is_own_kind(&op.kind) => Err(JobError::retryable(format!(
@@ -138,19 +138,19 @@ async fn run(
             // (`JobContext::take_pending`), to be reconciled if the operation ever runs again.
             tokio::select! {
                 biased;
-                _ = stop.cancelled() => Err(JobError::LeaseLost),
+                _ = stop.cancelled() => Err(JobError::from(Engine::LeaseLost)),
                 _ = cancel.cancelled() => Err(interrupted(op.deadline)),
-                d = deadline_passes(op.deadline) => Err(JobError::DeadlineExceeded(d)),
-                r = job => r.unwrap_or_else(|panic| Err(JobError::Panicked(panic_message(&panic)))),
+                d = deadline_passes(op.deadline) => Err(JobError::from(Engine::DeadlineExceeded(d))),
+                r = job => r.unwrap_or_else(|panic| Err(JobError::from(Engine::Panicked(panic_message(&panic))))),
             }
         }
     };
     record_outcome(&outcome);
-    if matches!(outcome, Err(JobError::Suspended)) && ctx.take_budget_pause() {
+    if outcome.as_ref().is_err_and(JobError::is_suspended) && ctx.take_budget_pause() {
         hand_back(shared, &op, &ctx, HandBack::Pause).await;
         return;
     }
-    if matches!(outcome, Err(JobError::LeaseLost)) {
+    if outcome.as_ref().is_err_and(JobError::is_lease_lost) {
         let why = if shared.leases.paused(op.id, op.epoch) {
             Some(HandBack::Pause)
         } else if shared.leases.yielded(op.id, op.epoch) {
@@ -193,8 +193,8 @@ async fn hand_back(shared: &Shared, op: &Claimed, ctx: &JobContext, why: HandBac
 /// running operations past their deadline), else a cancel.
 fn interrupted(deadline: Option<chrono::DateTime<chrono::Utc>>) -> JobError {
     match deadline {
-        Some(d) if d <= chrono::Utc::now() => JobError::DeadlineExceeded(d),
-        _ => JobError::Cancelled,
+        Some(d) if d <= chrono::Utc::now() => JobError::from(Engine::DeadlineExceeded(d)),
+        _ => JobError::from(Engine::Cancelled),
     }
 }
 
@@ -217,7 +217,10 @@ fn record_outcome(outcome: &Result<Value, JobError>) {
     let span = tracing::Span::current();
     match outcome {
         Ok(_) => span.record("outcome", "succeeded"),
-        Err(e @ (JobError::Suspended | JobError::Cancelled)) => span.record("outcome", e.class()),
+        Err(
+            e @ (JobError::Stopped(Stop(Engine::Suspended))
+            | JobError::Stopped(Stop(Engine::Cancelled))),
+        ) => span.record("outcome", e.class()),
         Err(e) => span
             .record("outcome", e.class())
             .record("otel.status_code", "error"),
@@ -250,7 +253,7 @@ async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result
                 .await
                 .map_err(|unwritten| unwritten.error)
         }
-        Err(JobError::Suspended) => match ctx.take_suspend() {
+        Err(JobError::Stopped(Stop(Engine::Suspended))) => match ctx.take_suspend() {
             Some((run_at, waiting_for)) => {
                 db::within(db::timers::suspend_operation(
                     shared.pool(),
@@ -351,11 +354,11 @@ async fn fail(
             // No attempt is left to reconcile the unsafe step whose outcome this one lost:
             // the operator gets the step and its key, not just "retries exhausted".
             let message = match unknown.filter(|_| unknown_step) {
-                Some(s) => JobError::UnknownSideEffect {
+                Some(s) => JobError::from(Engine::UnknownSideEffect {
                     seq: s.seq,
                     name: s.name.clone(),
                     key: s.idempotency_key.clone(),
-                }
+                })
                 .to_string(),
                 None => e.to_string(),
             };

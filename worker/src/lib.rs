@@ -28,6 +28,7 @@ pub mod limiter;
 mod limits;
 pub mod model;
 pub mod openai;
+mod provided;
 pub mod registry;
 pub mod remote;
 mod remote_memory;
@@ -49,6 +50,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// For tools: `#[async_trait]` on an `impl TypedTool` or `impl Tool`.
+pub use async_trait::async_trait;
 pub use context::{ChildOutcome, JobContext, OperationInfo, SignalOutcome};
 pub use error::JobError;
 pub use model::{LocalModel, ModelClient, ModelRequest, ModelResponse};
@@ -147,6 +150,7 @@ impl Worker {
                     journal: GroupCommit::new(),
                     check_child,
                     tools,
+                    provided: registry.provided(),
                     children: std::sync::OnceLock::new(),
                     amqp_url,
                     names,

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::error::JobError;
+use crate::error::{Engine, JobError};
 
 /// Who said a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,6 +132,20 @@ impl ModelRequest {
     }
 }
 
+/// A prompt is a request with one user message: `ctx.model("draft", prompt)`.
+impl From<String> for ModelRequest {
+    fn from(prompt: String) -> Self {
+        ModelRequest::user(prompt)
+    }
+}
+
+/// A prompt is a request with one user message: `ctx.model("draft", "Say hello.")`.
+impl From<&str> for ModelRequest {
+    fn from(prompt: &str) -> Self {
+        ModelRequest::user(prompt)
+    }
+}
+
 /// Token accounting of one call, journaled with the step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
@@ -232,10 +246,10 @@ impl From<ModelError> for JobError {
             ModelError::Overloaded {
                 message,
                 retry_after,
-            } => JobError::Overloaded {
+            } => JobError::from(Engine::Overloaded {
                 message,
                 not_before: retry_after,
-            },
+            }),
             ModelError::NonRetryable { message } => JobError::NonRetryable(message),
         }
     }

@@ -58,7 +58,7 @@ struct Kind {
 /// a deployment's own next to them, or alone.
 ///
 /// ```
-/// use agentq_worker::{JobContext, JobError, Registry, Replay};
+/// use agentq_worker::{JobContext, JobError, Registry};
 ///
 /// #[derive(serde::Deserialize, schemars::JsonSchema)]
 /// struct Greet {
@@ -66,7 +66,7 @@ struct Kind {
 /// }
 ///
 /// async fn greet(ctx: JobContext, input: Greet) -> Result<String, JobError> {
-///     ctx.step("greet", Replay::Safe, |_key| async move { Ok(format!("hello, {}", input.name)) })
+///     ctx.step("greet", || async move { Ok(format!("hello, {}", input.name)) })
 ///         .await
 /// }
 ///
@@ -80,6 +80,8 @@ struct Kind {
 pub struct Registry {
     kinds: BTreeMap<String, Kind>,
     tools: BTreeMap<String, Arc<dyn Tool>>,
+    /// The deployment's own state, handed to its kinds and tools by type.
+    provided: crate::provided::Provided,
     /// The remote kinds (`crate::remote`), shared by every clone of the registry.
     remote: Arc<crate::remote::RemoteKinds>,
 }
@@ -238,6 +240,28 @@ impl Registry {
         );
         self.tools.insert(name, Arc::new(tool));
         self
+    }
+
+    /// Gives the deployment's kinds and tools a value of its own (its database pool, an HTTP
+    /// client, its configuration), which a run reads with
+    /// [`JobContext::state`](crate::JobContext::state) and a tool call with
+    /// [`ToolContext::state`](crate::ToolContext::state), by its type. One value per type:
+    /// wrap two of one type in types of your own.
+    ///
+    /// # Panics
+    /// If a value of the same type was provided already.
+    pub fn provide<T: Send + Sync + 'static>(&mut self, value: T) -> &mut Self {
+        assert!(
+            self.provided.insert(value),
+            "a {} was provided twice",
+            std::any::type_name::<T>()
+        );
+        self
+    }
+
+    /// What [`Registry::provide`] was given.
+    pub(crate) fn provided(&self) -> crate::provided::Provided {
+        self.provided.clone()
     }
 
     /// The registered tool `name`.

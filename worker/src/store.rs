@@ -17,19 +17,14 @@ pub(crate) trait Store: Send + Sync {
     /// A durable journal write (the group commit's statement).
     fn write(&self, rows: Vec<StepWrite>);
     /// A step about to run its body, or a park about to be recorded: `Err` stops the run.
-    fn step_runs(
-        &self,
-        seq: i32,
-        name: &str,
-        kind: StepKind,
-        replay: Replay,
-    ) -> Result<(), JobError>;
+    fn step_runs(&self, seq: i32, kind: StepKind) -> Result<(), JobError>;
     /// A recovery about to ask a tool whether an unsafe call happened: `Err` stops the run.
     fn before_reconcile(&self) -> Result<(), JobError>;
-    /// A tool about to be called with the step's key.
-    fn tool_called(&self, key: &str, name: &str, replay: Replay) -> Result<(), JobError>;
-    /// A tool call returned: its effect happened.
-    fn tool_done(&self, key: &str, output: &Value);
+    /// A step's body (a tool call, an unsafe closure) about to run with the step's key,
+    /// after what must be durable before it is.
+    fn effect_begins(&self, key: &str, name: &str, replay: Replay) -> Result<(), JobError>;
+    /// A step's body returned: its effect happened.
+    fn effect_happened(&self, key: &str, output: &Value);
     /// A child's insert (`db::children::spawn`): its id.
     fn spawn(&self, key: &str, kind: &str, input: &Value) -> uuid::Uuid;
     /// `db::timers::resolve_wait`.

@@ -31,11 +31,12 @@ use crate::info::OperationInfo;
 /// `agentq_core::state`, re-exported for kinds).
 pub use agentq_core::state::Replay;
 
-/// What the outside system says about an effect whose outcome was lost in a crash.
+/// What the outside system says about an effect whose outcome was lost in a crash: of a
+/// [`Tool`], its output as JSON; of a [`TypedTool`], its [`TypedTool::Output`].
 #[derive(Clone, Debug, PartialEq)]
-pub enum Reconciled {
+pub enum Reconciled<T = Value> {
     /// It happened; this is the output the call would have returned.
-    Happened(Value),
+    Happened(T),
     /// It did not happen; the call may run now.
     NotHappened,
     /// This tool cannot tell: the operation goes to the DLQ as `unknown_side_effect`.
@@ -43,7 +44,7 @@ pub enum Reconciled {
 }
 
 impl Reconciled {
-    /// [`Reconciled::Happened`] with a typed output (a [`TypedTool::Output`]).
+    /// [`Reconciled::Happened`] with a typed output, as JSON.
     pub fn happened(output: impl Serialize) -> Result<Self, JobError> {
         serde_json::to_value(output)
             .map(Reconciled::Happened)
@@ -58,6 +59,7 @@ pub struct ToolContext<'a> {
     pub(crate) key: &'a str,
     pub(crate) pool: &'a PgPool,
     pub(crate) http_allow: &'a Arc<Origins>,
+    pub(crate) provided: &'a crate::provided::Provided,
 }
 
 impl ToolContext<'_> {
@@ -73,10 +75,17 @@ impl ToolContext<'_> {
         self.info
     }
 
-    /// The worker's pool on agentq's database, under the rules of
-    /// [`JobContext::pool`](crate::JobContext::pool).
+    /// The engine's pool, for agentq's built-in tools, under the rules of `JobContext::pool`;
+    /// a deployment's tools use their own ([`ToolContext::state`]).
+    #[doc(hidden)]
     pub fn pool(&self) -> &PgPool {
         self.pool
+    }
+
+    /// The value of type `T` the deployment gave its registry, as
+    /// [`JobContext::state`](crate::JobContext::state) hands it to kinds.
+    pub fn state<T: Send + Sync + 'static>(&self) -> Result<&T, JobError> {
+        self.provided.get::<T>()
     }
 
     /// The origins the operator allows outbound calls to (`AGENTQ_AGENT_HTTP_ALLOW`): check
@@ -172,43 +181,38 @@ pub trait Tool: Send + Sync {
 /// A tool whose arguments and output are Rust types: the JSON Schema the model receives is
 /// derived from [`TypedTool::Args`], and arguments that do not fit it are refused before
 /// [`TypedTool::call`] runs, naming the field (the agent loop hands that refusal to the model
-/// as the call's result, so it can correct itself).
+/// as the call's result, so it can correct itself). A kind calls it with
+/// [`JobContext::call`](crate::JobContext::call); registered
+/// ([`Registry::register_tool`](crate::Registry::register_tool)), the model can call it too.
 ///
 /// ```
-/// use agentq_worker::{JobError, Reconciled, Replay, ToolContext, TypedTool};
-/// use async_trait::async_trait;
+/// use agentq_worker::{JobError, Replay, ToolContext, TypedTool};
 ///
-/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 /// struct LookupArgs {
 ///     /// The order's number, as the customer gives it.
 ///     order: String,
 /// }
 ///
-/// #[derive(serde::Serialize)]
+/// #[derive(serde::Serialize, serde::Deserialize)]
 /// struct Order {
 ///     order: String,
-///     status: &'static str,
+///     status: String,
 /// }
 ///
 /// struct Lookup;
 ///
-/// #[async_trait]
+/// #[agentq_worker::async_trait]
 /// impl TypedTool for Lookup {
+///     const NAME: &str = "lookup_order";
+///     const DESCRIPTION: &str = "Look an order up by its number.";
+///     const REPLAY: Replay = Replay::Safe; // a read: repeating it is harmless
 ///     type Args = LookupArgs;
 ///     type Output = Order;
 ///
-///     fn name(&self) -> &str {
-///         "lookup_order"
-///     }
-///     fn description(&self) -> &str {
-///         "Look an order up by its number."
-///     }
-///     fn replay(&self) -> Replay {
-///         Replay::Safe // a read: repeating it is harmless
-///     }
 ///     async fn call(&self, cx: &ToolContext<'_>, args: LookupArgs) -> Result<Order, JobError> {
 ///         // A real tool reads its table here, scoped to cx.info().tenant.
-///         Ok(Order { order: args.order, status: "shipped" })
+///         Ok(Order { order: args.order, status: "shipped".into() })
 ///     }
 /// }
 ///
@@ -218,36 +222,30 @@ pub trait Tool: Send + Sync {
 /// ```
 #[async_trait]
 pub trait TypedTool: Send + Sync + 'static {
-    /// The arguments, as the model must send them.
-    type Args: DeserializeOwned + JsonSchema + Send + Sync;
-    /// What a call returns (journaled, and handed to the model as JSON).
-    type Output: Serialize + Send;
-
     /// See [`Tool::name`].
-    fn name(&self) -> &str;
-
-    /// See [`Tool::replay`].
-    fn replay(&self) -> Replay;
-
+    const NAME: &'static str;
     /// See [`Tool::description`].
-    fn description(&self) -> &str {
-        ""
-    }
-
+    const DESCRIPTION: &'static str = "";
+    /// See [`Tool::replay`].
+    const REPLAY: Replay;
     /// See [`Tool::requires_approval`].
-    fn requires_approval(&self) -> bool {
-        false
-    }
+    const REQUIRES_APPROVAL: bool = false;
+
+    /// The arguments, as the model must send them.
+    type Args: Serialize + DeserializeOwned + JsonSchema + Send + Sync;
+    /// What a call returns (journaled, and handed to the model as JSON).
+    type Output: Serialize + DeserializeOwned + Send;
 
     /// Performs the call: see [`Tool::call`] for how to class its errors.
     async fn call(&self, cx: &ToolContext<'_>, args: Self::Args) -> Result<Self::Output, JobError>;
 
-    /// See [`Tool::reconcile`]; answer [`Reconciled::happened`] with the call's output.
+    /// See [`Tool::reconcile`]: [`Reconciled::Happened`] with the call's output,
+    /// [`Reconciled::NotHappened`], or (the default) [`Reconciled::Unsupported`].
     async fn reconcile(
         &self,
         _cx: &ToolContext<'_>,
         _args: Self::Args,
-    ) -> Result<Reconciled, JobError> {
+    ) -> Result<Reconciled<Self::Output>, JobError> {
         Ok(Reconciled::Unsupported)
     }
 }
@@ -255,15 +253,15 @@ pub trait TypedTool: Send + Sync + 'static {
 #[async_trait]
 impl<T: TypedTool> Tool for T {
     fn name(&self) -> &str {
-        TypedTool::name(self)
+        T::NAME
     }
 
     fn replay(&self) -> Replay {
-        TypedTool::replay(self)
+        T::REPLAY
     }
 
     fn description(&self) -> &str {
-        TypedTool::description(self)
+        T::DESCRIPTION
     }
 
     fn parameters(&self) -> Value {
@@ -271,23 +269,27 @@ impl<T: TypedTool> Tool for T {
     }
 
     fn requires_approval(&self) -> bool {
-        TypedTool::requires_approval(self)
+        T::REQUIRES_APPROVAL
     }
 
     async fn call(&self, cx: &ToolContext<'_>, args: &Value) -> Result<Value, JobError> {
-        let args = decode_args::<T::Args>(TypedTool::name(self), args)?;
+        let args = decode_args::<T::Args>(T::NAME, args)?;
         let output = TypedTool::call(self, cx, args).await?;
         serde_json::to_value(output).map_err(|e| {
             JobError::NonRetryable(format!(
                 "tool {:?} returned an output that is not JSON: {e}",
-                TypedTool::name(self)
+                T::NAME
             ))
         })
     }
 
     async fn reconcile(&self, cx: &ToolContext<'_>, args: &Value) -> Result<Reconciled, JobError> {
-        let args = decode_args::<T::Args>(TypedTool::name(self), args)?;
-        TypedTool::reconcile(self, cx, args).await
+        let args = decode_args::<T::Args>(T::NAME, args)?;
+        Ok(match TypedTool::reconcile(self, cx, args).await? {
+            Reconciled::Happened(output) => Reconciled::happened(output)?,
+            Reconciled::NotHappened => Reconciled::NotHappened,
+            Reconciled::Unsupported => Reconciled::Unsupported,
+        })
     }
 }
 

@@ -14,7 +14,7 @@ use agentq_worker::model::{Message, ModelRequest, Role};
 use agentq_worker::testing::{Check, ChildEnd, End, FakeTool, ModelScript, Tester, replay_journal};
 use agentq_worker::{
     JobContext, JobError, ModelResponse, Reconciled, Registry, Replay, SignalOutcome, Tool,
-    ToolContext,
+    ToolContext, TypedTool,
 };
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -23,9 +23,7 @@ use serde_json::{Value, json};
 /// reconcile, a sleep, a wait for a signal, two children and their join.
 async fn full(ctx: JobContext, input: Value) -> Result<Value, JobError> {
     let answer = ctx.model("plan", ModelRequest::user("plan it")).await?;
-    let n = ctx
-        .step("count", Replay::Safe, |_key| async { Ok(3) })
-        .await?;
+    let n = ctx.step("count", || async { Ok(3) }).await?;
     let refund = ctx.registered_tool("refund").expect("registered");
     let refunded = ctx
         .tool(refund.as_ref(), json!({ "cents": input["cents"] }))
@@ -119,13 +117,13 @@ static RUNS: AtomicUsize = AtomicUsize::new(0);
 
 /// Branches on a counter the journal does not hold.
 async fn nondeterministic(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
-    ctx.step("first", Replay::Safe, |_| async { Ok(1) }).await?;
+    ctx.step("first", || async { Ok(1) }).await?;
     let name = if RUNS.fetch_add(1, Ordering::SeqCst) == 0 {
         "fetch"
     } else {
         "fetch_v2"
     };
-    ctx.step(name, Replay::Safe, |_| async { Ok(2) }).await?;
+    ctx.step(name, || async { Ok(2) }).await?;
     Ok(Value::Null)
 }
 
@@ -184,10 +182,8 @@ impl Tool for Charge {
 async fn charge_once(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
     let tool = ctx.registered_tool("charge").expect("registered");
     ctx.tool(tool.as_ref(), json!({})).await?;
-    ctx.step("receipt", Replay::Safe, |_| async {
-        Ok("sent".to_string())
-    })
-    .await?;
+    ctx.step("receipt", || async { Ok("sent".to_string()) })
+        .await?;
     Ok(Value::Null)
 }
 
@@ -211,11 +207,24 @@ async fn a_kind_whose_completed_step_runs_again_fails_naming_the_step() {
     assert!(charges.len() > 1 && charges.iter().all(|k| k == &charges[0]));
 }
 
-async fn unreconciled(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
-    ctx.step("send_email", Replay::Unsafe, |_key| async {
+/// An email tool with no reconcile: after a crash that lost its outcome, nobody can tell
+/// whether the email went out.
+struct SendEmail;
+
+#[async_trait]
+impl TypedTool for SendEmail {
+    const NAME: &str = "send_email";
+    const REPLAY: Replay = Replay::Unsafe;
+    type Args = Value;
+    type Output = String;
+
+    async fn call(&self, _cx: &ToolContext<'_>, _args: Value) -> Result<String, JobError> {
         Ok("sent".to_string())
-    })
-    .await?;
+    }
+}
+
+async fn unreconciled(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
+    ctx.call(&SendEmail, json!({})).await?;
     Ok(Value::Null)
 }
 
@@ -293,18 +302,15 @@ fn entry(seq: i32, name: &str, output: Value) -> JournalEntry {
 }
 
 async fn v1(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
-    ctx.step("fetch", Replay::Safe, |_| async { Ok(1) }).await?;
-    ctx.step("summarize", Replay::Safe, |_| async { Ok(2) })
-        .await?;
+    ctx.step("fetch", || async { Ok(1) }).await?;
+    ctx.step("summarize", || async { Ok(2) }).await?;
     Ok(Value::Null)
 }
 
 async fn v2(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
-    ctx.step("fetch", Replay::Safe, |_| async { Ok(1) }).await?;
-    ctx.step("classify", Replay::Safe, |_| async { Ok(2) })
-        .await?;
-    ctx.step("summarize", Replay::Safe, |_| async { Ok(3) })
-        .await?;
+    ctx.step("fetch", || async { Ok(1) }).await?;
+    ctx.step("classify", || async { Ok(2) }).await?;
+    ctx.step("summarize", || async { Ok(3) }).await?;
     Ok(Value::Null)
 }
 
@@ -382,4 +388,51 @@ async fn a_run_that_fails_is_not_ok_even_with_no_problem_found() {
     assert!(!report.is_ok(), "{report}");
     let caught = std::panic::catch_unwind(|| report.assert_ok());
     assert!(caught.is_err(), "assert_ok passed a failed run: {report}");
+}
+
+/// Payments made by `pay`, by idempotency key: the outside system a kind's unsafe step calls.
+static PAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Pays once through `ctx.unsafe_step`, its reconcile asking the payments by the step's key.
+async fn pay(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
+    let paid = ctx
+        .unsafe_step(
+            "pay",
+            |key| async move {
+                PAID.lock().unwrap().push(key.clone());
+                Ok(key)
+            },
+            |key| async move { Ok(PAID.lock().unwrap().contains(&key).then_some(key)) },
+        )
+        .await?;
+    ctx.step("receipt", || async { Ok(1) }).await?;
+    Ok(json!(paid))
+}
+
+/// The same, with a reconcile that never finds the payment (it asks by another key).
+async fn pay_blind(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
+    ctx.unsafe_step(
+        "pay",
+        |key| async move {
+            PAID.lock().unwrap().push(key.clone());
+            Ok(key)
+        },
+        |_key| async move { Ok(None::<String>) },
+    )
+    .await?;
+    ctx.step("receipt", || async { Ok(1) }).await?;
+    Ok(Value::Null)
+}
+
+#[tokio::test]
+async fn an_unsafe_step_with_closures_is_checked_like_a_tool() {
+    let mut r = Registry::new();
+    r.register("pay", pay);
+    r.register("pay_blind", pay_blind);
+    Tester::new(&r, "pay", json!({})).run().await.assert_ok();
+    let report = Tester::new(&r, "pay_blind", json!({})).run().await;
+    let again = report.found(Check::RanAgain);
+    assert_eq!(again.len(), 1, "{report}");
+    assert_eq!(again[0].step, "pay");
+    assert!(!report.is_ok(), "{report}");
 }

@@ -25,7 +25,7 @@ use agentq::{AgentSpec, JobContext, JobError, Registry, SignalOutcome};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-pub use tools::{LookupOrder, Refund, Refunded};
+pub use tools::{LookupArgs, LookupOrder, Refund, Refunded};
 
 /// What the deployment is configured with.
 #[derive(Clone, Debug)]
@@ -75,12 +75,8 @@ pub struct HandoffInput {
 /// The `handoff` kind: the order looked up, then a person's reply waited for, with what the
 /// person needs to write it.
 pub async fn handoff(ctx: JobContext, input: HandoffInput) -> Result<SupportReply, JobError> {
-    let lookup = ctx
-        .registered_tool("lookup_order")
-        .ok_or_else(|| JobError::NonRetryable("this worker registers no lookup_order".into()))?;
-    let order = ctx
-        .tool(lookup.as_ref(), json!({ "order_id": input.order_id }))
-        .await?;
+    let order_id = input.order_id.clone();
+    let order = ctx.call(&LookupOrder, LookupArgs { order_id }).await?;
     let about = json!({
         "needs": "a reply to the customer: send signal \"reply\" with {\"text\": …}",
         "order": order,

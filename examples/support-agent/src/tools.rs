@@ -10,7 +10,7 @@ use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
 /// Arguments of `lookup_order`.
-#[derive(Deserialize, schemars::JsonSchema)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LookupArgs {
     /// The order's id, e.g. `A-1001`.
     pub order_id: String,
@@ -34,20 +34,11 @@ pub struct LookupOrder;
 
 #[async_trait]
 impl TypedTool for LookupOrder {
+    const NAME: &str = "lookup_order";
+    const DESCRIPTION: &str = "Look an order up by its id: whether it exists, the customer, its total in cents and its status.";
+    const REPLAY: Replay = Replay::Safe;
     type Args = LookupArgs;
     type Output = Order;
-
-    fn name(&self) -> &str {
-        "lookup_order"
-    }
-
-    fn description(&self) -> &str {
-        "Look an order up by its id: whether it exists, the customer, its total in cents and its status."
-    }
-
-    fn replay(&self) -> Replay {
-        Replay::Safe
-    }
 
     async fn call(&self, cx: &ToolContext<'_>, args: LookupArgs) -> Result<Order, JobError> {
         // Scoped to the operation's tenant: one tenant's agent never reads another's orders.
@@ -144,20 +135,12 @@ fn request_error(what: &str, e: outbound::Error) -> JobError {
 
 #[async_trait]
 impl TypedTool for Refund {
+    const NAME: &str = "refund";
+    const DESCRIPTION: &str =
+        "Refund an order, in cents. Only for an order lookup_order found, at most its total.";
+    const REPLAY: Replay = Replay::Unsafe;
     type Args = RefundArgs;
     type Output = Refunded;
-
-    fn name(&self) -> &str {
-        "refund"
-    }
-
-    fn description(&self) -> &str {
-        "Refund an order, in cents. Only for an order lookup_order found, at most its total."
-    }
-
-    fn replay(&self) -> Replay {
-        Replay::Unsafe
-    }
 
     async fn call(&self, cx: &ToolContext<'_>, args: RefundArgs) -> Result<Refunded, JobError> {
         let client = self.client(cx)?;
@@ -199,7 +182,7 @@ impl TypedTool for Refund {
         &self,
         cx: &ToolContext<'_>,
         _args: RefundArgs,
-    ) -> Result<Reconciled, JobError> {
+    ) -> Result<Reconciled<Refunded>, JobError> {
         let client = self.client(cx)?;
         let mut url = self.refunds.clone();
         url.query_pairs_mut()
@@ -214,7 +197,7 @@ impl TypedTool for Refund {
                 let refunded: Refunded = answer.json().await.map_err(|e| {
                     JobError::retryable(format!("reconcile: unreadable answer: {e}"))
                 })?;
-                Reconciled::happened(refunded)
+                Ok(Reconciled::Happened(refunded))
             }
             s => Err(JobError::retryable(format!(
                 "asking whether the refund happened: the payments API answered {s}"

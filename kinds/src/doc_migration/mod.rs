@@ -26,7 +26,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use agentq_worker::model::{Message, ModelRequest, Role};
-use agentq_worker::{JobContext, JobError, Replay, SignalOutcome};
+use agentq_worker::{JobContext, JobError, SignalOutcome};
 
 use chunk::{split_chunks, strip_confidence};
 pub use input::{DocMigrationInput, Validate, requires};
@@ -107,9 +107,7 @@ pub async fn doc_migration(
     let pool = ctx.pool().clone();
     let tenant = ctx.info().tenant.clone();
     let doc: Document = ctx
-        .step("read", Replay::Safe, |_key| {
-            read_document(&pool, &tenant, &input)
-        })
+        .step("read", || read_document(&pool, &tenant, &input))
         .await?;
     if doc.doc_id != input.doc_id || doc.source != describe_source(&input.source) {
         return Err(JobError::NonRetryable(
@@ -126,7 +124,7 @@ pub async fn doc_migration(
     };
     loop {
         let recorded: Plan = ctx
-            .step("plan", Replay::Safe, |_key| {
+            .step("plan", || {
                 let plan = plan.clone();
                 async move { Ok(plan) }
             })
@@ -161,7 +159,7 @@ pub async fn doc_migration(
         }
 
         let verdict: Verdict = ctx
-            .step("validate", Replay::Safe, |_key| {
+            .step("validate", || {
                 let verdict = validate(&input.validate, &doc.text, &output, confidence);
                 async move { verdict }
             })
@@ -213,7 +211,7 @@ pub async fn doc_migration(
         let sha256 = sha256_hex(output.as_bytes());
         let op_id = ctx.info().op_id.0;
         let written: Written = ctx
-            .step("write", Replay::Safe, |_key| {
+            .step("write", || {
                 write_target(&pool, &tenant, &input, op_id, output, sha256)
             })
             .await?;

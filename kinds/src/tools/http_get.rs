@@ -12,14 +12,14 @@ use crate::outbound;
 const HTTP_GET_CAP: usize = 64 * 1024;
 
 /// Arguments of `http_get`.
-#[derive(Deserialize, schemars::JsonSchema)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
 pub(crate) struct Args {
     /// An absolute http(s) URL on an allowed origin.
     url: String,
 }
 
 /// What `http_get` answers.
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub(crate) struct Fetched {
     status: u16,
     body: String,
@@ -32,20 +32,11 @@ pub(crate) struct HttpGet;
 
 #[async_trait]
 impl TypedTool for HttpGet {
+    const NAME: &str = "http_get";
+    const DESCRIPTION: &str = "Fetch a URL (GET) from an allow-listed host; returns the status and the start of the body.";
+    const REPLAY: Replay = Replay::Safe;
     type Args = Args;
     type Output = Fetched;
-
-    fn name(&self) -> &str {
-        "http_get"
-    }
-
-    fn replay(&self) -> Replay {
-        Replay::Safe
-    }
-
-    fn description(&self) -> &str {
-        "Fetch a URL (GET) from an allow-listed host; returns the status and the start of the body."
-    }
 
     async fn call(&self, cx: &ToolContext<'_>, args: Args) -> Result<Fetched, JobError> {
         let url = args.url;

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Arguments of `kv_put`.
-#[derive(Deserialize, schemars::JsonSchema)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
 pub(crate) struct PutArgs {
     /// The key to store the value under.
     key: String,
@@ -15,18 +15,18 @@ pub(crate) struct PutArgs {
 }
 
 /// Arguments of `kv_get`.
-#[derive(Deserialize, schemars::JsonSchema)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
 pub(crate) struct GetArgs {
     /// The key to read.
     key: String,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub(crate) struct Stored {
     ok: bool,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub(crate) struct Read {
     value: Option<Value>,
 }
@@ -41,20 +41,11 @@ pub(crate) struct KvPut;
 
 #[async_trait]
 impl TypedTool for KvPut {
+    const NAME: &str = "kv_put";
+    const DESCRIPTION: &str = "Store a JSON value under a key.";
+    const REPLAY: Replay = Replay::Safe;
     type Args = PutArgs;
     type Output = Stored;
-
-    fn name(&self) -> &str {
-        "kv_put"
-    }
-
-    fn replay(&self) -> Replay {
-        Replay::Safe
-    }
-
-    fn description(&self) -> &str {
-        "Store a JSON value under a key."
-    }
 
     async fn call(&self, cx: &ToolContext<'_>, args: PutArgs) -> Result<Stored, JobError> {
         agentq_core::db::within(crate::tables::kv::put(
@@ -75,20 +66,11 @@ pub(crate) struct KvGet;
 
 #[async_trait]
 impl TypedTool for KvGet {
+    const NAME: &str = "kv_get";
+    const DESCRIPTION: &str = "Read the JSON value stored under a key (null if none).";
+    const REPLAY: Replay = Replay::Safe;
     type Args = GetArgs;
     type Output = Read;
-
-    fn name(&self) -> &str {
-        "kv_get"
-    }
-
-    fn replay(&self) -> Replay {
-        Replay::Safe
-    }
-
-    fn description(&self) -> &str {
-        "Read the JSON value stored under a key (null if none)."
-    }
 
     async fn call(&self, cx: &ToolContext<'_>, args: GetArgs) -> Result<Read, JobError> {
         let value = agentq_core::db::within(crate::tables::kv::get(

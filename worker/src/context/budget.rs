@@ -12,7 +12,7 @@ use chrono::Utc;
 use uuid::Uuid;
 
 use super::JobContext;
-use crate::error::JobError;
+use crate::error::{Engine, JobError};
 use crate::limits::{Snapshot, budget_may_be_new};
 use crate::model::ModelRequest;
 
@@ -65,12 +65,12 @@ impl JobContext {
             // Calls in flight hold the room: wait for their charges, briefly, holding the slot;
             // past that, the operation goes back to the queue (its attempt given back).
             if waiting_since.elapsed() >= BUSY_WAIT {
-                return Err(JobError::Overloaded {
+                return Err(JobError::from(Engine::Overloaded {
                     message: "its token budget's room is held by model calls in flight; \
                               retrying once they are charged"
                         .into(),
                     not_before: Some(Utc::now() + chrono::Duration::seconds(2)),
-                });
+                }));
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         };
@@ -82,18 +82,19 @@ impl JobContext {
                 self.inner
                     .lost
                     .store(true, std::sync::atomic::Ordering::Release);
-                Err(JobError::LeaseLost)
+                Err(JobError::from(Engine::LeaseLost))
             }
             Reserved::Batch { .. } => {
                 agentq_core::metrics::BUDGET_REFUSALS.inc(&["batch"]);
-                self.state().budget_pause = true;
-                Err(JobError::Suspended)
+                self.run_state().budget_pause = true;
+                Err(JobError::from(Engine::Suspended))
             }
             Reserved::Tenant { period_ends, .. } => {
                 agentq_core::metrics::BUDGET_REFUSALS.inc(&["tenant"]);
                 let until = period_ends.max(Utc::now());
-                self.state().suspend = Some((until, Some(db::budgets::WAITING_FOR.to_string())));
-                Err(JobError::Suspended)
+                self.run_state().suspend =
+                    Some((until, Some(db::budgets::WAITING_FOR.to_string())));
+                Err(JobError::from(Engine::Suspended))
             }
             Reserved::Operation {
                 budget,
@@ -103,7 +104,7 @@ impl JobContext {
                 agentq_core::metrics::BUDGET_REFUSALS.inc(&["operation"]);
                 let until = exceeded_at + chrono::Duration::seconds(i64::from(budget.timeout_secs));
                 if until <= Utc::now() {
-                    return Err(JobError::BudgetExceeded(format!(
+                    return Err(JobError::from(Engine::BudgetExceeded(format!(
                         "its token budget ({} of {} {} tokens spent, {} held) cannot cover a \
                          model call of about {needed}, and was not raised within {} s",
                         budget.spent_tokens,
@@ -111,10 +112,11 @@ impl JobContext {
                         budget.measure,
                         budget.held_tokens,
                         budget.timeout_secs
-                    )));
+                    ))));
                 }
-                self.state().suspend = Some((until, Some(db::budgets::WAITING_FOR.to_string())));
-                Err(JobError::Suspended)
+                self.run_state().suspend =
+                    Some((until, Some(db::budgets::WAITING_FOR.to_string())));
+                Err(JobError::from(Engine::Suspended))
             }
         }
     }
@@ -124,7 +126,7 @@ impl JobContext {
     /// in that second case, once per such birth.
     async fn under_budget(&self, limits: &Snapshot) -> Result<bool, JobError> {
         let seen = {
-            let state = self.state();
+            let state = self.run_state();
             if state.budgeted {
                 return Ok(true);
             }
@@ -141,7 +143,7 @@ impl JobContext {
         ))
         .await
         .map_err(|e| JobError::no_effect(format!("checking the token budget: {e}")))?;
-        let mut state = self.state();
+        let mut state = self.run_state();
         state.budgeted = over;
         state.budget_seen = seen;
         Ok(over)
@@ -169,7 +171,7 @@ impl JobContext {
     /// Whether the job stopped because its batch's budget is spent (the batch is paused): the
     /// run is handed back at this step boundary.
     pub(crate) fn take_budget_pause(&self) -> bool {
-        std::mem::take(&mut self.state().budget_pause)
+        std::mem::take(&mut self.run_state().budget_pause)
     }
 }
 

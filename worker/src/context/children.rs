@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::journal::StepSpec;
 use super::park::MAX_PARK;
 use super::{JobContext, Services};
-use crate::error::JobError;
+use crate::error::{Engine, JobError};
 use crate::tool::Replay;
 
 /// How a child operation ended, as [`JobContext::join`] returns it (and journals it).
@@ -113,13 +113,13 @@ impl Services {
             }
         };
         if count >= cap {
-            return Err(JobError::Overloaded {
+            return Err(JobError::from(Engine::Overloaded {
                 message: format!(
                     "tenant {tenant:?} has {cap} or more unfinished operations, its cap \
                      (AGENTQ_TENANT_MAX_UNFINISHED): the spawn waits for some to finish"
                 ),
                 not_before: Some(Utc::now() + chrono::Duration::seconds(5)),
-            });
+            }));
         }
         Ok(())
     }
@@ -185,7 +185,7 @@ impl JobContext {
                     Ok((id, None))
                 }
                 db::children::Spawned::Existing(id) => Ok((id, None)),
-                db::children::Spawned::NoParent => Err(JobError::LeaseLost),
+                db::children::Spawned::NoParent => Err(JobError::from(Engine::LeaseLost)),
                 db::children::Spawned::Capped(n) => Err(JobError::NonRetryable(format!(
                     "this operation has spawned {n} children, the most one operation may \
                      (AGENTQ_MAX_CHILDREN); spawn fewer, or from the children themselves"
@@ -220,9 +220,9 @@ impl JobContext {
         let decode = |output: Option<Value>| {
             serde_json::from_value::<Vec<ChildOutcome>>(output.unwrap_or(Value::Array(vec![])))
                 .map_err(|e| {
-                    JobError::Nondeterminism(format!(
+                    JobError::from(Engine::Nondeterminism(format!(
                         "step {seq} (join) recorded an output of another shape: {e}"
-                    ))
+                    )))
                 })
         };
         // A join parks with no timeout of its own (an operation deadline still applies).
@@ -260,16 +260,16 @@ impl JobContext {
         match resolved {
             db::children::Join::Resolved(output) => decode(Some(output)),
             db::children::Join::Pending => {
-                self.state().suspend =
+                self.run_state().suspend =
                     Some((until, Some(agentq_core::operation::JOIN_WAIT.to_string())));
-                Err(JobError::Suspended)
+                Err(JobError::from(Engine::Suspended))
             }
             db::children::Join::NotChildren(strangers) => Err(JobError::NonRetryable(format!(
                 "join named operations that are not this operation's children: {strangers:?}"
             ))),
             db::children::Join::LeaseLost => {
                 self.inner.lost.store(true, Ordering::Release);
-                Err(JobError::LeaseLost)
+                Err(JobError::from(Engine::LeaseLost))
             }
         }
     }

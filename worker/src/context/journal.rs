@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::JobContext;
-use crate::error::JobError;
+use crate::error::{Engine, JobError};
 use crate::tool::Replay;
 
 /// Deferred steps' rows older than this are written at the next step boundary even when no
@@ -115,9 +115,9 @@ pub(super) fn diverged(
     kind: StepKind,
 ) -> JobError {
     let (was, was_kind) = entry.map_or(("?", "?"), |e| (e.name.as_str(), e.kind.as_str()));
-    JobError::Nondeterminism(format!(
+    JobError::from(Engine::Nondeterminism(format!(
         "step {seq} was recorded as {was:?} ({was_kind}) but the job now asks for {name:?} ({kind})"
-    ))
+    )))
 }
 
 impl JobContext {
@@ -131,7 +131,7 @@ impl JobContext {
     /// [`JobContext::skip_recorded`]. It reads the journal as loaded when this run claimed the
     /// operation, at the cursor every clone of this context shares.
     pub fn peek_recorded(&self) -> Option<(String, StepStatus)> {
-        let seq = self.state().next_seq;
+        let seq = self.run_state().next_seq;
         self.recorded(seq)
             .filter(|e| e.status != StepStatus::Failed)
             .map(|e| (e.name, e.status))
@@ -147,7 +147,7 @@ impl JobContext {
     /// to skip only from recorded outputs and the input, so every later replay skips the same
     /// steps (a step asked for where the journal recorded another is `nondeterminism`).
     pub fn skip_recorded(&self) -> bool {
-        let mut st = self.state();
+        let mut st = self.run_state();
         let seq = st.next_seq;
         let recorded = entry_at(&st.journal, seq).is_some_and(|e| e.status != StepStatus::Failed);
         if recorded {
@@ -159,19 +159,19 @@ impl JobContext {
     /// `f` of the journal as this run's claim loaded it (a remote kind sends it to its service),
     /// read in place.
     pub(crate) fn with_loaded_journal<R>(&self, f: impl FnOnce(&[JournalEntry]) -> R) -> R {
-        f(&self.state().journal)
+        f(&self.run_state().journal)
     }
 
     /// The position the next step takes.
     pub(crate) fn cursor(&self) -> i32 {
-        self.state().next_seq
+        self.run_state().next_seq
     }
 
     /// Takes the next journal position for a step, passing over patch markers there: a
     /// [`JobContext::patched`] call that was removed from the code (its old path deleted once
     /// no operation needed it) leaves its marker behind, and nothing asks for it.
     pub(super) fn next_position(&self) -> i32 {
-        let mut st = self.state();
+        let mut st = self.run_state();
         loop {
             let seq = st.next_seq;
             st.next_seq += 1;
@@ -196,7 +196,7 @@ impl JobContext {
                 limits.journal_max_steps
             )));
         }
-        let bytes = self.state().journal_bytes;
+        let bytes = self.run_state().journal_bytes;
         if bytes > limits.journal_max_bytes as u64 {
             return Err(JobError::NonRetryable(format!(
                 "journal limit: step {seq} ({name:?}) was not run: the journal's outputs take \
@@ -210,13 +210,13 @@ impl JobContext {
     }
 
     pub(super) fn recorded(&self, seq: i32) -> Option<JournalEntry> {
-        let st = self.state();
+        let st = self.run_state();
         entry_at(&st.journal, seq).cloned()
     }
 
     /// Holds `row` for the next write; `durable`: it must commit before the next step starts.
     pub(super) fn push(&self, row: StepWrite, durable: bool) {
-        let mut st = self.state();
+        let mut st = self.run_state();
         st.journal_bytes += row_bytes(row.output.as_ref(), row.error.as_deref());
         // A later row for the same seq replaces the earlier one (started → completed).
         st.pending.retain(|r| r.seq != row.seq);
@@ -228,7 +228,7 @@ impl JobContext {
     /// Whether the pending rows must be written before the next step starts: any row but a
     /// deferred step's, or deferred rows that waited too long or grew too many.
     pub(super) fn flush_due(&self) -> bool {
-        let st = self.state();
+        let st = self.run_state();
         st.pending_durable
             || st.pending.len() >= DEFERRED_MAX_ROWS
             || st
@@ -251,7 +251,7 @@ impl JobContext {
     pub(super) async fn flush(&self) -> Result<(), JobError> {
         // Taken, not copied: rows pushed meanwhile (by a clone of this context) stay pending.
         let (rows, durable) = {
-            let mut st = self.state();
+            let mut st = self.run_state();
             if st.pending.is_empty() {
                 return Ok(());
             }
@@ -282,12 +282,12 @@ impl JobContext {
             }
             Ok(false) => {
                 self.inner.lost.store(true, Ordering::Release);
-                Err(JobError::LeaseLost)
+                Err(JobError::from(Engine::LeaseLost))
             }
             Err(unwritten) => {
                 // Not written: the rows go back, before any pushed meanwhile (a newer row for
                 // the same seq wins), so the failure's statement writes them.
-                let mut st = self.state();
+                let mut st = self.run_state();
                 let newer: Vec<StepWrite> = std::mem::take(&mut st.pending);
                 let mut rows = unwritten.write.into_steps();
                 rows.retain(|r| !newer.iter().any(|n| n.seq == r.seq));
@@ -307,7 +307,7 @@ impl JobContext {
     /// stopped during an unsafe step's call adds that step as `unknown`: the next run of the
     /// operation (an operator's retry) reconciles it, as after a crash, never runs it blindly.
     pub(crate) fn take_pending(&self) -> (Vec<StepWrite>, Option<i32>) {
-        let mut st = self.state();
+        let mut st = self.run_state();
         st.pending_since = None;
         st.pending_durable = false;
         if let Some(unknown) = st.in_flight.take() {

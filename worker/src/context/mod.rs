@@ -27,7 +27,7 @@
 //! Journal writes go through the worker's group commit (`agentq_core::group_commit`): the rows of every
 //! operation that finished a step meanwhile share one fenced statement, and each step waits for
 //! its own commit. Every write is fenced by the claim's epoch; a lost lease turns into
-//! [`JobError::LeaseLost`].
+//! [`JobError::Stopped`] (the lease was lost).
 
 mod budget;
 mod children;
@@ -49,7 +49,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::JobError;
+use crate::error::{Engine, JobError};
 use crate::gate::ModelGate;
 pub use crate::info::OperationInfo;
 use crate::tool::Tool;
@@ -150,6 +150,8 @@ pub(crate) struct Services {
     pub(crate) check_child: ChildCheck,
     /// The deployment's registered tools ([`JobContext::registered_tool`]).
     pub(crate) tools: std::collections::BTreeMap<String, Arc<dyn Tool>>,
+    /// The deployment's own state ([`JobContext::state`]).
+    pub(crate) provided: crate::provided::Provided,
     /// Publishes spawned children's pointers; opened on the first spawn.
     pub(crate) children: std::sync::OnceLock<Dispatcher>,
     /// Where `children` connects to.
@@ -209,7 +211,7 @@ struct Inner {
 ///
 /// use agentq_worker::model::ModelRequest;
 /// use agentq_worker::testing::{ModelScript, Tester};
-/// use agentq_worker::{JobContext, JobError, ModelResponse, Registry, Replay, SignalOutcome};
+/// use agentq_worker::{JobContext, JobError, ModelResponse, Registry, SignalOutcome};
 ///
 /// #[derive(serde::Deserialize, schemars::JsonSchema)]
 /// struct Review {
@@ -221,7 +223,7 @@ struct Inner {
 ///     let summary = ctx.model("summarize", ModelRequest::user(input.doc)).await?;
 ///     // Pure work worth keeping: a replay-safe step.
 ///     let words = ctx
-///         .step("count", Replay::Safe, |_key| async { Ok(summary.content.split_whitespace().count()) })
+///         .step("count", || async { Ok(summary.content.split_whitespace().count()) })
 ///         .await?;
 ///     // Park until a human answers (holding no worker), at most a day.
 ///     match ctx.wait_for_signal("approval", Duration::from_secs(86_400)).await? {
@@ -301,26 +303,20 @@ impl JobContext {
         &self.inner.info
     }
 
-    /// The worker's pool on agentq's PostgreSQL database, for a kind's own data: tables the
-    /// kind keeps (the built-in `ledger` and `kv` tools' tables) and the stores an admin
-    /// registered for the operation's tenant (`agentq_core::db::stores`, as `doc_migration`
-    /// resolves them), through functions of `agentq_core::db`, which take a pool.
-    ///
-    /// The context journals and fences its own writes; what a kind does through this pool is
-    /// the kind's to keep safe:
+    /// The engine's pool on agentq's own database, for agentq's built-in kinds and tools
+    /// (their tables, the stores an admin registered). Not for a deployment's kinds: give
+    /// yours its own pool or client with [`Registry::provide`](crate::Registry::provide) and
+    /// read it with [`JobContext::state`]. What the built-in kinds keep to when they use it:
     /// - Nothing written here is fenced by the claim's epoch or journaled: a run whose lease
-    ///   was lost may still be finishing a step. Read and write only inside a step
-    ///   ([`JobContext::step`] or a [`Tool`]), so a replay returns the recorded output instead of
-    ///   doing it again, and make each write idempotent (keyed by the step's idempotency key or
-    ///   the operation id) for the run that repeats it after a crash.
+    ///   was lost may still be finishing a step. Read and write only inside a step, and make
+    ///   each write idempotent (keyed by the step's idempotency key or the operation id).
     /// - It reaches every tenant's data and all of agentq's tables: scope every statement to
     ///   [`OperationInfo::tenant`], take a table or a path only from what an operator
-    ///   registered (never from the input), and never write the tables operations run on
-    ///   (`operations`, `operation_steps`, `signals`, `dead_letters`, …): only the worker's
-    ///   runtime writes those, fenced by the epoch.
+    ///   registered (never from the input), and never write the tables operations run on.
     /// - The pool is shared with the worker's claims, journal writes and heartbeats: use a
     ///   connection for a statement or a short transaction, never across a model call, a tool
     ///   call or a sleep.
+    #[doc(hidden)]
     pub fn pool(&self) -> &PgPool {
         &self.inner.services.pool
     }
@@ -332,6 +328,13 @@ impl JobContext {
     /// only to the addresses it checked).
     pub fn http_allow(&self) -> Arc<Origins> {
         self.inner.services.http_allow.clone()
+    }
+
+    /// The value of type `T` the deployment gave its registry
+    /// ([`Registry::provide`](crate::Registry::provide)): its own database pool, HTTP client or
+    /// configuration. An error (non-retryable) if it gave none: propagate it with `?`.
+    pub fn state<T: Send + Sync + 'static>(&self) -> Result<&T, JobError> {
+        self.inner.services.provided.get::<T>()
     }
 
     /// The tool the deployment registered as `name`
@@ -346,7 +349,7 @@ impl JobContext {
     /// retries and crashes, so a tool can pass it downstream to make its effect happen once.
     /// The step closure also receives it as its argument.
     pub fn idempotency_key(&self) -> Option<String> {
-        self.state().current_key.clone()
+        self.run_state().current_key.clone()
     }
 
     /// Whether a fenced write of this run was refused (another claim took the operation).
@@ -356,7 +359,7 @@ impl JobContext {
 
     /// The wake time and awaited signal if the job parked itself.
     pub(crate) fn take_suspend(&self) -> Option<(DateTime<Utc>, Option<String>)> {
-        self.state().suspend.take()
+        self.run_state().suspend.take()
     }
 
     /// What the run shares with its worker.
@@ -364,7 +367,7 @@ impl JobContext {
         &self.inner.services
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+    fn run_state(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner.state.lock().expect("job context state lock")
     }
 
@@ -373,15 +376,15 @@ impl JobContext {
             || self.inner.stop.is_cancelled()
             || self.inner.yielding.at_boundary()
         {
-            return Err(JobError::LeaseLost);
+            return Err(JobError::from(Engine::LeaseLost));
         }
         if let Some(deadline) = self.inner.info.deadline
             && Utc::now() >= deadline
         {
-            return Err(JobError::DeadlineExceeded(deadline));
+            return Err(JobError::from(Engine::DeadlineExceeded(deadline)));
         }
         if self.inner.cancel.is_cancelled() {
-            return Err(JobError::Cancelled);
+            return Err(JobError::from(Engine::Cancelled));
         }
         Ok(())
     }

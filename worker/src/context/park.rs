@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::JobContext;
 use super::journal::{StepSpec, recorded_as};
-use crate::error::JobError;
+use crate::error::{Engine, JobError};
 use crate::tool::Replay;
 
 /// The longest a sleep or a wait may last: 100 years. Longer ones (a duration typed with too
@@ -102,8 +102,8 @@ impl JobContext {
             return Ok(());
         }
         self.push(row, true);
-        self.state().suspend = Some((wake_at, None));
-        Err(JobError::Suspended)
+        self.run_state().suspend = Some((wake_at, None));
+        Err(JobError::from(Engine::Suspended))
     }
 
     /// Waits for the signal `name` (a human approval, an outside event) for at most `timeout`:
@@ -170,11 +170,11 @@ impl JobContext {
             db::timers::Wait::Resolved(output) => Ok(SignalOutcome::from_journal(&output)),
             db::timers::Wait::LeaseLost => {
                 self.inner.lost.store(true, Ordering::Release);
-                Err(JobError::LeaseLost)
+                Err(JobError::from(Engine::LeaseLost))
             }
             db::timers::Wait::Pending => {
-                self.state().suspend = Some((deadline, Some(name.to_string())));
-                Err(JobError::Suspended)
+                self.run_state().suspend = Some((deadline, Some(name.to_string())));
+                Err(JobError::from(Engine::Suspended))
             }
         }
     }
@@ -200,7 +200,7 @@ impl JobContext {
         if let Some(memory) = &self.inner.services.memory
             && entry.is_none()
         {
-            memory.step_runs(seq, name, kind, Replay::Safe)?;
+            memory.step_runs(seq, kind)?;
         }
         Ok((seq, step_idempotency_key(self.inner.info.op_id, seq, name)))
     }

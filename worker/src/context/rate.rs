@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use super::JobContext;
 use super::budget::estimate;
-use crate::error::JobError;
+use crate::error::{Engine, JobError};
 use crate::gate::Slots;
 use crate::grants::{Outcome, Share};
 use crate::model::{ModelError, ModelRequest, ModelResponse};
@@ -164,8 +164,8 @@ impl JobContext {
             metrics::RATE_LIMITED.inc(&[limit.scope.as_str(), "parked"]);
             let wake = (reopens_at - WAKE_EARLY).max(Utc::now());
             let waiting_for = db::rate_limits::waiting_for(limit, reopens_at);
-            self.state().suspend = Some((wake, Some(waiting_for)));
-            return Err(JobError::Suspended);
+            self.run_state().suspend = Some((wake, Some(waiting_for)));
+            return Err(JobError::from(Engine::Suspended));
         }
     }
 

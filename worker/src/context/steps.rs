@@ -20,44 +20,111 @@ use serde_json::Value;
 
 use super::JobContext;
 use super::journal::{StepSpec, diverged, recorded_as};
-use crate::error::JobError;
+use crate::error::{Engine, JobError};
 use crate::model::{ModelRequest, ModelResponse};
-use crate::tool::{Reconciled, Replay, Tool, ToolContext};
+use crate::tool::{Reconciled, Replay, Tool, ToolContext, TypedTool};
 
 /// Asks a tool whether a call with this idempotency key already happened.
 pub(crate) type Reconcile<'a> =
     Box<dyn FnOnce(String) -> BoxFuture<'a, Result<Reconciled, JobError>> + Send + 'a>;
 
 impl JobContext {
-    /// Runs a journaled step. On replay a completed step returns its recorded output. Its row
-    /// is committed before the next step of the operation starts (or with the outcome).
-    pub async fn step<T, F, Fut>(&self, name: &str, replay: Replay, f: F) -> Result<T, JobError>
+    /// A safe step: `f` runs here, once per completed journal entry; a replay returns its
+    /// recorded output instead. Safe means running it again after a crash is harmless (a read,
+    /// a computation, an idempotent write). Its row is committed before the next step of the
+    /// operation starts (or with the outcome).
+    ///
+    /// ```no_run
+    /// # async fn f(ctx: agentq_worker::JobContext) -> Result<(), agentq_worker::JobError> {
+    /// let words = ctx.step("count", || async { Ok("a b c".split(' ').count()) }).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn step<T, F, Fut>(&self, name: &str, f: F) -> Result<T, JobError>
     where
         T: Serialize + DeserializeOwned,
-        F: FnOnce(String) -> Fut,
+        F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, JobError>>,
     {
-        let spec = StepSpec::new(name, StepKind::Custom, replay);
+        let spec = StepSpec::new(name, StepKind::Custom, Replay::Safe);
         self.run_step_with(
             spec,
             None,
-            |key| async move { f(key).await.map(|v| (v, None)) },
+            |_key| async move { f().await.map(|v| (v, None)) },
         )
         .await
     }
 
-    /// A replay-safe step whose journal row is **not** made durable before the next step: it
+    /// An unsafe step: an effect that must never happen twice (a payment, an email). `f(key)`
+    /// runs at most once per journal entry, `key` being the step's idempotency key (the same
+    /// on every attempt and after every crash: pass it to the outside system). Its `started`
+    /// row is durable before `f` runs. If a crash leaves the step's outcome unknown, agentq
+    /// asks `reconcile(key)` instead of running it again: `Ok(None)` says the effect did not
+    /// happen (the step runs now), `Ok(Some(output))` that it did (`output` is journaled as the
+    /// step's). Return [`JobError::no_effect`] from `f` when the effect certainly did not
+    /// happen (refused before acting); any other transient error leaves the outcome unknown.
+    ///
+    /// ```no_run
+    /// # async fn pay(key: &str) -> Result<u64, agentq_worker::JobError> { Ok(1) }
+    /// # async fn find_payment(key: &str) -> Result<Option<u64>, agentq_worker::JobError> { Ok(None) }
+    /// # async fn f(ctx: agentq_worker::JobContext) -> Result<(), agentq_worker::JobError> {
+    /// let payment = ctx
+    ///     .unsafe_step("pay", |key| async move { pay(&key).await },
+    ///                  |key| async move { find_payment(&key).await })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn unsafe_step<T, F, Fut, R, RFut>(
+        &self,
+        name: &str,
+        f: F,
+        reconcile: R,
+    ) -> Result<T, JobError>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<T, JobError>>,
+        R: FnOnce(String) -> RFut + Send,
+        RFut: Future<Output = Result<Option<T>, JobError>> + Send,
+    {
+        let ask: Reconcile<'_> = Box::new(move |key: String| {
+            Box::pin(async move {
+                match reconcile(key).await? {
+                    None => Ok(Reconciled::NotHappened),
+                    Some(output) => Reconciled::happened(output),
+                }
+            })
+        });
+        self.unsafe_step_with(name, Some(ask), f).await
+    }
+
+    /// The replay tester's watch on a step's body about to run (a tool call, an unsafe
+    /// closure): it records the effect's timeline and finds an effect made twice.
+    fn effect_begins(&self, key: &str, name: &str, replay: Replay) -> Result<(), JobError> {
+        match &self.inner.services.memory {
+            Some(memory) => memory.effect_begins(key, name, replay),
+            None => Ok(()),
+        }
+    }
+
+    /// The replay tester's watch on a step's body that returned `output`.
+    fn effect_happened<T: Serialize>(&self, key: &str, output: &T) {
+        if let Some(memory) = &self.inner.services.memory {
+            memory.effect_happened(key, &serde_json::to_value(output).unwrap_or_default());
+        }
+    }
+
+    /// A safe step whose journal row is **not** made durable before the next step: it
     /// is written with the operation's next durable write (the next ordinary step, a sleep or
     /// wait, the outcome), or at a step boundary once deferred rows have waited
     /// [`DEFERRED_FLUSH_AFTER`](super::DEFERRED_FLUSH_AFTER) or number [`DEFERRED_MAX_ROWS`](super::DEFERRED_MAX_ROWS). What a crash costs: every
     /// deferred step finished since that write runs again on recovery. Use it only for work
     /// that is cheap and safe to redo (parsing, pure computation, an idempotent local read),
     /// never for a model or tool call: those always go through [`JobContext::model`] and
-    /// [`JobContext::tool`], which are durable.
+    /// [`JobContext::call`], which are durable.
     pub async fn deferred_step<T, F, Fut>(&self, name: &str, f: F) -> Result<T, JobError>
     where
         T: Serialize + DeserializeOwned,
-        F: FnOnce(String) -> Fut,
+        F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, JobError>>,
     {
         let spec = StepSpec {
@@ -67,17 +134,20 @@ impl JobContext {
         self.run_step_with(
             spec,
             None,
-            |key| async move { f(key).await.map(|v| (v, None)) },
+            |_key| async move { f().await.map(|v| (v, None)) },
         )
         .await
     }
 
-    /// Calls the model as a replay-safe step; token usage is journaled with it.
+    /// Calls the model as a replay-safe step, through the worker's gate (its breaker, limits
+    /// and budgets); token usage is journaled with it. `request` is a [`ModelRequest`], or a
+    /// prompt (a `String` or `&str`: one user message).
     pub async fn model(
         &self,
         name: &str,
-        request: ModelRequest,
+        request: impl Into<ModelRequest>,
     ) -> Result<ModelResponse, JobError> {
+        let request = request.into();
         let model = self.inner.services.model.clone();
         let kind = self.inner.info.kind.clone();
         let spec = StepSpec::new(name, StepKind::Model, Replay::Safe);
@@ -123,8 +193,29 @@ impl JobContext {
         .await
     }
 
-    /// Calls a tool as a step with the tool's replay policy. If a crash left an unsafe call's
-    /// outcome unknown, recovery asks [`Tool::reconcile`] before deciding anything.
+    /// Calls a typed tool as a step named after it, with its replay policy: a safe tool as
+    /// [`JobContext::step`], an unsafe one as [`JobContext::unsafe_step`] with the tool's
+    /// [`TypedTool::reconcile`]. `args` must be what the code would pass again on a replay.
+    pub async fn call<T: TypedTool>(&self, tool: &T, args: T::Args) -> Result<T::Output, JobError> {
+        let args = serde_json::to_value(&args).map_err(|e| {
+            JobError::NonRetryable(format!(
+                "the arguments of tool {:?} are not JSON: {e}",
+                T::NAME
+            ))
+        })?;
+        let output = self.tool(tool, args).await?;
+        serde_json::from_value(output).map_err(|e| {
+            JobError::from(Engine::Nondeterminism(format!(
+                "tool {:?} recorded an output of another shape: {e}",
+                T::NAME
+            )))
+        })
+    }
+
+    /// Calls a tool over JSON values (one the model chose, or one found by name with
+    /// [`JobContext::registered_tool`]) as a step with the tool's replay policy. If a crash left
+    /// an unsafe call's outcome unknown, recovery asks [`Tool::reconcile`] before deciding
+    /// anything.
     pub async fn tool(&self, tool: &dyn Tool, args: Value) -> Result<Value, JobError> {
         self.tool_step(tool, args, false).await
     }
@@ -163,16 +254,14 @@ impl JobContext {
                     outcome = tracing::field::Empty,
                     otel.status_code = tracing::field::Empty,
                 );
-                if let Some(memory) = &self.inner.services.memory {
-                    memory.tool_called(&key, tool.name(), tool.replay())?;
-                }
+                self.effect_begins(&key, tool.name(), tool.replay())?;
                 let called = tracing::Instrument::instrument(
                     tool.call(&self.tool_context(&key), &args),
                     span.clone(),
                 )
                 .await;
-                if let (Some(memory), Ok(output)) = (&self.inner.services.memory, &called) {
-                    memory.tool_done(&key, output);
+                if let Ok(output) = &called {
+                    self.effect_happened(&key, output);
                 }
                 match &called {
                     Ok(_) => span.record("outcome", "ok"),
@@ -192,23 +281,27 @@ impl JobContext {
         .await
     }
 
-    /// An unsafe step whose body and reconcile are given as closures: a remote kind's
-    /// (`crate::remote`), whose service runs the effect and answers whether it happened. The
-    /// same runner as [`JobContext::tool`]: `started` is durable before `f` runs, a crash that
-    /// lost its outcome asks `reconcile` (or fails closed without one).
-    pub(crate) async fn unsafe_step_with<'a, F, Fut>(
+    /// An unsafe step whose reconcile may be missing: [`JobContext::unsafe_step`]'s, and a
+    /// remote kind's (`crate::remote`), whose service runs the effect and answers whether it
+    /// happened. The same runner as [`JobContext::tool`]: `started` is durable before `f`
+    /// runs, a crash that lost its outcome asks `reconcile` (or fails closed without one).
+    pub(crate) async fn unsafe_step_with<'a, T, F, Fut>(
         &self,
         name: &str,
         reconcile: Option<Reconcile<'a>>,
         f: F,
-    ) -> Result<Value, JobError>
+    ) -> Result<T, JobError>
     where
+        T: Serialize + DeserializeOwned,
         F: FnOnce(String) -> Fut,
-        Fut: Future<Output = Result<Value, JobError>>,
+        Fut: Future<Output = Result<T, JobError>>,
     {
         let spec = StepSpec::new(name, StepKind::Custom, Replay::Unsafe);
         self.run_step_with(spec, reconcile, |key| async move {
-            f(key).await.map(|v| (v, None))
+            self.effect_begins(&key, name, Replay::Unsafe)?;
+            let output = f(key.clone()).await?;
+            self.effect_happened(&key, &output);
+            Ok((output, None))
         })
         .await
     }
@@ -221,6 +314,7 @@ impl JobContext {
             key,
             pool: &self.inner.services.pool,
             http_allow: &self.inner.services.http_allow,
+            provided: &self.inner.services.provided,
         }
     }
 
@@ -322,9 +416,9 @@ impl JobContext {
                 return serde_json::from_value(out)
                     .map(Resumed::Recorded)
                     .map_err(|e| {
-                        JobError::Nondeterminism(format!(
+                        JobError::from(Engine::Nondeterminism(format!(
                             "step {seq} ({name}) recorded an output of another shape: {e}"
-                        ))
+                        )))
                     });
             }
             (Resume::Reconcile, Some(ask)) => {
@@ -359,12 +453,12 @@ impl JobContext {
                 let mut unknown = spec.row(seq, key, StepStatus::Unknown, Utc::now());
                 unknown.error = Some("outcome lost in a crash; not re-run".into());
                 self.push(unknown, true);
-                self.state().failed_step = Some(seq);
-                return Err(JobError::UnknownSideEffect {
+                self.run_state().failed_step = Some(seq);
+                return Err(JobError::from(Engine::UnknownSideEffect {
                     seq,
                     name: name.to_string(),
                     key: key.to_string(),
-                });
+                }));
             }
         }
         Ok(Resumed::Run {
@@ -386,7 +480,7 @@ impl JobContext {
             self.check_journal_room(seq, spec.name)?;
         }
         if let Some(memory) = &self.inner.services.memory {
-            memory.step_runs(seq, spec.name, spec.kind, spec.replay)?;
+            memory.step_runs(seq, spec.kind)?;
         }
         let started_at = Utc::now();
         let unsafe_step = spec.replay == Replay::Unsafe;
@@ -395,7 +489,7 @@ impl JobContext {
         // begun, its call is never cut for that.
         if unsafe_step {
             if !self.inner.yielding.begin_unsafe() {
-                return Err(JobError::LeaseLost);
+                return Err(JobError::from(Engine::LeaseLost));
             }
             self.push(spec.row(seq, key, StepStatus::Started, started_at), true);
             if let Err(e) = self.flush().await {
@@ -406,7 +500,7 @@ impl JobContext {
             self.flush().await?;
         }
 
-        let mut st = self.state();
+        let mut st = self.run_state();
         st.current_key = Some(key.to_string());
         if unsafe_step {
             let mut unknown = spec.row(seq, key, StepStatus::Unknown, started_at);
@@ -440,7 +534,7 @@ impl JobContext {
             ..
         } = spec;
         {
-            let mut st = self.state();
+            let mut st = self.run_state();
             st.current_key = None;
             st.in_flight = None;
         }
@@ -462,7 +556,7 @@ impl JobContext {
                 Ok(value)
             }
             Err(e) => {
-                if !matches!(e, JobError::Suspended) {
+                if !e.is_suspended() {
                     tracing::Span::current().record("otel.status_code", "error");
                 }
                 if replay == Replay::Unsafe && e.outcome_unknown() {
@@ -472,15 +566,15 @@ impl JobContext {
                     let mut unknown = row(StepStatus::Unknown);
                     unknown.error = Some(format!("outcome unknown: {e}"));
                     self.push(unknown, true);
-                    self.state().failed_step = Some(seq);
-                } else if !matches!(e, JobError::LeaseLost | JobError::Suspended) {
+                    self.run_state().failed_step = Some(seq);
+                } else if !(e.is_lease_lost() || e.is_suspended()) {
                     // (A step body that suspends, a model call a budget refused, was never
                     // sent: nothing is journaled at its position.)
                     let mut failed = row(StepStatus::Failed);
                     failed.error = Some(e.to_string());
                     failed.completed_at = Some(Utc::now());
                     self.push(failed, !deferred);
-                    self.state().failed_step = Some(seq);
+                    self.run_state().failed_step = Some(seq);
                 }
                 Err(e)
             }

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::JobContext;
 use super::journal::{StepSpec, diverged, entry_at};
-use crate::error::JobError;
+use crate::error::{Engine, JobError};
 use crate::tool::Replay;
 
 impl JobContext {
@@ -28,7 +28,7 @@ impl JobContext {
         name: &str,
         kind: StepKind,
     ) -> Result<(), JobError> {
-        let covered = self.state().upgrade_through.is_some_and(|t| seq <= t);
+        let covered = self.run_state().upgrade_through.is_some_and(|t| seq <= t);
         if !covered {
             return Err(diverged(seq, entry, name, kind));
         }
@@ -43,7 +43,7 @@ impl JobContext {
         .map_err(|e| JobError::retryable(format!("rebasing the journal: {e}")))?;
         if !rebased {
             self.inner.lost.store(true, Ordering::Release);
-            return Err(JobError::LeaseLost);
+            return Err(JobError::from(Engine::LeaseLost));
         }
         tracing::info!(
             op_id = %info.op_id,
@@ -51,7 +51,7 @@ impl JobContext {
             version = %info.version,
             "upgraded: the journal from this step on was recorded by another version; running it anew"
         );
-        let mut st = self.state();
+        let mut st = self.run_state();
         st.journal.retain(|e| e.seq < seq);
         st.upgrade_through = None;
         Ok(())
@@ -63,7 +63,7 @@ impl JobContext {
     ///
     /// ```ignore
     /// if ctx.patched("fetch-before-review")? {
-    ///     ctx.step("fetch", Replay::Safe, |_| fetch()).await?;
+    ///     ctx.step("fetch", || fetch()).await?;
     /// }
     /// ```
     ///
@@ -81,7 +81,7 @@ impl JobContext {
     pub fn patched(&self, change_id: &str) -> Result<bool, JobError> {
         self.check_running()?;
         let first_execution_at = {
-            let mut st = self.state();
+            let mut st = self.run_state();
             let mut seq = st.next_seq;
             loop {
                 let entry = entry_at(&st.journal, seq).filter(|e| e.status != StepStatus::Failed);

@@ -26,8 +26,8 @@ use serde_json::{Value, json};
 
 use super::client::{Answer, CallError, ServiceDef, StepFailure};
 use crate::context::{JobContext, MAX_PARK, SignalOutcome};
-use crate::error::JobError;
-use crate::tool::{Reconciled, Replay};
+use crate::error::{Engine, JobError};
+use crate::tool::Reconciled;
 
 /// The longest step name a service may give.
 const MAX_NAME: usize = 256;
@@ -125,7 +125,7 @@ pub(crate) async fn run(
             Answer::Error { class, message } => {
                 return Err(match class.as_str() {
                     "non_retryable" => JobError::NonRetryable(message),
-                    "nondeterminism" => JobError::Nondeterminism(message),
+                    "nondeterminism" => JobError::from(Engine::Nondeterminism(message)),
                     _ => JobError::retryable(message),
                 });
             }
@@ -233,7 +233,7 @@ impl Session<'_> {
             return Ok(());
         }
         agentq_core::metrics::REMOTE_CALLS.inc(&[&self.service.name, "memory"]);
-        Err(JobError::Overloaded {
+        Err(JobError::from(Engine::Overloaded {
             message: format!(
                 "remote service {:?}: this worker's memory for remote journals \
                  (AGENTQ_REMOTE_JOURNAL_MEMORY) is held by other operations; this one needs \
@@ -241,7 +241,7 @@ impl Session<'_> {
                 self.service.name
             ),
             not_before: Some(chrono::Utc::now() + chrono::Duration::seconds(5)),
-        })
+        }))
     }
 
     fn body(&self, directive: Directive<'_>) -> (Vec<u8>, i32) {
@@ -381,9 +381,7 @@ impl Session<'_> {
                     Some(f) => Err(failure(f)),
                     None => Ok(output.unwrap_or(Value::Null)),
                 };
-                let v: Value = ctx
-                    .step(&name, Replay::Safe, |_key| async move { result })
-                    .await?;
+                let v: Value = ctx.step(&name, || async move { result }).await?;
                 self.record(seq, &name, "custom", "safe", "completed", v);
             }
             Answer::Unsafe {

@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use agentq_core::db::{self, steps::JournalEntry, steps::StepWrite};
-use agentq_core::operation::{OperationId, step_idempotency_key};
 use agentq_core::state::{Status, StepKind, StepStatus};
 use chrono::Utc;
 use serde_json::{Value, json};
@@ -18,7 +17,7 @@ use super::report::{Check, Violation};
 use super::run::World;
 use super::{ChildEnd, ChildFn};
 use crate::context::ChildOutcome;
-use crate::error::JobError;
+use crate::error::{Engine, JobError};
 use crate::store::Store;
 use crate::tool::Replay;
 
@@ -32,7 +31,6 @@ pub(super) struct Scenario {
 /// The in-memory stand-in for an operation's rows in PostgreSQL during one run of the tester
 /// (the journal, its waits and joins), which also watches every step and effect.
 pub(super) struct Memory {
-    op_id: OperationId,
     /// Every child spawned in any run, by id: its kind and input.
     children: Arc<Mutex<BTreeMap<uuid::Uuid, (String, Value)>>>,
     state: Mutex<MemoryState>,
@@ -93,7 +91,6 @@ impl Memory {
             }
         }
         Self {
-            op_id: world.op_id,
             children: world.children.clone(),
             state: Mutex::new(MemoryState {
                 journal,
@@ -267,26 +264,16 @@ impl Store for Memory {
     }
 
     /// A step about to run its body (or a park about to be recorded) at `seq`.
-    fn step_runs(
-        &self,
-        seq: i32,
-        name: &str,
-        kind: StepKind,
-        replay: Replay,
-    ) -> Result<(), JobError> {
+    fn step_runs(&self, seq: i32, kind: StepKind) -> Result<(), JobError> {
         let mut st = self.state();
         if st.stop_at_end {
             st.stopped = true;
-            return Err(JobError::Suspended);
+            return Err(JobError::from(Engine::Suspended));
         }
         st.seen.insert(seq, kind);
         st.model_at = (kind == StepKind::Model).then_some(seq);
-        if kind == StepKind::Custom && replay == Replay::Unsafe {
-            // An unsafe step's body is its effect.
-            let key = step_idempotency_key(self.op_id, seq, name);
-            st.check_not_again(Some(seq), name, &key);
-            st.effect(name, &key, Value::Null);
-        }
+        // An unsafe step's body (a closure's, a tool's) is watched as it runs, after its
+        // `started` row is durable: `effect_begins`, `effect_happened`.
         Ok(())
     }
 
@@ -296,13 +283,13 @@ impl Store for Memory {
         if st.stop_at_end {
             // Asking would reach the outside system: the journal replay stops here.
             st.stopped = true;
-            return Err(JobError::Suspended);
+            return Err(JobError::from(Engine::Suspended));
         }
         Ok(())
     }
 
-    /// An unsafe or safe tool about to be called with the step's key.
-    fn tool_called(&self, key: &str, name: &str, replay: Replay) -> Result<(), JobError> {
+    /// A step's body (a tool call, an unsafe closure) about to run with the step's key.
+    fn effect_begins(&self, key: &str, name: &str, replay: Replay) -> Result<(), JobError> {
         let mut st = self.state();
         if replay == Replay::Unsafe {
             let seq = st.seen.keys().next_back().copied();
@@ -312,8 +299,8 @@ impl Store for Memory {
         Ok(())
     }
 
-    /// A tool call returned `output`: its effect happened.
-    fn tool_done(&self, key: &str, output: &Value) {
+    /// A step's body returned `output`: its effect happened.
+    fn effect_happened(&self, key: &str, output: &Value) {
         let mut st = self.state();
         let name = std::mem::take(&mut st.tool_step);
         st.effect(&name, key, output.clone());

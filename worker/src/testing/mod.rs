@@ -34,7 +34,7 @@
 //! async fn refund(ctx: JobContext, input: Value) -> Result<Value, JobError> {
 //!     let tool = ctx.registered_tool("refund").expect("registered");
 //!     let done = ctx.tool(tool.as_ref(), input).await?;
-//!     ctx.step("notify", Replay::Safe, |_key| async { Ok(json!("sent")) }).await?;
+//!     ctx.step("notify", || async { Ok(json!("sent")) }).await?;
 //!     Ok(done)
 //! }
 //!

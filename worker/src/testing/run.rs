@@ -19,7 +19,7 @@ use super::memory::{Memory, Scenario};
 use super::report::{Check, End, Report, Violation};
 use super::{ChildFn, Tester};
 use crate::context::{JobContext, OperationInfo, Services};
-use crate::error::JobError;
+use crate::error::{Engine, JobError, Stop};
 use crate::gate::{GateSettings, ModelGate};
 use crate::model::ModelClient;
 use crate::registry::Registry;
@@ -219,6 +219,7 @@ impl Tester {
             journal: GroupCommit::new(),
             check_child: Box::new(move |kind, input| registry.requires_or_why(kind, input)),
             tools,
+            provided: self.registry.provided(),
             children: std::sync::OnceLock::new(),
             amqp_url: String::new(),
             names: agentq_core::broker::Names::new("replay-tester"),
@@ -296,13 +297,15 @@ pub(super) async fn drive(
         let outcome = AssertUnwindSafe(handler(ctx.clone(), input.clone()))
             .catch_unwind()
             .await
-            .unwrap_or_else(|panic| Err(JobError::Panicked(panic_text(&panic))));
+            .unwrap_or_else(|panic| Err(JobError::from(Engine::Panicked(panic_text(&panic)))));
         let (rows, _) = ctx.take_pending();
         memory.write(rows);
         match outcome {
             Ok(v) => return End::Succeeded(v),
-            Err(JobError::Suspended) if memory.stopped() => return End::ReachedEnd,
-            Err(JobError::Suspended) => {
+            Err(JobError::Stopped(Stop(Engine::Suspended))) if memory.stopped() => {
+                return End::ReachedEnd;
+            }
+            Err(JobError::Stopped(Stop(Engine::Suspended))) => {
                 parks += 1;
                 if parks > MAX_PARKS {
                     return End::Failed {
@@ -324,9 +327,9 @@ pub(super) async fn drive(
                 let again = matches!(
                     e,
                     JobError::Retryable { .. }
-                        | JobError::Overloaded { .. }
+                        | JobError::Stopped(Stop(Engine::Overloaded { .. }))
                         | JobError::NoEffect(_)
-                        | JobError::Panicked(_)
+                        | JobError::Stopped(Stop(Engine::Panicked(_)))
                 );
                 if again && attempt < ATTEMPTS {
                     attempt += 1;
