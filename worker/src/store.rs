@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use crate::error::JobError;
+use crate::tool::Reconciled;
 
 /// What a job context asks of its store in the replay tester (each method stands for the
 /// PostgreSQL statement named on it).
@@ -25,6 +26,8 @@ pub(crate) trait Store: Send + Sync {
     fn effect_begins(&self, key: &str, name: &str, replay: Replay) -> Result<(), JobError>;
     /// A step's body returned: its effect happened.
     fn effect_happened(&self, key: &str, output: &Value);
+    /// A reconcile of the step `name` at `seq` with `key` answered.
+    fn reconciled(&self, seq: i32, name: &str, key: &str, answer: &Reconciled);
     /// A child's insert (`db::children::spawn`): its id.
     fn spawn(&self, key: &str, kind: &str, input: &Value) -> uuid::Uuid;
     /// `db::timers::resolve_wait`.

@@ -202,9 +202,14 @@ async fn a_kind_whose_completed_step_runs_again_fails_naming_the_step() {
         again[0].at.contains("after the effect of charge"),
         "{report}"
     );
-    // The real tool saw it: the charge that had happened was made again.
+    // The real tool saw it: in the timeline that crashed after the charge, the charge was made
+    // again with the same key (every timeline is an operation of its own, with keys of its own).
     let charges = payments.charges.lock().unwrap().clone();
-    assert!(charges.len() > 1 && charges.iter().all(|k| k == &charges[0]));
+    let twice = charges
+        .iter()
+        .filter(|k| charges.iter().filter(|c| c == k).count() > 1)
+        .count();
+    assert_eq!(twice, 2, "one key charged twice: {charges:?}");
 }
 
 /// An email tool with no reconcile: after a crash that lost its outcome, nobody can tell
@@ -422,6 +427,59 @@ async fn pay_blind(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
     .await?;
     ctx.step("receipt", || async { Ok(1) }).await?;
     Ok(Value::Null)
+}
+
+/// The same, with a reconcile that always says the payment happened.
+async fn pay_lying(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
+    ctx.unsafe_step(
+        "pay",
+        |key| async move {
+            PAID.lock().unwrap().push(key.clone());
+            Ok(key)
+        },
+        |key| async move { Ok(Some(key)) },
+    )
+    .await?;
+    ctx.step("receipt", || async { Ok(1) }).await?;
+    Ok(Value::Null)
+}
+
+/// The same, with a reconcile that finds the payment but answers another output.
+async fn pay_misreported(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
+    ctx.unsafe_step(
+        "pay",
+        |key| async move {
+            PAID.lock().unwrap().push(key.clone());
+            Ok(key)
+        },
+        |key| async move {
+            let found = PAID.lock().unwrap().contains(&key);
+            Ok(found.then(|| "a payment".to_string()))
+        },
+    )
+    .await?;
+    ctx.step("receipt", || async { Ok(1) }).await?;
+    Ok(Value::Null)
+}
+
+#[tokio::test]
+async fn a_reconcile_that_answers_other_than_what_happened_fails_naming_the_step() {
+    let mut r = Registry::new();
+    r.register("pay_lying", pay_lying);
+    r.register("pay_misreported", pay_misreported);
+    let report = Tester::new(&r, "pay_lying", json!({})).run().await;
+    let wrong = report.found(Check::WrongReconcile);
+    assert_eq!(wrong.len(), 1, "{report}");
+    assert_eq!((wrong[0].step.as_str(), wrong[0].seq), ("pay", Some(0)));
+    assert!(
+        wrong[0].at.contains("was written started"),
+        "the crash between the started row and the effect: {report}"
+    );
+    assert!(!report.is_ok());
+    let report = Tester::new(&r, "pay_misreported", json!({})).run().await;
+    let wrong = report.found(Check::WrongReconcile);
+    assert_eq!(wrong.len(), 1, "{report}");
+    assert!(wrong[0].message.contains("another output"), "{report}");
 }
 
 #[tokio::test]

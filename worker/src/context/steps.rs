@@ -425,7 +425,11 @@ impl JobContext {
                 if let Some(memory) = &self.inner.services.memory {
                     memory.before_reconcile()?;
                 }
-                Some(ask(key.to_string()).await?)
+                let answer = ask(key.to_string()).await?;
+                if let Some(memory) = &self.inner.services.memory {
+                    memory.reconciled(seq, name, key, &answer);
+                }
+                Some(answer)
             }
             // Nobody to ask: fail closed.
             (Resume::FailClosed | Resume::Reconcile, _) => Some(Reconciled::Unsupported),

@@ -22,6 +22,8 @@ pub(super) fn completed(journal: &[StepWrite]) -> Vec<(i32, String, StepKind)> {
 pub(super) struct CrashPoint {
     pub(super) journal: Vec<StepWrite>,
     pub(super) happened: HashMap<String, Value>,
+    /// How many of the timeline's events came before it.
+    pub(super) events: usize,
     /// The last thing that happened before it.
     after: String,
 }
@@ -70,11 +72,12 @@ pub(super) fn crash_points(timeline: &[Event]) -> Vec<CrashPoint> {
     let mut points = vec![CrashPoint {
         journal: Vec::new(),
         happened: HashMap::new(),
+        events: 0,
         after: "before the first step".into(),
     }];
     let mut journal: Vec<StepWrite> = Vec::new();
     let mut happened: HashMap<String, Value> = HashMap::new();
-    for event in timeline {
+    for (n, event) in timeline.iter().enumerate() {
         let after = match event {
             Event::Durable(j) => {
                 journal = j.clone();
@@ -93,6 +96,7 @@ pub(super) fn crash_points(timeline: &[Event]) -> Vec<CrashPoint> {
         let point = CrashPoint {
             journal: journal.clone(),
             happened: happened.clone(),
+            events: n + 1,
             after,
         };
         let same = points

@@ -19,7 +19,7 @@ use super::{ChildEnd, ChildFn};
 use crate::context::ChildOutcome;
 use crate::error::{Engine, JobError};
 use crate::store::Store;
-use crate::tool::Replay;
+use crate::tool::{Reconciled, Replay};
 
 /// Where a run starts from: the journal and the effects a crash left.
 #[derive(Default)]
@@ -58,6 +58,10 @@ pub(super) struct MemoryState {
     joins: HashMap<i32, Value>,
     /// [`replay_journal`]: stop where the code asks for a step past the journal's end.
     pub(super) stop_at_end: bool,
+    /// A run up to a crash point: it crashes once its timeline holds this many events.
+    crash_after: Option<usize>,
+    /// It crashed: nothing more is written or done.
+    crashed: bool,
     stopped: bool,
 }
 
@@ -105,8 +109,32 @@ impl Memory {
                 waits: HashMap::new(),
                 joins: HashMap::new(),
                 stop_at_end: false,
+                crash_after: None,
+                crashed: false,
                 stopped: false,
             }),
+        }
+    }
+
+    /// Makes this (recording) run crash once its timeline holds `events` events: every
+    /// write after it is lost, and the run stops at its next step.
+    pub(super) fn crash_after(&self, events: usize) {
+        let mut st = self.state();
+        st.crash_after = Some(events);
+        st.crashed = events == 0;
+    }
+
+    /// Whether the run reached its crash point.
+    pub(super) fn crashed(&self) -> bool {
+        self.state().crashed
+    }
+
+    /// What a crash left: the journal and the effects that had happened.
+    pub(super) fn left(&self) -> Scenario {
+        let st = self.state();
+        Scenario {
+            journal: st.journal.values().cloned().collect(),
+            happened: st.happened.clone(),
         }
     }
 
@@ -254,19 +282,23 @@ impl Store for Memory {
             return;
         }
         let mut st = self.state();
+        if st.crashed {
+            return;
+        }
         for r in rows {
             st.journal.insert(r.seq, r);
         }
         if st.recording {
             let snapshot = st.journal.values().cloned().collect();
             st.timeline.push(Event::Durable(snapshot));
+            st.crash_if_due();
         }
     }
 
     /// A step about to run its body (or a park about to be recorded) at `seq`.
     fn step_runs(&self, seq: i32, kind: StepKind) -> Result<(), JobError> {
         let mut st = self.state();
-        if st.stop_at_end {
+        if st.stop_at_end || st.crashed {
             st.stopped = true;
             return Err(JobError::from(Engine::Suspended));
         }
@@ -280,7 +312,7 @@ impl Store for Memory {
     /// A recovery about to ask a tool whether an unsafe call happened.
     fn before_reconcile(&self) -> Result<(), JobError> {
         let mut st = self.state();
-        if st.stop_at_end {
+        if st.stop_at_end || st.crashed {
             // Asking would reach the outside system: the journal replay stops here.
             st.stopped = true;
             return Err(JobError::from(Engine::Suspended));
@@ -291,6 +323,10 @@ impl Store for Memory {
     /// A step's body (a tool call, an unsafe closure) about to run with the step's key.
     fn effect_begins(&self, key: &str, name: &str, replay: Replay) -> Result<(), JobError> {
         let mut st = self.state();
+        if st.crashed {
+            st.stopped = true;
+            return Err(JobError::from(Engine::Suspended));
+        }
         if replay == Replay::Unsafe {
             let seq = st.seen.keys().next_back().copied();
             st.check_not_again(seq, name, key);
@@ -304,6 +340,38 @@ impl Store for Memory {
         let mut st = self.state();
         let name = std::mem::take(&mut st.tool_step);
         st.effect(&name, key, output.clone());
+        st.crash_if_due();
+    }
+
+    /// A reconcile's answer for the step `name` with `key`: checked against what happened in
+    /// this timeline before its crash.
+    fn reconciled(&self, seq: i32, name: &str, key: &str, answer: &Reconciled) {
+        let mut st = self.state();
+        if st.recording {
+            return;
+        }
+        let wrong = match (answer, st.happened.get(key)) {
+            (Reconciled::Happened(_), None) => Some(
+                "its reconcile answered that the effect happened, but in this timeline the crash \
+                 came before it: the step would be recorded as done and the effect never made (a \
+                 reconcile must look the effect up by the idempotency key)"
+                    .to_string(),
+            ),
+            (Reconciled::Happened(said), Some(made)) if said != made => Some(format!(
+                "its reconcile answered with another output than the effect's: {said} where the \
+                 effect returned {made}"
+            )),
+            _ => None,
+        };
+        if let Some(message) = wrong {
+            st.violations.push(Violation {
+                check: Check::WrongReconcile,
+                seq: Some(seq),
+                step: name.to_string(),
+                at: String::new(),
+                message,
+            });
+        }
     }
 
     /// A child spawned with the step's key: its id, the same in every run.
@@ -357,6 +425,13 @@ impl MemoryState {
                  key, and nothing unsafe may run outside a step)"
             ),
         });
+    }
+
+    /// Crashes a run up to a crash point once its timeline has reached it.
+    fn crash_if_due(&mut self) {
+        if self.crash_after.is_some_and(|n| self.timeline.len() >= n) {
+            self.crashed = true;
+        }
     }
 
     fn effect(&mut self, name: &str, key: &str, output: Value) {

@@ -5,8 +5,10 @@
 //! ([`ModelScript`]) and fake tools ([`FakeTool`]), delivering scripted signals and child
 //! outcomes when it parks. It records every durable write of the journal and every effect (a
 //! tool call, an unsafe step's body). Then it crashes it at every one of those points: for each,
-//! it starts again from the journal as that point left it, with the effects that had happened
-//! by then, and runs it to the end. A [`Report`] lists what went wrong, naming the step:
+//! it runs the kind again as an operation of its own (its own idempotency keys, so the outside
+//! systems a real tool or step reaches hold only that timeline's effects) up to the point, drops
+//! everything after it as a crash would, and runs it from what the crash left to the end. A
+//! [`Report`] lists what went wrong, naming the step:
 //!
 //! - **nondeterminism**: a run asked for other steps than the first (a name or a branch that
 //!   depends on something the journal does not hold: the clock, a random number, a global);
@@ -15,12 +17,13 @@
 //!   made outside the journal);
 //! - **no reconcile**: an unsafe step a crash interrupted cannot be reconciled, so the
 //!   operation would stop as `unknown_side_effect` and wait for a human;
+//! - **wrong reconcile**: a reconcile answered "happened" when, in its timeline, the crash came
+//!   before the effect, or answered with another output than the effect's;
 //! - **failed**: a run ended otherwise than the first (a panic, an error).
 //!
 //! [`Report::assert_ok`] also fails a first run that failed. What the tester cannot see: an
-//! effect made outside a step (nothing records it), and whether a real tool's reconcile tells
-//! the truth (the stand-in of the outside system keeps what every simulated run did, so a
-//! reconcile that always answers "happened" passes): test a reconcile against its system.
+//! effect made outside a step (nothing records it), and a reconcile that is right only for the
+//! keys it has seen (it is asked once per crash point, each with a fresh key).
 //!
 //! [`replay_journal`] replays a journal exported from production (`agentq steps OP --json`,
 //! read by [`journal_from_steps`]) against the code at hand, to see whether a deploy would

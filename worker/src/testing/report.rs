@@ -44,6 +44,9 @@ pub enum Check {
     Nondeterminism,
     RanAgain,
     NoReconcile,
+    /// A reconcile answered other than what happened in its timeline: "happened" for an
+    /// effect that had not, or with another output than the effect's.
+    WrongReconcile,
     Failed,
 }
 
@@ -53,6 +56,7 @@ impl fmt::Display for Check {
             Check::Nondeterminism => "nondeterminism",
             Check::RanAgain => "ran again",
             Check::NoReconcile => "no reconcile",
+            Check::WrongReconcile => "wrong reconcile",
             Check::Failed => "failed",
         })
     }
