@@ -1,5 +1,5 @@
--- The support agent's own table: orders, per tenant. It lives in agentq's database here (the
--- tools reach it through the worker's pool); it could as well live in a database of its own.
+-- The support agent's own table: orders, per tenant, in the shop's own database
+-- (`SUPPORT_DATABASE_URL`; for a demo on one server, agentq's `DATABASE_URL` by default).
 CREATE TABLE IF NOT EXISTS support_orders (
     tenant      text   NOT NULL,
     order_id    text   NOT NULL,

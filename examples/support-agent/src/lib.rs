@@ -3,7 +3,8 @@
 //! The `support` kind answers a customer about an order with the agent loop and two tools of
 //! its own:
 //! - `lookup_order` (safe): reads the order from the deployment's own table
-//!   (`support_orders`, see `schema.sql`), scoped to the operation's tenant;
+//!   (`support_orders`, see `schema.sql`) in its own database (`SUPPORT_DATABASE_URL`, a pool
+//!   given to the registry with `Registry::provide`), scoped to the operation's tenant;
 //! - `refund` (unsafe): refunds through the payments API (`SUPPORT_PAYMENTS_URL`) with the
 //!   step's idempotency key, and after a crash asks the API whether that refund happened
 //!   (reconcile) instead of refunding again.
@@ -25,7 +26,7 @@ use agentq::{AgentSpec, JobContext, JobError, Registry, SignalOutcome};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-pub use tools::{LookupArgs, LookupOrder, Refund, Refunded};
+pub use tools::{LookupArgs, LookupOrder, Orders, Refund, Refunded};
 
 /// What the deployment is configured with.
 #[derive(Clone, Debug)]
@@ -34,22 +35,32 @@ pub struct Settings {
     /// `GET {url}/refunds?idempotency_key=K` to reconcile. Its origin must also be in
     /// `AGENTQ_AGENT_HTTP_ALLOW`.
     pub payments_url: reqwest::Url,
+    /// The shop's own database, with the `support_orders` table `lookup_order` reads.
+    pub orders_url: String,
 }
 
 impl Settings {
-    /// From the environment: `SUPPORT_PAYMENTS_URL` (default `http://127.0.0.1:9090`).
+    /// From the environment: `SUPPORT_PAYMENTS_URL` (default `http://127.0.0.1:9090`) and
+    /// `SUPPORT_DATABASE_URL` (default: `DATABASE_URL`, agentq's own, for a demo on one server).
     pub fn from_env() -> Result<Self, String> {
         let raw = std::env::var("SUPPORT_PAYMENTS_URL")
             .unwrap_or_else(|_| "http://127.0.0.1:9090".into());
         let payments_url = reqwest::Url::parse(&raw)
             .map_err(|e| format!("SUPPORT_PAYMENTS_URL {raw:?} is not a URL: {e}"))?;
-        Ok(Self { payments_url })
+        let orders_url = std::env::var("SUPPORT_DATABASE_URL")
+            .or_else(|_| std::env::var("DATABASE_URL"))
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/agentq".into());
+        Ok(Self {
+            payments_url,
+            orders_url,
+        })
     }
 }
 
 /// Registers the `support` kind and its tools.
 pub fn register(registry: &mut Registry, settings: Settings) {
     registry
+        .provide(Orders::new(settings.orders_url))
         .register_tool(LookupOrder)
         .register_tool(Refund::new(settings.payments_url));
     registry.register("support", support).describe(

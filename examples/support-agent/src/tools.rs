@@ -29,7 +29,38 @@ pub struct Order {
     pub status: Option<String>,
 }
 
-/// `lookup_order`: reads an order from `support_orders`. Safe: a read may run again.
+/// The deployment's own database, holding `support_orders`: its URL, and a pool opened on first
+/// use (given to the registry with `Registry::provide`, read back with `cx.state`).
+pub struct Orders {
+    url: String,
+    pool: tokio::sync::OnceCell<sqlx::PgPool>,
+}
+
+impl Orders {
+    /// The database at `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            pool: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// Its pool: opened the first time a tool needs it (a database that cannot be reached is a
+    /// retryable failure of the step, which read nothing).
+    async fn pool(&self) -> Result<&sqlx::PgPool, JobError> {
+        self.pool
+            .get_or_try_init(|| {
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(4)
+                    .connect(&self.url)
+            })
+            .await
+            .map_err(|e| JobError::no_effect(format!("connecting to the orders database: {e}")))
+    }
+}
+
+/// `lookup_order`: reads an order from `support_orders`, in the deployment's own database
+/// ([`Orders`]). Safe: a read may run again.
 pub struct LookupOrder;
 
 #[async_trait]
@@ -48,7 +79,7 @@ impl TypedTool for LookupOrder {
         )
         .bind(&cx.info().tenant)
         .bind(&args.order_id)
-        .fetch_optional(cx.pool())
+        .fetch_optional(cx.state::<Orders>()?.pool().await?)
         .await
         .map_err(|e| JobError::retryable(format!("reading support_orders: {e}")))?;
         Ok(match row {

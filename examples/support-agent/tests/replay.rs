@@ -17,6 +17,7 @@ fn registry(payments: &str) -> Registry {
         &mut r,
         Settings {
             payments_url: payments.parse().unwrap(),
+            orders_url: "postgres://unused".into(),
         },
     );
     r
