@@ -159,7 +159,7 @@ impl Worker {
                     remote_memory: Arc::new(remote_memory::Memory::new(
                         job_limits.remote_journal_memory,
                     )),
-                    memory: None,
+                    store: Arc::new(store::Postgres),
                 }),
                 registry,
                 versions,

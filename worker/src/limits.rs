@@ -32,6 +32,8 @@ pub(crate) struct Snapshot {
 /// The process-wide cache.
 pub(crate) struct CallLimits {
     pool: PgPool,
+    /// Whether it reads them at all (not for the replay tester's runs, which have none).
+    reads: bool,
     /// The process's open rate limit grants.
     pub(crate) grants: crate::grants::Grants,
     snapshot: Mutex<Arc<Snapshot>>,
@@ -43,6 +45,7 @@ impl CallLimits {
         Self {
             grants: crate::grants::Grants::new(pool.clone()),
             pool,
+            reads: true,
             snapshot: Mutex::new(Arc::new(Snapshot::default())),
             reading: tokio::sync::Mutex::new(()),
         }
@@ -53,10 +56,18 @@ impl CallLimits {
     }
 
     /// The limits as of at most [`FRESH`] ago (or [`STALE`], while another call reads them).
+    /// No limits and no budgets, ever: the replay tester's (its runs hold no calls).
+    pub(crate) fn none(pool: PgPool) -> Self {
+        Self {
+            reads: false,
+            ..Self::new(pool)
+        }
+    }
+
     pub(crate) async fn current(&self) -> db::Result<Arc<Snapshot>> {
         let age = |s: &Snapshot| s.loaded.map(|t| t.elapsed());
         let held = self.held();
-        if age(&held).is_some_and(|a| a < FRESH) {
+        if !self.reads || age(&held).is_some_and(|a| a < FRESH) {
             return Ok(held);
         }
         let _reading = if age(&held).is_some_and(|a| a < STALE) {

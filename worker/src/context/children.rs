@@ -13,9 +13,10 @@ use serde_json::Value;
 
 use super::journal::StepSpec;
 use super::park::MAX_PARK;
-use super::{JobContext, Services};
+use super::{JobContext, OperationInfo, Services};
 use crate::error::{Engine, JobError};
 use crate::tool::Replay;
+use agentq_core::operation::Requires;
 
 /// How a child operation ended, as [`JobContext::join`] returns it (and journals it).
 #[derive(Clone, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
@@ -41,6 +42,11 @@ impl ChildOutcome {
     }
 }
 
+/// A spawn's refusal: non-retryable, naming the kind.
+fn refuse_spawn(kind: &str, why: String) -> JobError {
+    JobError::NonRetryable(format!("spawning a {kind:?} child: {why}"))
+}
+
 /// Test hook (`AGENTQ_TEST_SPAWN_PAUSE_MS`): how long a spawn waits after storing its child
 /// and before its step is journaled, so a crash test can kill a worker in that window.
 fn spawn_pause() -> Option<Duration> {
@@ -55,23 +61,35 @@ fn spawn_pause() -> Option<Duration> {
 
 impl Services {
     /// Checks a child as an enqueue checks an operation: its kind, its input against the kind
-    /// and its size, and the stores the input names (the parent's tenant must have them). A
-    /// kind that runs only for webhook deliveries cannot be a child. A misfit is
-    /// non-retryable; an unreachable database is not.
-    async fn check_spawn(&self, tenant: &str, kind: &str, input: &Value) -> Result<(), JobError> {
-        let refuse =
-            |why: String| JobError::NonRetryable(format!("spawning a {kind:?} child: {why}"));
-        let requires = (self.check_child)(kind, input).map_err(refuse)?;
+    /// and its size. A kind that runs only for webhook deliveries cannot be a child. A misfit
+    /// is non-retryable. Returns what the input requires (the stores it names).
+    fn check_spawn(&self, kind: &str, input: &Value) -> Result<Requires, JobError> {
+        let requires = (self.check_child)(kind, input).map_err(|why| refuse_spawn(kind, why))?;
         if requires.webhook_only {
-            return Err(refuse(
+            return Err(refuse_spawn(
+                kind,
                 "the kind runs only for the deliveries of a webhook source".into(),
             ));
         }
-        agentq_core::operation::check_input_size(input).map_err(refuse)?;
-        if self.memory.is_none() {
-            self.check_tenant_cap(tenant).await?;
-        }
-        if !requires.stores.is_empty() && self.memory.is_none() {
+        agentq_core::operation::check_input_size(input).map_err(|why| refuse_spawn(kind, why))?;
+        Ok(requires)
+    }
+
+    /// A spawn in PostgreSQL (the worker's store): the tenant's cap of unfinished operations,
+    /// the stores the input names (the parent's tenant must have them), the child's row
+    /// (deduplicated by `child:` and the step's `key`) and its pointer. An unreachable
+    /// database is retryable.
+    pub(crate) async fn spawn_stored(
+        &self,
+        info: &OperationInfo,
+        key: &str,
+        kind: &str,
+        input: &Value,
+        requires: &Requires,
+    ) -> Result<uuid::Uuid, JobError> {
+        let tenant = &info.tenant;
+        self.check_tenant_cap(tenant).await?;
+        if !requires.stores.is_empty() {
             let refusal = db::within(async {
                 let mut conn = self.pool.acquire().await?;
                 db::stores::refusal(&mut conn, tenant, &requires.stores).await
@@ -79,10 +97,48 @@ impl Services {
             .await
             .map_err(|e| JobError::retryable(format!("checking a child's stores: {e}")))?;
             if let Some(why) = refusal {
-                return Err(refuse(why));
+                return Err(refuse_spawn(kind, why));
             }
         }
-        Ok(())
+        let sha = agentq_core::operation::input_sha256(input);
+        let spawned = db::within(db::children::spawn(
+            &self.pool,
+            info.op_id.0,
+            &format!("child:{key}"),
+            kind,
+            input,
+            &sha,
+            self.limits.max_children,
+            self.limits.max_spawn_depth,
+        ))
+        .await
+        .map_err(|e| JobError::retryable(format!("spawning a child: {e}")))?;
+        match spawned {
+            db::children::Spawned::Created(child) => {
+                let id = child.id;
+                self.dispatch_child(child).await;
+                if let Some(pause) = spawn_pause() {
+                    // Test hook: hold the child stored but the step unjournaled.
+                    tokio::time::sleep(pause).await;
+                }
+                Ok(id)
+            }
+            db::children::Spawned::Existing(id) => Ok(id),
+            db::children::Spawned::NoParent => Err(JobError::from(Engine::LeaseLost)),
+            db::children::Spawned::Capped(n) => Err(JobError::NonRetryable(format!(
+                "this operation has spawned {n} children, the most one operation may \
+                 (AGENTQ_MAX_CHILDREN); spawn fewer, or from the children themselves"
+            ))),
+            db::children::Spawned::TooDeep(n) => Err(JobError::NonRetryable(format!(
+                "this operation is {n} spawns below its root, the deepest a tree of \
+                 operations may be (AGENTQ_MAX_SPAWN_DEPTH); spawn from an operation \
+                 nearer the root"
+            ))),
+            db::children::Spawned::KindNotAllowed => Err(JobError::NonRetryable(format!(
+                "spawning a {kind:?} child: tenant {tenant:?} may not create operations of \
+                 that kind (an admin's list, `agentq tenants kinds {tenant}`)"
+            ))),
+        }
     }
 
     /// A spawn is an operation born: past its tenant's cap of unfinished operations the spawn
@@ -154,52 +210,14 @@ impl JobContext {
         let name = format!("spawn:{kind}");
         let spec = StepSpec::new(&name, StepKind::Spawn, Replay::Safe);
         let services = self.inner.services.clone();
-        let parent = self.inner.info.op_id.0;
-        let tenant = &self.inner.info.tenant;
+        let info = &self.inner.info;
         self.run_step_with(spec, None, |key| async move {
-            services.check_spawn(tenant, kind, &input).await?;
-            if let Some(memory) = &services.memory {
-                return Ok((memory.spawn(&key, kind, &input), None));
-            }
-            let sha = agentq_core::operation::input_sha256(&input);
-            let spawned = db::within(db::children::spawn(
-                &services.pool,
-                parent,
-                &format!("child:{key}"),
-                kind,
-                &input,
-                &sha,
-                services.limits.max_children,
-                services.limits.max_spawn_depth,
-            ))
-            .await
-            .map_err(|e| JobError::retryable(format!("spawning a child: {e}")))?;
-            match spawned {
-                db::children::Spawned::Created(child) => {
-                    let id = child.id;
-                    services.dispatch_child(child).await;
-                    if let Some(pause) = spawn_pause() {
-                        // Test hook: hold the child stored but the step unjournaled.
-                        tokio::time::sleep(pause).await;
-                    }
-                    Ok((id, None))
-                }
-                db::children::Spawned::Existing(id) => Ok((id, None)),
-                db::children::Spawned::NoParent => Err(JobError::from(Engine::LeaseLost)),
-                db::children::Spawned::Capped(n) => Err(JobError::NonRetryable(format!(
-                    "this operation has spawned {n} children, the most one operation may \
-                     (AGENTQ_MAX_CHILDREN); spawn fewer, or from the children themselves"
-                ))),
-                db::children::Spawned::TooDeep(n) => Err(JobError::NonRetryable(format!(
-                    "this operation is {n} spawns below its root, the deepest a tree of \
-                     operations may be (AGENTQ_MAX_SPAWN_DEPTH); spawn from an operation \
-                     nearer the root"
-                ))),
-                db::children::Spawned::KindNotAllowed => Err(JobError::NonRetryable(format!(
-                    "spawning a {kind:?} child: tenant {tenant:?} may not create operations of \
-                     that kind (an admin's list, `agentq tenants kinds {tenant}`)"
-                ))),
-            }
+            let requires = services.check_spawn(kind, &input)?;
+            let store = services.store.clone();
+            let id = store
+                .spawn(&services, info, &key, kind, &input, &requires)
+                .await?;
+            Ok((id, None))
         })
         .await
     }
@@ -245,18 +263,12 @@ impl JobContext {
             }
         }
         let info = &self.inner.info;
-        let resolved = match &self.inner.services.memory {
-            Some(memory) => memory.resolve_join(seq, &ids),
-            None => db::within(db::children::resolve_join(
-                &self.inner.services.pool,
-                info.op_id.0,
-                info.epoch,
-                seq,
-                &ids,
-            ))
+        let services = &self.inner.services;
+        let resolved = services
+            .store
+            .resolve_join(services, info, seq, &ids)
             .await
-            .map_err(|e| JobError::retryable(format!("resolving a join: {e}")))?,
-        };
+            .map_err(|e| JobError::retryable(format!("resolving a join: {e}")))?;
         match resolved {
             db::children::Join::Resolved(output) => decode(Some(output)),
             db::children::Join::Pending => {

@@ -266,16 +266,8 @@ impl JobContext {
             epoch: info.epoch,
             steps: rows,
         };
-        if let Some(memory) = &services.memory {
-            memory.write(write.steps);
-            return Ok(());
-        }
         let asked = Instant::now();
-        match services
-            .journal
-            .write(&services.pool, db::settle::RunWrite::Steps(write))
-            .await
-        {
+        match services.store.write(services, write).await {
             Ok(true) => {
                 metrics::JOURNAL_COMMIT_DURATION.observe(&[], asked.elapsed().as_secs_f64());
                 Ok(())

@@ -165,9 +165,9 @@ pub(crate) struct Services {
     pub(crate) counts: std::sync::Mutex<std::collections::HashMap<String, (Instant, i64)>>,
     /// The rate limits, and the newest budget's birth, as this process last read them.
     pub(crate) call_limits: Arc<crate::limits::CallLimits>,
-    /// Set only by the replay tester ([`crate::testing`]): the journal, waits and children live
-    /// in memory there instead of PostgreSQL, and it watches every step and tool call.
-    pub(crate) memory: Option<Arc<dyn crate::store::Store>>,
+    /// Where the operation's journal, waits and children are kept: PostgreSQL in a worker
+    /// (`store::Postgres`), memory in the replay tester ([`crate::testing`]).
+    pub(crate) store: Arc<dyn crate::store::Store>,
 }
 
 /// What a run's claim said about the operation beyond its [`OperationInfo`]: how far an

@@ -153,19 +153,12 @@ impl JobContext {
             }
         };
         let info = &self.inner.info;
-        let resolved = match &self.inner.services.memory {
-            Some(memory) => memory.resolve_wait(seq, name, deadline),
-            None => db::within(db::timers::resolve_wait(
-                &self.inner.services.pool,
-                info.op_id.0,
-                info.epoch,
-                seq,
-                name,
-                deadline,
-            ))
+        let services = &self.inner.services;
+        let resolved = services
+            .store
+            .resolve_wait(services, info, seq, name, deadline)
             .await
-            .map_err(|e| JobError::retryable(format!("resolving a wait: {e}")))?,
-        };
+            .map_err(|e| JobError::retryable(format!("resolving a wait: {e}")))?;
         match resolved {
             db::timers::Wait::Resolved(output) => Ok(SignalOutcome::from_journal(&output)),
             db::timers::Wait::LeaseLost => {
@@ -197,10 +190,8 @@ impl JobContext {
         if entry.is_none() {
             self.check_journal_room(seq, name)?;
         }
-        if let Some(memory) = &self.inner.services.memory
-            && entry.is_none()
-        {
-            memory.step_runs(seq, kind)?;
+        if entry.is_none() {
+            self.inner.services.store.step_runs(seq, kind)?;
         }
         Ok((seq, step_idempotency_key(self.inner.info.op_id, seq, name)))
     }

@@ -60,10 +60,6 @@ impl JobContext {
         };
         let info = &self.inner.info;
         let gate = &self.inner.services.model;
-        if self.inner.services.memory.is_some() {
-            // The replay tester has no budgets or limits.
-            return Ok((holds, gate.slots(&info.tenant).await));
-        }
         let limits = self
             .inner
             .services

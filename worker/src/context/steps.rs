@@ -100,17 +100,13 @@ impl JobContext {
     /// The replay tester's watch on a step's body about to run (a tool call, an unsafe
     /// closure): it records the effect's timeline and finds an effect made twice.
     fn effect_begins(&self, key: &str, name: &str, replay: Replay) -> Result<(), JobError> {
-        match &self.inner.services.memory {
-            Some(memory) => memory.effect_begins(key, name, replay),
-            None => Ok(()),
-        }
+        self.inner.services.store.effect_begins(key, name, replay)
     }
 
     /// The replay tester's watch on a step's body that returned `output`.
     fn effect_happened<T: Serialize>(&self, key: &str, output: &T) {
-        if let Some(memory) = &self.inner.services.memory {
-            memory.effect_happened(key, &serde_json::to_value(output).unwrap_or_default());
-        }
+        let store = &self.inner.services.store;
+        store.effect_happened(key, &serde_json::to_value(output).unwrap_or_default());
     }
 
     /// A safe step whose journal row is **not** made durable before the next step: it
@@ -422,13 +418,10 @@ impl JobContext {
                     });
             }
             (Resume::Reconcile, Some(ask)) => {
-                if let Some(memory) = &self.inner.services.memory {
-                    memory.before_reconcile()?;
-                }
+                let store = &self.inner.services.store;
+                store.before_reconcile()?;
                 let answer = ask(key.to_string()).await?;
-                if let Some(memory) = &self.inner.services.memory {
-                    memory.reconciled(seq, name, key, &answer);
-                }
+                store.reconciled(seq, name, key, &answer);
                 Some(answer)
             }
             // Nobody to ask: fail closed.
@@ -483,9 +476,7 @@ impl JobContext {
         if fresh {
             self.check_journal_room(seq, spec.name)?;
         }
-        if let Some(memory) = &self.inner.services.memory {
-            memory.step_runs(seq, spec.kind)?;
-        }
+        self.inner.services.store.step_runs(seq, spec.kind)?;
         let started_at = Utc::now();
         let unsafe_step = spec.replay == Replay::Unsafe;
 

@@ -17,9 +17,15 @@ use super::report::{Check, Violation};
 use super::run::World;
 use super::{ChildEnd, ChildFn};
 use crate::context::ChildOutcome;
+use crate::context::{OperationInfo, Services};
 use crate::error::{Engine, JobError};
 use crate::store::Store;
 use crate::tool::{Reconciled, Replay};
+use agentq_core::db::settle::RunWrite;
+use agentq_core::db::steps::StepBatch;
+use agentq_core::group_commit::Written;
+use agentq_core::operation::Requires;
+use async_trait::async_trait;
 
 /// Where a run starts from: the journal and the effects a crash left.
 #[derive(Default)]
@@ -275,9 +281,10 @@ impl Memory {
     }
 }
 
-impl Store for Memory {
-    /// A durable write of the journal (a flush, a suspend, the outcome's rows).
-    fn write(&self, rows: Vec<StepWrite>) {
+impl Memory {
+    /// A durable write of the journal (a flush, a suspend, the outcome's rows); lost after the
+    /// run's crash point.
+    pub(super) fn keep(&self, rows: Vec<StepWrite>) {
         if rows.is_empty() {
             return;
         }
@@ -293,6 +300,14 @@ impl Store for Memory {
             st.timeline.push(Event::Durable(snapshot));
             st.crash_if_due();
         }
+    }
+}
+
+#[async_trait]
+impl Store for Memory {
+    async fn write(&self, _services: &Services, batch: StepBatch) -> Written<RunWrite> {
+        self.keep(batch.steps);
+        Ok(true)
     }
 
     /// A step about to run its body (or a park about to be recorded) at `seq`.
@@ -375,35 +390,51 @@ impl Store for Memory {
     }
 
     /// A child spawned with the step's key: its id, the same in every run.
-    fn spawn(&self, key: &str, kind: &str, input: &Value) -> uuid::Uuid {
+    async fn spawn(
+        &self,
+        _services: &Services,
+        _info: &OperationInfo,
+        key: &str,
+        kind: &str,
+        input: &Value,
+        _requires: &Requires,
+    ) -> Result<uuid::Uuid, JobError> {
         let id = child_id(key);
         self.children
             .lock()
             .expect("children")
             .insert(id, (kind.to_string(), input.clone()));
-        id
+        Ok(id)
     }
 
     /// Decides a wait as `db::timers::resolve_wait` does: a decision made since it parked
     /// completes its step (durably, with the decision as output).
-    fn resolve_wait(
+    async fn resolve_wait(
         &self,
+        _services: &Services,
+        _info: &OperationInfo,
         seq: i32,
         _name: &str,
         _deadline: chrono::DateTime<Utc>,
-    ) -> db::timers::Wait {
-        match self.state().take_decision(seq, |st| &mut st.waits) {
+    ) -> db::Result<db::timers::Wait> {
+        Ok(match self.state().take_decision(seq, |st| &mut st.waits) {
             Some(output) => db::timers::Wait::Resolved(output),
             None => db::timers::Wait::Pending,
-        }
+        })
     }
 
     /// Decides a join as `db::children::resolve_join` does.
-    fn resolve_join(&self, seq: i32, _ids: &[uuid::Uuid]) -> db::children::Join {
-        match self.state().take_decision(seq, |st| &mut st.joins) {
+    async fn resolve_join(
+        &self,
+        _services: &Services,
+        _info: &OperationInfo,
+        seq: i32,
+        _ids: &[uuid::Uuid],
+    ) -> db::Result<db::children::Join> {
+        Ok(match self.state().take_decision(seq, |st| &mut st.joins) {
             Some(output) => db::children::Join::Resolved(output),
             None => db::children::Join::Pending,
-        }
+        })
     }
 }
 

@@ -231,7 +231,7 @@ impl Tester {
         };
         let pool = self.pool.clone().unwrap_or_else(unreachable_pool);
         Arc::new(Services {
-            call_limits: Arc::new(crate::limits::CallLimits::new(pool.clone())),
+            call_limits: Arc::new(crate::limits::CallLimits::none(pool.clone())),
             pool,
             http_allow: Arc::new(self.http_allow.clone()),
             model: Arc::new(ModelGate::new(client, gate)),
@@ -247,7 +247,7 @@ impl Tester {
             remote_memory: Arc::new(crate::remote_memory::Memory::new(
                 crate::context::JobLimits::default().remote_journal_memory,
             )),
-            memory: Some(memory.clone() as Arc<dyn Store>),
+            store: memory.clone() as Arc<dyn Store>,
         })
     }
 
@@ -318,7 +318,7 @@ pub(super) async fn drive(
             .await
             .unwrap_or_else(|panic| Err(JobError::from(Engine::Panicked(panic_text(&panic)))));
         let (rows, _) = ctx.take_pending();
-        memory.write(rows);
+        memory.keep(rows);
         match outcome {
             Ok(v) => return End::Succeeded(v),
             Err(JobError::Stopped(Stop(Engine::Suspended))) if memory.stopped() => {
