@@ -542,6 +542,7 @@ fn print_steps(steps: &[StepView], json: bool) -> anyhow::Result<()> {
                         at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
                     )
                 }
+                _ if s.reconciled() => "  reconciled: its reconcile found the effect".into(),
                 _ => String::new(),
             };
             println!(

@@ -225,8 +225,27 @@ pub struct StepView {
     /// What the step returned (replayed instead of running it again).
     pub output: Option<serde_json::Value>,
     pub error: Option<String>,
-    /// A model call's token usage.
+    /// A model call's token usage; for an unsafe step whose effect a reconcile found after a
+    /// crash, [`reconciled_usage`] (such a step has no token usage of its own).
     pub usage: Option<serde_json::Value>,
+}
+
+/// The `usage` an unsafe step is journaled with when, after a crash lost its outcome, its
+/// reconcile found that the effect had happened: `{"reconciled": true}`. `agentq steps`, the
+/// API and the console mark the step so.
+pub fn reconciled_usage() -> serde_json::Value {
+    serde_json::json!({ "reconciled": true })
+}
+
+impl StepView {
+    /// Whether the step's effect was found by its reconcile, not recorded by its own run.
+    pub fn reconciled(&self) -> bool {
+        self.usage
+            .as_ref()
+            .and_then(|u| u.get("reconciled"))
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false)
+    }
 }
 
 /// The message published to RabbitMQ: a pointer to a row in Postgres, never the job input.

@@ -126,6 +126,14 @@ async fn an_unsafe_step_with_reconcile_is_reconciled_and_succeeds() {
         done.result.unwrap()["outputs"][0],
         json!({ "effect_id": effect_id })
     );
+    // The step says its effect was found by the reconcile, in `agentq steps` and its JSON.
+    let steps = String::from_utf8_lossy(&app.agentq_ok(&["steps", &op]).stdout).into_owned();
+    let charge = steps.lines().next().unwrap_or_default();
+    assert!(charge.contains("reconciled"), "{steps}");
+    let json =
+        String::from_utf8_lossy(&app.agentq_ok(&["steps", &op, "--json"]).stdout).into_owned();
+    let first: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
+    assert_eq!(first["usage"], json!({ "reconciled": true }), "{json}");
     app.cleanup().await;
 }
 

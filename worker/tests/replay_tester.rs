@@ -494,3 +494,37 @@ async fn an_unsafe_step_with_closures_is_checked_like_a_tool() {
     assert_eq!(again[0].step, "pay");
     assert!(!report.is_ok(), "{report}");
 }
+
+/// Keys whose payment answered with a timeout, though it went through.
+static TIMED_OUT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Pays, and the first answer for each key is lost after the payment went through (a
+/// timeout): the step is left unknown and its honest reconcile finds the payment.
+async fn pay_timing_out(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
+    let paid = ctx
+        .unsafe_step(
+            "pay",
+            |key| async move {
+                PAID.lock().unwrap().push(key.clone());
+                let mut timed_out = TIMED_OUT.lock().unwrap();
+                if !timed_out.contains(&key) {
+                    timed_out.push(key);
+                    return Err(JobError::retryable("the payments API timed out"));
+                }
+                Ok(key)
+            },
+            |key| async move { Ok(PAID.lock().unwrap().contains(&key).then_some(key)) },
+        )
+        .await?;
+    Ok(json!(paid))
+}
+
+#[tokio::test]
+async fn an_honest_reconcile_after_a_body_that_failed_is_not_wrong() {
+    let mut r = Registry::new();
+    r.register("pay_timing_out", pay_timing_out);
+    Tester::new(&r, "pay_timing_out", json!({}))
+        .run()
+        .await
+        .assert_ok();
+}

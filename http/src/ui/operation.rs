@@ -218,12 +218,15 @@ fn journal(op_id: Uuid, o: &console::Operation, revealed: bool) -> Markup {
                         strong { "#" (s.seq) " " (s.name) }
                         " " span class="muted" { (s.kind.as_str()) " · " (s.replay.as_str()) }
                         " " (badge(s.status.as_str()))
+                        @if s.reconciled() { " " (badge("reconciled")) }
                         div class="meta" {
                             "started " (time(s.started_at)) " · took " (took) " · epoch " (s.epoch)
                             @if let Some(w) = s.wake_at { " · wakes/times out " (time(w)) }
                         }
                         @if let Some(e) = &s.error { div class="error-text" { (e) } }
-                        @if let Some(u) = &s.usage { div class="meta" { "usage " (u) } }
+                        @if let (false, Some(u)) = (s.reconciled(), &s.usage) {
+                            div class="meta" { "usage " (u) }
+                        }
                         @if let (true, Some(out)) = (revealed, &s.output) {
                             (html::json_block(out))
                         } @else if s.output.is_some() {

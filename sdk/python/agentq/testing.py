@@ -4,17 +4,30 @@
 servers call, signing bypassed): it runs the kind to its end against a scripted model, scripted
 signals and child outcomes, journaling every answer as agentq would, and records every durable
 write and every unsafe effect. Then it crashes the run at every one of those points (including
-right after an unsafe step's function ran and before its output was journaled) and resumes from
-the journal as that point left it, with a new session. A :class:`Report` lists what went wrong:
+right after an unsafe step's function ran and before its output was journaled). Each crash
+point is an operation of its own, with a new operation id (so its own idempotency keys, which
+are derived from the operation id, the step's position and its name): the tester runs it for
+real up to the crash point, drops everything durable after it (the run stops at its next
+step), then resumes it, with the same id and a new session, from what the crash left: the
+journal and the effects that happened. An outside system a real step reaches therefore holds
+only that timeline's effects, under that timeline's keys, and what a real reconcile answers can
+be checked against what happened in it. A :class:`Report` lists what went wrong:
 
 - **nondeterminism**: a run asked for other steps than the first (a name or a branch that
   depends on something the journal does not hold: the clock, a random number, a global);
 - **ran again**: an unsafe step's function ran twice for one idempotency key;
 - **no reconcile**: an unsafe step a crash interrupted has no reconcile, so the operation would
   stop as ``unknown_side_effect`` and wait for a human;
+- **wrong reconcile**: an unsafe step's reconcile answered that the effect happened when, in
+  its timeline, the crash came before the effect (the step would be recorded as done and the
+  effect never made), or answered with another output than the effect returned;
 - **failed**: a run ended otherwise than the first (or the first ended retryable/protocol).
 
-The same checks as agentq's Rust tester (``agentq::testing``).
+The same checks as agentq's Rust tester (``agentq::testing``). What it cannot see: an effect
+made outside a step (nothing records it, so nothing finds it happening twice), and whether the
+real outside system answers as the stand-in a test points a real reconcile at. When an unsafe
+step's function raised (other than :class:`~agentq.NoEffect`), the tester cannot know whether its
+effect happened, so a reconcile's "happened" for that key is not judged.
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ class Check:
     NONDETERMINISM = "nondeterminism"
     RAN_AGAIN = "ran again"
     NO_RECONCILE = "no reconcile"
+    WRONG_RECONCILE = "wrong reconcile"
     FAILED = "failed"
 
 
@@ -191,15 +205,38 @@ def _now_text() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def _key(op_id: str, seq: int, name: str) -> str:
+    """An unsafe step's idempotency key, as agentq derives it."""
+    return f"{op_id}/{seq}/{name}"
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
 class _Memory:
-    """One run's journal, the effects that happened (by key), and what it saw."""
+    """One run's journal, the effects that happened (by key), and what it saw.
+
+    A recording run (``record``: the first run, or a timeline's run up to its crash point) keeps
+    its timeline of durable writes and effects; with ``crash_after``, it crashes once that
+    timeline holds so many events: every write after it is lost and the run stops before its
+    next request. A resumed run (not recording) checks what a reconcile answers against
+    ``happened``, the effects its timeline made before the crash (unless ``check_reconciles`` is
+    off); ``unsure`` holds the keys whose function raised after it may have made its effect (the
+    tester cannot know whether it happened, so a reconcile's "happened" for one is not judged).
+    """
 
     def __init__(self, journal: List[dict], happened: Dict[str, Any], fakes: Dict[str, _Fake],
-                 record: bool):
+                 record: bool, crash_after: Optional[int] = None, check_reconciles: bool = True,
+                 unsure: Optional[set] = None):
         self.journal = journal
         self.happened = happened
         self.fakes = fakes
         self.record = record
+        self.crash_after = crash_after
+        self.crashed = crash_after == 0
+        self.check_reconciles = check_reconciles
+        self.unsure = set(unsure or ())
         self.timeline: List[Tuple[str, Any, Any, str]] = []
         self.violations: List[Violation] = []
 
@@ -215,14 +252,23 @@ class _Memory:
 
         return fake.respond, (fake_reconcile if fake.reconciles else None)
 
+    def _crash_if_due(self) -> None:
+        if self.crash_after is not None and len(self.timeline) >= self.crash_after:
+            self.crashed = True
+
     def write(self, seq: int, entry: dict) -> None:
+        if self.crashed:  # lost with the crash
+            return
         entry = dict(entry, seq=seq)
         self.journal[seq:] = [entry]
         if self.record:
             self.timeline.append(("durable", copy.deepcopy(self.journal), None,
                                   f"after step {seq} ({entry['name']}) was written {entry['status']}"))
+            self._crash_if_due()
 
     def effect(self, key: str, seq: int, step: str, output: Any) -> None:
+        if self.crashed:  # nothing runs after the crash (the driver stops before asking)
+            return
         if key in self.happened:
             self.violations.append(Violation(
                 Check.RAN_AGAIN, seq, step, "",
@@ -233,6 +279,35 @@ class _Memory:
         if self.record:
             self.timeline.append(("effect", key, output,
                                   f"after the effect of {step}, before its journal write"))
+            self._crash_if_due()
+
+    def unknown(self, key: str) -> None:
+        """The function of the step with ``key`` raised: its effect may have happened."""
+        if not self.crashed:
+            self.unsure.add(key)
+
+    def reconciled(self, key: str, seq: int, step: str, output: Any) -> None:
+        """A reconcile answered that the effect of the step with ``key`` happened, with
+        ``output``: checked against what happened in this timeline before its crash."""
+        if self.record or not self.check_reconciles:
+            return
+        if key not in self.happened:
+            if key in self.unsure:
+                return
+            message = ("its reconcile answered that the effect happened, but in this timeline the "
+                       "crash came before it: the step would be recorded as done and the effect "
+                       "never made (a reconcile must look the effect up by the idempotency key)")
+        elif _json_text(output) != _json_text(self.happened[key]):
+            message = ("its reconcile answered with another output than the effect's: "
+                       f"{_json_text(output)} where the effect returned "
+                       f"{_json_text(self.happened[key])}")
+        else:
+            return
+        self.violations.append(Violation(Check.WRONG_RECONCILE, seq, step, "", message))
+
+    def left(self) -> Tuple[List[dict], Dict[str, Any], set]:
+        """What a crash left: the journal, the effects that happened, the unsure keys."""
+        return copy.deepcopy(self.journal), copy.deepcopy(self.happened), set(self.unsure)
 
     def first_open(self) -> int:
         for i, e in enumerate(self.journal):
@@ -246,8 +321,10 @@ def _completed(journal: List[dict]) -> List[Tuple[int, str, str]]:
 
 
 class Tester:
-    """Runs ``kind`` of ``service`` with ``input``, then again from every crash point of that
-    run (see the module docs). Configure it with the chained methods, then :meth:`run`."""
+    """Runs ``kind`` of ``service`` with ``input``, then, for every crash point of that run, an
+    operation of its own (a new id, so its own idempotency keys) up to the crash point and again
+    from what the crash left (see the module docs). Configure it with the chained methods, then
+    :meth:`run`."""
 
     def __init__(self, service: Service, kind: str, input: Any = None, *,
                  version: Optional[str] = None, tenant: str = "test"):
@@ -307,8 +384,12 @@ class Tester:
 
     def fake_unsafe(self, name: str, respond: Callable[[str], Any], reconciles: bool = True) -> "Tester":
         """Replaces the unsafe step ``name``'s function with ``respond(key)`` while testing; with
-        ``reconciles``, its reconcile says the effect happened exactly when it happened before
-        the crash the tester simulates (without, the step has no reconcile)."""
+        ``reconciles``, its reconcile says the effect happened (with what ``respond`` returned)
+        exactly when it happened in the timeline before the crash the tester simulates (without,
+        the step has no reconcile). Without a fake, the real function and reconcile run: each
+        crash point is an operation of its own with keys of its own, so a stand-in of the outside
+        system that keeps effects by key holds only that timeline's, and the reconcile's answers
+        are checked against them (``wrong reconcile``)."""
         self._fakes[name] = _Fake(respond, reconciles)
         return self
 
@@ -343,11 +424,30 @@ class Tester:
                                       f"the operation ended {ended.error_class}: {ended.message}"))
         expected = _completed(first.journal)
 
-        for n, (journal, happened, after) in enumerate(_crash_points(first.timeline)):
+        for n, (journal, happened, events, after) in enumerate(_crash_points(first.timeline)):
             report.crash_points += 1
             label = f"crash point {n + 1} ({after})"
-            mem = _Memory(copy.deepcopy(journal), dict(happened), self._fakes, record=False)
-            again = await self._drive(op_id, version, mem, children)
+            # Each timeline is an operation of its own (a new id, so keys of its own), run for
+            # real up to its crash point: the outside systems its effects reach hold this
+            # timeline's effects under its own keys, so what a reconcile answers can be checked
+            # against what happened in it.
+            timeline_id = str(_uuid.uuid4())
+            timeline_children: Dict[str, Tuple[str, Any, int]] = {}
+            prefix = _Memory([], {}, self._fakes, record=True, crash_after=events)
+            await self._drive(timeline_id, version, prefix, timeline_children)
+            if prefix.crashed:
+                run_id, run_children = timeline_id, timeline_children
+                left_journal, left_happened, unsure = prefix.left()
+                mem = _Memory(left_journal, left_happened, self._fakes, record=False, unsure=unsure)
+            else:
+                # It ended before its crash point: it took another path than the first run (the
+                # comparison below says why). Resume from the first run's journal instead, under
+                # the first run's keys; outside systems hold the first run's effects whatever the
+                # crash, so reconciles are not judged here.
+                run_id, run_children = op_id, children
+                mem = _Memory(copy.deepcopy(journal), dict(happened), self._fakes, record=False,
+                              check_reconciles=False)
+            again = await self._drive(run_id, version, mem, run_children)
             for v in mem.violations:
                 v.at = label
                 report.note(v)
@@ -391,8 +491,9 @@ class Tester:
 
     async def _drive(self, op_id: str, version: str, mem: _Memory,
                      children: Dict[str, Tuple[str, Any, int]]) -> End:
-        """Runs the operation from ``mem``'s journal to its end, through parks and retries, as
-        agentq's workers and scheduler would (each claim a new session)."""
+        """Runs the operation ``op_id`` from ``mem``'s journal to its end, through parks and
+        retries, as agentq's workers and scheduler would (each claim a new session); a run with
+        a crash point stops once it has reached it (``End("crashed")``)."""
         attempt, parks, requests = 1, 0, 0
         while True:
             session = str(_uuid.uuid4())
@@ -401,6 +502,8 @@ class Tester:
             resent = False
             next_claim = None  # "retry" | "park"
             while next_claim is None:
+                if mem.crashed:  # a run up to its crash point stops there
+                    return End("crashed")
                 requests += 1
                 if requests > MAX_REQUESTS:
                     return _failed("tester", f"more than {MAX_REQUESTS} requests")
@@ -423,7 +526,7 @@ class Tester:
                 }
                 if directive is not None:
                     what, dseq = directive
-                    request[what] = {"seq": dseq, "key": f"{op_id}/{dseq}/{mem.journal[dseq]['name']}"}
+                    request[what] = {"seq": dseq, "key": _key(op_id, dseq, mem.journal[dseq]["name"])}
                 wire = json.loads(json.dumps(request))
                 sent = copy.deepcopy(mem.journal)
                 raw = await self.service.invoke_async(wire, _unsafe_override=mem.override)
@@ -489,12 +592,13 @@ class Tester:
             err = answer.get("error")
             if err is None:
                 if unsafe:
-                    key = f"{op_id}/{seq}/{name}"
-                    mem.effect(key, seq, name, answer.get("output"))
+                    mem.effect(_key(op_id, seq, name), seq, name, answer.get("output"))
                 mem.write(seq, dict(base, status="completed", output=answer.get("output"), error=None))
                 return None
             retryable = bool(err.get("retryable", True))
             status = "unknown" if unsafe and not err.get("no_effect") else "failed"
+            if status == "unknown":
+                mem.unknown(_key(op_id, seq, name))
             mem.write(seq, dict(base, status=status, output=None, error=err.get("message")))
             return _failed("retryable" if retryable else "non_retryable",
                            f"step {name} failed: {err.get('message')}")
@@ -516,6 +620,7 @@ class Tester:
                                "has no reconcile")
             if answer.get("happened"):
                 row = mem.journal[seq]
+                mem.reconciled(_key(op_id, seq, row["name"]), seq, row["name"], answer.get("output"))
                 mem.write(seq, dict(row, status="completed", output=answer.get("output"), error=None))
                 return None
             return ("run", seq)
@@ -601,11 +706,14 @@ def _name_kind(answer: dict) -> Optional[Tuple[str, str]]:
     return None
 
 
-def _crash_points(timeline) -> List[Tuple[List[dict], Dict[str, Any], str]]:
-    points: List[Tuple[List[dict], Dict[str, Any], str]] = [([], {}, "before the first step")]
+def _crash_points(timeline) -> List[Tuple[List[dict], Dict[str, Any], int, str]]:
+    """Every point of the first run's ``timeline`` where a crash leaves a different state: the
+    journal and the effects it leaves, how many of the timeline's events came before it, and
+    the last thing that happened."""
+    points: List[Tuple[List[dict], Dict[str, Any], int, str]] = [([], {}, 0, "before the first step")]
     journal: List[dict] = []
     happened: Dict[str, Any] = {}
-    for what, a, b, after in timeline:
+    for n, (what, a, b, after) in enumerate(timeline):
         if what == "durable":
             journal = a
         else:
@@ -614,7 +722,7 @@ def _crash_points(timeline) -> List[Tuple[List[dict], Dict[str, Any], str]]:
         last = points[-1]
         if last[0] == journal and last[1] == happened:
             continue
-        points.append((journal, happened, after))
+        points.append((journal, happened, n + 1, after))
     return points
 
 

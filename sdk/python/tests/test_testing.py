@@ -27,7 +27,11 @@ class TesterTest(unittest.TestCase):
         self.assertEqual([s[1] for s in report.steps],
                          ["lookup", "decide", "signal:approval", "refund", "summarize"])
         self.assertGreaterEqual(report.crash_points, 8)
-        self.assertEqual(len(set(refunds)), 1, "one idempotency key for every run")
+        # Every crash point is an operation of its own, with a key of its own: the first run and
+        # each timeline refunded once, none twice.
+        self.assertEqual(len(refunds), len(set(refunds)), refunds)
+        self.assertEqual(len(refunds), report.crash_points + 1, refunds)
+        self.assertEqual(report.output["refund"]["key"], refunds[0])
 
     def test_a_rejection_ends_non_retryable_without_violations(self):
         report = (Tester(refund_service.svc, "refund_agent", {"order": "A", "effect_url": "http://x"})
@@ -96,6 +100,28 @@ class TesterTest(unittest.TestCase):
 
     def test_an_honest_real_reconcile_passes(self):
         svc = Service("s")
+        ledger, calls = {}, []
+
+        def charge(key):
+            calls.append(key)
+            ledger[key] = {"charged": True, "key": key}
+            return ledger[key]
+
+        @svc.kind("pay")
+        async def pay(ctx: Context, inp: dict):
+            await ctx.step("prepare", lambda: 1)
+            return await ctx.unsafe_step("charge", charge,
+                                         reconcile=lambda key: (True, ledger[key]) if key in ledger else None)
+
+        report = Tester(svc, "pay", {}).run()
+        report.assert_ok()
+        # The ledger holds one charge per timeline (the first run and each crash point), each
+        # made once: its reconcile was asked about keys of its own timeline only.
+        self.assertEqual(len(calls), len(set(calls)), calls)
+        self.assertEqual(len(ledger), report.crash_points + 1)
+
+    def test_a_reconcile_that_always_says_it_happened_is_wrong(self):
+        svc = Service("s")
         ledger = {}
 
         def charge(key):
@@ -104,10 +130,64 @@ class TesterTest(unittest.TestCase):
 
         @svc.kind("pay")
         async def pay(ctx: Context, inp: dict):
+            await ctx.step("prepare", lambda: 1)
+            # It never looks at the ledger: "happened", with the output the charge would return.
+            return await ctx.unsafe_step("charge", charge, reconcile=lambda key: (True, {"charged": True}))
+
+        report = Tester(svc, "pay", {}).run()
+        self.assertFalse(report.ok)
+        found = report.found(Check.WRONG_RECONCILE)
+        self.assertEqual([(v.seq, v.step) for v in found], [(1, "charge")], str(report))
+        self.assertEqual(len(report.violations), 1, str(report))
+        # The crash between the step's started row and its effect.
+        self.assertIn("(after step 1 (charge) was written started)", found[0].at)
+        self.assertIn("in this timeline the crash came before it", found[0].message)
+        self.assertIn("look the effect up by the idempotency key", found[0].message)
+        self.assertIn("[wrong reconcile] step 1 (charge) at crash point", str(report))
+
+    def test_a_reconcile_that_answers_another_output_is_wrong(self):
+        svc = Service("s")
+        ledger = {}
+
+        def charge(key):
+            ledger[key] = {"charged": 1250, "id": len(ledger)}
+            return ledger[key]
+
+        @svc.kind("pay")
+        async def pay(ctx: Context, inp: dict):
+            # It finds the charge by its key but answers something else than the charge returned.
+            return await ctx.unsafe_step("charge", charge,
+                                         reconcile=lambda key: (True, {"charged": 1250}) if key in ledger else None)
+
+        report = Tester(svc, "pay", {}).run()
+        found = report.found(Check.WRONG_RECONCILE)
+        self.assertEqual([(v.seq, v.step) for v in found], [(0, "charge")], str(report))
+        self.assertIn("before its journal write", found[0].at)
+        self.assertIn("another output than the effect's", found[0].message)
+        self.assertIn('{"charged": 1250} where the effect returned {"charged": 1250, "id": ', found[0].message)
+        self.assertFalse(report.found(Check.RAN_AGAIN))
+
+    def test_a_reconcile_after_a_function_that_raised_is_not_judged(self):
+        # The function made its effect and then raised: the tester cannot know the effect
+        # happened, so a reconcile that finds it is not called wrong.
+        svc = Service("s")
+        ledger, raised = {}, set()
+
+        def charge(key):
+            ledger[key] = {"charged": True}
+            if key not in raised:
+                raised.add(key)
+                raise RuntimeError("connection reset after the charge")
+            return ledger[key]
+
+        @svc.kind("pay")
+        async def pay(ctx: Context, inp: dict):
             return await ctx.unsafe_step("charge", charge,
                                          reconcile=lambda key: (True, ledger[key]) if key in ledger else None)
 
-        Tester(svc, "pay", {}).run().assert_ok()
+        report = Tester(svc, "pay", {}).run()
+        report.assert_ok()
+        self.assertEqual(report.output, {"charged": True})
 
     def test_no_effect_failures_are_retried(self):
         svc = Service("s")
@@ -235,8 +315,9 @@ class ExampleEffectTest(unittest.TestCase):
         report = (Tester(refund_service.svc, "refund_agent", {"order": "A-17", "effect_url": url})
                   .approve().run())
         report.assert_ok()
-        # Crash points before the step's started row run it again with the same key (the
-        # simulated journal rewinds, this endpoint does not): the key keeps it one refund.
-        self.assertEqual(len(set(posts)), 1, posts)
-        self.assertEqual(len(done), 1)
+        # Every crash point is an operation of its own, with a key of its own: the endpoint
+        # holds one refund per timeline (the first run's first), each posted once, and the
+        # reconcile was asked about that timeline's refund only.
+        self.assertEqual(len(posts), len(set(posts)), posts)
+        self.assertEqual(len(done), report.crash_points + 1)
         self.assertEqual(report.output["refund"], {"refunded": "A-17", "id": 0})

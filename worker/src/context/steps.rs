@@ -438,6 +438,7 @@ impl JobContext {
                 })?;
                 let mut done = spec.row(seq, key, StepStatus::Completed, Utc::now());
                 done.output = Some(output);
+                done.usage = Some(agentq_core::operation::reconciled_usage());
                 done.completed_at = Some(Utc::now());
                 self.push(done, true);
                 return Ok(Resumed::Recorded(value));

@@ -32,6 +32,9 @@ use async_trait::async_trait;
 pub(super) struct Scenario {
     pub(super) journal: Vec<StepWrite>,
     pub(super) happened: HashMap<String, Value>,
+    /// Keys of step bodies that began: an effect that began and did not return may or may not
+    /// have happened, so no reconcile's answer about it is wrong.
+    pub(super) began: HashSet<String>,
 }
 
 /// The in-memory stand-in for an operation's rows in PostgreSQL during one run of the tester
@@ -49,6 +52,8 @@ pub(super) struct MemoryState {
     timeline: Vec<Event>,
     /// Effects that happened before the crash (a replay), or so far (the first run).
     pub(super) happened: HashMap<String, Value>,
+    /// Keys of the step bodies that began (see [`Scenario::began`]).
+    began: HashSet<String>,
     violations: Vec<Violation>,
     /// The kind of each step asked for at a position this run.
     seen: BTreeMap<i32, StepKind>,
@@ -107,6 +112,7 @@ impl Memory {
                 recording,
                 timeline: Vec::new(),
                 happened: scenario.happened,
+                began: scenario.began,
                 violations: Vec::new(),
                 seen: BTreeMap::new(),
                 model_at: None,
@@ -141,6 +147,7 @@ impl Memory {
         Scenario {
             journal: st.journal.values().cloned().collect(),
             happened: st.happened.clone(),
+            began: st.began.clone(),
         }
     }
 
@@ -346,6 +353,7 @@ impl Store for Memory {
             let seq = st.seen.keys().next_back().copied();
             st.check_not_again(seq, name, key);
         }
+        st.began.insert(key.to_string());
         st.tool_step = name.to_string();
         Ok(())
     }
@@ -366,6 +374,8 @@ impl Store for Memory {
             return;
         }
         let wrong = match (answer, st.happened.get(key)) {
+            // A body that began and failed may have made its effect: either answer is right.
+            (Reconciled::Happened(_), None) if st.began.contains(key) => None,
             (Reconciled::Happened(_), None) => Some(
                 "its reconcile answered that the effect happened, but in this timeline the crash \
                  came before it: the step would be recorded as done and the effect never made (a \

@@ -18,7 +18,8 @@
 //! - **no reconcile**: an unsafe step a crash interrupted cannot be reconciled, so the
 //!   operation would stop as `unknown_side_effect` and wait for a human;
 //! - **wrong reconcile**: a reconcile answered "happened" when, in its timeline, the crash came
-//!   before the effect, or answered with another output than the effect's;
+//!   before the effect (its body never began), or answered with another output than the
+//!   effect's (a body that began and failed may have made its effect: either answer is right);
 //! - **failed**: a run ended otherwise than the first (a panic, an error).
 //!
 //! [`Report::assert_ok`] also fails a first run that failed. What the tester cannot see: an

@@ -129,6 +129,7 @@ pub async fn replay_operation(
         Scenario {
             journal: rows,
             happened: HashMap::new(),
+            began: Default::default(),
         },
         &[],
         false,

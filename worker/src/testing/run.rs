@@ -119,6 +119,7 @@ impl Tester {
                 let first_run = Scenario {
                     journal: point.journal.clone(),
                     happened: point.happened.clone(),
+                    began: Default::default(),
                 };
                 (&world, first_run)
             };
