@@ -34,7 +34,6 @@ pub mod remote;
 mod remote_memory;
 mod share;
 mod slot;
-mod store;
 pub mod testing;
 pub mod tool;
 mod versions;
@@ -159,7 +158,7 @@ impl Worker {
                     remote_memory: Arc::new(remote_memory::Memory::new(
                         job_limits.remote_journal_memory,
                     )),
-                    store: Arc::new(store::Postgres),
+                    store: Arc::new(context::store::Postgres),
                 }),
                 registry,
                 versions,

@@ -8,6 +8,8 @@
 //!   [`JobContext::skip_recorded`]), its room checks, and the fenced, group-committed writes;
 //! - `park`: sleeps and waits for signals, which park the operation ([`MAX_PARK`]);
 //! - `children`: [`JobContext::spawn`] and [`JobContext::join`], with a spawn's checks;
+//! - `store`: the one interface the operation's state is kept through (PostgreSQL in a worker,
+//!   memory in the replay tester);
 //! - `upgrade`: [`JobContext::patched`] and the rebase of an operation an operator upgraded.
 //!
 //! Execution is replay. Every `ctx` call takes the next sequence number; if the journal has a
@@ -35,6 +37,7 @@ mod journal;
 mod park;
 mod rate;
 mod steps;
+pub(crate) mod store;
 mod upgrade;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -167,7 +170,7 @@ pub(crate) struct Services {
     pub(crate) call_limits: Arc<crate::limits::CallLimits>,
     /// Where the operation's journal, waits and children are kept: PostgreSQL in a worker
     /// (`store::Postgres`), memory in the replay tester ([`crate::testing`]).
-    pub(crate) store: Arc<dyn crate::store::Store>,
+    pub(crate) store: Arc<dyn store::Store>,
 }
 
 /// What a run's claim said about the operation beyond its [`OperationInfo`]: how far an

@@ -18,12 +18,12 @@ use super::fakes::{BoundFake, Scripted};
 use super::memory::{Memory, Scenario};
 use super::report::{Check, End, Report, Violation};
 use super::{ChildFn, Tester};
+use crate::context::store::Store;
 use crate::context::{JobContext, OperationInfo, Services};
 use crate::error::{Engine, JobError, Stop};
 use crate::gate::{GateSettings, ModelGate};
 use crate::model::ModelClient;
 use crate::registry::Registry;
-use crate::store::Store;
 use agentq_core::group_commit::GroupCommit;
 
 /// Attempts a run gets for retryable failures before the tester takes the failure as its end.

@@ -17,8 +17,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use crate::context::{OperationInfo, Services};
+use super::Services;
 use crate::error::JobError;
+use crate::info::OperationInfo;
 use crate::tool::Reconciled;
 
 /// What a job context asks of its store (each method stands for the PostgreSQL statement it
