@@ -545,8 +545,14 @@ async fn hostile_invoke(
             "msg_other".into(),
         ),
         Misbehave::Oversized => {
-            let big = json!({ "type": "output", "output": "x".repeat(5 << 20) });
-            (big.to_string().into_bytes(), h.secret.clone(), id.clone())
+            // Built once: serializing 5 MiB on every call took this (debug) server past the
+            // service's 2 s timeout on a loaded machine, so agentq saw a timeout instead.
+            static BIG: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
+                json!({ "type": "output", "output": "x".repeat(5 << 20) })
+                    .to_string()
+                    .into_bytes()
+            });
+            (BIG.clone(), h.secret.clone(), id.clone())
         }
         Misbehave::UnknownType => (
             json!({ "type": "teleport", "seq": 0 })
@@ -571,7 +577,13 @@ async fn hostile_invoke(
         }
     };
     let ts = chrono::Utc::now().timestamp();
-    let signature = sign_with.sign(&sign_id, ts, &answer);
+    // agentq reads at most 4 MiB before it checks a signature: an oversized answer goes
+    // unsigned (signing 5 MiB in a debug build is as slow as serializing it).
+    let signature = if mode == Misbehave::Oversized {
+        "v1,unsigned".to_string()
+    } else {
+        sign_with.sign(&sign_id, ts, &answer)
+    };
     (
         StatusCode::OK,
         [
