@@ -225,8 +225,8 @@ pub struct StepView {
     /// What the step returned (replayed instead of running it again).
     pub output: Option<serde_json::Value>,
     pub error: Option<String>,
-    /// A model call's token usage; for an unsafe step whose effect a reconcile found after a
-    /// crash, [`reconciled_usage`] (such a step has no token usage of its own).
+    /// A model call's token usage; `{"reconciled": true}` for an unsafe step whose effect a
+    /// reconcile found after a crash (such a step has no token usage of its own).
     pub usage: Option<serde_json::Value>,
 }
 
