@@ -398,68 +398,47 @@ async fn a_run_that_fails_is_not_ok_even_with_no_problem_found() {
 /// Payments made by `pay`, by idempotency key: the outside system a kind's unsafe step calls.
 static PAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// Pays once through `ctx.unsafe_step`, its reconcile asking the payments by the step's key.
-async fn pay(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
-    let paid = ctx
-        .unsafe_step(
-            "pay",
-            |key| async move {
-                PAID.lock().unwrap().push(key.clone());
-                Ok(key)
-            },
-            |key| async move { Ok(PAID.lock().unwrap().contains(&key).then_some(key)) },
-        )
-        .await?;
+/// Pays once through `ctx.unsafe_step` (recorded in `PAID` by the step's key) with `reconcile`
+/// as the step's reconcile, then writes a receipt; returns what the step returned.
+async fn pay_with<R, F>(ctx: JobContext, reconcile: R) -> Result<Value, JobError>
+where
+    R: FnOnce(String) -> F + Send,
+    F: std::future::Future<Output = Result<Option<String>, JobError>> + Send,
+{
+    let pay = |key: String| async move {
+        PAID.lock().unwrap().push(key.clone());
+        Ok(key)
+    };
+    let paid = ctx.unsafe_step("pay", pay, reconcile).await?;
     ctx.step("receipt", || async { Ok(1) }).await?;
     Ok(json!(paid))
 }
 
+/// Pays, its reconcile asking the payments by the step's key.
+async fn pay(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
+    pay_with(ctx, |key| async move {
+        Ok(PAID.lock().unwrap().contains(&key).then_some(key))
+    })
+    .await
+}
+
 /// The same, with a reconcile that never finds the payment (it asks by another key).
 async fn pay_blind(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
-    ctx.unsafe_step(
-        "pay",
-        |key| async move {
-            PAID.lock().unwrap().push(key.clone());
-            Ok(key)
-        },
-        |_key| async move { Ok(None::<String>) },
-    )
-    .await?;
-    ctx.step("receipt", || async { Ok(1) }).await?;
-    Ok(Value::Null)
+    pay_with(ctx, |_key| async move { Ok(None) }).await
 }
 
 /// The same, with a reconcile that always says the payment happened.
 async fn pay_lying(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
-    ctx.unsafe_step(
-        "pay",
-        |key| async move {
-            PAID.lock().unwrap().push(key.clone());
-            Ok(key)
-        },
-        |key| async move { Ok(Some(key)) },
-    )
-    .await?;
-    ctx.step("receipt", || async { Ok(1) }).await?;
-    Ok(Value::Null)
+    pay_with(ctx, |key| async move { Ok(Some(key)) }).await
 }
 
 /// The same, with a reconcile that finds the payment but answers another output.
 async fn pay_misreported(ctx: JobContext, _input: Value) -> Result<Value, JobError> {
-    ctx.unsafe_step(
-        "pay",
-        |key| async move {
-            PAID.lock().unwrap().push(key.clone());
-            Ok(key)
-        },
-        |key| async move {
-            let found = PAID.lock().unwrap().contains(&key);
-            Ok(found.then(|| "a payment".to_string()))
-        },
-    )
-    .await?;
-    ctx.step("receipt", || async { Ok(1) }).await?;
-    Ok(Value::Null)
+    pay_with(ctx, |key| async move {
+        let found = PAID.lock().unwrap().contains(&key);
+        Ok(found.then(|| "a payment".to_string()))
+    })
+    .await
 }
 
 #[tokio::test]
