@@ -6,7 +6,9 @@
 //! - no engine crate depends on the `agentq` crate, the command line over a registry
 //!   ([`no_engine_crate_depends_on_the_entry_point`]): only deployments (`examples/`) do;
 //! - the modules of each library crate import each other without a cycle
-//!   ([`library_modules_import_each_other_without_a_cycle`]).
+//!   ([`library_modules_import_each_other_without_a_cycle`]);
+//! - the SDK a kind is written with (`sdk/rust`) names no database or broker client and
+//!   depends on none ([`the_sdk_names_no_database_or_broker`]).
 //!
 //! Plain Rust over the files, no dependency: a small lexer that knows comments, strings, raw
 //! strings and char literals, so a word in a comment or a log filter (`"lapin=warn"`) is not
@@ -27,6 +29,7 @@ fn root() -> &'static Path {
 /// which set up and inspect databases and brokers themselves) is not product code.
 const PRODUCT_DIRS: &[&str] = &[
     "core",
+    "sdk/rust",
     "producer",
     "worker",
     "kinds",
@@ -40,6 +43,7 @@ const PRODUCT_DIRS: &[&str] = &[
 /// The library crates whose top-level modules must not import each other in a cycle.
 const LIBRARY_CRATES: &[&str] = &[
     "core",
+    "sdk/rust",
     "producer",
     "worker",
     "kinds",
@@ -1227,4 +1231,42 @@ fn the_library_links_no_bench_or_test_kit() {
         .filter(|l| l.starts_with("agentq-bench ") || l.starts_with("agentq-testkit "))
         .collect();
     assert!(linked.is_empty(), "the library links {linked:?}");
+}
+
+/// What a kind sees (`agentq-sdk`) is not the engine: its sources name no `sqlx`, no `lapin`
+/// and no `agentq_core::db` (nor `core::db` through a `use agentq_core::{db, …}`), and its
+/// manifest depends on neither client.
+#[test]
+fn the_sdk_names_no_database_or_broker() {
+    let mut findings = Vec::new();
+    let files = rust_files(&["sdk/rust"]);
+    assert!(files.len() >= 5, "the SDK's sources: {files:?}");
+    for file in files {
+        let tokens = lex(&read(&file));
+        for (i, t) in tokens.iter().enumerate() {
+            let Tok::Ident(name) = &t.tok else { continue };
+            if name == "sqlx" || name == "lapin" {
+                findings.push(Finding::new(&file, t.line, name));
+            }
+            let after_core = i >= 2
+                && tokens[i - 1].tok == Tok::Punct("::".into())
+                && tokens[i - 2].tok == Tok::Ident("agentq_core".into());
+            if name == "db" && after_core {
+                findings.push(Finding::new(&file, t.line, "agentq_core::db"));
+            }
+        }
+        for (line, path) in use_paths(&tokens) {
+            if path.first().map(String::as_str) == Some("agentq_core")
+                && path.get(1).map(String::as_str) == Some("db")
+            {
+                findings.push(Finding::new(&file, line, "use agentq_core::db"));
+            }
+        }
+    }
+    for (line, dep) in dependencies(&read("sdk/rust/Cargo.toml")) {
+        if dep.name == "sqlx" || dep.name == "lapin" {
+            findings.push(Finding::new("sdk/rust/Cargo.toml", line, &dep.name));
+        }
+    }
+    assert_allowed("the engine's clients in the SDK", findings, &[]);
 }

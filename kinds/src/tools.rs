@@ -2,7 +2,7 @@
 //! unsafe, with reconcile), `kv_put` / `kv_get` (a key-value table per tenant) and `http_get`
 //! (a GET of an allowed origin), registered like a deployment's own tools. Their tables are
 //! reached through [`crate::tables`] with the worker's pool
-//! ([`ToolContext::pool`](agentq_worker::ToolContext::pool)), scoped to the operation (ledger)
+//! ([`EnginePool`](agentq_worker::EnginePool), as state), scoped to the operation (ledger)
 //! or its tenant (kv).
 
 mod http_get;

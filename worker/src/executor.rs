@@ -19,7 +19,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{JobContext, OperationInfo, Services};
+use crate::context::{JobRun, OperationInfo, Services};
 use crate::error::{Engine, JobError, Stop};
 use crate::lease::Leases;
 use crate::registry::Registry;
@@ -102,7 +102,7 @@ async fn run(
         epoch: op.epoch,
         deadline: op.deadline,
     };
-    let ctx = JobContext::new(
+    let ctx = JobRun::new(
         info,
         shared.services.clone(),
         journal,
@@ -135,7 +135,7 @@ async fn run(
             let job = AssertUnwindSafe(handler(ctx.clone(), op.input.clone())).catch_unwind();
             // A cancel or a deadline stops the job where it is, mid-step if need be: its future
             // is dropped at its next await, and an unsafe step in flight is journaled `unknown`
-            // (`JobContext::take_pending`), to be reconciled if the operation ever runs again.
+            // (`JobRun::take_pending`), to be reconciled if the operation ever runs again.
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => Err(JobError::from(Engine::LeaseLost)),
@@ -170,7 +170,7 @@ async fn run(
 /// lease, its attempt given back), with its finished steps not yet written: a step-boundary
 /// stop leaves the last one pending, and neither a pause nor a share cuts an unsafe call, so
 /// none is in flight.
-async fn hand_back(shared: &Shared, op: &Claimed, ctx: &JobContext, why: HandBack) {
+async fn hand_back(shared: &Shared, op: &Claimed, ctx: &JobRun, why: HandBack) {
     shared.leases.settling(op.id, op.epoch);
     let (steps, _) = ctx.take_pending();
     let (pool, owner) = (shared.pool(), shared.leases.owner());
@@ -230,7 +230,7 @@ fn record_outcome(outcome: &Result<Value, JobError>) {
 /// Writes a job's outcome as its database transition: the one place mapping an outcome to a
 /// transition. What a failure leads to is decided by
 /// [`agentq_core::state::failure::after_failure`]; this gathers its facts and writes its answer.
-async fn settle(shared: &Shared, op: &Claimed, ctx: &JobContext, outcome: Result<Value, JobError>) {
+async fn settle(shared: &Shared, op: &Claimed, ctx: &JobRun, outcome: Result<Value, JobError>) {
     let (steps, failed_step) = ctx.take_pending();
     shared.leases.settling(op.id, op.epoch);
     // What the metrics count once the transition is written.

@@ -5,37 +5,30 @@
 //! transaction or pooled connection is held across a job's model or tool calls; a delivery is
 //! acked right after the claim commits, never held for the length of a job.
 //!
-//! Two parts. The runtime (`claim`, `executor`, `lease`, [`gate`]; the journal and completion
-//! writers are `agentq_core::group_commit`'s) runs
-//! operations. The SDK is what a kind is written with: [`Registry`] (kinds by name, their input
-//! checks), [`JobContext`] (durable steps, model and tool calls, sleeps, signals, the agent
-//! loop; for a kind's own data [`JobContext::pool`] and [`JobContext::http_allow`]; journal
-//! inspection with [`JobContext::peek_recorded`] and [`JobContext::skip_recorded`]), [`Tool`],
-//! [`JobError`], and the model types ([`model`], [`openai`]). A kind needs nothing else:
-//! agentq's built-in kinds (the `agentq-kinds` crate) use only this public API.
+//! The runtime (`claim`, `executor`, `lease`, [`gate`]; the journal and completion writers are
+//! `agentq_core::group_commit`'s) runs operations; `context` is the backend of the SDK's
+//! [`JobContext`] handle (`agentq-sdk`, re-exported here: [`JobContext`], [`Tool`],
+//! [`TypedTool`], [`JobError`], the [`model`] types). A deployment registers its kinds, tools
+//! and state in a [`Registry`], and tests them with the replay tester ([`testing`]).
+//! agentq's built-in kinds (the `agentq-kinds` crate) use this public API, and the engine's pool
+//! as the state [`EnginePool`].
 
-pub mod agent;
 mod claim;
 pub mod context;
-pub mod error;
 mod executor;
 pub mod gate;
 mod grants;
-mod info;
 mod journal_cache;
 mod lease;
 pub mod limiter;
 mod limits;
-pub mod model;
 pub mod openai;
-mod provided;
 pub mod registry;
 pub mod remote;
 mod remote_memory;
 mod share;
 mod slot;
 pub mod testing;
-pub mod tool;
 mod versions;
 
 use std::sync::Arc;
@@ -49,14 +42,31 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// For tools: `#[async_trait]` on an `impl TypedTool` or `impl Tool`.
-pub use async_trait::async_trait;
-pub use context::{ChildOutcome, JobContext, OperationInfo, SignalOutcome};
-pub use error::JobError;
-pub use model::{LocalModel, ModelClient, ModelRequest, ModelResponse};
+/// The SDK a kind is written with (`agentq-sdk`), re-exported: the worker is its backend.
+pub use agentq_sdk::{
+    ChildOutcome, JobContext, JobError, LocalModel, ModelClient, ModelRequest, ModelResponse,
+    OperationInfo, Reconciled, Replay, SignalOutcome, Tool, ToolContext, TypedTool, agent,
+    async_trait, error, model, tool,
+};
 pub use registry::KindOptions;
 pub use registry::Registry;
-pub use tool::{Reconciled, Replay, Tool, ToolContext, TypedTool};
+
+/// The engine's pool on agentq's own database, which the worker gives its runs as state
+/// (`ctx.state::<EnginePool>()`) for agentq's built-in kinds and tools: their tables, the
+/// stores an admin registered. Not for a deployment's kinds: give yours its own pool or client
+/// with [`Registry::provide`]. What the built-in kinds keep to when they use it:
+/// - Nothing written here is fenced by the claim's epoch or journaled: a run whose lease was
+///   lost may still be finishing a step. Read and write only inside a step, and make each
+///   write idempotent (keyed by the step's idempotency key or the operation id).
+/// - It reaches every tenant's data and all of agentq's tables: scope every statement to
+///   [`OperationInfo::tenant`], take a table or a path only from what an operator registered
+///   (never from the input), and never write the tables operations run on.
+/// - The pool is shared with the worker's claims, journal writes and heartbeats: use a
+///   connection for a statement or a short transaction, never across a model call, a tool
+///   call or a sleep.
+#[doc(hidden)]
+#[derive(Clone)]
+pub struct EnginePool(pub PgPool);
 
 use agentq_core::group_commit::GroupCommit;
 use claim::Ended;
@@ -138,6 +148,9 @@ impl Worker {
             Box::new(move |kind, input| registry.requires_or_why(kind, input))
         };
         let tools = registry.tool_map();
+        // The deployment's own state, and the engine's pool for the built-in kinds.
+        let mut provided = registry.provided();
+        provided.insert(EnginePool(pool.clone()));
         Self {
             settings,
             shared: Arc::new(Shared {
@@ -149,7 +162,7 @@ impl Worker {
                     journal: GroupCommit::new(),
                     check_child,
                     tools,
-                    provided: registry.provided(),
+                    provided,
                     children: std::sync::OnceLock::new(),
                     amqp_url,
                     names,

@@ -31,13 +31,14 @@ use agentq_core::kinds::{Catalog, InputError, KindInfo, ToolInfo};
 use agentq_core::operation::Requires;
 use agentq_core::version;
 
-use crate::context::JobContext;
+use crate::context::{JobContext, JobRun};
 use crate::error::JobError;
-use crate::info::decode;
 use crate::tool::{self, Tool};
+use agentq_sdk::decode;
 
-type Handler =
-    Arc<dyn Fn(JobContext, Value) -> BoxFuture<'static, Result<Value, JobError>> + Send + Sync>;
+/// A kind's function as the worker calls it: given the run, its kind's handle made over it.
+pub(crate) type Handler =
+    Arc<dyn Fn(JobRun, Value) -> BoxFuture<'static, Result<Value, JobError>> + Send + Sync>;
 type Check = Arc<dyn Fn(&Value) -> Result<Requires, InputError> + Send + Sync>;
 
 #[derive(Clone)]
@@ -81,7 +82,7 @@ pub struct Registry {
     kinds: BTreeMap<String, Kind>,
     tools: BTreeMap<String, Arc<dyn Tool>>,
     /// The deployment's own state, handed to its kinds and tools by type.
-    provided: crate::provided::Provided,
+    provided: agentq_sdk::provided::Provided,
     /// The remote kinds (`crate::remote`), shared by every clone of the registry.
     remote: Arc<crate::remote::RemoteKinds>,
 }
@@ -181,14 +182,14 @@ impl Registry {
         }
         let f = Arc::new(f);
         let kind = name.to_string();
-        let run: Handler = Arc::new(move |ctx, input| {
+        let run: Handler = Arc::new(move |run: JobRun, input| {
             let f = f.clone();
             let kind = kind.clone();
             Box::pin(async move {
                 let input: I = decode(&input).map_err(|e| {
                     JobError::NonRetryable(format!("input does not fit kind {kind:?}: {e}"))
                 })?;
-                let out = f(ctx, input).await?;
+                let out = f(run.handle(), input).await?;
                 serde_json::to_value(out)
                     .map_err(|e| JobError::NonRetryable(format!("output is not JSON: {e}")))
             })
@@ -260,7 +261,7 @@ impl Registry {
     }
 
     /// What [`Registry::provide`] was given.
-    pub(crate) fn provided(&self) -> crate::provided::Provided {
+    pub(crate) fn provided(&self) -> agentq_sdk::provided::Provided {
         self.provided.clone()
     }
 

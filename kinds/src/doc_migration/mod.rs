@@ -26,7 +26,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use agentq_worker::model::{Message, ModelRequest, Role};
-use agentq_worker::{JobContext, JobError, SignalOutcome};
+use agentq_worker::{EnginePool, JobContext, JobError, SignalOutcome};
 
 use chunk::{split_chunks, strip_confidence};
 pub use input::{DocMigrationInput, Validate, requires};
@@ -104,7 +104,7 @@ pub async fn doc_migration(
     ctx: JobContext,
     input: DocMigrationInput,
 ) -> Result<DocMigrationOutput, JobError> {
-    let pool = ctx.pool().clone();
+    let pool = ctx.state::<EnginePool>()?.0.clone();
     let tenant = ctx.info().tenant.clone();
     let doc: Document = ctx
         .step("read", || read_document(&pool, &tenant, &input))

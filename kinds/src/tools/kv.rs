@@ -1,6 +1,6 @@
 //! The `kv_put` / `kv_get` tools: a key-value table per tenant.
 
-use agentq_worker::{JobError, Replay, ToolContext, TypedTool};
+use agentq_worker::{EnginePool, JobError, Replay, ToolContext, TypedTool};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -49,7 +49,7 @@ impl TypedTool for KvPut {
 
     async fn call(&self, cx: &ToolContext<'_>, args: PutArgs) -> Result<Stored, JobError> {
         agentq_core::db::within(crate::tables::kv::put(
-            cx.pool(),
+            &cx.state::<EnginePool>()?.0,
             &cx.info().tenant,
             &args.key,
             &args.value,
@@ -74,7 +74,7 @@ impl TypedTool for KvGet {
 
     async fn call(&self, cx: &ToolContext<'_>, args: GetArgs) -> Result<Read, JobError> {
         let value = agentq_core::db::within(crate::tables::kv::get(
-            cx.pool(),
+            &cx.state::<EnginePool>()?.0,
             &cx.info().tenant,
             &args.key,
         ))

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use agentq_worker::{JobError, Reconciled, Replay, Tool, ToolContext};
+use agentq_worker::{EnginePool, JobError, Reconciled, Replay, Tool, ToolContext};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
@@ -61,7 +61,7 @@ impl Tool for Ledger {
         // Under the call deadline like every engine call: a silent server must not hold the
         // run forever (a lost answer leaves the effect unknown, as `ledger_error` says).
         let id = agentq_core::db::within(crate::tables::ledger::record_effect(
-            cx.pool(),
+            &cx.state::<EnginePool>()?.0,
             cx.info().op_id.0,
             label,
             cx.idempotency_key(),
@@ -79,7 +79,7 @@ impl Tool for Ledger {
             return Ok(Reconciled::Unsupported);
         }
         let found = agentq_core::db::within(crate::tables::ledger::find_effect(
-            cx.pool(),
+            &cx.state::<EnginePool>()?.0,
             cx.idempotency_key(),
         ))
         .await

@@ -11,7 +11,7 @@ use agentq_core::db::{self, budgets::Reserved};
 use chrono::Utc;
 use uuid::Uuid;
 
-use super::JobContext;
+use super::JobRun;
 use crate::error::{Engine, JobError};
 use crate::limits::{Snapshot, budget_may_be_new};
 use crate::model::ModelRequest;
@@ -34,7 +34,7 @@ pub fn estimate(request: &ModelRequest, client_max_tokens: Option<u32>) -> (i64,
     (input, output)
 }
 
-impl JobContext {
+impl JobRun {
     /// Holds a call's estimate (`estimate`, asked only when a budget is over the operation)
     /// against the operation's budgets: the hold's id (none when no budget is over it), or the
     /// stop a refusal means.

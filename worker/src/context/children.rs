@@ -1,6 +1,6 @@
-//! Child operations: [`JobContext::spawn`] (with the checks an enqueue makes, the tenant's
-//! cap of unfinished operations, and the child's pointer published) and [`JobContext::join`]
-//! (parks until every child has finished), and [`ChildOutcome`], how a child ended.
+//! Child operations: `JobRun::spawn` (with the checks an enqueue makes, the tenant's
+//! cap of unfinished operations, and the child's pointer published) and `JobRun::join`
+//! (parks until every child has finished).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -11,36 +11,12 @@ use agentq_core::state::{StepKind, StepStatus};
 use chrono::Utc;
 use serde_json::Value;
 
+use super::MAX_PARK;
 use super::journal::StepSpec;
-use super::park::MAX_PARK;
-use super::{JobContext, OperationInfo, Services};
-use crate::error::{Engine, JobError};
-use crate::tool::Replay;
+use super::{ChildOutcome, JobRun, OperationInfo, Services};
 use agentq_core::operation::Requires;
-
-/// How a child operation ended, as [`JobContext::join`] returns it (and journals it).
-#[derive(Clone, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
-pub struct ChildOutcome {
-    pub op_id: uuid::Uuid,
-    pub kind: String,
-    /// `succeeded`, `dead`, `cancelled` or `discarded`.
-    pub status: agentq_core::state::Status,
-    /// What it returned, if it succeeded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<Value>,
-    /// Why it failed (its error class and message), if it did.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error_class: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error_message: Option<String>,
-}
-
-impl ChildOutcome {
-    /// Whether the child succeeded.
-    pub fn succeeded(&self) -> bool {
-        self.status == agentq_core::state::Status::Succeeded
-    }
-}
+use agentq_sdk::error::{Engine, JobError};
+use agentq_sdk::tool::Replay;
 
 /// A spawn's refusal: non-retryable, naming the kind.
 fn refuse_spawn(kind: &str, why: String) -> JobError {
@@ -196,9 +172,9 @@ impl Services {
     }
 }
 
-impl JobContext {
+impl JobRun {
     /// Starts a child operation of `kind` with `input` and returns its id, without waiting for
-    /// it ([`JobContext::join`] waits). The child belongs to this operation's tenant and takes
+    /// it (`join` waits). The child belongs to this operation's tenant and takes
     /// its lane, attempt budget and trace; cancelling this operation cancels it.
     ///
     /// Journaled: a replay returns the same child, never a second one. A crash after the child
@@ -206,7 +182,7 @@ impl JobContext {
     /// (`child:` and the step's idempotency key) finds the child the first run stored.
     /// The kind and input are checked as an enqueue checks them: a misfit fails this
     /// operation (non-retryable), and nothing is stored.
-    pub async fn spawn(&self, kind: &str, input: Value) -> Result<uuid::Uuid, JobError> {
+    pub(crate) async fn spawn(&self, kind: &str, input: Value) -> Result<uuid::Uuid, JobError> {
         let name = format!("spawn:{kind}");
         let spec = StepSpec::new(&name, StepKind::Spawn, Replay::Safe);
         let services = self.inner.services.clone();
@@ -222,12 +198,15 @@ impl JobContext {
         .await
     }
 
-    /// Waits until every one of `children` (ids [`JobContext::spawn`] returned) has finished
+    /// Waits until every one of `children` (ids `spawn` returned) has finished
     /// and returns how each ended, in the order given: a child that died or was cancelled is
     /// an outcome to handle, not an error of this operation. While any is unfinished the
     /// operation parks as `waiting` (holding no worker, like a wait for a signal) and the
     /// scheduler queues it once they all are. Journaled: a replay returns the same outcomes.
-    pub async fn join(&self, children: &[uuid::Uuid]) -> Result<Vec<ChildOutcome>, JobError> {
+    pub(crate) async fn join(
+        &self,
+        children: &[uuid::Uuid],
+    ) -> Result<Vec<ChildOutcome>, JobError> {
         let mut ids: Vec<uuid::Uuid> = Vec::with_capacity(children.len());
         for c in children {
             if !ids.contains(c) {

@@ -13,7 +13,7 @@ use agentq_core::state::{StepKind, StepStatus};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use super::JobContext;
+use super::JobRun;
 use crate::error::{Engine, JobError};
 use crate::tool::Replay;
 
@@ -120,7 +120,7 @@ pub(super) fn diverged(
     )))
 }
 
-impl JobContext {
+impl JobRun {
     /// The name and status (`completed`, `started`, `unknown`) of the journal's next step if an
     /// earlier run of this operation recorded it and it did not fail; `None` where the journal
     /// ends or the step failed (it will run fresh). Takes no step and writes nothing.
@@ -128,7 +128,7 @@ impl JobContext {
     /// For a kind that must tell a replayed decision from a fresh one (`doc_migration`: a
     /// failed review recorded by an earlier run means this run is an operator's retry, so it
     /// reviews anew), or that passes over a stale part of its journal with
-    /// [`JobContext::skip_recorded`]. It reads the journal as loaded when this run claimed the
+    /// `skip_recorded`. It reads the journal as loaded when this run claimed the
     /// operation, at the cursor every clone of this context shares.
     pub fn peek_recorded(&self) -> Option<(String, StepStatus)> {
         let seq = self.run_state().next_seq;
@@ -138,7 +138,7 @@ impl JobContext {
     }
 
     /// Passes over the journal's next step without replaying or running it, if
-    /// [`JobContext::peek_recorded`] finds one there; returns whether it did. Where none is
+    /// `peek_recorded` finds one there; returns whether it did. Where none is
     /// recorded it does nothing, so the steps that follow never leave a gap in the journal.
     ///
     /// For a kind whose input an operator patched (`agentq dlq retry --patch-input`) so that a
@@ -168,7 +168,7 @@ impl JobContext {
     }
 
     /// Takes the next journal position for a step, passing over patch markers there: a
-    /// [`JobContext::patched`] call that was removed from the code (its old path deleted once
+    /// `patched` call that was removed from the code (its old path deleted once
     /// no operation needed it) leaves its marker behind, and nothing asks for it.
     pub(super) fn next_position(&self) -> i32 {
         let mut st = self.run_state();

@@ -1,36 +1,25 @@
-//! The job context: the API a job function uses to do durable work. This module owns the
-//! [`JobContext`] handle, what it shares with its worker (`Services`, [`JobLimits`]) and the
-//! run's state; its submodules own the parts of the API:
-//! - `steps`: [`JobContext::step`], [`JobContext::deferred_step`], model and tool calls,
-//!   `now` / `uuid`, and the one step runner they all go through (replay, reconcile, unsafe
-//!   starts, the step's span);
-//! - `journal`: the journal cursor (what is recorded where, [`JobContext::peek_recorded`],
-//!   [`JobContext::skip_recorded`]), its room checks, and the fenced, group-committed writes;
+//! The worker's side of a run: `JobRun`, the backend a kind's [`JobContext`] handle (the
+//! SDK's, `agentq_sdk::context`) calls, what it shares with its worker (`Services`,
+//! [`JobLimits`]) and the run's state. Its submodules own the parts of the runner:
+//! - `backend`: `agentq_sdk::context::Backend` for `JobRun`, the one interface the handle
+//!   calls;
+//! - `steps`: the one step runner every step goes through (replay, reconcile, unsafe starts,
+//!   the step's span), and model and tool calls, `now` / `uuid`;
+//! - `journal`: the journal cursor (what is recorded where, `peek_recorded`,
+//!   `skip_recorded`), its room checks, and the fenced, group-committed writes;
 //! - `park`: sleeps and waits for signals, which park the operation ([`MAX_PARK`]);
-//! - `children`: [`JobContext::spawn`] and [`JobContext::join`], with a spawn's checks;
+//! - `children`: spawn and join, with a spawn's checks;
 //! - `store`: the one interface the operation's state is kept through (PostgreSQL in a worker,
 //!   memory in the replay tester);
-//! - `upgrade`: [`JobContext::patched`] and the rebase of an operation an operator upgraded.
+//! - `upgrade`: `patched` and the rebase of an operation an operator upgraded.
 //!
-//! Execution is replay. Every `ctx` call takes the next sequence number; if the journal has a
-//! completed entry for it, the recorded output is returned without doing the work.
-//!
-//! What is durable when:
-//! - every finished step (model and tool calls, [`JobContext::step`] of either replay policy,
-//!   `now`, `uuid`, a reconciled outcome) is committed to the journal before the next step of
-//!   its operation starts; the last one commits with the operation's outcome. A crash costs at
-//!   most the step that was running, plus a step that had returned but whose operation had not
-//!   yet started another (job code between two steps: keep it short);
-//! - an unsafe step runs only after its `started` row has committed;
-//! - the one opt-in exception is [`JobContext::deferred_step`], for work that is cheap to redo:
-//!   its row waits for the next durable write (or [`DEFERRED_FLUSH_AFTER`]), and a crash before
-//!   then runs it again.
-//!
-//! Journal writes go through the worker's group commit (`agentq_core::group_commit`): the rows of every
-//! operation that finished a step meanwhile share one fenced statement, and each step waits for
-//! its own commit. Every write is fenced by the claim's epoch; a lost lease turns into
+//! What is durable when is the SDK's to say (`agentq_sdk::context`). Journal writes go through
+//! the worker's group commit (`agentq_core::group_commit`): the rows of every operation that
+//! finished a step meanwhile share one fenced statement, and each step waits for its own
+//! commit. Every write is fenced by the claim's epoch; a lost lease turns into
 //! [`JobError::Stopped`] (the lease was lost).
 
+mod backend;
 mod budget;
 mod children;
 mod journal;
@@ -52,17 +41,17 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{Engine, JobError};
 use crate::gate::ModelGate;
-pub use crate::info::OperationInfo;
-use crate::tool::Tool;
 use agentq_core::group_commit::GroupCommit;
+use agentq_sdk::error::{Engine, JobError};
+use agentq_sdk::tool::Tool;
 
-pub use children::ChildOutcome;
+pub use agentq_sdk::OperationInfo;
+pub use agentq_sdk::context::{
+    ChildOutcome, JobContext, MAX_PARK, SignalOutcome, check_park, check_park_length,
+};
 pub(crate) use journal::row_bytes;
 pub use journal::{DEFERRED_FLUSH_AFTER, DEFERRED_MAX_ROWS};
-pub use park::{MAX_PARK, SignalOutcome, check_park, check_park_length};
-pub(crate) use steps::Reconcile;
 
 /// The caps a job's steps obey (`AGENTQ_MAX_CHILDREN`, `AGENTQ_MAX_SPAWN_DEPTH`,
 /// `AGENTQ_TENANT_MAX_UNFINISHED`,
@@ -112,8 +101,8 @@ struct State {
     /// Rows not yet written, and since when the oldest has waited.
     pending: Vec<StepWrite>,
     pending_since: Option<Instant>,
-    /// A pending row must be durable before the next step starts (every row but a
-    /// [`JobContext::deferred_step`]'s).
+    /// A pending row must be durable before the next step starts (every row but a deferred
+    /// step's).
     pending_durable: bool,
     /// The step that failed, if the job fails.
     failed_step: Option<i32>,
@@ -141,7 +130,8 @@ struct State {
 /// What every job's context shares with its worker: only what steps use (the context never
 /// sees the registry or the leases).
 pub(crate) struct Services {
-    /// agentq's database: the journal's waits, and [`JobContext::pool`].
+    /// agentq's database: the journal's waits (the built-in kinds have it as state,
+    /// [`EnginePool`](crate::EnginePool)).
     pub(crate) pool: PgPool,
     /// Handed to kinds by [`JobContext::http_allow`].
     pub(crate) http_allow: Arc<Origins>,
@@ -154,7 +144,7 @@ pub(crate) struct Services {
     /// The deployment's registered tools ([`JobContext::registered_tool`]).
     pub(crate) tools: std::collections::BTreeMap<String, Arc<dyn Tool>>,
     /// The deployment's own state ([`JobContext::state`]).
-    pub(crate) provided: crate::provided::Provided,
+    pub(crate) provided: agentq_sdk::provided::Provided,
     /// Publishes spawned children's pointers; opened on the first spawn.
     pub(crate) children: std::sync::OnceLock<Dispatcher>,
     /// Where `children` connects to.
@@ -203,58 +193,15 @@ struct Inner {
     yielding: Arc<crate::share::Yield>,
 }
 
-/// The handle a job function receives. Cheap to clone; all clones share one journal cursor.
-///
-/// Every call is a step of the operation's journal: on a restart the function runs again from
-/// the top and each completed step returns its recorded output instead of running again (see
-/// the module docs for what is durable when).
-///
-/// ```
-/// use std::time::Duration;
-///
-/// use agentq_worker::model::ModelRequest;
-/// use agentq_worker::testing::{ModelScript, Tester};
-/// use agentq_worker::{JobContext, JobError, ModelResponse, Registry, SignalOutcome};
-///
-/// #[derive(serde::Deserialize, schemars::JsonSchema)]
-/// struct Review {
-///     doc: String,
-/// }
-///
-/// async fn review(ctx: JobContext, input: Review) -> Result<String, JobError> {
-///     // A model call: journaled with its token usage, never repeated once recorded.
-///     let summary = ctx.model("summarize", ModelRequest::user(input.doc)).await?;
-///     // Pure work worth keeping: a replay-safe step.
-///     let words = ctx
-///         .step("count", || async { Ok(summary.content.split_whitespace().count()) })
-///         .await?;
-///     // Park until a human answers (holding no worker), at most a day.
-///     match ctx.wait_for_signal("approval", Duration::from_secs(86_400)).await? {
-///         SignalOutcome::Received { payload, .. } if payload["approved"] == true => {
-///             Ok(format!("approved: {words} words"))
-///         }
-///         _ => Err(JobError::NonRetryable("not approved".into())),
-///     }
-/// }
-///
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let mut registry = Registry::new();
-/// registry.register("review", review);
-/// let report = Tester::new(&registry, "review", serde_json::json!({ "doc": "a long text" }))
-///     .model(ModelScript::replies([ModelResponse::text("short text")]))
-///     .signal("approval", serde_json::json!({ "approved": true }))
-///     .run()
-///     .await;
-/// report.assert_ok();
-/// assert_eq!(report.output(), Some(&serde_json::json!("approved: 2 words")));
-/// # });
-/// ```
+/// One run of an operation, as the worker (or the replay tester) runs it: the backend of the
+/// [`JobContext`] its kind's function receives (`JobRun::handle`). Cheap to clone; all clones
+/// share one journal cursor.
 #[derive(Clone)]
-pub struct JobContext {
+pub(crate) struct JobRun {
     inner: Arc<Inner>,
 }
 
-impl JobContext {
+impl JobRun {
     pub(crate) fn new(
         info: OperationInfo,
         services: Arc<Services>,
@@ -301,57 +248,18 @@ impl JobContext {
         }
     }
 
+    /// The handle the kind's function receives, over this run.
+    pub(crate) fn handle(&self) -> JobContext {
+        JobContext::new(Arc::new(self.clone()))
+    }
+
     /// The operation being run.
-    pub fn info(&self) -> &OperationInfo {
+    pub(crate) fn info(&self) -> &OperationInfo {
         &self.inner.info
     }
 
-    /// The engine's pool on agentq's own database, for agentq's built-in kinds and tools
-    /// (their tables, the stores an admin registered). Not for a deployment's kinds: give
-    /// yours its own pool or client with [`Registry::provide`](crate::Registry::provide) and
-    /// read it with [`JobContext::state`]. What the built-in kinds keep to when they use it:
-    /// - Nothing written here is fenced by the claim's epoch or journaled: a run whose lease
-    ///   was lost may still be finishing a step. Read and write only inside a step, and make
-    ///   each write idempotent (keyed by the step's idempotency key or the operation id).
-    /// - It reaches every tenant's data and all of agentq's tables: scope every statement to
-    ///   [`OperationInfo::tenant`], take a table or a path only from what an operator
-    ///   registered (never from the input), and never write the tables operations run on.
-    /// - The pool is shared with the worker's claims, journal writes and heartbeats: use a
-    ///   connection for a statement or a short transaction, never across a model call, a tool
-    ///   call or a sleep.
-    #[doc(hidden)]
-    pub fn pool(&self) -> &PgPool {
-        &self.inner.services.pool
-    }
-
-    /// The origins the operator allows outbound calls to (`AGENTQ_AGENT_HTTP_ALLOW`). The
-    /// worker makes no HTTP call for a kind, so it cannot enforce the list: a kind that calls
-    /// out checks every URL with [`Origins::check`] before connecting (the built-in `http_get`
-    /// tool and `triage`'s callback do, through `agentq_kinds::outbound`, which also connects
-    /// only to the addresses it checked).
-    pub fn http_allow(&self) -> Arc<Origins> {
-        self.inner.services.http_allow.clone()
-    }
-
-    /// The value of type `T` the deployment gave its registry
-    /// ([`Registry::provide`](crate::Registry::provide)): its own database pool, HTTP client or
-    /// configuration. An error (non-retryable) if it gave none: propagate it with `?`.
-    pub fn state<T: Send + Sync + 'static>(&self) -> Result<&T, JobError> {
-        self.inner.services.provided.get::<T>()
-    }
-
-    /// The tool the deployment registered as `name`
-    /// ([`Registry::register_tool`](crate::Registry::register_tool)), to call with
-    /// [`JobContext::tool`]. `None` when this worker's binary registers no such tool: fail the
-    /// operation as non-retryable, naming it (the built-in `agent` kind does).
-    pub fn registered_tool(&self, name: &str) -> Option<Arc<dyn Tool>> {
-        self.inner.services.tools.get(name).cloned()
-    }
-
-    /// The idempotency key of the step running now (`None` outside a step): stable across
-    /// retries and crashes, so a tool can pass it downstream to make its effect happen once.
-    /// The step closure also receives it as its argument.
-    pub fn idempotency_key(&self) -> Option<String> {
+    /// The idempotency key of the step running now (`None` outside a step).
+    pub(crate) fn idempotency_key(&self) -> Option<String> {
         self.run_state().current_key.clone()
     }
 

@@ -1,6 +1,6 @@
 //! Sleeps and waits for a signal: the steps that park an operation (its row `sleeping` or
 //! `waiting`, holding no worker) until the scheduler or a signal wakes it, and the longest
-//! park allowed ([`MAX_PARK`]).
+//! park allowed (the SDK's `MAX_PARK`).
 
 use std::sync::atomic::Ordering;
 
@@ -12,82 +12,22 @@ use agentq_core::state::{StepKind, StepStatus};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use super::JobContext;
 use super::journal::{StepSpec, recorded_as};
-use crate::error::{Engine, JobError};
-use crate::tool::Replay;
+use super::{JobRun, SignalOutcome};
+use agentq_sdk::error::{Engine, JobError};
+use agentq_sdk::tool::Replay;
 
-/// The longest a sleep or a wait may last: 100 years. Longer ones (a duration typed with too
-/// many digits) are refused: their wake time would overflow, or fall past what PostgreSQL
-/// stores.
-pub const MAX_PARK: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
-
-/// Checks a sleep's or wait's length against [`MAX_PARK`]; the error names `field` and the
-/// limit. Kinds call it on their inputs so a producer's too-long duration is refused at
-/// enqueue.
-pub fn check_park(field: &str, d: std::time::Duration) -> Result<(), String> {
-    check_park_length(d).map_err(|e| format!("{field}: {e}"))
-}
-
-/// [`check_park`] for a caller that names the field itself (a decoder whose errors carry
-/// their place).
-pub fn check_park_length(d: std::time::Duration) -> Result<(), String> {
-    if d > MAX_PARK {
-        return Err(format!(
-            "{} s is longer than the longest sleep or wait, 100 years ({} s)",
-            d.as_secs(),
-            MAX_PARK.as_secs()
-        ));
-    }
-    Ok(())
-}
-
-/// The wake time `d` from now, or a non-retryable error past [`MAX_PARK`].
+/// The wake time `d` from now, or a non-retryable error past the longest park.
 fn wake_after(what: &str, d: std::time::Duration) -> Result<DateTime<Utc>, JobError> {
-    check_park(what, d).map_err(JobError::NonRetryable)?;
+    super::check_park(what, d).map_err(JobError::NonRetryable)?;
     // Within MAX_PARK both conversions and the sum are in range.
     Ok(Utc::now() + chrono::Duration::from_std(d).unwrap_or_default())
 }
 
-/// How a wait for a signal ended.
-#[derive(Clone, Debug, PartialEq)]
-pub enum SignalOutcome {
-    /// The signal arrived in time.
-    Received {
-        payload: Value,
-        sent_by: Option<String>,
-    },
-    /// The timeout passed first.
-    TimedOut,
-}
-
-impl SignalOutcome {
-    fn from_journal(output: &Value) -> Self {
-        if output.get("timed_out").and_then(Value::as_bool) == Some(true) {
-            SignalOutcome::TimedOut
-        } else {
-            SignalOutcome::Received {
-                payload: output.get("payload").cloned().unwrap_or(Value::Null),
-                sent_by: output
-                    .get("sent_by")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-            }
-        }
-    }
-}
-
-impl JobContext {
-    /// A durable sleep: the operation parks as `sleeping`, the worker lets go of it, and the
-    /// scheduler wakes it after `duration` (measured from the first execution, journaled).
-    pub async fn sleep(&self, duration: std::time::Duration) -> Result<(), JobError> {
-        let until = wake_after("sleep", duration)?;
-        self.sleep_until(until).await
-    }
-
+impl JobRun {
     /// A durable sleep until `until` (journaled at first execution; replay after the wake-up
     /// returns at once).
-    pub async fn sleep_until(&self, until: DateTime<Utc>) -> Result<(), JobError> {
+    pub(crate) async fn sleep_until(&self, until: DateTime<Utc>) -> Result<(), JobError> {
         let (seq, key) = self.begin_park("sleep", StepKind::Sleep).await?;
         let wake_at = match self.recorded(seq) {
             Some(e) if e.status == StepStatus::Completed => return Ok(()),
@@ -106,27 +46,9 @@ impl JobContext {
         Err(JobError::from(Engine::Suspended))
     }
 
-    /// Waits for the signal `name` (a human approval, an outside event) for at most `timeout`:
-    /// the operation parks as `waiting`, holding no worker. A signal sent before the wait starts
-    /// is delivered when it does. A signal and the timeout that race are decided once, in one
-    /// write: the signal wins if it was received by the deadline.
-    pub async fn wait_for_signal(
-        &self,
-        name: &str,
-        timeout: std::time::Duration,
-    ) -> Result<SignalOutcome, JobError> {
-        self.wait_for_signal_about(name, timeout, Value::Null).await
-    }
-
-    /// [`wait_for_signal`](Self::wait_for_signal), saying what the job needs from whoever
-    /// sends the signal: `about` (any JSON, e.g. `{"question": "ship it?", "amount": 120}`) is
-    /// journaled with the wait step, in the same write that parks, and shown wherever a person
-    /// decides (`agentq status`, `GET /v1/operations/{id}`'s `waiting`, the console's approvals
-    /// and operation pages, the wait's event). It is recorded once: a replay of the wait keeps
-    /// the first run's `about` whatever this run passes. Keys named in
-    /// `AGENTQ_CONSOLE_REDACT` are shown as `[redacted]`; it is never logged. `Value::Null`
-    /// says nothing (plain `wait_for_signal`).
-    pub async fn wait_for_signal_about(
+    /// A wait for the signal `name` for at most `timeout`, `about` journaled with it (the
+    /// SDK handle's `wait_for_signal_about` says what it means).
+    pub(crate) async fn wait_for_signal_about(
         &self,
         name: &str,
         timeout: std::time::Duration,

@@ -18,7 +18,7 @@ use agentq_core::metrics;
 use chrono::Utc;
 use uuid::Uuid;
 
-use super::JobContext;
+use super::JobRun;
 use super::budget::estimate;
 use crate::error::{Engine, JobError};
 use crate::gate::Slots;
@@ -41,7 +41,7 @@ pub(super) struct CallHolds {
     rate: Option<Share>,
 }
 
-impl JobContext {
+impl JobRun {
     /// Holds `request`'s estimate against its operation's budgets, takes the model call slots
     /// it is sent in, and reserves it in the rate limits over it; or the stop a refusal means
     /// (nothing is held then). The reservation is made in the slots, so the call is sent the

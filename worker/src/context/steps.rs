@@ -1,4 +1,5 @@
-//! Steps: [`JobContext::step`], [`JobContext::deferred_step`], model and tool calls, `now`
+//! Steps: a kind's own (`JobRun::own_step`, the SDK handle's `step`, `unsafe_step` and
+//! `deferred_step`), model and tool calls, `now`
 //! and `uuid`, and the one runner they all go through. The runner asks
 //! `state::replay::resume` what the journal's record at the step's position means (return
 //! the recorded output, run, reconcile an unsafe call whose outcome was lost, or fail
@@ -13,88 +14,48 @@ use agentq_core::operation::step_idempotency_key;
 use agentq_core::state::replay::{Resume, resume};
 use agentq_core::state::{StepKind, StepStatus};
 use chrono::{DateTime, Utc};
-use futures_util::future::BoxFuture;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::JobContext;
+use super::JobRun;
 use super::journal::{StepSpec, diverged, recorded_as};
-use crate::error::{Engine, JobError};
-use crate::model::{ModelRequest, ModelResponse};
-use crate::tool::{Reconciled, Replay, Tool, ToolContext, TypedTool};
+use agentq_sdk::context::{Reconcile, Step};
+use agentq_sdk::error::{Engine, JobError};
+use agentq_sdk::model::{ModelRequest, ModelResponse};
+use agentq_sdk::tool::{Reconciled, Replay, Tool, ToolContext};
 
-/// Asks a tool whether a call with this idempotency key already happened.
-pub(crate) type Reconcile<'a> =
-    Box<dyn FnOnce(String) -> BoxFuture<'a, Result<Reconciled, JobError>> + Send + 'a>;
-
-impl JobContext {
-    /// A safe step: `f` runs here, once per completed journal entry; a replay returns its
-    /// recorded output instead. Safe means running it again after a crash is harmless (a read,
-    /// a computation, an idempotent write). Its row is committed before the next step of the
-    /// operation starts (or with the outcome).
-    ///
-    /// ```no_run
-    /// # async fn f(ctx: agentq_worker::JobContext) -> Result<(), agentq_worker::JobError> {
-    /// let words = ctx.step("count", || async { Ok("a b c".split(' ').count()) }).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn step<T, F, Fut>(&self, name: &str, f: F) -> Result<T, JobError>
-    where
-        T: Serialize + DeserializeOwned,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, JobError>>,
-    {
-        let spec = StepSpec::new(name, StepKind::Custom, Replay::Safe);
-        self.run_step_with(
-            spec,
-            None,
-            |_key| async move { f().await.map(|v| (v, None)) },
-        )
-        .await
-    }
-
-    /// An unsafe step: an effect that must never happen twice (a payment, an email). `f(key)`
-    /// runs at most once per journal entry, `key` being the step's idempotency key (the same
-    /// on every attempt and after every crash: pass it to the outside system). Its `started`
-    /// row is durable before `f` runs. If a crash leaves the step's outcome unknown, agentq
-    /// asks `reconcile(key)` instead of running it again: `Ok(None)` says the effect did not
-    /// happen (the step runs now), `Ok(Some(output))` that it did (`output` is journaled as the
-    /// step's). Return [`JobError::no_effect`] from `f` when the effect certainly did not
-    /// happen (refused before acting); any other transient error leaves the outcome unknown.
-    ///
-    /// ```no_run
-    /// # async fn pay(key: &str) -> Result<u64, agentq_worker::JobError> { Ok(1) }
-    /// # async fn find_payment(key: &str) -> Result<Option<u64>, agentq_worker::JobError> { Ok(None) }
-    /// # async fn f(ctx: agentq_worker::JobContext) -> Result<(), agentq_worker::JobError> {
-    /// let payment = ctx
-    ///     .unsafe_step("pay", |key| async move { pay(&key).await },
-    ///                  |key| async move { find_payment(&key).await })
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn unsafe_step<T, F, Fut, R, RFut>(
-        &self,
-        name: &str,
-        f: F,
-        reconcile: R,
-    ) -> Result<T, JobError>
-    where
-        T: Serialize + DeserializeOwned + Send,
-        F: FnOnce(String) -> Fut,
-        Fut: Future<Output = Result<T, JobError>>,
-        R: FnOnce(String) -> RFut + Send,
-        RFut: Future<Output = Result<Option<T>, JobError>> + Send,
-    {
-        let ask: Reconcile<'_> = Box::new(move |key: String| {
-            Box::pin(async move {
-                match reconcile(key).await? {
-                    None => Ok(Reconciled::NotHappened),
-                    Some(output) => Reconciled::happened(output),
+impl JobRun {
+    /// A step of the kind's own (the SDK handle's `step`, `unsafe_step`, `deferred_step`, a
+    /// remote kind's custom and unsafe steps): `Some` recorded output, or `None` when its
+    /// body ran now (the handle kept what it returned).
+    pub(crate) async fn own_step(&self, step: Step<'_, '_>) -> Result<Option<Value>, JobError> {
+        let Step {
+            name,
+            replay,
+            deferred,
+            reconcile,
+            body,
+        } = step;
+        let spec = StepSpec {
+            deferred,
+            ..StepSpec::new(name, StepKind::Custom, replay)
+        };
+        let unsafe_step = replay == Replay::Unsafe;
+        let own = self
+            .run_step_with(spec, reconcile, |key| async move {
+                if unsafe_step {
+                    self.effect_begins(&key, name, replay)?;
                 }
+                let output = body(key.clone()).await?;
+                if unsafe_step {
+                    self.inner.services.store.effect_happened(&key, &output);
+                }
+                Ok((Own::Ran(output), None))
             })
-        });
-        self.unsafe_step_with(name, Some(ask), f).await
+            .await?;
+        Ok(match own {
+            Own::Ran(_) => None,
+            Own::Recorded(v) => Some(v),
+        })
     }
 
     /// The replay tester's watch on a step's body about to run (a tool call, an unsafe
@@ -103,47 +64,13 @@ impl JobContext {
         self.inner.services.store.effect_begins(key, name, replay)
     }
 
-    /// The replay tester's watch on a step's body that returned `output`.
-    fn effect_happened<T: Serialize>(&self, key: &str, output: &T) {
-        let store = &self.inner.services.store;
-        store.effect_happened(key, &serde_json::to_value(output).unwrap_or_default());
-    }
-
-    /// A safe step whose journal row is **not** made durable before the next step: it
-    /// is written with the operation's next durable write (the next ordinary step, a sleep or
-    /// wait, the outcome), or at a step boundary once deferred rows have waited
-    /// [`DEFERRED_FLUSH_AFTER`](super::DEFERRED_FLUSH_AFTER) or number [`DEFERRED_MAX_ROWS`](super::DEFERRED_MAX_ROWS). What a crash costs: every
-    /// deferred step finished since that write runs again on recovery. Use it only for work
-    /// that is cheap and safe to redo (parsing, pure computation, an idempotent local read),
-    /// never for a model or tool call: those always go through [`JobContext::model`] and
-    /// [`JobContext::call`], which are durable.
-    pub async fn deferred_step<T, F, Fut>(&self, name: &str, f: F) -> Result<T, JobError>
-    where
-        T: Serialize + DeserializeOwned,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, JobError>>,
-    {
-        let spec = StepSpec {
-            deferred: true,
-            ..StepSpec::new(name, StepKind::Custom, Replay::Safe)
-        };
-        self.run_step_with(
-            spec,
-            None,
-            |_key| async move { f().await.map(|v| (v, None)) },
-        )
-        .await
-    }
-
     /// Calls the model as a replay-safe step, through the worker's gate (its breaker, limits
-    /// and budgets); token usage is journaled with it. `request` is a [`ModelRequest`], or a
-    /// prompt (a `String` or `&str`: one user message).
-    pub async fn model(
+    /// and budgets); token usage is journaled with it.
+    pub(crate) async fn model(
         &self,
         name: &str,
-        request: impl Into<ModelRequest>,
+        request: ModelRequest,
     ) -> Result<ModelResponse, JobError> {
-        let request = request.into();
         let model = self.inner.services.model.clone();
         let kind = self.inner.info.kind.clone();
         let spec = StepSpec::new(name, StepKind::Model, Replay::Safe);
@@ -153,7 +80,7 @@ impl JobContext {
             // limits before it is sent; a refusal stops the run here, with nothing journaled
             // for this step.
             let (holds, slots) = ctx.hold_call(&request).await?;
-            let retry_in_step = JobContext::retry_in_step(&holds);
+            let retry_in_step = JobRun::retry_in_step(&holds);
             // The call's span names the model and how it ended; never the prompt or the answer.
             let span = tracing::info_span!(
                 "model_call",
@@ -189,45 +116,9 @@ impl JobContext {
         .await
     }
 
-    /// Calls a typed tool as a step named after it, with its replay policy: a safe tool as
-    /// [`JobContext::step`], an unsafe one as [`JobContext::unsafe_step`] with the tool's
-    /// [`TypedTool::reconcile`]. `args` must be what the code would pass again on a replay.
-    pub async fn call<T: TypedTool>(&self, tool: &T, args: T::Args) -> Result<T::Output, JobError> {
-        let args = serde_json::to_value(&args).map_err(|e| {
-            JobError::NonRetryable(format!(
-                "the arguments of tool {:?} are not JSON: {e}",
-                T::NAME
-            ))
-        })?;
-        let output = self.tool(tool, args).await?;
-        serde_json::from_value(output).map_err(|e| {
-            JobError::from(Engine::Nondeterminism(format!(
-                "tool {:?} recorded an output of another shape: {e}",
-                T::NAME
-            )))
-        })
-    }
-
-    /// Calls a tool over JSON values (one the model chose, or one found by name with
-    /// [`JobContext::registered_tool`]) as a step with the tool's replay policy. If a crash left
-    /// an unsafe call's outcome unknown, recovery asks [`Tool::reconcile`] before deciding
-    /// anything.
-    pub async fn tool(&self, tool: &dyn Tool, args: Value) -> Result<Value, JobError> {
-        self.tool_step(tool, args, false).await
-    }
-
-    /// Like [`JobContext::tool`], but a non-retryable error of the tool is the step's recorded
-    /// output (`{"error": …}`) rather than a failure: the agent loop reports it to the model, and
-    /// a replay returns the same report without calling the tool again.
-    pub(crate) async fn tool_reporting_errors(
-        &self,
-        tool: &dyn Tool,
-        args: Value,
-    ) -> Result<Value, JobError> {
-        self.tool_step(tool, args, true).await
-    }
-
-    async fn tool_step(
+    /// A tool call as a step with the tool's replay policy; `report_errors`: a non-retryable
+    /// error of the tool is the step's recorded output (`{"error": …}`), for the agent loop.
+    pub(crate) async fn tool_step(
         &self,
         tool: &dyn Tool,
         args: Value,
@@ -257,7 +148,7 @@ impl JobContext {
                 )
                 .await;
                 if let Ok(output) = &called {
-                    self.effect_happened(&key, output);
+                    self.inner.services.store.effect_happened(&key, output);
                 }
                 match &called {
                     Ok(_) => span.record("outcome", "ok"),
@@ -277,61 +168,35 @@ impl JobContext {
         .await
     }
 
-    /// An unsafe step whose reconcile may be missing: [`JobContext::unsafe_step`]'s, and a
-    /// remote kind's (`crate::remote`), whose service runs the effect and answers whether it
-    /// happened. The same runner as [`JobContext::tool`]: `started` is durable before `f`
-    /// runs, a crash that lost its outcome asks `reconcile` (or fails closed without one).
-    pub(crate) async fn unsafe_step_with<'a, T, F, Fut>(
-        &self,
-        name: &str,
-        reconcile: Option<Reconcile<'a>>,
-        f: F,
-    ) -> Result<T, JobError>
-    where
-        T: Serialize + DeserializeOwned,
-        F: FnOnce(String) -> Fut,
-        Fut: Future<Output = Result<T, JobError>>,
-    {
-        let spec = StepSpec::new(name, StepKind::Custom, Replay::Unsafe);
-        self.run_step_with(spec, reconcile, |key| async move {
-            self.effect_begins(&key, name, Replay::Unsafe)?;
-            let output = f(key.clone()).await?;
-            self.effect_happened(&key, &output);
-            Ok((output, None))
-        })
-        .await
-    }
-
     /// What a tool call of this operation knows: the step's key, the operation, the worker's
     /// pool and origins.
     fn tool_context<'a>(&'a self, key: &'a str) -> ToolContext<'a> {
-        ToolContext {
-            info: &self.inner.info,
+        ToolContext::new(
+            &self.inner.info,
             key,
-            pool: &self.inner.services.pool,
-            http_allow: &self.inner.services.http_allow,
-            provided: &self.inner.services.provided,
-        }
+            &self.inner.services.http_allow,
+            &self.inner.services.provided,
+        )
     }
 
     /// The current time, journaled so a replay sees the same value.
-    pub async fn now(&self) -> Result<DateTime<Utc>, JobError> {
+    pub(crate) async fn now(&self) -> Result<DateTime<Utc>, JobError> {
         let spec = StepSpec::new("now", StepKind::Now, Replay::Safe);
         self.run_step_with(spec, None, |_| async { Ok((Utc::now(), None)) })
             .await
     }
 
     /// A random UUID, journaled so a replay sees the same value.
-    pub async fn uuid(&self) -> Result<uuid::Uuid, JobError> {
+    pub(crate) async fn uuid(&self) -> Result<uuid::Uuid, JobError> {
         let spec = StepSpec::new("uuid", StepKind::Now, Replay::Safe);
         self.run_step_with(spec, None, |_| async { Ok((uuid::Uuid::new_v4(), None)) })
             .await
     }
 
     /// Runs the step `spec` at the next journal position, inside its span: what the journal
-    /// recorded there decides whether it runs at all ([`JobContext::resume_step`]); if it
-    /// runs, [`JobContext::begin_step`] makes what must be durable before it durable, `f` does
-    /// its work (given the step's idempotency key), and [`JobContext::end_step`] records how
+    /// recorded there decides whether it runs at all ([`JobRun::resume_step`]); if it
+    /// runs, [`JobRun::begin_step`] makes what must be durable before it durable, `f` does
+    /// its work (given the step's idempotency key), and [`JobRun::end_step`] records how
     /// it ended.
     pub(super) async fn run_step_with<'a, T, F, Fut>(
         &self,
@@ -340,7 +205,7 @@ impl JobContext {
         f: F,
     ) -> Result<T, JobError>
     where
-        T: Serialize + DeserializeOwned,
+        T: StepOutput,
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<(T, Option<serde_json::Value>), JobError>>,
     {
@@ -386,7 +251,7 @@ impl JobContext {
         reconcile: Option<Reconcile<'a>>,
     ) -> Result<Resumed<T>, JobError>
     where
-        T: DeserializeOwned,
+        T: StepOutput,
     {
         let StepSpec { name, kind, .. } = spec;
         let mut entry = self.recorded(seq);
@@ -409,13 +274,11 @@ impl JobContext {
                 let out = entry
                     .and_then(|e| e.output)
                     .unwrap_or(serde_json::Value::Null);
-                return serde_json::from_value(out)
-                    .map(Resumed::Recorded)
-                    .map_err(|e| {
-                        JobError::from(Engine::Nondeterminism(format!(
-                            "step {seq} ({name}) recorded an output of another shape: {e}"
-                        )))
-                    });
+                return T::replayed(out).map(Resumed::Recorded).map_err(|e| {
+                    JobError::from(Engine::Nondeterminism(format!(
+                        "step {seq} ({name}) recorded an output of another shape: {e}"
+                    )))
+                });
             }
             (Resume::Reconcile, Some(ask)) => {
                 let store = &self.inner.services.store;
@@ -431,7 +294,7 @@ impl JobContext {
             None => {}
             Some(Reconciled::Happened(output)) => {
                 tracing::info!(op_id = %self.inner.info.op_id, seq, "reconciled: the effect happened");
-                let value: T = serde_json::from_value(output.clone()).map_err(|e| {
+                let value: T = T::replayed(output.clone()).map_err(|e| {
                     JobError::NonRetryable(format!(
                         "reconcile of step {seq} ({name}) returned an output of another shape: {e}"
                     ))
@@ -521,7 +384,7 @@ impl JobContext {
         outcome: Result<(T, Option<serde_json::Value>), JobError>,
     ) -> Result<T, JobError>
     where
-        T: Serialize,
+        T: StepOutput,
     {
         let StepSpec {
             name,
@@ -541,7 +404,7 @@ impl JobContext {
         let row = |status| spec.row(seq, key, status, started_at);
         match outcome {
             Ok((value, usage)) => {
-                let output = serde_json::to_value(&value).map_err(|e| {
+                let (output, value) = value.journaled().map_err(|e| {
                     JobError::NonRetryable(format!("step {name:?} output is not serializable: {e}"))
                 })?;
                 let mut done = row(StepStatus::Completed);
@@ -578,10 +441,51 @@ impl JobContext {
     }
 }
 
-/// What the journal's record at a step's position decided ([`JobContext::resume_step`]).
+/// What the journal's record at a step's position decided ([`JobRun::resume_step`]).
 enum Resumed<T> {
     /// The step's output, recorded by an earlier run (or found by a reconcile): it does not run.
     Recorded(T),
     /// The step runs; `fresh`: nothing is recorded at its position yet.
     Run { fresh: bool },
+}
+
+/// A step's output as the runner journals and returns it.
+pub(crate) trait StepOutput: Sized {
+    /// Its JSON for the journal row, and what the step returns.
+    fn journaled(self) -> Result<(Value, Self), serde_json::Error>;
+    /// What a replay returns for the JSON recorded.
+    fn replayed(recorded: Value) -> Result<Self, serde_json::Error>;
+}
+
+/// The steps whose output is a serde value: journaled as its JSON, returned as itself.
+macro_rules! serde_outputs {
+    ($($t:ty),*) => {$(
+        impl StepOutput for $t {
+            fn journaled(self) -> Result<(Value, Self), serde_json::Error> {
+                Ok((serde_json::to_value(&self)?, self))
+            }
+            fn replayed(recorded: Value) -> Result<Self, serde_json::Error> {
+                serde_json::from_value(recorded)
+            }
+        }
+    )*};
+}
+serde_outputs!(Value, ModelResponse, uuid::Uuid, DateTime<Utc>);
+
+/// A kind's own step's output: the SDK handle keeps what its body returned, so the JSON the
+/// body made moves into the journal row and nothing is copied or decoded again.
+pub(crate) enum Own {
+    Ran(Value),
+    Recorded(Value),
+}
+
+impl StepOutput for Own {
+    fn journaled(self) -> Result<(Value, Self), serde_json::Error> {
+        match self {
+            Own::Ran(v) | Own::Recorded(v) => Ok((v, Own::Ran(Value::Null))),
+        }
+    }
+    fn replayed(recorded: Value) -> Result<Self, serde_json::Error> {
+        Ok(Own::Recorded(recorded))
+    }
 }

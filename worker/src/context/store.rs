@@ -19,8 +19,8 @@ use serde_json::Value;
 
 use super::Services;
 use crate::error::JobError;
-use crate::info::OperationInfo;
 use crate::tool::Reconciled;
+use agentq_sdk::OperationInfo;
 
 /// What a job context asks of its store (each method stands for the PostgreSQL statement it
 /// runs in [`Postgres`]).

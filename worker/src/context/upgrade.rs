@@ -1,4 +1,4 @@
-//! Changing a kind's code under operations already running: [`JobContext::patched`] (a
+//! Changing a kind's code under operations already running: `patched` (a
 //! marker step that keeps old journals on the old path) and the rebase of an operation an
 //! operator upgraded to another version (its journal from the first step the new code asks
 //! for differently is moved aside, and the run goes on from there).
@@ -11,12 +11,12 @@ use agentq_core::state::{StepKind, StepStatus};
 use chrono::Utc;
 use serde_json::Value;
 
-use super::JobContext;
+use super::JobRun;
 use super::journal::{StepSpec, diverged, entry_at};
 use crate::error::{Engine, JobError};
 use crate::tool::Replay;
 
-impl JobContext {
+impl JobRun {
     /// The code asks for another step at `seq` than the journal recorded. After an operator's
     /// upgrade that covers `seq`, the journal from `seq` on was recorded by the old version:
     /// it is moved out of the journal (kept in `operation_steps_superseded`) in one fenced

@@ -25,9 +25,10 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::client::{Answer, CallError, ServiceDef, StepFailure};
-use crate::context::{JobContext, MAX_PARK, SignalOutcome};
+use crate::context::{JobContext, JobRun, MAX_PARK, SignalOutcome};
 use crate::error::{Engine, JobError};
-use crate::tool::Reconciled;
+use crate::tool::{Reconciled, Replay};
+use agentq_sdk::context::{Backend, Body, Reconcile, Step};
 
 /// The longest step name a service may give.
 const MAX_NAME: usize = 256;
@@ -87,7 +88,11 @@ impl Journal {
 struct Session<'c> {
     id: String,
     service: Arc<ServiceDef>,
-    ctx: &'c JobContext,
+    /// The run, for what only the runner has (the loaded journal, its cursor, durability).
+    ctx: &'c JobRun,
+    /// The kind's handle over the run: every step the service asks for is taken through it,
+    /// as a Rust kind takes its steps.
+    handle: JobContext,
     input: Value,
     journal: Mutex<Journal>,
     /// Its room in the worker's budget for remote journals.
@@ -97,7 +102,7 @@ struct Session<'c> {
 /// Runs the remote operation `ctx` with `input` on `service` to its end (or a park).
 pub(crate) async fn run(
     service: Arc<ServiceDef>,
-    ctx: JobContext,
+    ctx: JobRun,
     input: Value,
 ) -> Result<Value, JobError> {
     let entries = ctx.with_loaded_journal(|journal| {
@@ -110,6 +115,7 @@ pub(crate) async fn run(
         id: uuid::Uuid::new_v4().simple().to_string(),
         service,
         ctx: &ctx,
+        handle: ctx.handle(),
         input,
         journal: Mutex::new(Journal::new(entries)),
         room: tokio::sync::Mutex::new(ctx.services().remote_memory.room()),
@@ -368,7 +374,7 @@ impl Session<'_> {
             return Err(self.protocol("answered no position"));
         };
         self.advance(seq)?;
-        let ctx = self.ctx;
+        let ctx = &self.handle;
         match asked {
             Answer::Step {
                 name,
@@ -459,16 +465,20 @@ impl Session<'_> {
     /// An unsafe step the service runs: `started` is durable (the context's runner) before the
     /// service is told to run it; a crash that lost its outcome asks the service's reconcile.
     async fn unsafe_step(&self, seq: i32, name: &str, reconcile: bool) -> Result<Value, JobError> {
-        let ask: Option<crate::context::Reconcile<'_>> = reconcile.then(|| {
-            let ask: crate::context::Reconcile<'_> = Box::new(
+        let ask: Option<Reconcile<'_>> = reconcile.then(|| {
+            let ask: Reconcile<'_> = Box::new(
                 move |key: String| -> BoxFuture<'_, Result<Reconciled, JobError>> {
                     Box::pin(async move { self.reconcile(seq, &key).await })
                 },
             );
             ask
         });
-        self.ctx
-            .unsafe_step_with(name, ask, |key| async move {
+        // The runner returns the output recorded by an earlier run, or nothing when the
+        // service ran the step now: then its answer is kept here.
+        let mut kept = None;
+        let slot = &mut kept;
+        let body: Body<'_> = Box::new(move |key: String| {
+            Box::pin(async move {
                 self.record(seq, name, "custom", "unsafe", "started", Value::Null);
                 let answer = self
                     .call(Directive::Run { seq, key: &key })
@@ -480,7 +490,7 @@ impl Session<'_> {
                             JobError::retryable(e.message)
                         }
                     })?;
-                match answer {
+                let output = match answer {
                     Answer::Step {
                         seq: s,
                         name: n,
@@ -493,9 +503,20 @@ impl Session<'_> {
                     _ => Err(self.protocol(format!(
                         "was asked to run step {seq} ({name}) and answered something else"
                     ))),
-                }
+                }?;
+                *slot = Some(output.clone());
+                Ok(output)
             })
-            .await
+        });
+        let step = Step {
+            name,
+            replay: Replay::Unsafe,
+            deferred: false,
+            reconcile: ask,
+            body,
+        };
+        let recorded = Backend::step(self.ctx, step).await?;
+        Ok(recorded.or(kept).unwrap_or(Value::Null))
     }
 
     async fn reconcile(&self, seq: i32, key: &str) -> Result<Reconciled, JobError> {

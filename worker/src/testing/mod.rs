@@ -170,8 +170,10 @@ impl Tester {
         self
     }
 
-    /// A pool for a kind or tool that reads its own tables ([`JobContext::pool`](crate::JobContext::pool)). Without
-    /// one, the pool a kind gets fails every connection.
+    /// The engine's pool, for agentq's built-in kinds and tools that read their own tables
+    /// ([`EnginePool`](crate::EnginePool)); a deployment's kinds are given theirs with
+    /// [`Registry::provide`](crate::Registry::provide). Without one, the runs have no
+    /// `EnginePool`.
     pub fn pool(mut self, pool: PgPool) -> Self {
         self.pool = Some(pool);
         self

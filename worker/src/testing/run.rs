@@ -19,7 +19,7 @@ use super::memory::{Memory, Scenario};
 use super::report::{Check, End, Report, Violation};
 use super::{ChildFn, Tester};
 use crate::context::store::Store;
-use crate::context::{JobContext, OperationInfo, Services};
+use crate::context::{JobRun, OperationInfo, Services};
 use crate::error::{Engine, JobError, Stop};
 use crate::gate::{GateSettings, ModelGate};
 use crate::model::ModelClient;
@@ -239,7 +239,13 @@ impl Tester {
             journal: GroupCommit::new(),
             check_child: Box::new(move |kind, input| registry.requires_or_why(kind, input)),
             tools,
-            provided: self.registry.provided(),
+            provided: {
+                let mut provided = self.registry.provided();
+                if let Some(pool) = &self.pool {
+                    provided.insert(crate::EnginePool(pool.clone()));
+                }
+                provided
+            },
             children: std::sync::OnceLock::new(),
             amqp_url: String::new(),
             names: agentq_core::broker::Names::new("replay-tester"),
@@ -305,7 +311,7 @@ pub(super) async fn drive(
             epoch,
             deadline: None,
         };
-        let ctx = JobContext::new(
+        let ctx = JobRun::new(
             info,
             services.clone(),
             memory.entries(),

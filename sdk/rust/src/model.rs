@@ -182,7 +182,7 @@ pub struct ModelResponse {
 
 impl ModelResponse {
     /// A plain answer, as a scripted model in a test gives it
-    /// ([`testing::ModelScript`](crate::testing::ModelScript)).
+    /// (the replay tester's `ModelScript`).
     pub fn text(content: impl Into<String>) -> Self {
         Self {
             content: content.into(),
@@ -257,7 +257,8 @@ impl From<ModelError> for JobError {
 
 impl ModelError {
     /// The stable snake_case class, for the model call's span.
-    pub(crate) fn class(&self) -> &'static str {
+    #[doc(hidden)]
+    pub fn class(&self) -> &'static str {
         match self {
             ModelError::Retryable { .. } => "retryable",
             ModelError::Overloaded { .. } => "overloaded",

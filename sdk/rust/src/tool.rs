@@ -5,14 +5,14 @@
 //!
 //! Write a tool as a [`TypedTool`] (its arguments a Rust type, their JSON Schema derived from
 //! it) or as a [`Tool`] over JSON values. A deployment registers its tools once
-//! ([`Registry::register_tool`](crate::Registry::register_tool)); the `agent` kind names them
+//! (`Registry::register_tool` in the worker); the `agent` kind names them
 //! in its input, and any kind finds them with
 //! [`JobContext::registered_tool`](crate::JobContext::registered_tool). A call receives a
 //! [`ToolContext`]: the operation it runs for (scope every read and write to its tenant), the
-//! step's idempotency key, the worker's pool and the allowed origins.
+//! step's idempotency key, the deployment's own state and the allowed origins.
 //!
 //! Invariant kept here: a tool is called only inside a journaled step: a [`ToolContext`] is
-//! made by the worker's context and by nothing else.
+//! made by a [`Backend`](crate::context::Backend) running the step and by nothing else.
 
 use std::sync::Arc;
 
@@ -22,7 +22,6 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use sqlx::PgPool;
 
 use crate::error::JobError;
 use crate::info::OperationInfo;
@@ -52,17 +51,33 @@ impl Reconciled {
     }
 }
 
-/// What a tool call knows about where it runs. Made only by the worker, for a call inside a
+/// What a tool call knows about where it runs. Made only by a backend, for a call inside a
 /// journaled step.
 pub struct ToolContext<'a> {
-    pub(crate) info: &'a OperationInfo,
-    pub(crate) key: &'a str,
-    pub(crate) pool: &'a PgPool,
-    pub(crate) http_allow: &'a Arc<Origins>,
-    pub(crate) provided: &'a crate::provided::Provided,
+    info: &'a OperationInfo,
+    key: &'a str,
+    http_allow: &'a Arc<Origins>,
+    provided: &'a crate::provided::Provided,
 }
 
-impl ToolContext<'_> {
+impl<'a> ToolContext<'a> {
+    /// The context of a call inside the step whose idempotency key is `key` (for a
+    /// [`Backend`](crate::context::Backend): kinds and tools never make one).
+    #[doc(hidden)]
+    pub fn new(
+        info: &'a OperationInfo,
+        key: &'a str,
+        http_allow: &'a Arc<Origins>,
+        provided: &'a crate::provided::Provided,
+    ) -> Self {
+        Self {
+            info,
+            key,
+            http_allow,
+            provided,
+        }
+    }
+
     /// The step's idempotency key: the same on every attempt and after every crash. Pass it to
     /// the outside system (an `Idempotency-Key` header, a unique column) so the effect happens
     /// once, and look the effect up by it in [`Tool::reconcile`].
@@ -73,13 +88,6 @@ impl ToolContext<'_> {
     /// The operation the call runs for. Scope every read and write to its `tenant`.
     pub fn info(&self) -> &OperationInfo {
         self.info
-    }
-
-    /// The engine's pool, for agentq's built-in tools, under the rules of `JobContext::pool`;
-    /// a deployment's tools use their own ([`ToolContext::state`]).
-    #[doc(hidden)]
-    pub fn pool(&self) -> &PgPool {
-        self.pool
     }
 
     /// The value of type `T` the deployment gave its registry, as
@@ -101,7 +109,7 @@ impl ToolContext<'_> {
 /// [`JobContext::tool`](crate::JobContext::tool) instead of registering it).
 ///
 /// ```
-/// use agentq_worker::{JobError, Reconciled, Replay, Tool, ToolContext};
+/// use agentq_sdk::{JobError, Reconciled, Replay, Tool, ToolContext};
 /// use async_trait::async_trait;
 /// use serde_json::{Value, json};
 ///
@@ -183,10 +191,10 @@ pub trait Tool: Send + Sync {
 /// [`TypedTool::call`] runs, naming the field (the agent loop hands that refusal to the model
 /// as the call's result, so it can correct itself). A kind calls it with
 /// [`JobContext::call`](crate::JobContext::call); registered
-/// ([`Registry::register_tool`](crate::Registry::register_tool)), the model can call it too.
+/// (`Registry::register_tool` in the worker), the model can call it too.
 ///
 /// ```
-/// use agentq_worker::{JobError, Replay, ToolContext, TypedTool};
+/// use agentq_sdk::{JobError, Replay, ToolContext, TypedTool};
 ///
 /// #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 /// struct LookupArgs {
@@ -202,7 +210,7 @@ pub trait Tool: Send + Sync {
 ///
 /// struct Lookup;
 ///
-/// #[agentq_worker::async_trait]
+/// #[agentq_sdk::async_trait]
 /// impl TypedTool for Lookup {
 ///     const NAME: &str = "lookup_order";
 ///     const DESCRIPTION: &str = "Look an order up by its number.";
@@ -216,9 +224,9 @@ pub trait Tool: Send + Sync {
 ///     }
 /// }
 ///
-/// let mut registry = agentq_worker::Registry::new();
-/// registry.register_tool(Lookup);
-/// assert!(registry.tool("lookup_order").is_some());
+/// use agentq_sdk::Tool;
+/// assert_eq!(Lookup.name(), "lookup_order");
+/// assert!(Lookup.parameters()["properties"]["order"].is_object());
 /// ```
 #[async_trait]
 pub trait TypedTool: Send + Sync + 'static {

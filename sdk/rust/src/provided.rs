@@ -1,5 +1,5 @@
 //! A deployment's own state for its kinds and tools: its database pool, HTTP clients,
-//! configuration. Given to the registry once ([`Registry::provide`](crate::Registry::provide)),
+//! configuration. Given to the registry once (`Registry::provide`),
 //! one value per type, and handed back typed to every run
 //! ([`JobContext::state`](crate::JobContext::state)) and tool call
 //! ([`ToolContext::state`](crate::ToolContext::state)).
@@ -10,13 +10,15 @@ use std::sync::Arc;
 
 use crate::error::JobError;
 
-/// The values given to a registry, by type.
+/// The values given to a registry, by type (kept by the registry, lent to a run by its
+/// backend).
+#[doc(hidden)]
 #[derive(Clone, Default)]
-pub(crate) struct Provided(HashMap<TypeId, Arc<dyn Any + Send + Sync>>);
+pub struct Provided(HashMap<TypeId, Arc<dyn Any + Send + Sync>>);
 
 impl Provided {
     /// Keeps `value`; false (and nothing kept) if a value of its type is there already.
-    pub(crate) fn insert<T: Send + Sync + 'static>(&mut self, value: T) -> bool {
+    pub fn insert<T: Send + Sync + 'static>(&mut self, value: T) -> bool {
         let id = TypeId::of::<T>();
         if self.0.contains_key(&id) {
             return false;
@@ -26,7 +28,7 @@ impl Provided {
     }
 
     /// The value of type `T`, or a non-retryable error saying how to provide it.
-    pub(crate) fn get<T: Send + Sync + 'static>(&self) -> Result<&T, JobError> {
+    pub fn get<T: Send + Sync + 'static>(&self) -> Result<&T, JobError> {
         self.0
             .get(&TypeId::of::<T>())
             .and_then(|v| v.downcast_ref::<T>())

@@ -32,7 +32,8 @@ pub struct OperationInfo {
 
 /// Decodes `value` into `T`; a misfit names where (a JSON Pointer into `value`) and why, in
 /// the input author's words ([`agentq_core::kinds::readable`]).
-pub(crate) fn decode<T: DeserializeOwned>(value: &Value) -> Result<T, InputError> {
+#[doc(hidden)]
+pub fn decode<T: DeserializeOwned>(value: &Value) -> Result<T, InputError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let mut segments = Vec::new();
         for segment in e.path().iter() {

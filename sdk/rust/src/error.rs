@@ -1,7 +1,7 @@
 //! How a job, or one of its steps, fails: [`JobError`] and its stable classes.
 //!
 //! The class of an error decides what happens next (retry later, back off harder, dead letter,
-//! park), in one place: `executor::settle`. This module imports nothing from the rest of the
+//! park), in one place: the worker's `executor::settle`. This module imports nothing from the rest of the
 //! crate, so the context, the model clients and gate, and tools can all return a `JobError`
 //! without depending on each other.
 
@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 /// may have happened:
 ///
 /// ```
-/// use agentq_worker::JobError;
+/// use agentq_sdk::JobError;
 ///
 /// /// How a payments API's answer fails a refund.
 /// fn refund_failed(status: u16) -> JobError {
@@ -63,11 +63,12 @@ pub enum JobError {
 /// Why the engine stopped a run (opaque to kinds; its class is [`JobError::class`]).
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
-pub struct Stop(pub(crate) Engine);
+pub struct Stop(#[doc(hidden)] pub Engine);
 
-/// The engine's stops, seen only inside the worker.
+/// The engine's stops, made and matched only by a backend (the worker, the replay tester).
+#[doc(hidden)]
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum Engine {
+pub enum Engine {
     /// A provider is overloaded: back off harder.
     #[error("{message}")]
     Overloaded {
@@ -155,7 +156,8 @@ impl JobError {
     }
 
     /// The engine's stop this is, if it is one.
-    pub(crate) fn engine(&self) -> Option<&Engine> {
+    #[doc(hidden)]
+    pub fn engine(&self) -> Option<&Engine> {
         match self {
             JobError::Stopped(Stop(e)) => Some(e),
             _ => None,
@@ -165,7 +167,8 @@ impl JobError {
     /// Whether a step that failed with this error may have had its effect anyway: a
     /// transient failure not known to be [`JobError::NoEffect`] (a dropped connection or a
     /// timeout after the request was sent). An unsafe step ending so is journaled `unknown`.
-    pub(crate) fn outcome_unknown(&self) -> bool {
+    #[doc(hidden)]
+    pub fn outcome_unknown(&self) -> bool {
         matches!(
             self,
             JobError::Retryable { .. } | JobError::Stopped(Stop(Engine::Overloaded { .. }))
@@ -173,12 +176,14 @@ impl JobError {
     }
 
     /// Whether the engine stopped the run because the worker lost the operation's lease.
-    pub(crate) fn is_lease_lost(&self) -> bool {
+    #[doc(hidden)]
+    pub fn is_lease_lost(&self) -> bool {
         matches!(self.engine(), Some(Engine::LeaseLost))
     }
 
     /// Whether the operation parked itself (a sleep, a wait, a budget or rate pause).
-    pub(crate) fn is_suspended(&self) -> bool {
+    #[doc(hidden)]
+    pub fn is_suspended(&self) -> bool {
         matches!(self.engine(), Some(Engine::Suspended))
     }
 
