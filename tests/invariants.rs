@@ -1234,8 +1234,9 @@ fn the_library_links_no_bench_or_test_kit() {
 }
 
 /// What a kind sees (`agentq-sdk`) is not the engine: its sources name no `sqlx`, no `lapin`
-/// and no `agentq_core::db` (nor `core::db` through a `use agentq_core::{db, …}`), and its
-/// manifest depends on neither client.
+/// and no `agentq_core::db` (nor `core::db` through a `use agentq_core::{db, …}`), and nothing
+/// it depends on is a database, broker or HTTP client (`agentq-core` without its `engine`
+/// feature is only shared types).
 #[test]
 fn the_sdk_names_no_database_or_broker() {
     let mut findings = Vec::new();
@@ -1263,9 +1264,23 @@ fn the_sdk_names_no_database_or_broker() {
             }
         }
     }
-    for (line, dep) in dependencies(&read("sdk/rust/Cargo.toml")) {
-        if dep.name == "sqlx" || dep.name == "lapin" {
-            findings.push(Finding::new("sdk/rust/Cargo.toml", line, &dep.name));
+    let out = std::process::Command::new(env!("CARGO"))
+        .current_dir(root())
+        .args(["tree", "-p", "agentq-sdk", "-e", "normal"])
+        .args(["--prefix", "none"])
+        .args(["--locked", "--offline", "--no-dedupe"])
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8(out.stdout).unwrap();
+    assert!(tree.lines().count() > 20, "a whole tree: {tree}");
+    for client in ["sqlx", "lapin", "reqwest", "tokio"] {
+        if let Some(line) = tree.lines().find(|l| l.starts_with(&format!("{client} "))) {
+            findings.push(Finding::new("sdk/rust/Cargo.toml", 0, line));
         }
     }
     assert_allowed("the engine's clients in the SDK", findings, &[]);

@@ -15,29 +15,47 @@
 //! - [`telemetry`]: logging and tracing set-up, OTLP export, W3C `traceparent` propagation
 //!   (never logs or traces inputs, prompts, outputs or secrets);
 //! - [`version`]: kind versions, checked and in natural order.
+//!
+//! Without its default feature `engine` it is only the shared types a kind's SDK needs
+//! (`approval`, `kinds`, `operation`, `origins`, `services`, `state`, `version`): no database,
+//! broker or HTTP client, no telemetry (`agentq-sdk` depends on it so).
 
 pub mod approval;
+#[cfg(feature = "engine")]
 pub mod broker;
+#[cfg(feature = "engine")]
 pub mod config;
+#[cfg(feature = "engine")]
 pub mod db;
+#[cfg(feature = "engine")]
 pub mod dispatch;
+#[cfg(feature = "engine")]
 pub mod group_commit;
+#[cfg(feature = "engine")]
 pub mod health;
 pub mod kinds;
+#[cfg(feature = "engine")]
 pub mod metrics;
 pub mod operation;
 pub mod origins;
+#[cfg(feature = "engine")]
 pub mod outbound;
+#[cfg(feature = "engine")]
 pub mod retry;
+#[cfg(feature = "engine")]
 pub mod schedule;
 pub mod services;
 pub mod state;
+#[cfg(feature = "engine")]
 pub mod telemetry;
 pub mod version;
+#[cfg(feature = "engine")]
 pub mod webhook;
 
+#[cfg(feature = "engine")]
 pub use config::Config;
 pub use operation::{Lane, OperationId, Status, TenantId};
 
 /// The migrations of `migrations/`, embedded so every binary and test applies the same schema.
+#[cfg(feature = "engine")]
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

@@ -126,6 +126,7 @@ macro_rules! text_enum {
             }
         }
 
+        #[cfg(feature = "engine")]
         impl sqlx::Type<sqlx::Postgres> for $name {
             fn type_info() -> sqlx::postgres::PgTypeInfo {
                 <str as sqlx::Type<sqlx::Postgres>>::type_info()
@@ -135,6 +136,7 @@ macro_rules! text_enum {
             }
         }
 
+        #[cfg(feature = "engine")]
         impl sqlx::postgres::PgHasArrayType for $name {
             fn array_type_info() -> sqlx::postgres::PgTypeInfo {
                 <&str as sqlx::postgres::PgHasArrayType>::array_type_info()
@@ -144,6 +146,7 @@ macro_rules! text_enum {
             }
         }
 
+        #[cfg(feature = "engine")]
         impl sqlx::Encode<'_, sqlx::Postgres> for $name {
             fn encode_by_ref(
                 &self,
@@ -153,6 +156,7 @@ macro_rules! text_enum {
             }
         }
 
+        #[cfg(feature = "engine")]
         impl<'r> sqlx::Decode<'r, sqlx::Postgres> for $name {
             fn decode(
                 value: sqlx::postgres::PgValueRef<'r>,
@@ -205,20 +209,24 @@ impl Status {
 /// The terminal statuses as an SQL list, `('succeeded', 'dead', 'cancelled', 'discarded')`,
 /// for `concat!` into statements (`status IN …`, `status NOT IN …`). A test checks it names
 /// exactly the statuses of [`Status::is_terminal`].
+#[cfg(feature = "engine")]
 macro_rules! terminal_sql {
     () => {
         "('succeeded', 'dead', 'cancelled', 'discarded')"
     };
 }
+#[cfg(feature = "engine")]
 pub(crate) use terminal_sql;
 
 /// The idle statuses ([`Status::IDLE`]) as an SQL list, `('queued', 'sleeping', 'waiting')`, for
 /// `concat!` into statements. A test checks it names exactly [`Status::IDLE`].
+#[cfg(feature = "engine")]
 macro_rules! idle_sql {
     () => {
         "('queued', 'sleeping', 'waiting')"
     };
 }
+#[cfg(feature = "engine")]
 pub(crate) use idle_sql;
 
 /// Whether an operation may move from `from` to `to`: the state diagram of ARCHITECTURE.md as

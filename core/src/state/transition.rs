@@ -199,6 +199,7 @@ pub const TRIGGERS: &[(&str, Transition)] = &[("agentq_cancel_children", CASCADE
 
 /// The from-set of a named transition as an SQL list, for `concat!` into its statement's guard
 /// (`status IN …`). A test checks each is [`Transition::from_sql`].
+#[cfg(feature = "engine")]
 macro_rules! from_sql {
     (CLAIM) => {
         "('queued')"
@@ -258,10 +259,12 @@ macro_rules! from_sql {
         "('dead')"
     };
 }
+#[cfg(feature = "engine")]
 pub(crate) use from_sql;
 
 /// The target of a named transition as an SQL literal, for `concat!` into its statement's
 /// `SET status = …`. A test checks each is [`Transition::to_sql`].
+#[cfg(feature = "engine")]
 macro_rules! to_sql {
     (CLAIM) => {
         "'running'"
@@ -321,6 +324,7 @@ macro_rules! to_sql {
         "'discarded'"
     };
 }
+#[cfg(feature = "engine")]
 pub(crate) use to_sql;
 
 #[cfg(test)]
