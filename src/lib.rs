@@ -34,6 +34,31 @@
 //! }
 //! ```
 //!
+//! Tested at every crash point without a database or a broker, by the replay tester (the
+//! worker's own step runner over a journal in memory):
+//!
+//! ```
+//! use agentq::testing::{ModelScript, Tester};
+//! use agentq::{JobContext, JobError, ModelResponse, Registry};
+//!
+//! async fn summarize(ctx: JobContext, doc: String) -> Result<usize, JobError> {
+//!     let summary = ctx.model("summarize", doc).await?;
+//!     let words = || async move { Ok(summary.content.split_whitespace().count()) };
+//!     ctx.step("count", words).await
+//! }
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let mut registry = Registry::new();
+//! registry.register("summarize", summarize);
+//! let report = Tester::new(&registry, "summarize", serde_json::json!("a long text"))
+//!     .model(ModelScript::replies([ModelResponse::text("short text")]))
+//!     .run()
+//!     .await;
+//! report.assert_ok();
+//! assert_eq!(report.output(), Some(&serde_json::json!(2)));
+//! # });
+//! ```
+//!
 //! The SDK a kind is written with is re-exported here ([`JobContext`], [`Tool`],
 //! [`TypedTool`], [`Registry`], [`JobError`], [`testing`]), so a deployment's crate depends on
 //! `agentq` alone. `docs/your-first-kind.md` walks through it.
