@@ -1208,14 +1208,12 @@ fn no_source_file_is_over_800_lines() {
     );
 }
 
-/// A deployment's binary links no benchmark and no test kit: the `agentq` library's normal
-/// dependencies, without features, name neither `agentq-bench` (and its fake model server)
-/// nor `agentq-testkit` (`agentq bench` is the `bench` feature of agentq's own binary).
-#[test]
-fn the_library_links_no_bench_or_test_kit() {
+/// `package`'s normal dependencies without features, one crate a line (`name vX.Y.Z`), as
+/// `cargo tree` resolves them from the lock file.
+fn normal_dependencies(package: &str) -> String {
     let out = std::process::Command::new(env!("CARGO"))
         .current_dir(root())
-        .args(["tree", "-p", "agentq", "-e", "normal", "--prefix", "none"])
+        .args(["tree", "-p", package, "-e", "normal", "--prefix", "none"])
         .args(["--locked", "--offline", "--no-dedupe"])
         .output()
         .expect("cargo tree runs");
@@ -1224,7 +1222,15 @@ fn the_library_links_no_bench_or_test_kit() {
         "cargo tree: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let tree = String::from_utf8(out.stdout).unwrap();
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A deployment's binary links no benchmark and no test kit: the `agentq` library's normal
+/// dependencies, without features, name neither `agentq-bench` (and its fake model server)
+/// nor `agentq-testkit` (`agentq bench` is the `bench` feature of agentq's own binary).
+#[test]
+fn the_library_links_no_bench_or_test_kit() {
+    let tree = normal_dependencies("agentq");
     assert!(tree.lines().count() > 50, "a whole tree: {tree}");
     let linked: Vec<&str> = tree
         .lines()
@@ -1264,19 +1270,7 @@ fn the_sdk_names_no_database_or_broker() {
             }
         }
     }
-    let out = std::process::Command::new(env!("CARGO"))
-        .current_dir(root())
-        .args(["tree", "-p", "agentq-sdk", "-e", "normal"])
-        .args(["--prefix", "none"])
-        .args(["--locked", "--offline", "--no-dedupe"])
-        .output()
-        .expect("cargo tree runs");
-    assert!(
-        out.status.success(),
-        "cargo tree: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let tree = String::from_utf8(out.stdout).unwrap();
+    let tree = normal_dependencies("agentq-sdk");
     assert!(tree.lines().count() > 20, "a whole tree: {tree}");
     for client in ["sqlx", "lapin", "reqwest", "tokio"] {
         if let Some(line) = tree.lines().find(|l| l.starts_with(&format!("{client} "))) {

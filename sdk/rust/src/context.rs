@@ -65,6 +65,14 @@ pub fn check_park_length(d: std::time::Duration) -> Result<(), String> {
     Ok(())
 }
 
+/// The wake time `d` from now, or a non-retryable error naming `what` past [`MAX_PARK`].
+#[doc(hidden)]
+pub fn wake_after(what: &str, d: std::time::Duration) -> Result<DateTime<Utc>, JobError> {
+    check_park(what, d).map_err(JobError::NonRetryable)?;
+    // Within MAX_PARK both conversions and the sum are in range.
+    Ok(Utc::now() + chrono::Duration::from_std(d).unwrap_or_default())
+}
+
 /// How a wait for a signal ended.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SignalOutcome {
@@ -476,10 +484,9 @@ impl JobContext {
     /// A durable sleep: the operation parks as `sleeping`, the worker lets go of it, and the
     /// scheduler wakes it after `duration` (measured from the first execution, journaled).
     pub async fn sleep(&self, duration: std::time::Duration) -> Result<(), JobError> {
-        check_park("sleep", duration).map_err(JobError::NonRetryable)?;
-        // Within MAX_PARK both conversions and the sum are in range.
-        let until = Utc::now() + chrono::Duration::from_std(duration).unwrap_or_default();
-        self.backend.sleep_until(until).await
+        self.backend
+            .sleep_until(wake_after("sleep", duration)?)
+            .await
     }
 
     /// A durable sleep until `until` (journaled at first execution; replay after the wake-up

@@ -173,15 +173,7 @@ impl Services {
 }
 
 impl JobRun {
-    /// Starts a child operation of `kind` with `input` and returns its id, without waiting for
-    /// it (`join` waits). The child belongs to this operation's tenant and takes
-    /// its lane, attempt budget and trace; cancelling this operation cancels it.
-    ///
-    /// Journaled: a replay returns the same child, never a second one. A crash after the child
-    /// was stored but before the step was journaled runs the step again, and its dedupe key
-    /// (`child:` and the step's idempotency key) finds the child the first run stored.
-    /// The kind and input are checked as an enqueue checks them: a misfit fails this
-    /// operation (non-retryable), and nothing is stored.
+    /// The SDK handle's `spawn`: a child stored and published, journaled.
     pub(crate) async fn spawn(&self, kind: &str, input: Value) -> Result<uuid::Uuid, JobError> {
         let name = format!("spawn:{kind}");
         let spec = StepSpec::new(&name, StepKind::Spawn, Replay::Safe);
@@ -198,11 +190,7 @@ impl JobRun {
         .await
     }
 
-    /// Waits until every one of `children` (ids `spawn` returned) has finished
-    /// and returns how each ended, in the order given: a child that died or was cancelled is
-    /// an outcome to handle, not an error of this operation. While any is unfinished the
-    /// operation parks as `waiting` (holding no worker, like a wait for a signal) and the
-    /// scheduler queues it once they all are. Journaled: a replay returns the same outcomes.
+    /// The SDK handle's `join`: every child's outcome, parking while any is unfinished.
     pub(crate) async fn join(
         &self,
         children: &[uuid::Uuid],

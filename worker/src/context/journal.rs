@@ -121,15 +121,7 @@ pub(super) fn diverged(
 }
 
 impl JobRun {
-    /// The name and status (`completed`, `started`, `unknown`) of the journal's next step if an
-    /// earlier run of this operation recorded it and it did not fail; `None` where the journal
-    /// ends or the step failed (it will run fresh). Takes no step and writes nothing.
-    ///
-    /// For a kind that must tell a replayed decision from a fresh one (`doc_migration`: a
-    /// failed review recorded by an earlier run means this run is an operator's retry, so it
-    /// reviews anew), or that passes over a stale part of its journal with
-    /// `skip_recorded`. It reads the journal as loaded when this run claimed the
-    /// operation, at the cursor every clone of this context shares.
+    /// The SDK handle's `peek_recorded`: the journal's next step, if recorded and not failed.
     pub fn peek_recorded(&self) -> Option<(String, StepStatus)> {
         let seq = self.run_state().next_seq;
         self.recorded(seq)
@@ -137,15 +129,7 @@ impl JobRun {
             .map(|e| (e.name, e.status))
     }
 
-    /// Passes over the journal's next step without replaying or running it, if
-    /// `peek_recorded` finds one there; returns whether it did. Where none is
-    /// recorded it does nothing, so the steps that follow never leave a gap in the journal.
-    ///
-    /// For a kind whose input an operator patched (`agentq dlq retry --patch-input`) so that a
-    /// part of its journal no longer applies: it passes over that part and runs it anew under
-    /// the next step numbers; the rows passed over stay in the journal as they are. Decide what
-    /// to skip only from recorded outputs and the input, so every later replay skips the same
-    /// steps (a step asked for where the journal recorded another is `nondeterminism`).
+    /// The SDK handle's `skip_recorded`: passes over the journal's next step if recorded.
     pub fn skip_recorded(&self) -> bool {
         let mut st = self.run_state();
         let seq = st.next_seq;

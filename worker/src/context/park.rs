@@ -14,19 +14,12 @@ use serde_json::Value;
 
 use super::journal::{StepSpec, recorded_as};
 use super::{JobRun, SignalOutcome};
+use agentq_sdk::context::wake_after;
 use agentq_sdk::error::{Engine, JobError};
 use agentq_sdk::tool::Replay;
 
-/// The wake time `d` from now, or a non-retryable error past the longest park.
-fn wake_after(what: &str, d: std::time::Duration) -> Result<DateTime<Utc>, JobError> {
-    super::check_park(what, d).map_err(JobError::NonRetryable)?;
-    // Within MAX_PARK both conversions and the sum are in range.
-    Ok(Utc::now() + chrono::Duration::from_std(d).unwrap_or_default())
-}
-
 impl JobRun {
-    /// A durable sleep until `until` (journaled at first execution; replay after the wake-up
-    /// returns at once).
+    /// The SDK handle's `sleep_until`: parks until `until`, journaled at first execution.
     pub(crate) async fn sleep_until(&self, until: DateTime<Utc>) -> Result<(), JobError> {
         let (seq, key) = self.begin_park("sleep", StepKind::Sleep).await?;
         let wake_at = match self.recorded(seq) {

@@ -57,27 +57,7 @@ impl JobRun {
         Ok(())
     }
 
-    /// Whether this run may take the code path of the change `change_id` (the Temporal idea,
-    /// in agentq's journal). Put a change to a kind's steps that operations already running
-    /// must not see behind it, without bumping the kind's version:
-    ///
-    /// ```ignore
-    /// if ctx.patched("fetch-before-review")? {
-    ///     ctx.step("fetch", || fetch()).await?;
-    /// }
-    /// ```
-    ///
-    /// - On a first execution of this point it returns true and records a marker step, so
-    ///   every later replay returns true again.
-    /// - Replaying a journal recorded before the patch (another step where the marker would
-    ///   be) it returns false and takes nothing from the journal: the old path replays what the
-    ///   old code recorded. Every later replay reads the same journal and agrees.
-    /// - Where the journal ends here (the old code never got this far), this is a first
-    ///   execution: true.
-    ///
-    /// Once `agentq versions` shows no unfinished operation older than the patch, delete the
-    /// old path and keep the call, or delete the call too: a marker nothing asks for is passed
-    /// over.
+    /// The SDK handle's `patched`: whether this run takes the path of the change `change_id`.
     pub fn patched(&self, change_id: &str) -> Result<bool, JobError> {
         self.check_running()?;
         let first_execution_at = {
