@@ -18,7 +18,7 @@ use crate::wiring::{self, Deployment};
 pub async fn run(config: Deployment, args: BenchArgs) -> anyhow::Result<()> {
     let deployment = agentq_bench::Deployment {
         config: config.config,
-        registry: config.registry,
+        kinds: config.kinds,
         wiring: Arc::new(Builders),
     };
     agentq_bench::run(deployment, arguments(args))
@@ -74,7 +74,7 @@ struct Builders;
 fn deployment(d: &agentq_bench::Deployment) -> Deployment {
     Deployment {
         config: d.config.clone(),
-        registry: d.registry.clone(),
+        kinds: d.kinds.clone(),
     }
 }
 

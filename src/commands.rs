@@ -15,13 +15,10 @@ use crate::wiring::{
 };
 
 /// The user's input was refused: exit code 2, nothing was changed.
-pub async fn run(
-    cli: Cli,
-    registry: std::sync::Arc<agentq_worker::Registry>,
-) -> anyhow::Result<()> {
+pub async fn run(cli: Cli, registry: agentq_worker::Registry) -> anyhow::Result<()> {
     let config = Deployment {
         config: cli.config,
-        registry,
+        kinds: registry.into(),
     };
     config.validate().map_err(refuse)?;
     // Process-wide settings of the two clients, before anything connects.

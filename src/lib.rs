@@ -91,7 +91,6 @@ mod why;
 mod wiring;
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 pub use agentq_kinds as builtin;
 pub use agentq_worker::agent::{AgentOutcome, AgentSpec};
@@ -153,7 +152,7 @@ pub fn main(registry: Registry) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let outcome = runtime.block_on(commands::run(cli, Arc::new(registry)));
+    let outcome = runtime.block_on(commands::run(cli, registry));
     drop(runtime);
     // Every command (serve, worker, scheduler, dev) ends here: export the last spans.
     telemetry.shutdown();

@@ -150,18 +150,17 @@ async fn offline(
     let version = match &args.to_version {
         Some(v) => v.clone(),
         None => config
-            .registry
+            .kinds
             .newest(&kind)
             .ok_or_else(|| {
                 refuse(format!(
                     "this binary runs no kind {kind:?}; it runs {}",
-                    config.registry.kind_names().join(", ")
+                    config.kinds.kind_names().join(", ")
                 ))
             })?
             .to_string(),
     };
-    let outcome =
-        Ok(testing::replay_journal(&config.registry, &kind, &version, input, journal).await);
+    let outcome = Ok(testing::replay_journal(&config.kinds, &kind, &version, input, journal).await);
     Ok(Replayed {
         op: None,
         kind,
@@ -227,16 +226,16 @@ async fn replay_one(config: &Deployment, args: &ReplayArgs, r: Recorded) -> Repl
         .to_version
         .clone()
         .or(op.kind_version.clone())
-        .or_else(|| config.registry.newest(&op.kind))
+        .or_else(|| config.kinds.newest(&op.kind))
         .unwrap_or_default();
     let runs = config
-        .registry
+        .kinds
         .versions()
         .iter()
         .any(|(k, v)| *k == op.kind && *v == version);
     let outcome = if runs {
         Ok(testing::replay_operation(
-            &config.registry,
+            &config.kinds,
             op.op_id.0,
             &op.kind,
             &version,

@@ -15,17 +15,18 @@ use agentq_core::Config;
 use agentq_core::broker::Names;
 use agentq_core::dispatch::Dispatcher;
 use agentq_producer::Producer;
-use agentq_worker::{LocalModel, ModelClient, Registry, Worker};
+use agentq_worker::{LocalModel, ModelClient, ServedKinds, Worker};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 /// What every subcommand is built from: the configuration (flags and environment) and the
-/// deployment's registry, the kinds and tools its binary runs. It reads as its configuration
+/// kinds it serves (the deployment's registry, the kinds and tools its binary runs, and the
+/// registered services' kinds once connected). It reads as its configuration
 /// (`deployment.database_url`).
 #[derive(Clone)]
 pub struct Deployment {
     pub config: Config,
-    pub registry: Arc<Registry>,
+    pub kinds: ServedKinds,
 }
 
 impl Deref for Deployment {
@@ -111,13 +112,13 @@ pub async fn connect_serving(
 /// Makes `deployment`'s registry serve the remote kinds of the registered services: read now,
 /// then watched for as long as the process runs.
 async fn serve_registered(deployment: &Deployment, pool: PgPool) -> PgPool {
-    if let Err(e) = deployment.registry.load_services(&pool).await {
+    if let Err(e) = deployment.kinds.load_services(&pool).await {
         // Before `agentq migrate` there is no services table: nothing remote to serve yet.
         tracing::warn!(error = %e, "reading the registered services failed; serving the binary's own kinds");
     }
-    let (registry, watched) = (Registry::clone(&deployment.registry), pool.clone());
+    let (kinds, watched) = (deployment.kinds.clone(), pool.clone());
     tokio::spawn(agentq_worker::remote::watch(
-        registry,
+        kinds,
         watched,
         CancellationToken::new(),
     ));
@@ -194,7 +195,7 @@ pub fn worker(
     Ok(Worker::new(
         settings,
         pool,
-        Registry::clone(&config.registry),
+        config.kinds.clone(),
         model_client(config)?,
     ))
 }
@@ -214,7 +215,7 @@ pub fn scheduler(config: &Deployment, pool: PgPool) -> agentq_scheduler::Schedul
         tenant_max_unfinished: config.tenant_max_unfinished,
         ..Default::default()
     };
-    agentq_scheduler::start_counters_at_zero(&config.registry.kind_names());
+    agentq_scheduler::start_counters_at_zero(&config.kinds.kind_names());
     agentq_scheduler::Scheduler::new(settings, pool, dispatcher, &config.namespace)
 }
 
@@ -252,7 +253,7 @@ pub fn producer(config: &Deployment, pool: PgPool, role: &str) -> (Producer, Arc
     let producer = Producer::new(
         pool,
         dispatcher.clone(),
-        config.registry.clone(),
+        Arc::new(config.kinds.clone()),
         config.max_attempts,
     );
     (producer, dispatcher)

@@ -29,7 +29,7 @@ use agentq_core::dispatch::Dispatcher;
 use agentq_core::operation::Lane;
 use agentq_core::{Config, db};
 use agentq_producer::Producer;
-use agentq_worker::Registry;
+use agentq_worker::ServedKinds;
 use anyhow::Context;
 use sqlx::PgPool;
 
@@ -52,13 +52,13 @@ pub trait Wiring: Send + Sync {
     fn app(&self, deployment: &Deployment, pool: PgPool, role: &str) -> agentq_app::App;
 }
 
-/// What a benchmark runs against: the configuration (it reads as one), the deployment's
-/// registry, and how to build its parts. Scenarios change the configuration of their copy (a
+/// What a benchmark runs against: the configuration (it reads as one), the kinds the
+/// deployment serves, and how to build its parts. Scenarios change the configuration of their copy (a
 /// database of their own, a model provider, shorter leases) before building anything.
 #[derive(Clone)]
 pub struct Deployment {
     pub config: Config,
-    pub registry: Arc<Registry>,
+    pub kinds: ServedKinds,
     pub wiring: Arc<dyn Wiring>,
 }
 
@@ -173,7 +173,7 @@ pub async fn run(mut config: Deployment, args: Args) -> anyhow::Result<()> {
     // The scenarios run the built-in kinds: a binary whose registry lacks them says so first.
     let missing: Vec<&str> = ["echo", "script", "agent"]
         .into_iter()
-        .filter(|k| config.registry.newest(k).is_none())
+        .filter(|k| config.kinds.newest(k).is_none())
         .collect();
     if !missing.is_empty() {
         return Err(Refused(format!(

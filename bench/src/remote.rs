@@ -151,7 +151,7 @@ pub async fn remote(config: &Deployment, args: &Args) -> anyhow::Result<()> {
     .await;
     app.dispatcher.close().await;
     registered.context("registering the Python service")?;
-    config.registry.load_services(&pool).await?;
+    config.kinds.load_services(&pool).await?;
 
     eprintln!("Rust: script operations of {steps} safe steps…");
     let program: Vec<Value> = (0..steps).map(|_| json!({ "work_ms": 0 })).collect();

@@ -2,9 +2,10 @@
 //! versions, input schemas, whether only webhook deliveries may create them) and of the tools
 //! its `agent` kind may name, with the one check of an input against its kind.
 //!
-//! The worker's registry (`agentq_worker::Registry`) is the catalog: a deployment builds one
-//! registry and hands it to every role of its binary, so the producer, the API, the scheduler
-//! and the console check exactly what the workers run. Nothing here reads a global.
+//! The deployment's registry (`agentq_sdk::Registry`) and the registered services' kinds are
+//! the catalog (`agentq_worker::ServedKinds`): a deployment builds one registry and hands it to
+//! every role of its binary, so the producer, the API, the scheduler and the console check
+//! exactly what the workers run. Nothing here reads a global.
 //!
 //! Invariant kept here: an input refused by [`Catalog::requires`] names where it is wrong
 //! ([`InputError::pointer`], a JSON Pointer into the input), so a front end can say which field

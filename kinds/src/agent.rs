@@ -1,6 +1,6 @@
 //! The `agent` kind: the worker's agent loop ([`JobContext::agent`]) from JSON
 //! ([`AgentInput`]), with any tools the deployment registered
-//! ([`Registry::register_tool`](agentq_worker::Registry::register_tool)): the built-in
+//! ([`Registry::register_tool`](agentq_worker::registry::Registry::register_tool)): the built-in
 //! `kv_put`, `kv_get`, `ledger` and `http_get`, and a deployment's own, any of them behind a
 //! human's approval. An input naming a tool nobody registered is refused at enqueue.
 

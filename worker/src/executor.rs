@@ -22,14 +22,14 @@ use tokio_util::sync::CancellationToken;
 use crate::context::{JobRun, OperationInfo, Services};
 use crate::error::{Engine, JobError, Stop};
 use crate::lease::Leases;
-use crate::registry::Registry;
+use crate::served::ServedKinds;
 use crate::versions::Versions;
 
 /// Everything a running operation shares with its worker.
 pub(crate) struct Shared {
     /// What its job's context uses: the pool, the model gate, the journal writer.
     pub(crate) services: Arc<Services>,
-    pub(crate) registry: Arc<Registry>,
+    pub(crate) kinds: ServedKinds,
     /// What the claim statement takes from this worker, by the versions it runs.
     pub(crate) versions: Versions,
     pub(crate) leases: Leases,
@@ -117,13 +117,13 @@ async fn run(
         cancel.clone(),
         yielding,
     );
-    let outcome = match shared.registry.handler(&op.kind, &op.kind_version) {
+    let outcome = match shared.kinds.handler(&op.kind, &op.kind_version) {
         _ if op.deadline.is_some_and(|d| d <= chrono::Utc::now()) => Err(JobError::from(
             Engine::DeadlineExceeded(op.deadline.expect("checked just above")),
         )),
         // A remote kind's service removed since this worker claimed it (its snapshot is read
         // every few seconds): retried, since registering it again makes it runnable.
-        None if !shared.registry.is_own_kind(&op.kind) => Err(JobError::retryable(format!(
+        None if !shared.kinds.is_own_kind(&op.kind) => Err(JobError::retryable(format!(
             "no service serves version {:?} of kind {:?} now (`agentq services list`)",
             op.kind_version, op.kind
         ))),
@@ -132,7 +132,7 @@ async fn run(
             op.kind_version, op.kind
         ))),
         Some(handler) => {
-            let job = AssertUnwindSafe(handler(ctx.clone(), op.input.clone())).catch_unwind();
+            let job = AssertUnwindSafe(handler.call(ctx.clone(), op.input.clone())).catch_unwind();
             // A cancel or a deadline stops the job where it is, mid-step if need be: its future
             // is dropped at its next await, and an unsafe step in flight is journaled `unknown`
             // (`JobRun::take_pending`), to be reconciled if the operation ever runs again.

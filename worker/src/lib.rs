@@ -23,9 +23,9 @@ mod lease;
 pub mod limiter;
 mod limits;
 pub mod openai;
-pub mod registry;
 pub mod remote;
 mod remote_memory;
+pub mod served;
 mod share;
 mod slot;
 pub mod testing;
@@ -44,12 +44,11 @@ use tokio_util::task::TaskTracker;
 
 /// The SDK a kind is written with (`agentq-sdk`), re-exported: the worker is its backend.
 pub use agentq_sdk::{
-    ChildOutcome, JobContext, JobError, LocalModel, ModelClient, ModelRequest, ModelResponse,
-    OperationInfo, Reconciled, Replay, SignalOutcome, Tool, ToolContext, TypedTool, agent,
-    async_trait, error, model, tool,
+    ChildOutcome, JobContext, JobError, KindOptions, LocalModel, ModelClient, ModelRequest,
+    ModelResponse, OperationInfo, Reconciled, Registry, Replay, SignalOutcome, Tool, ToolContext,
+    TypedTool, agent, async_trait, error, model, registry, tool,
 };
-pub use registry::KindOptions;
-pub use registry::Registry;
+pub use served::ServedKinds;
 
 /// The engine's pool on agentq's own database, which the worker gives its runs as state
 /// (`ctx.state::<EnginePool>()`) for agentq's built-in kinds and tools: their tables, the
@@ -111,13 +110,15 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker running the kinds of `registry` with `model`.
+    /// A worker running `kinds` (the deployment's registry and the registered services'
+    /// kinds) with `model`.
     pub fn new(
         settings: Settings,
         pool: PgPool,
-        registry: Registry,
+        kinds: impl Into<ServedKinds>,
         model: Arc<dyn ModelClient>,
     ) -> Self {
+        let kinds = kinds.into();
         let owner = format!(
             "{}-{}-{}",
             hostname(),
@@ -126,8 +127,8 @@ impl Worker {
         );
         let leases = Leases::new(owner, settings.lease_ttl);
         let versions = {
-            let registry = registry.clone();
-            Versions::new(Box::new(move || registry.versions()))
+            let kinds = kinds.clone();
+            Versions::new(Box::new(move || kinds.versions()))
         };
         let model = Arc::new(gate::ModelGate::new(model, settings.gate.clone()));
         let http_allow = Arc::new(settings.http_allow.clone());
@@ -142,14 +143,13 @@ impl Worker {
             usize::from(settings.concurrency_batch),
             settings.tenant_share_grace,
         );
-        let registry = Arc::new(registry);
         let check_child: context::ChildCheck = {
-            let registry = registry.clone();
-            Box::new(move |kind, input| registry.requires_or_why(kind, input))
+            let kinds = kinds.clone();
+            Box::new(move |kind, input| kinds.requires_or_why(kind, input))
         };
-        let tools = registry.tool_map();
+        let tools = kinds.registry().tool_map();
         // The deployment's own state, and the engine's pool for the built-in kinds.
-        let mut provided = registry.provided();
+        let mut provided = kinds.registry().provided();
         provided.insert(EnginePool(pool.clone()));
         Self {
             settings,
@@ -173,7 +173,7 @@ impl Worker {
                     )),
                     store: Arc::new(context::store::Postgres),
                 }),
-                registry,
+                kinds,
                 versions,
                 leases,
                 shares,
@@ -225,7 +225,7 @@ impl Worker {
                 tracing::warn!(error = %e, "registering the worker's versions failed; retrying with the heartbeat");
             }
             let stop = registration.clone();
-            let remote = shared.registry.remote().clone();
+            let remote = shared.kinds.remote().clone();
             tokio::spawn(async move { shared.versions.run(pool, owner, ttl, stop, remote).await })
         };
         tracing::info!(owner = %self.owner(), "worker started");

@@ -8,14 +8,15 @@
 //! - [`TypedTool`] and [`Tool`]: side effects with a replay policy and a reconcile;
 //! - [`JobError`]: the three classes a kind raises (retryable, no effect, non-retryable), and
 //!   the engine's stops, which a kind propagates with `?`;
+//! - [`Registry`]: a deployment's kinds (by name and version), tools and own state, handed to
+//!   every role by `agentq::main`;
 //! - the model types ([`ModelRequest`], [`ModelResponse`], [`ModelClient`] for a provider of
 //!   your own).
 //!
 //! The handle is a thin value over one interface, [`context::Backend`]: the worker
 //! (`agentq-worker`) implements it over PostgreSQL, and its replay tester
 //! (`agentq::testing`) runs the same runner over a journal in memory. This crate names no
-//! database or broker client; `tests/invariants.rs` keeps it so. A deployment registers its
-//! kinds in the worker's `Registry`; `agentq` re-exports all of it.
+//! database or broker client; `tests/invariants.rs` keeps it so. `agentq` re-exports all of it.
 
 pub mod agent;
 pub mod context;
@@ -24,6 +25,7 @@ mod info;
 pub mod model;
 #[doc(hidden)]
 pub mod provided;
+pub mod registry;
 pub mod tool;
 
 /// For tools: `#[async_trait]` on an `impl TypedTool` or `impl Tool`.
@@ -34,4 +36,5 @@ pub use info::OperationInfo;
 #[doc(hidden)]
 pub use info::decode;
 pub use model::{LocalModel, ModelClient, ModelRequest, ModelResponse};
+pub use registry::{KindOptions, Registry};
 pub use tool::{Reconciled, Replay, Tool, ToolContext, TypedTool};

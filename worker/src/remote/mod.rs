@@ -3,8 +3,8 @@
 //! exactly as it runs a Rust kind (the same claim, lease, fence, journal and model gate): the
 //! service only says, call by call, what the code asks for next (`run`).
 //!
-//! Every role's [`Registry`](crate::Registry) holds a [`RemoteKinds`] snapshot of the
-//! `services` table beside its Rust kinds, refreshed every [`REFRESH_EVERY`] by
+//! Every role's [`ServedKinds`](crate::ServedKinds) holds a [`RemoteKinds`] snapshot of the
+//! `services` table beside its registry's Rust kinds, refreshed every [`REFRESH_EVERY`] by
 //! [`watch`], so an enqueue, a webhook, a schedule, `agentq kinds`, the console and the worker
 //! all see a service's kinds within seconds of its registration.
 //!
@@ -207,16 +207,16 @@ impl RemoteKinds {
     }
 }
 
-/// Reads the `services` table into `registry` every [`REFRESH_EVERY`] until `stop`. A failed
+/// Reads the `services` table into `kinds` every [`REFRESH_EVERY`] until `stop`. A failed
 /// read keeps the snapshot it had (a service removed meanwhile is still called until the
 /// next read succeeds).
-pub async fn watch(registry: crate::Registry, pool: PgPool, stop: CancellationToken) {
+pub async fn watch(kinds: crate::ServedKinds, pool: PgPool, stop: CancellationToken) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(REFRESH_EVERY) => {}
         }
-        if let Err(e) = registry.load_services(&pool).await {
+        if let Err(e) = kinds.load_services(&pool).await {
             tracing::warn!(error = %e, "reading the registered services failed; keeping the last read");
         }
     }

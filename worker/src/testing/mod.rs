@@ -78,7 +78,7 @@ use agentq_core::origins::Origins;
 use serde_json::Value;
 use sqlx::PgPool;
 
-use crate::registry::Registry;
+use crate::served::ServedKinds;
 
 pub use fakes::{FakeTool, ModelFn, ModelScript};
 pub use replay::{
@@ -97,7 +97,7 @@ type ChildFn = Arc<dyn Fn(&str, &Value) -> ChildEnd + Send + Sync>;
 
 /// Runs a kind once, then from every crash point of that run (see the module docs).
 pub struct Tester {
-    registry: Registry,
+    kinds: ServedKinds,
     kind: String,
     version: Option<String>,
     input: Value,
@@ -111,12 +111,12 @@ pub struct Tester {
 }
 
 impl Tester {
-    /// A tester of `kind` (its newest version in `registry`) with `input`. The model is the
-    /// built-in echo until [`Tester::model`] scripts it; tools are the registry's until
-    /// [`Tester::fake_tool`] replaces them.
-    pub fn new(registry: &Registry, kind: &str, input: Value) -> Self {
+    /// A tester of `kind` (its newest version in `registry`, a [`Registry`](crate::Registry))
+    /// with `input`. The model is the built-in echo until [`Tester::model`] scripts it; tools
+    /// are the registry's until [`Tester::fake_tool`] replaces them.
+    pub fn new(registry: impl Into<ServedKinds>, kind: &str, input: Value) -> Self {
         Self {
-            registry: registry.clone(),
+            kinds: registry.into(),
             kind: kind.to_string(),
             version: None,
             input,

@@ -14,7 +14,7 @@ use super::Tester;
 use super::memory::{Memory, Scenario};
 use super::report::End;
 use super::run::{World, drive};
-use crate::registry::Registry;
+use crate::served::ServedKinds;
 
 /// Reads the journal `agentq steps OP --json` printed (JSON Lines of steps), for
 /// [`replay_journal`].
@@ -75,7 +75,7 @@ impl JournalReplay {
 /// called, nothing written. A step asked for differently than recorded is `nondeterminism`:
 /// bump the kind's version, or use `ctx.patched`.
 pub async fn replay_journal(
-    registry: &Registry,
+    registry: impl Into<ServedKinds>,
     kind: &str,
     version: &str,
     input: Value,
@@ -95,13 +95,14 @@ pub async fn replay_journal(
 /// [`replay_journal`] for the operation `op_id` (its id as [`JobContext::info`](crate::JobContext::info) shows it to the
 /// kind, and in its steps' idempotency keys).
 pub async fn replay_operation(
-    registry: &Registry,
+    registry: impl Into<ServedKinds>,
     op_id: uuid::Uuid,
     kind: &str,
     version: &str,
     input: Value,
     journal: Vec<JournalEntry>,
 ) -> JournalReplay {
+    let kinds: ServedKinds = registry.into();
     let steps = journal.len();
     let world = World {
         op_id: OperationId(op_id),
@@ -135,10 +136,10 @@ pub async fn replay_operation(
         false,
     ));
     memory.state().stop_at_end = true;
-    let tester = Tester::new(registry, kind, input.clone());
+    let tester = Tester::new(&kinds, kind, input.clone());
     let services = tester.services(&memory);
     let outcome = drive(
-        registry,
+        &kinds,
         &world,
         (kind, version, "replay"),
         &input,

@@ -23,7 +23,7 @@ use crate::context::{JobRun, OperationInfo, Services};
 use crate::error::{Engine, JobError, Stop};
 use crate::gate::{GateSettings, ModelGate};
 use crate::model::ModelClient;
-use crate::registry::Registry;
+use crate::served::ServedKinds;
 use agentq_core::group_commit::GroupCommit;
 
 /// Attempts a run gets for retryable failures before the tester takes the failure as its end.
@@ -38,18 +38,18 @@ impl Tester {
         let version = match self
             .version
             .clone()
-            .or_else(|| self.registry.newest(&self.kind))
+            .or_else(|| self.kinds.newest(&self.kind))
         {
             Some(v) => v,
             None => {
                 return Report::broken(format!(
                     "kind {:?} is not registered: the registry holds {}",
                     self.kind,
-                    self.registry.kind_names().join(", ")
+                    self.kinds.kind_names().join(", ")
                 ));
             }
         };
-        if let Err(e) = self.registry.check_input(&self.kind, &self.input) {
+        if let Err(e) = self.kinds.check_input(&self.kind, &self.input) {
             return Report::broken(format!("the input would be refused at enqueue: {e}"));
         }
         let world = World {
@@ -211,7 +211,7 @@ impl Tester {
     /// What a run's job context uses: the scripted model, the registry's tools with the fakes
     /// in their place, and `memory` for the journal.
     pub(super) fn services(&self, memory: &Arc<Memory>) -> Arc<Services> {
-        let mut tools = self.registry.tool_map();
+        let mut tools = self.kinds.registry().tool_map();
         for (name, fake) in &self.fakes {
             tools.insert(
                 name.clone(),
@@ -221,7 +221,7 @@ impl Tester {
                 }),
             );
         }
-        let registry = self.registry.clone();
+        let kinds = self.kinds.clone();
         let client: Arc<dyn ModelClient> = Arc::new(Scripted {
             script: self.model.clone(),
             memory: memory.clone(),
@@ -237,10 +237,10 @@ impl Tester {
             http_allow: Arc::new(self.http_allow.clone()),
             model: Arc::new(ModelGate::new(client, gate)),
             journal: GroupCommit::new(),
-            check_child: Box::new(move |kind, input| registry.requires_or_why(kind, input)),
+            check_child: Box::new(move |kind, input| kinds.requires_or_why(kind, input)),
             tools,
             provided: {
-                let mut provided = self.registry.provided();
+                let mut provided = self.kinds.registry().provided();
                 if let Some(pool) = &self.pool {
                     provided.insert(crate::EnginePool(pool.clone()));
                 }
@@ -268,7 +268,7 @@ impl Tester {
         services: &Arc<Services>,
     ) -> End {
         drive(
-            &self.registry,
+            &self.kinds,
             world,
             (&self.kind, version, &self.tenant),
             &self.input,
@@ -286,7 +286,7 @@ pub(super) struct World {
 }
 
 pub(super) async fn drive(
-    registry: &Registry,
+    kinds: &ServedKinds,
     world: &World,
     (kind, version, tenant): (&str, &str, &str),
     input: &Value,
@@ -294,7 +294,7 @@ pub(super) async fn drive(
     services: &Arc<Services>,
     children: &ChildFn,
 ) -> End {
-    let Some(handler) = registry.handler(kind, version) else {
+    let Some(handler) = kinds.handler(kind, version) else {
         return End::Failed {
             class: "non_retryable".into(),
             message: format!("no version {version:?} of kind {kind:?} is registered"),
@@ -320,7 +320,7 @@ pub(super) async fn drive(
             CancellationToken::new(),
             Arc::default(),
         );
-        let outcome = AssertUnwindSafe(handler(ctx.clone(), input.clone()))
+        let outcome = AssertUnwindSafe(handler.call(ctx.clone(), input.clone()))
             .catch_unwind()
             .await
             .unwrap_or_else(|panic| Err(JobError::from(Engine::Panicked(panic_text(&panic)))));

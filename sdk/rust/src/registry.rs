@@ -1,8 +1,9 @@
-//! The registry: what a deployment runs. Job kinds by name and version, each an async function
-//! `(JobContext, Input) -> Output` with typed (serde) input and output, and the tools its
-//! agents may call. One registry is built by the deployment's `main` and handed to every role
-//! (`agentq::main(registry)`): the worker runs it, and the producer, the API, the scheduler and
-//! the console check inputs against it ([`Catalog`]).
+//! The registry: what a deployment's own code runs. Job kinds by name and version, each an async
+//! function `(JobContext, Input) -> Output` with typed (serde) input and output, the tools its
+//! agents may call, and the deployment's own state. One registry is built by the deployment's
+//! `main` and handed to every role (`agentq::main(registry)`): the worker runs it, and the
+//! producer, the API, the scheduler and the console check inputs against it ([`Catalog`]),
+//! beside the kinds of the services an admin registered, which each process adds at run time.
 //!
 //! A kind's version is a string its author bumps when the kind's step sequence changes (steps
 //! added, removed, renamed or reordered), so that an operation recorded by one version is never
@@ -31,14 +32,16 @@ use agentq_core::kinds::{Catalog, InputError, KindInfo, ToolInfo};
 use agentq_core::operation::Requires;
 use agentq_core::version;
 
-use crate::context::{JobContext, JobRun};
+use crate::context::JobContext;
 use crate::error::JobError;
+use crate::info::decode;
+use crate::provided::Provided;
 use crate::tool::{self, Tool};
-use agentq_sdk::decode;
 
-/// A kind's function as the worker calls it: given the run, its kind's handle made over it.
-pub(crate) type Handler =
-    Arc<dyn Fn(JobRun, Value) -> BoxFuture<'static, Result<Value, JobError>> + Send + Sync>;
+/// A kind's function as the engine calls it: the handle of a run, and the input as JSON.
+#[doc(hidden)]
+pub type Handler =
+    Arc<dyn Fn(JobContext, Value) -> BoxFuture<'static, Result<Value, JobError>> + Send + Sync>;
 type Check = Arc<dyn Fn(&Value) -> Result<Requires, InputError> + Send + Sync>;
 
 #[derive(Clone)]
@@ -59,7 +62,7 @@ struct Kind {
 /// a deployment's own next to them, or alone.
 ///
 /// ```
-/// use agentq_worker::{JobContext, JobError, Registry};
+/// use agentq_sdk::{JobContext, JobError, Registry};
 ///
 /// #[derive(serde::Deserialize, schemars::JsonSchema)]
 /// struct Greet {
@@ -82,9 +85,7 @@ pub struct Registry {
     kinds: BTreeMap<String, Kind>,
     tools: BTreeMap<String, Arc<dyn Tool>>,
     /// The deployment's own state, handed to its kinds and tools by type.
-    provided: agentq_sdk::provided::Provided,
-    /// The remote kinds (`crate::remote`), shared by every clone of the registry.
-    remote: Arc<crate::remote::RemoteKinds>,
+    provided: Provided,
 }
 
 /// Further facts about a kind just registered, returned by [`Registry::register`] and
@@ -182,14 +183,14 @@ impl Registry {
         }
         let f = Arc::new(f);
         let kind = name.to_string();
-        let run: Handler = Arc::new(move |run: JobRun, input| {
+        let run: Handler = Arc::new(move |ctx: JobContext, input| {
             let f = f.clone();
             let kind = kind.clone();
             Box::pin(async move {
                 let input: I = decode(&input).map_err(|e| {
                     JobError::NonRetryable(format!("input does not fit kind {kind:?}: {e}"))
                 })?;
-                let out = f(run.handle(), input).await?;
+                let out = f(ctx, input).await?;
                 serde_json::to_value(out)
                     .map_err(|e| JobError::NonRetryable(format!("output is not JSON: {e}")))
             })
@@ -245,7 +246,7 @@ impl Registry {
 
     /// Gives the deployment's kinds and tools a value of its own (its database pool, an HTTP
     /// client, its configuration), which a run reads with
-    /// [`JobContext::state`](crate::JobContext::state) and a tool call with
+    /// [`JobContext::state`] and a tool call with
     /// [`ToolContext::state`](crate::ToolContext::state), by its type. One value per type:
     /// wrap two of one type in types of your own.
     ///
@@ -261,7 +262,8 @@ impl Registry {
     }
 
     /// What [`Registry::provide`] was given.
-    pub(crate) fn provided(&self) -> agentq_sdk::provided::Provided {
+    #[doc(hidden)]
+    pub fn provided(&self) -> Provided {
         self.provided.clone()
     }
 
@@ -275,30 +277,19 @@ impl Registry {
         self.tools.keys().cloned().collect()
     }
 
-    /// The registered kind names, the remote kinds' among them.
+    /// The registered tools, by name (what a run looks tools up in).
+    #[doc(hidden)]
+    pub fn tool_map(&self) -> BTreeMap<String, Arc<dyn Tool>> {
+        self.tools.clone()
+    }
+
+    /// The registered kind names.
     pub fn kind_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.kinds.keys().cloned().collect();
-        names.extend(self.remote.kind_names());
-        names.sort();
-        names
+        self.kinds.keys().cloned().collect()
     }
 
-    /// Reads the services an admin registered (`agentq services add`) and serves their kinds
-    /// next to this registry's own, in every clone of it; returns whether they changed. Every
-    /// role does it once when it connects and then every few seconds
-    /// ([`crate::remote::watch`]).
-    pub async fn load_services(&self, pool: &sqlx::PgPool) -> agentq_core::db::Result<bool> {
-        let own: Vec<String> = self.kinds.keys().cloned().collect();
-        self.remote.load(pool, &own).await
-    }
-
-    /// The remote kinds this registry serves.
-    pub(crate) fn remote(&self) -> &Arc<crate::remote::RemoteKinds> {
-        &self.remote
-    }
-
-    /// Whether the binary registers `kind` itself (a remote kind may not take its name).
-    pub fn is_own_kind(&self, kind: &str) -> bool {
+    /// Whether `kind` is registered here.
+    pub fn has_kind(&self, kind: &str) -> bool {
         self.kinds.contains_key(kind)
     }
 
@@ -309,48 +300,24 @@ impl Registry {
             .map_err(|e| e.to_string())
     }
 
-    /// What `input` requires as a `kind`'s input, or why it is refused, in words (a spawn's
-    /// check).
-    pub(crate) fn requires_or_why(&self, kind: &str, input: &Value) -> Result<Requires, String> {
-        match Catalog::requires(self, kind, input) {
-            Ok(r) => Ok(r),
-            Err(e) if self.has_kind(kind) => Err(format!("input does not fit kind {kind:?}: {e}")),
-            Err(e) => Err(e.to_string()),
-        }
-    }
-
-    /// Every `(kind, version)` registered, the remote kinds' among them.
+    /// Every `(kind, version)` registered.
     pub fn versions(&self) -> Vec<(String, String)> {
-        let mut all: Vec<(String, String)> = self
-            .kinds
+        self.kinds
             .iter()
             .flat_map(|(k, kind)| kind.versions.keys().map(|v| (k.clone(), v.clone())))
-            .collect();
-        all.extend(self.remote.versions());
-        all
+            .collect()
     }
 
     /// The newest version of `kind` registered here.
     pub fn newest(&self, kind: &str) -> Option<String> {
-        match self.kinds.get(kind) {
-            Some(k) => version::newest(k.versions.keys().map(String::as_str)).map(str::to_string),
-            None => self.remote.newest(kind),
-        }
+        let k = self.kinds.get(kind)?;
+        version::newest(k.versions.keys().map(String::as_str)).map(str::to_string)
     }
 
-    pub(crate) fn handler(&self, kind: &str, version: &str) -> Option<Handler> {
-        if let Some(k) = self.kinds.get(kind) {
-            return k.versions.get(version).cloned();
-        }
-        let service = self.remote.service(kind, version)?;
-        Some(Arc::new(move |ctx, input| {
-            Box::pin(crate::remote::run(service.clone(), ctx, input))
-        }))
-    }
-
-    /// The registered tools, by name (what job contexts look tools up in).
-    pub(crate) fn tool_map(&self) -> BTreeMap<String, Arc<dyn Tool>> {
-        self.tools.clone()
+    /// The function of `version` of `kind`.
+    #[doc(hidden)]
+    pub fn handler(&self, kind: &str, version: &str) -> Option<Handler> {
+        self.kinds.get(kind)?.versions.get(version).cloned()
     }
 }
 
@@ -371,12 +338,11 @@ impl Catalog for Registry {
                     service: None,
                 }
             })
-            .chain(self.remote.infos())
             .collect()
     }
 
     fn has_kind(&self, kind: &str) -> bool {
-        self.kinds.contains_key(kind) || self.remote.has_kind(kind)
+        self.kinds.contains_key(kind)
     }
 
     fn tools(&self) -> Vec<ToolInfo> {
@@ -393,11 +359,6 @@ impl Catalog for Registry {
     }
 
     fn requires(&self, kind: &str, input: &Value) -> Result<Requires, InputError> {
-        if !self.kinds.contains_key(kind)
-            && let Some(checked) = self.remote.check(kind, input)
-        {
-            return checked.map(|()| Requires::default());
-        }
         let Some(k) = self.kinds.get(kind) else {
             return Err(InputError::whole(format!(
                 "unknown kind {kind:?}; this deployment runs: {}",
