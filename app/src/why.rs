@@ -117,6 +117,13 @@ pub enum Reason {
         may_close_at: DateTime<Utc>,
         retry_at: DateTime<Utc>,
     },
+    /// Not due: its remote kind's `service` could not be reached (`detail`: what happened), so
+    /// it was parked (its attempt given back) until `retry_at`, when it calls the service again.
+    ServiceDown {
+        service: String,
+        detail: String,
+        retry_at: DateTime<Utc>,
+    },
     /// An operator's pause holds it (`agentq pause`): the pause, who made it, when and why.
     Paused { pause: crate::pauses::PauseView },
     /// No live worker runs its version: the `pinned` one, or (not run yet) any of its kind.
@@ -232,9 +239,10 @@ impl Reason {
             | Reason::WaitingForBudget { .. }
             | Reason::WaitingForRateLimit { .. }
             | Reason::WaitingForChildren { .. } => Some("status"),
-            Reason::NotDue { .. } | Reason::BreakerOpen { .. } | Reason::Debouncing { .. } => {
-                Some("due")
-            }
+            Reason::NotDue { .. }
+            | Reason::BreakerOpen { .. }
+            | Reason::ServiceDown { .. }
+            | Reason::Debouncing { .. } => Some("due"),
             Reason::Paused { .. } => Some("paused"),
             Reason::Version { .. } => Some("version"),
             Reason::OrderingKey { .. } => Some("ordering_key"),
@@ -412,13 +420,24 @@ fn not_due(row: &facts::Row) -> Reason {
         .as_deref()
         .filter(|_| row.error_class.as_deref() == Some(ErrorClass::Overloaded.as_str()))
         .and_then(agentq_core::retry::breaker_parked_until);
-    match parked {
-        Some((provider, may_close_at)) => Reason::BreakerOpen {
+    let down = || {
+        row.error_message
+            .as_deref()
+            .filter(|_| row.error_class.as_deref() == Some(ErrorClass::Overloaded.as_str()))
+            .and_then(agentq_core::retry::service_parked_of)
+    };
+    match (parked, down()) {
+        (Some((provider, may_close_at)), _) => Reason::BreakerOpen {
             provider,
             may_close_at,
             retry_at: row.run_at,
         },
-        None => Reason::NotDue {
+        (None, Some((service, detail))) => Reason::ServiceDown {
+            service,
+            detail,
+            retry_at: row.run_at,
+        },
+        (None, None) => Reason::NotDue {
             retry_at: row.run_at,
             error_class: row.error_class.clone(),
             error_message: row.error_message.clone(),
@@ -589,6 +608,11 @@ pub fn one_of_each() -> Vec<Reason> {
             may_close_at: now,
             retry_at: now,
         },
+        Reason::ServiceDown {
+            service: "billing".into(),
+            detail: "connecting to http://127.0.0.1:9 failed: connection refused".into(),
+            retry_at: now,
+        },
         Reason::Debouncing {
             debounce_key: "k".into(),
             starts_at: now,
@@ -656,6 +680,7 @@ pub fn one_of_each() -> Vec<Reason> {
             | Reason::WaitingForChildren { .. }
             | Reason::NotDue { .. }
             | Reason::BreakerOpen { .. }
+            | Reason::ServiceDown { .. }
             | Reason::Debouncing { .. }
             | Reason::Paused { .. }
             | Reason::Version { .. }

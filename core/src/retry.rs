@@ -74,6 +74,25 @@ pub fn breaker_parked_until(message: &str) -> Option<(String, DateTime<Utc>)> {
     Some((provider.to_string(), until.with_timezone(&Utc)))
 }
 
+/// What an operation parked because its remote kind's service could not be reached records as
+/// its error (class `overloaded`): the service and what happened. The one codec of it: the
+/// worker writes it, `agentq why` reads it back ([`service_parked_of`]).
+pub fn service_parked(service: &str, what: &str) -> String {
+    format!("{SERVICE_PARKED}{service:?}{UNAVAILABLE}{what}")
+}
+
+const SERVICE_PARKED: &str = "parked: remote service ";
+const UNAVAILABLE: &str = " is unavailable: ";
+
+/// The service and what happened, as [`service_parked`] wrote them into `message`, if it is
+/// such a message (anywhere in it: a step may have wrapped it).
+pub fn service_parked_of(message: &str) -> Option<(String, String)> {
+    let rest = &message[message.find(SERVICE_PARKED)? + SERVICE_PARKED.len()..];
+    let (quoted, what) = rest.split_once(UNAVAILABLE)?;
+    let service = quoted.strip_prefix('"')?.strip_suffix('"')?;
+    Some((service.to_string(), what.to_string()))
+}
+
 fn at(delay: Duration, not_before: Option<DateTime<Utc>>) -> DateTime<Utc> {
     let after = Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
     not_before.map_or(after, |nb| nb.max(after))
@@ -96,6 +115,24 @@ mod tests {
             Some(("openai".into(), until))
         );
         assert_eq!(breaker_parked_until("model provider overloaded: 529"), None);
+    }
+
+    #[test]
+    fn a_service_park_reads_back_its_service_and_what_happened() {
+        let m = service_parked(
+            "billing",
+            "connecting to http://127.0.0.1:9 failed: refused",
+        );
+        let want = Some((
+            "billing".to_string(),
+            "connecting to http://127.0.0.1:9 failed: refused".to_string(),
+        ));
+        assert_eq!(service_parked_of(&m), want);
+        assert_eq!(service_parked_of(&format!("step s1: {m}")), want);
+        assert_eq!(
+            service_parked_of("remote service \"billing\": answered HTTP 500"),
+            None
+        );
     }
 
     #[test]

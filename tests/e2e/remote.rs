@@ -355,6 +355,158 @@ async fn a_python_agent_survives_killed_workers_and_a_restarted_service() {
     app.cleanup().await;
 }
 
+/// How long `a_down_service_parks_its_operations_and_uses_no_attempt` keeps the service down
+/// (`AGENTQ_TEST_SERVICE_DOWN_SECS`, at least until its breaker has parked a call).
+fn service_down_for() -> Duration {
+    let secs = std::env::var("AGENTQ_TEST_SERVICE_DOWN_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8);
+    Duration::from_secs(secs)
+}
+
+/// A registered service killed under load and started again later: its operations park (their
+/// attempts given back) while it is down, `why` names it, and every one finishes once it is
+/// back. Every operation has one attempt, so an attempt spent on the outage would kill it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_service_parks_its_operations_and_uses_no_attempt() {
+    const STEPS: usize = 20;
+    let mut app = TestApp::start().await;
+    app.set_env("AGENTQ_CONCURRENCY_INTERACTIVE", "8");
+    let secret = Secret::generate().expose();
+    let port = free_port();
+    let mut service = PyService::start(port, &secret).await;
+    app.agentq_ok(&[
+        "services",
+        "add",
+        "--url",
+        &service.url(),
+        "--secret",
+        &secret,
+    ]);
+    app.spawn(&["worker"]);
+    app.spawn(&["scheduler"]);
+    let one_attempt = ["--max-attempts", "1"];
+    let ten_steps = json!({ "steps": STEPS });
+    let mut ops: Vec<(String, &str)> = Vec::new();
+    for _ in 0..30 {
+        let op = app.enqueue_as("acme", "ten_steps", &ten_steps, &one_attempt);
+        ops.push((op, "ten_steps"));
+    }
+    for _ in 0..10 {
+        let op = app.enqueue_as("acme", "sleeper", &json!({}), &one_attempt);
+        ops.push((op, "sleeper"));
+    }
+    // Killed while it serves: a sleeper has called it, and steps are being run.
+    app.wait_for("the service to be in use", DEADLINE, || async {
+        let (sleeping, steps): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM operations WHERE status = 'sleeping'), \
+                    (SELECT count(*) FROM operation_steps WHERE status = 'completed')",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        sleeping >= 1 && steps >= 1
+    })
+    .await;
+    service.kill();
+    let killed = tokio::time::Instant::now();
+    // Operations enqueued while it is down call it and find nobody there.
+    let mut after: Vec<String> = Vec::new();
+    for _ in 0..10 {
+        after.push(app.enqueue_as("acme", "ten_steps", &ten_steps, &one_attempt));
+    }
+    let parked = app
+        .wait_until("why to name the down service", DEADLINE, || async {
+            for op in &after {
+                let why = app.agentq_json(&["why", op, "--json"]);
+                if why["detail"]["reason"] == "service_down" {
+                    return Some(why);
+                }
+            }
+            None
+        })
+        .await;
+    assert_eq!(parked["detail"]["service"], "billing", "{parked}");
+    let headline = parked["headline"].as_str().unwrap_or_default();
+    assert!(
+        headline.contains("remote service \"billing\" is unavailable"),
+        "{parked}"
+    );
+    assert!(
+        parked["detail"]["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("connecting to"),
+        "{parked}"
+    );
+    // Down long enough for the worker's breaker to open and park calls without sending them.
+    let down_for = service_down_for();
+    app.wait_for(
+        "the service's breaker to park a call, and the outage to last",
+        CRASH_DEADLINE,
+        || async {
+            let breaker_parked: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM operations WHERE error_class = 'overloaded' \
+                 AND error_message LIKE '%its circuit is open%')",
+            )
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+            breaker_parked && killed.elapsed() >= down_for
+        },
+    )
+    .await;
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM operations WHERE status = 'dead'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(dead, 0, "an operation died of the outage");
+    let service = PyService::start(port, &secret).await;
+    let outage = killed.elapsed();
+    app.wait_for("every operation to finish", CRASH_DEADLINE, || async {
+        unfinished(&app.pool).await == 0
+    })
+    .await;
+    ops.extend(after.into_iter().map(|op| (op, "ten_steps")));
+    for (op, kind) in &ops {
+        let view = app.operation(op).await;
+        assert_eq!(
+            view.status.as_str(),
+            "succeeded",
+            "{kind} {op}: {:?} {:?}",
+            view.error_class,
+            view.error_message
+        );
+        if *kind == "ten_steps" {
+            assert_eq!(view.result, Some(json!({ "steps": STEPS })), "{op}");
+        }
+    }
+    // No attempt was used for the outage, and no worker restarted anything.
+    let (attempts, restarts, parks): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM operations WHERE attempt > 1), \
+                (SELECT coalesce(sum(restarts), 0)::bigint FROM operations), \
+                (SELECT count(*) FROM operation_events WHERE data->>'error_class' = 'overloaded')",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!((attempts, restarts), (0, 0));
+    eprintln!(
+        "service down {outage:?}; {parks} parks; {} operations",
+        ops.len()
+    );
+    // Every step completed once: ten_steps' STEPS, a sleeper's sleep and clock read.
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM operation_steps WHERE status = 'completed'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(rows, (40 * STEPS + 10 * 2) as i64);
+    drop(service);
+    app.cleanup().await;
+}
+
 /// How the fake service misbehaves.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Misbehave {

@@ -4,21 +4,20 @@
 //! few short in-step retries for transient errors (with a found limit, a call refused as
 //! overloaded goes again once it has a slot under the lowered limit).
 //!
-//! The breaker opens after a burst of failures (overloaded, rate-limited, 5xx, broken
-//! connections). While it is open, calls fail at once as `Overloaded` with the time it may
-//! close, so their operations are parked (re-queued with a later `run_at`, attempt given back)
-//! instead of hammering the provider. After the cool-down it lets one probe through, then ramps
-//! (1, 2, 4, 8 calls at once) and closes after a few successes; a failure re-opens it for twice
-//! as long.
+//! The breaker (`crate::breaker`) opens after a burst of failures (overloaded, rate-limited,
+//! 5xx, broken connections). While it is open, calls fail at once as `Overloaded` with the time
+//! it may close, so their operations are parked (re-queued with a later `run_at`, attempt given
+//! back) instead of hammering the provider.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentq_core::config::CallLimit;
 use agentq_core::metrics;
 use chrono::Utc;
 
+use crate::breaker::{Admitted, Breaker, BreakerSettings, Outcome};
 use crate::limiter::{Limiter, Permit};
 use crate::model::{ModelClient, ModelError, ModelRequest, ModelResponse};
 
@@ -54,110 +53,51 @@ impl Default for GateSettings {
     }
 }
 
-#[derive(Debug)]
-enum State {
-    Closed {
-        failures: u32,
-    },
-    Open {
-        until: Instant,
-        cooldown: Duration,
-    },
-    HalfOpen {
-        /// Which half-open period this is (each one counts its own probes).
-        generation: u64,
-        in_flight: u32,
-        successes: u32,
-        cooldown: Duration,
-    },
-}
-
-/// A call the breaker let through. A half-open probe holds one of the probes in flight until
-/// it is settled, or dropped: a job future dropped in the middle of its call (lease lost,
-/// shutdown) gives the slot back here, so the breaker can never stay half-open with a probe
-/// counted that nobody will finish (every later call parked, for good).
-struct Admitted<'a> {
-    gate: &'a ModelGate,
-    /// The half-open period whose probe this is; `None` for a call admitted while closed.
-    probe: Option<u64>,
-}
-
-/// How a call ended, for the breaker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Outcome {
-    Succeeded,
-    /// An answer that says nothing about the provider's health (a non-retryable error).
-    Neutral,
-    Failed,
-}
-
-impl Admitted<'_> {
-    fn settle(mut self, outcome: Outcome) {
-        let probe = self.probe.take();
-        self.gate.settle(probe, outcome);
-    }
-}
-
-impl Drop for Admitted<'_> {
-    fn drop(&mut self) {
-        if let Some(generation) = self.probe.take() {
-            self.gate.settle(Some(generation), Outcome::Neutral);
-        }
-    }
-}
-
 /// A call slot of the process, counted as its tenant's, held until the call returns.
 pub struct Slots {
     permit: Permit,
 }
-
-/// Successes in half-open state that close the breaker.
-const CLOSE_AFTER: u32 = 4;
 
 /// The model client behind its limits and breaker.
 pub struct ModelGate {
     client: Arc<dyn ModelClient>,
     settings: GateSettings,
     limiter: Arc<Limiter>,
-    state: Mutex<State>,
-    /// Half-open periods so far.
-    generations: std::sync::atomic::AtomicU64,
+    breaker: Breaker,
 }
 
 impl ModelGate {
     /// Puts `client` behind a gate.
     pub fn new(client: Arc<dyn ModelClient>, settings: GateSettings) -> Self {
         let provider = provider_label(client.as_ref());
-        metrics::BREAKER_STATE.set(&[&provider], 0.0);
         // The first parked call must show as an increase (deploy/alerts.yml reads this counter).
         for class in ["retryable", "overloaded", "non_retryable", "parked"] {
             metrics::MODEL_CALL_ERRORS.start_at_zero(&[&provider, class]);
         }
+        let breaker = {
+            let label = provider.clone();
+            Breaker::new(
+                "model",
+                client.provider().to_string(),
+                BreakerSettings {
+                    failure_threshold: settings.failure_threshold,
+                    cooldown: settings.cooldown,
+                    max_cooldown: settings.max_cooldown,
+                },
+                Box::new(move |state| metrics::BREAKER_STATE.set(&[&label], state)),
+            )
+        };
         Self {
             limiter: Limiter::new(settings.concurrency, settings.per_tenant, provider),
             client,
             settings,
-            state: Mutex::new(State::Closed { failures: 0 }),
-            generations: std::sync::atomic::AtomicU64::new(0),
+            breaker,
         }
     }
 
     /// The breaker's state, for logs and status lines.
     pub fn breaker(&self) -> String {
-        match &*self.state.lock().expect("breaker lock") {
-            State::Closed { failures } => format!("closed ({failures} recent failures)"),
-            State::Open { until, .. } => format!(
-                "open for {:?} more",
-                until.saturating_duration_since(Instant::now())
-            ),
-            State::HalfOpen {
-                in_flight,
-                successes,
-                ..
-            } => {
-                format!("half-open ({in_flight} probes in flight, {successes} succeeded)")
-            }
-        }
+        self.breaker.describe()
     }
 
     /// Where a call of `kind`'s `request` goes: the provider's host (`local` for the built-in
@@ -296,52 +236,7 @@ impl ModelGate {
     }
 
     fn admit(&self) -> Result<Admitted<'_>, ModelError> {
-        let mut state = self.state.lock().expect("breaker lock");
-        let now = Instant::now();
-        match &mut *state {
-            State::Closed { .. } => Ok(Admitted {
-                gate: self,
-                probe: None,
-            }),
-            State::Open { until, cooldown } if now >= *until => {
-                tracing::info!(
-                    provider = self.client.provider(),
-                    "model circuit half-open: probing"
-                );
-                let generation = self
-                    .generations
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                    + 1;
-                *state = State::HalfOpen {
-                    generation,
-                    in_flight: 1,
-                    successes: 0,
-                    cooldown: *cooldown,
-                };
-                self.breaker_metric(1.0);
-                Ok(Admitted {
-                    gate: self,
-                    probe: Some(generation),
-                })
-            }
-            State::Open { until, .. } => Err(self.parked(until.saturating_duration_since(now))),
-            State::HalfOpen {
-                generation,
-                in_flight,
-                successes,
-                ..
-            } => {
-                if *in_flight < 1 << (*successes).min(3) {
-                    *in_flight += 1;
-                    Ok(Admitted {
-                        gate: self,
-                        probe: Some(*generation),
-                    })
-                } else {
-                    Err(self.parked(Duration::from_secs(1)))
-                }
-            }
-        }
+        self.breaker.admit().map_err(|for_| self.parked(for_))
     }
 
     fn parked(&self, for_: Duration) -> ModelError {
@@ -350,62 +245,6 @@ impl ModelGate {
             message: agentq_core::retry::breaker_parked(self.client.provider(), until),
             retry_after: Some(until),
         }
-    }
-
-    /// Applies a call's outcome; `probe` is the half-open period it was a probe of, whose
-    /// count of probes in flight it gives back (a probe of an earlier period counts nothing).
-    fn settle(&self, probe: Option<u64>, outcome: Outcome) {
-        let mut state = self.state.lock().expect("breaker lock");
-        if let State::HalfOpen {
-            generation,
-            in_flight,
-            ..
-        } = &mut *state
-            && probe == Some(*generation)
-        {
-            *in_flight = in_flight.saturating_sub(1);
-        }
-        let open_for = match (&mut *state, outcome) {
-            (_, Outcome::Neutral) => None,
-            (State::Closed { failures }, Outcome::Succeeded) => {
-                *failures = 0;
-                None
-            }
-            (State::HalfOpen { successes, .. }, Outcome::Succeeded) => {
-                *successes += 1;
-                if *successes >= CLOSE_AFTER {
-                    tracing::info!(provider = self.client.provider(), "model circuit closed");
-                    *state = State::Closed { failures: 0 };
-                    self.breaker_metric(0.0);
-                }
-                None
-            }
-            (State::Closed { failures }, Outcome::Failed) => {
-                *failures += 1;
-                (*failures >= self.settings.failure_threshold).then_some(self.settings.cooldown)
-            }
-            (State::HalfOpen { cooldown, .. }, Outcome::Failed) => {
-                Some((*cooldown * 2).min(self.settings.max_cooldown))
-            }
-            (State::Open { .. }, _) => None,
-        };
-        if let Some(cooldown) = open_for {
-            tracing::warn!(
-                provider = self.client.provider(),
-                ?cooldown,
-                "model circuit open: parking calls"
-            );
-            *state = State::Open {
-                until: Instant::now() + cooldown,
-                cooldown,
-            };
-            self.breaker_metric(2.0);
-        }
-    }
-
-    /// Publishes the breaker's state: 0 closed, 1 half-open, 2 open.
-    fn breaker_metric(&self, state: f64) {
-        metrics::BREAKER_STATE.set(&[&provider_label(self.client.as_ref())], state);
     }
 }
 
@@ -486,7 +325,7 @@ mod tests {
         assert_eq!(client.calls.load(Ordering::SeqCst), 5);
         assert!(gate.breaker().starts_with("open"));
         tokio::time::sleep(Duration::from_millis(250)).await;
-        for _ in 0..CLOSE_AFTER {
+        for _ in 0..crate::breaker::CLOSE_AFTER {
             assert!(gate.call("t", "k", &req).await.is_ok());
         }
         assert!(gate.breaker().starts_with("closed"), "{}", gate.breaker());
@@ -584,28 +423,5 @@ mod tests {
         let before = client.calls.load(Ordering::SeqCst);
         assert!(gate.call("t", "k", &req).await.is_ok());
         assert_eq!(client.calls.load(Ordering::SeqCst), before + 1);
-    }
-
-    #[test]
-    fn a_probe_of_an_earlier_half_open_period_does_not_count_in_a_later_one() {
-        let gate = ModelGate::new(Arc::new(crate::model::LocalModel), GateSettings::default());
-        *gate.state.lock().unwrap() = State::HalfOpen {
-            generation: 7,
-            in_flight: 1,
-            successes: 0,
-            cooldown: Duration::from_secs(1),
-        };
-        gate.settle(Some(6), Outcome::Neutral);
-        assert!(
-            gate.breaker().starts_with("half-open (1"),
-            "{}",
-            gate.breaker()
-        );
-        gate.settle(Some(7), Outcome::Neutral);
-        assert!(
-            gate.breaker().starts_with("half-open (0"),
-            "{}",
-            gate.breaker()
-        );
     }
 }

@@ -13,6 +13,7 @@
 //! agentq's built-in kinds (the `agentq-kinds` crate) use this public API, and the engine's pool
 //! as the state [`EnginePool`].
 
+mod breaker;
 mod claim;
 pub mod context;
 mod executor;

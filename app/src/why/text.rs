@@ -218,6 +218,22 @@ pub fn describe(r: &Reason) -> (String, Vec<String>) {
                 format!("retries at {} (the attempt was given back)", t(*retry_at)),
             ],
         ),
+        Reason::ServiceDown {
+            service,
+            detail,
+            retry_at,
+        } => (
+            format!(
+                "not due: remote service {service:?} is unavailable; calls it again at {}",
+                t(*retry_at)
+            ),
+            vec![
+                detail.clone(),
+                "the attempt was given back: an operation fails only for what the service answers"
+                    .into(),
+                format!("`agentq services list` shows where {service:?} is registered"),
+            ],
+        ),
         Reason::Version {
             kind,
             pinned,

@@ -75,6 +75,14 @@ pub enum Engine {
         message: String,
         not_before: Option<DateTime<Utc>>,
     },
+    /// What the run called could not be reached and nothing was sent (a registered service
+    /// that is down): parked like `Overloaded`, its attempt given back; a step it ends failed
+    /// with no effect, so the next run runs it again instead of reconciling it.
+    #[error("{message}")]
+    Unreached {
+        message: String,
+        not_before: Option<DateTime<Utc>>,
+    },
     /// Stopped on request.
     #[error("cancelled")]
     Cancelled,
@@ -199,9 +207,11 @@ impl JobError {
             JobError::NonRetryable(_) => Failure::NonRetryable,
             JobError::Stopped(Stop(stop)) => match stop {
                 Engine::Panicked(_) => Failure::Panicked,
-                Engine::Overloaded { not_before, .. } => Failure::Overloaded {
-                    not_before: *not_before,
-                },
+                Engine::Overloaded { not_before, .. } | Engine::Unreached { not_before, .. } => {
+                    Failure::Overloaded {
+                        not_before: *not_before,
+                    }
+                }
                 Engine::Nondeterminism(_) => Failure::Nondeterminism,
                 Engine::UnknownSideEffect { .. } => Failure::UnknownSideEffect,
                 Engine::DeadlineExceeded(_) => Failure::DeadlineExceeded,

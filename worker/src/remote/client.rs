@@ -1,17 +1,31 @@
 //! One call of the step protocol: a signed `POST {url}/agentq/invoke`, the answer read within
 //! the service's timeout and [`MAX_ANSWER_BYTES`], its signature checked against the request's
 //! id, its body decoded into an [`Answer`]. Every failure is a [`CallError`] that says what
-//! happened in words an operator can act on, and whether the request may have reached the
-//! service (what an unsafe step's outcome depends on).
+//! happened in words an operator can act on, whether the request may have reached the
+//! service (what an unsafe step's outcome depends on), and whether the service is down.
+//!
+//! A service is down when it cannot be connected to, its connection breaks before it has
+//! answered, or a proxy in front of it answers 502, 503 or 504 (429: it says it is
+//! overloaded). Each service has a circuit breaker ([`crate::breaker`]) that hears of every
+//! call: a down call is a failure, any answer a success. A down call, and every call while the
+//! breaker is open, parks its operation with its attempt given back (class `overloaded`, the
+//! message [`agentq_core::retry::service_parked`]): an operation dies only for what the
+//! service answers. A service that accepts the call and does not answer within its timeout is
+//! not down but failing (that operation's call may be what hangs): retryable, as are a refused
+//! signature, a malformed or oversized answer and any other HTTP status.
 
 use std::time::Duration;
 
 use agentq_core::metrics;
 use agentq_core::outbound::Error::{Http, Refused, UnapprovedPeer};
 use agentq_core::webhook::{self, Secret};
+use agentq_sdk::error::Engine;
 use chrono::Utc;
 use serde::Deserialize;
 use serde_json::Value;
+
+use crate::breaker::{Breaker, BreakerSettings, Outcome};
+use crate::error::JobError;
 
 /// The most bytes an answer may have.
 pub const MAX_ANSWER_BYTES: usize = 4 << 20;
@@ -24,6 +38,8 @@ pub(crate) struct ServiceDef {
     pub(crate) timeout: Duration,
     /// Reaches only the addresses a service's may lead to (`agentq_core::outbound::Reach`).
     pub(crate) http: agentq_core::outbound::Client,
+    /// This worker's breaker for the service.
+    pub(crate) breaker: Breaker,
 }
 
 impl std::fmt::Debug for ServiceDef {
@@ -141,19 +157,127 @@ pub(crate) struct CallError {
     pub(crate) message: String,
     /// The request certainly never reached the service (the connection was refused).
     pub(crate) not_sent: bool,
+    /// The service is down (see the module docs): its operation parks.
+    pub(crate) down: bool,
+    /// When the service's breaker may let a call through again, if it is open.
+    pub(crate) open_until: Option<chrono::DateTime<Utc>>,
 }
 
-impl ServiceDef {
-    fn fail(&self, outcome: &str, not_sent: bool, what: String) -> CallError {
-        metrics::REMOTE_CALLS.inc(&[&self.name, outcome]);
-        CallError {
-            message: format!("remote service {:?}: {what}", self.name),
-            not_sent,
+impl CallError {
+    /// The run's error for this failure outside a step: parked when the service is down,
+    /// else retryable.
+    pub(crate) fn into_job_error(self) -> JobError {
+        if self.down {
+            JobError::from(Engine::Overloaded {
+                message: self.message,
+                not_before: self.open_until,
+            })
+        } else {
+            JobError::retryable(self.message)
         }
     }
 
-    /// Sends `body` (a request's JSON) signed, and returns the checked, decoded answer.
+    /// The run's error for this failure of an unsafe step's call: one that never reached the
+    /// service had no effect (a down service's parks, and the step runs again); one that may
+    /// have reached it leaves the step to be reconciled.
+    pub(crate) fn into_step_error(self) -> JobError {
+        match (self.not_sent, self.down) {
+            (true, true) => JobError::from(Engine::Unreached {
+                message: self.message,
+                not_before: self.open_until,
+            }),
+            (true, false) => JobError::no_effect(self.message),
+            (false, _) => self.into_job_error(),
+        }
+    }
+}
+
+/// What a failed call did, for the breaker and the error.
+#[derive(Clone, Copy, PartialEq)]
+enum Failed {
+    /// The service is down.
+    Down,
+    /// The service answered, or is up and failing (a hang): no news of an outage.
+    Up,
+}
+
+impl ServiceDef {
+    /// A service as the worker calls it, its breaker closed.
+    pub(crate) fn new(
+        name: String,
+        url: String,
+        secret: Secret,
+        timeout: Duration,
+        http: agentq_core::outbound::Client,
+    ) -> Self {
+        let breaker = {
+            let label = name.clone();
+            Breaker::new(
+                "service",
+                name.clone(),
+                BreakerSettings::default(),
+                Box::new(move |state| metrics::SERVICE_BREAKER_STATE.set(&[&label], state)),
+            )
+        };
+        Self {
+            name,
+            url,
+            secret,
+            timeout,
+            http,
+            breaker,
+        }
+    }
+
+    fn fail(&self, outcome: &str, not_sent: bool, what: String) -> CallError {
+        self.failed(outcome, not_sent, Failed::Up, what)
+    }
+
+    fn failed(&self, outcome: &str, not_sent: bool, failed: Failed, what: String) -> CallError {
+        metrics::REMOTE_CALLS.inc(&[&self.name, outcome]);
+        let down = failed == Failed::Down;
+        CallError {
+            message: if down {
+                agentq_core::retry::service_parked(&self.name, &what)
+            } else {
+                format!("remote service {:?}: {what}", self.name)
+            },
+            not_sent,
+            down,
+            open_until: None,
+        }
+    }
+
+    fn parked(&self, open_for: Duration) -> CallError {
+        let until = Utc::now() + chrono::Duration::from_std(open_for).unwrap_or_default();
+        let mut e = self.failed(
+            "parked",
+            true,
+            Failed::Down,
+            format!(
+                "its circuit is open after repeated failures, until {}",
+                until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        );
+        e.open_until = Some(until);
+        e
+    }
+
+    /// Sends `body` (a request's JSON) signed, and returns the checked, decoded answer;
+    /// through the service's breaker, which hears how the call ended.
     pub(crate) async fn call(&self, body: Vec<u8>) -> Result<Answer, CallError> {
+        let admitted = self.breaker.admit().map_err(|d| self.parked(d))?;
+        let result = self.send(body).await;
+        admitted.settle(match &result {
+            Ok(_) => Outcome::Succeeded,
+            Err(e) if e.down => Outcome::Failed,
+            // The service answered (a refusal, a malformed answer), or is up and hangs.
+            Err(_) => Outcome::Neutral,
+        });
+        result
+    }
+
+    async fn send(&self, body: Vec<u8>) -> Result<Answer, CallError> {
         let id = format!("msg_{}", uuid::Uuid::new_v4().simple());
         let timestamp = Utc::now().timestamp();
         let signature = self.secret.sign(&id, timestamp, &body);
@@ -181,6 +305,14 @@ impl ServiceDef {
             // A link-local or metadata address it was not registered for: nothing was sent.
             Err(Refused(why)) => return Err(self.fail("unreachable", true, why)),
             Err(UnapprovedPeer(why)) => return Err(self.fail("unreachable", false, why)),
+            Err(Http(e)) if e.is_connect() => {
+                return Err(self.failed(
+                    "unreachable",
+                    true,
+                    Failed::Down,
+                    format!("connecting to {} failed: {}", self.url, source_of(&e)),
+                ));
+            }
             Err(Http(e)) if e.is_timeout() => {
                 return Err(self.fail(
                     "timeout",
@@ -188,17 +320,12 @@ impl ServiceDef {
                     format!("did not answer within {timeout_secs} s"),
                 ));
             }
-            Err(Http(e)) if e.is_connect() => {
-                return Err(self.fail(
-                    "unreachable",
-                    true,
-                    format!("connecting to {} failed: {}", self.url, source_of(&e)),
-                ));
-            }
+            // The connection broke before an answer: the service went away mid-call.
             Err(Http(e)) => {
-                return Err(self.fail(
+                return Err(self.failed(
                     "unreachable",
                     false,
+                    Failed::Down,
                     format!("the call failed: {}", source_of(&e)),
                 ));
             }
@@ -237,9 +364,10 @@ impl ServiceDef {
                 ));
             }
             Ok(Err(e)) => {
-                return Err(self.fail(
+                return Err(self.failed(
                     "unreachable",
                     false,
+                    Failed::Down,
                     format!("reading the answer failed: {}", source_of(&e)),
                 ));
             }
@@ -264,9 +392,12 @@ impl ServiceDef {
         if !status.is_success() {
             let text = String::from_utf8_lossy(&answer);
             let head: String = text.chars().take(200).collect();
-            return Err(self.fail(
+            // A proxy's "no upstream", or the service saying it is overloaded.
+            let down = matches!(status.as_u16(), 429 | 502 | 503 | 504);
+            return Err(self.failed(
                 "status",
                 false,
+                if down { Failed::Down } else { Failed::Up },
                 format!("answered HTTP {}: {head}", status.as_u16()),
             ));
         }
@@ -317,4 +448,40 @@ fn source_of(e: &reqwest::Error) -> String {
         cause = next;
     }
     cause.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use agentq_core::state::failure::Failure;
+
+    use super::*;
+
+    fn error(not_sent: bool, down: bool) -> CallError {
+        CallError {
+            message: "m".into(),
+            not_sent,
+            down,
+            open_until: None,
+        }
+    }
+
+    /// Only a down service parks; an unsafe step's call that never left had no effect, one
+    /// that may have arrived is reconciled (its error leaves the outcome unknown).
+    #[test]
+    fn a_down_service_parks_and_an_unsafe_call_is_settled_by_what_was_sent() {
+        let parks = |e: &JobError| matches!(e.failure(), Some(Failure::Overloaded { .. }));
+        let outside = error(false, true).into_job_error();
+        assert!(parks(&outside) && outside.outcome_unknown());
+        let up = error(false, false).into_job_error();
+        assert!(!parks(&up) && up.outcome_unknown());
+
+        let never_left = error(true, true).into_step_error();
+        assert!(parks(&never_left) && !never_left.outcome_unknown());
+        let refused_up = error(true, false).into_step_error();
+        assert!(matches!(refused_up.failure(), Some(Failure::NoEffect)));
+        let died_mid_call = error(false, true).into_step_error();
+        assert!(parks(&died_mid_call) && died_mid_call.outcome_unknown());
+        let hung = error(false, false).into_step_error();
+        assert!(!parks(&hung) && hung.outcome_unknown());
+    }
 }

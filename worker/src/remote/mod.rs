@@ -112,13 +112,13 @@ impl RemoteKinds {
                     continue;
                 }
             };
-            let service = Arc::new(ServiceDef {
-                name: row.name.clone(),
-                url: row.url.clone(),
+            let service = Arc::new(ServiceDef::new(
+                row.name.clone(),
+                row.url.clone(),
                 secret,
                 timeout,
                 http,
-            });
+            ));
             for k in manifest.kinds {
                 if shadowed.contains(&k.name) {
                     tracing::warn!(service = %row.name, kind = %k.name, "the binary registers this kind itself; the service's is not served");

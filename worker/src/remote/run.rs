@@ -125,7 +125,10 @@ pub(crate) async fn run(
         // next step waits for it the same way).
         ctx.make_durable().await?;
         session.make_room().await?;
-        let answer = session.call(Directive::Next).await.map_err(retryable)?;
+        let answer = session
+            .call(Directive::Next)
+            .await
+            .map_err(CallError::into_job_error)?;
         match answer {
             Answer::Output { output } => return Ok(output),
             Answer::Error { class, message } => {
@@ -141,10 +144,6 @@ pub(crate) async fn run(
             asked => session.act(asked).await?,
         }
     }
-}
-
-fn retryable(e: CallError) -> JobError {
-    JobError::retryable(e.message)
 }
 
 /// A journal entry as the service reads it.
@@ -296,6 +295,8 @@ impl Session<'_> {
                             self.service.name
                         ),
                         not_sent: false,
+                        down: false,
+                        open_until: None,
                     });
                 }
                 if !j.may_resend() {
@@ -309,6 +310,8 @@ impl Session<'_> {
                             self.service.name, j.resent, j.bytes
                         ),
                         not_sent: false,
+                        down: false,
+                        open_until: None,
                     });
                 }
                 j.resent += j.bytes;
@@ -483,13 +486,7 @@ impl Session<'_> {
                 let answer = self
                     .call(Directive::Run { seq, key: &key })
                     .await
-                    .map_err(|e| {
-                        if e.not_sent {
-                            JobError::no_effect(e.message)
-                        } else {
-                            JobError::retryable(e.message)
-                        }
-                    })?;
+                    .map_err(CallError::into_step_error)?;
                 let output = match answer {
                     Answer::Step {
                         seq: s,
@@ -523,7 +520,7 @@ impl Session<'_> {
         let answer = self
             .call(Directive::Reconcile { seq, key })
             .await
-            .map_err(retryable)?;
+            .map_err(CallError::into_job_error)?;
         match answer {
             Answer::Reconciled {
                 seq: s,
