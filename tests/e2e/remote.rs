@@ -355,6 +355,50 @@ async fn a_python_agent_survives_killed_workers_and_a_restarted_service() {
     app.cleanup().await;
 }
 
+/// `ctx.patched` in a Python kind, through a real worker: the first execution journals the
+/// marker (the service asks for it), and the steps after it are where the service says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_kinds_patch_marker_is_journaled_by_the_worker() {
+    let mut app = TestApp::start().await;
+    let secret = Secret::generate().expose();
+    let service = PyService::start(free_port(), &secret).await;
+    app.agentq_ok(&[
+        "services",
+        "add",
+        "--url",
+        &service.url(),
+        "--secret",
+        &secret,
+    ]);
+    app.spawn(&["worker"]);
+    let op = app.enqueue_as("acme", "patched_steps", &json!({}), &[]);
+    let done = app.wait_status(&op, "succeeded", DEADLINE).await;
+    assert_eq!(done.result, Some(json!({ "checked": true })));
+    let steps: Vec<(i32, String, String, Option<Value>)> = sqlx::query_as(
+        "SELECT seq, name, kind, output FROM operation_steps WHERE op_id = $1::uuid ORDER BY seq",
+    )
+    .bind(&op)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let shape: Vec<(i32, &str, &str)> = steps
+        .iter()
+        .map(|(seq, name, kind, _)| (*seq, name.as_str(), kind.as_str()))
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (0, "fetch", "custom"),
+            (1, "check-first", "patch"),
+            (2, "check", "custom"),
+            (3, "send", "custom"),
+        ]
+    );
+    assert_eq!(steps[1].3, Some(json!(true)));
+    drop(service);
+    app.cleanup().await;
+}
+
 /// How long `a_down_service_parks_its_operations_and_uses_no_attempt` keeps the service down
 /// (`AGENTQ_TEST_SERVICE_DOWN_SECS`, at least until its breaker has parked a call).
 fn service_down_for() -> Duration {

@@ -268,6 +268,7 @@ class Context:
                 f"ctx.{kind if kind != 'custom' else 'step'}({name!r}) was called inside a step's "
                 "function: a step's function must not call the context"
             )
+        self._pass_patch_markers()
         seq = self._seq
         self._seq += 1
         entry = self._entry(seq)
@@ -283,6 +284,16 @@ class Context:
             if entry.get("status") == "completed":
                 return seq, entry
         return seq, None
+
+    def _pass_patch_markers(self) -> None:
+        """Passes over patch markers at the next position: a ``patched`` call removed from the
+        code (its old path deleted once no operation needed it) leaves its marker behind, and
+        nothing asks for it (as the worker's runner does)."""
+        while True:
+            entry = self._entry(self._seq)
+            if entry is None or entry.get("kind") != "patch" or entry.get("status") != "completed":
+                return
+            self._seq += 1
 
     async def _run_fn(self, fn: Callable, *args: Any) -> Any:
         self._in_step = True
@@ -441,6 +452,35 @@ class Context:
         if entry is not None:
             return [ChildOutcome(o) for o in (entry.get("output") or [])]
         raise self._stop({"type": "join", "seq": seq, "children": ids})
+
+    async def patched(self, change_id: str) -> bool:
+        """Whether this execution takes the new path of a change made without a new version:
+        ``if await ctx.patched("fetch-before-review"): ...``. True on a first execution of this
+        point (agentq journals a ``patch`` marker named ``change_id`` there) and on replays of
+        journals recorded with the marker; False when replaying a journal recorded before the
+        change (another step recorded here: the old path replays it). Keep both paths until
+        ``agentq versions`` shows no operation older than the change (docs/versions.md)."""
+        if self._answer is not None:
+            raise _Stop(self._answer)
+        if self._in_step:
+            raise RuntimeError(
+                f"ctx.patched({change_id!r}) was called inside a step's function: a step's "
+                "function must not call the context"
+            )
+        seq = self._seq
+        while True:
+            entry = self._entry(seq)
+            if entry is None or entry.get("status") == "failed":
+                break
+            if entry.get("kind") == "patch" and entry.get("name") == change_id:
+                self._seq = seq + 1
+                return True
+            if entry.get("kind") == "patch":
+                seq += 1  # another change's marker, its call removed or moved: look past it
+                continue
+            return False  # recorded before the change: the old path
+        self._seq = seq + 1
+        raise self._stop({"type": "patch", "seq": seq, "name": change_id})
 
     async def now(self) -> _dt.datetime:
         """The worker's clock, journaled (an aware UTC datetime)."""

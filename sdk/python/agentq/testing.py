@@ -663,6 +663,10 @@ class Tester:
             mem.write(seq, {"name": "uuid", "kind": "now", "replay": "safe", "status": "completed",
                             "output": str(_uuid.uuid4()), "error": None})
             return None
+        if t == "patch":
+            mem.write(seq, {"name": answer.get("name"), "kind": "patch", "replay": "safe",
+                            "status": "completed", "output": True, "error": None})
+            return None
         return _failed("protocol", f"an answer of unknown type {t!r}")
 
     def _wake(self, mem: _Memory, children) -> None:
@@ -703,6 +707,8 @@ def _name_kind(answer: dict) -> Optional[Tuple[str, str]]:
         return "now", "now"
     if t == "uuid":
         return "uuid", "now"
+    if t == "patch":
+        return str(answer.get("name")), "patch"
     return None
 
 
@@ -740,7 +746,9 @@ def _broken(why: str) -> Report:
 @dataclasses.dataclass
 class JournalReplay:
     """What :func:`replay_journal` found: ``agrees`` (the code asks for the journal's steps up to
-    its end, or finishes), the ``answer`` it stopped with, and the journal's length."""
+    its end, or finishes; any error answer, such as nondeterminism or an input it can no longer
+    decode, diverges, as in ``agentq replay``), the ``answer`` it stopped with, and the
+    journal's length."""
 
     agrees: bool
     answer: dict
@@ -772,5 +780,7 @@ def replay_journal(service: Service, kind: str, input: Any, journal: "List[dict]
 
     answer = json.loads(encode_answer(asyncio.run(go())))
     service.sessions.drop(request["session"])
-    agrees = not (answer.get("type") == "error" and answer.get("class") == "nondeterminism")
+    # As `agentq replay` decides: any error (a step asked for differently, an input the code
+    # can no longer decode, the kind raising) is a divergence.
+    agrees = answer.get("type") != "error"
     return JournalReplay(agrees=agrees, answer=answer, steps=len(entries))

@@ -1,4 +1,4 @@
-"""An agentq service with three kinds, run by agentq's Rust end-to-end tests and benchmark:
+"""An agentq service with four kinds, run by agentq's Rust end-to-end tests and benchmark:
 
     AGENTQ_SERVICE_SECRET=whsec_… PYTHONPATH=sdk/python python3 sdk/python/examples/refund_service.py --port 8000
 
@@ -6,7 +6,9 @@
   (an unsafe step: POST to ``effect_url`` with the step's idempotency key; its reconcile asks
   ``effect_url?key=…``), then asks the model for a summary;
 - ``ten_steps``: ``steps`` safe steps (the benchmark's);
-- ``sleeper``: a durable one-second sleep, then the clock.
+- ``sleeper``: a durable one-second sleep, then the clock;
+- ``patched_steps``: two safe steps with a third added later behind ``ctx.patched``, so
+  operations recorded before the change keep their path.
 """
 
 from __future__ import annotations
@@ -118,6 +120,17 @@ async def sleeper(ctx: Context) -> str:
     await ctx.sleep(1)
     await ctx.now()
     return "woke"
+
+
+@svc.kind("patched_steps", version="1",
+          description="Fetches and sends; checks in between since the change check-first.")
+async def patched_steps(ctx: Context) -> dict:
+    await ctx.step("fetch", lambda: {"fetched": True})
+    checked = False
+    if await ctx.patched("check-first"):
+        checked = await ctx.step("check", lambda: True)
+    await ctx.step("send", lambda: {"sent": True})
+    return {"checked": checked}
 
 
 def main() -> None:

@@ -269,6 +269,53 @@ class TesterTest(unittest.TestCase):
         self.assertFalse(r.agrees)
         self.assertIn("step 1", r.answer["message"])
 
+    def test_patched_takes_the_new_path_on_new_runs_and_the_old_one_on_old_journals(self):
+        svc = Service("s")
+
+        @svc.kind("onboard")
+        async def onboard(ctx: Context, inp: dict):
+            await ctx.step("fetch", lambda: 1)
+            checked = False
+            if await ctx.patched("check-first"):
+                checked = await ctx.step("check", lambda: True)
+            await ctx.step("send", lambda: 2)
+            return {"checked": checked}
+
+        # A new operation takes the new path, through every crash point.
+        report = Tester(svc, "onboard", {}).run()
+        report.assert_ok()
+        self.assertEqual(report.output, {"checked": True})
+        self.assertEqual([(s[1], s[2]) for s in report.steps],
+                         [("fetch", "custom"), ("check-first", "patch"), ("check", "custom"),
+                          ("send", "custom")])
+        # A journal recorded before the change replays the old path; one recorded with the
+        # marker, the new one; each agrees.
+        old = [
+            {"seq": 0, "name": "fetch", "kind": "custom", "status": "completed", "output": 1},
+            {"seq": 1, "name": "send", "kind": "custom", "status": "completed", "output": 2},
+        ]
+        r = replay_journal(svc, "onboard", {}, old)
+        self.assertTrue(r.agrees, r.answer)
+        self.assertEqual(r.answer, {"type": "output", "output": {"checked": False}})
+        new = [
+            {"seq": 0, "name": "fetch", "kind": "custom", "status": "completed", "output": 1},
+            {"seq": 1, "name": "check-first", "kind": "patch", "status": "completed", "output": True},
+            {"seq": 2, "name": "check", "kind": "custom", "status": "completed", "output": True},
+        ]
+        r = replay_journal(svc, "onboard", {}, new)
+        self.assertTrue(r.agrees, r.answer)
+        self.assertEqual(r.answer, {"type": "step", "seq": 3, "name": "send"})
+
+    def test_replay_journal_diverges_on_an_input_the_code_cannot_decode(self):
+        journal = [
+            {"seq": 0, "name": "lookup", "kind": "custom", "status": "completed", "output": {"order": "A"}},
+        ]
+        # The recorded input lacks a field the kind's input type now requires.
+        r = replay_journal(refund_service.svc, "refund_agent", {"effect_url": "x"}, journal)
+        self.assertFalse(r.agrees, r.answer)
+        self.assertEqual(r.answer["class"], "non_retryable")
+        self.assertIn("order", r.answer["message"])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -98,6 +98,11 @@ pub(crate) enum Answer {
     Uuid {
         seq: i32,
     },
+    /// A `patched` call's first execution: journal its marker.
+    Patch {
+        seq: i32,
+        name: String,
+    },
     Reconciled {
         seq: i32,
         #[serde(default)]
@@ -130,6 +135,7 @@ impl Answer {
             | Answer::Join { seq, .. }
             | Answer::Now { seq }
             | Answer::Uuid { seq }
+            | Answer::Patch { seq, .. }
             | Answer::Reconciled { seq, .. } => Some(*seq),
             Answer::Output { .. } | Answer::Error { .. } | Answer::Resend {} => None,
         }

@@ -457,6 +457,16 @@ impl Session<'_> {
                 let u = ctx.uuid().await?;
                 self.record(seq, "uuid", "now", "safe", "completed", json!(u));
             }
+            Answer::Patch { name, .. } => {
+                self.check_name(&name)?;
+                // The service asks only at an open position, where this is a first execution.
+                if !ctx.patched(&name)? {
+                    return Err(self.protocol(format!(
+                        "answered patch {name:?} at step {seq}, which the journal holds"
+                    )));
+                }
+                self.record(seq, &name, "patch", "safe", "completed", json!(true));
+            }
             Answer::Reconciled { .. }
             | Answer::Output { .. }
             | Answer::Error { .. }
