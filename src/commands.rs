@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{Cli, Command, EnqueueArgs, ListArgs};
 use crate::wiring::{
     Deployment, app, cli_app, cli_error, connect_deployment, connect_serving, done, flag_error_app,
-    parse_moment, parse_time, refuse, scheduler, shutdown_on_signal, worker,
+    parse_moment, parse_time, refuse, scheduler, shutdown_on_signal, watch_services, worker,
 };
 
 /// The user's input was refused: exit code 2, nothing was changed.
@@ -50,6 +50,7 @@ pub async fn run(cli: Cli, registry: agentq_worker::Registry) -> anyhow::Result<
                 return Ok(());
             };
             let scheduler = scheduler(&config, pool.clone());
+            watch_services(&config, pool.clone(), &shutdown);
             let progress = vec![scheduler.progress()];
             with_metrics(&config, Some(pool), progress, scheduler.run(shutdown)).await
         }
@@ -192,6 +193,7 @@ async fn dev(config: Deployment) -> anyhow::Result<()> {
     );
     let worker = worker(&config, pool.clone(), None)?;
     let scheduler = scheduler(&config, pool.clone());
+    watch_services(&config, pool.clone(), &shutdown);
     let progress = vec![worker.progress(), scheduler.progress()];
     let all = async {
         let (w, s, a) = tokio::join!(

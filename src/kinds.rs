@@ -78,6 +78,11 @@ fn print_kind(k: &KindView) {
     }
     if let Some(service) = &k.kind.service {
         println!("  runs in service {service} (`agentq services list`)");
+        if k.service_drift {
+            println!(
+                "  DRIFT: service {service} serves another manifest than registered (`agentq services list` says how)"
+            );
+        }
     }
     println!("  input: {}", fields(&k.kind.input_schema));
 }

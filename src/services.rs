@@ -38,6 +38,15 @@ pub enum ServicesCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Compare each service's live manifest with its registration (the scheduler does it every
+    /// minute) and record what differs: a deploy not registered again. Exits 1 when one
+    /// differs.
+    Check {
+        /// Only this service.
+        name: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove a service (audited): its kinds are no longer accepted, and operations of them
     /// wait until a service serves them again.
     Remove {
@@ -60,6 +69,19 @@ fn print(s: &ServiceView) {
         s.timeout_secs,
         kinds.join(", ")
     );
+    for d in &s.drift {
+        let at = s
+            .checked_at
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .unwrap_or_default();
+        println!("  DRIFT (checked {at}): {d}");
+    }
+    if !s.drift.is_empty() {
+        println!(
+            "  register it again to serve what it serves now: agentq services add --url {}",
+            s.url
+        );
+    }
     for t in &s.tools {
         let reconcile = if t.reconcile { ", reconciles" } else { "" };
         println!(
@@ -120,6 +142,37 @@ pub async fn run(config: Deployment, cmd: ServicesCommand) -> anyhow::Result<()>
                 println!("no services: `agentq services add --url URL` registers one");
             } else {
                 all.iter().for_each(print);
+            }
+            Ok(())
+        }
+        ServicesCommand::Check { name, json } => {
+            let (app, caller) = cli_app(&config, &None).await?;
+            let checked = services::check(&app, &caller, name.as_deref()).await;
+            let all = done(app, checked).await?;
+            if json {
+                println!("{}", serde_json::to_string(&all)?);
+            } else if all.is_empty() {
+                println!("no services: `agentq services add --url URL` registers one");
+            }
+            for c in all.iter().filter(|_| !json) {
+                match (&c.unreachable, c.drift.is_empty()) {
+                    (Some(why), _) => println!("{}: not checked: {why}", c.name),
+                    (None, true) => println!("{}: serves what is registered", c.name),
+                    (None, false) => {
+                        println!(
+                            "{}: DRIFT: its live manifest differs from its registration",
+                            c.name
+                        );
+                        c.drift.iter().for_each(|d| println!("  {d}"));
+                        println!("  register it again: agentq services add --url URL");
+                    }
+                }
+            }
+            let drifted = all.iter().filter(|c| !c.drift.is_empty()).count();
+            if drifted > 0 {
+                anyhow::bail!(
+                    "{drifted} service(s) serve another manifest than registered (`agentq services add --url URL` registers what they serve now)"
+                );
             }
             Ok(())
         }

@@ -242,6 +242,15 @@ pub fn app(config: &Deployment, pool: PgPool, role: &str) -> agentq_app::App {
     )
 }
 
+/// Compares the registered services' live manifests with their registrations every minute
+/// until `shutdown` (`agentq_app::services::watch_drift`): the scheduler's job.
+pub fn watch_services(config: &Deployment, pool: PgPool, shutdown: &CancellationToken) {
+    tokio::spawn(agentq_app::services::watch_drift(
+        app(config, pool, "scheduler"),
+        shutdown.clone(),
+    ));
+}
+
 /// A producer accepting the deployment's kinds, checking inputs against their types.
 pub fn producer(config: &Deployment, pool: PgPool, role: &str) -> (Producer, Arc<Dispatcher>) {
     let dispatcher = Arc::new(Dispatcher::new(

@@ -19,6 +19,9 @@ pub struct KindView {
     /// The versions of it that live workers run now, oldest first (natural order). Empty: no
     /// worker runs it at the moment, and its operations wait queued until one does.
     pub live_versions: Vec<String>,
+    /// Its service's live manifest differs from the registered one, as the last check found
+    /// (`agentq services list` says how): its operations may fail in the service.
+    pub service_drift: bool,
 }
 
 /// The answer of `GET /v1/kinds` and `agentq kinds --json`.
@@ -40,6 +43,12 @@ pub async fn list(app: &App, caller: &Caller) -> Result<Kinds> {
             live.entry(k).or_default().insert(v);
         }
     }
+    let drifted: BTreeSet<String> = agentq_core::db::services::all(&app.pool)
+        .await?
+        .into_iter()
+        .filter(|s| s.drift.is_some())
+        .map(|s| s.name)
+        .collect();
     let catalog = app.producer.catalog();
     let kinds = catalog
         .kinds()
@@ -51,9 +60,11 @@ pub async fn list(app: &App, caller: &Caller) -> Result<Kinds> {
                 .into_iter()
                 .collect();
             live_versions.sort_by(|a, b| agentq_core::version::compare(a, b));
+            let service_drift = kind.service.as_ref().is_some_and(|s| drifted.contains(s));
             KindView {
                 kind,
                 live_versions,
+                service_drift,
             }
         })
         .collect();

@@ -6,6 +6,13 @@
 //! whole before anything is written: the names, versions and schemas, and that no kind it
 //! lists is the binary's own or a version another service serves. Every role reads the
 //! `services` table again within `agentq_worker::remote::REFRESH_EVERY`.
+//!
+//! Drift: a service deployed with a changed manifest and not registered again still has its
+//! old manifest checked at enqueue, so its operations pass and then fail in the service one by
+//! one. [`check`] (`agentq services check`) and the scheduler's [`watch_drift`] (every
+//! [`DRIFT_CHECK_EVERY`]) fetch each live manifest and record how it differs
+//! (`Manifest::drift`), which `agentq services list`, `/v1/services`, the console's kinds page,
+//! the scheduler's log and `agentq_service_drift` show until the service is registered again.
 
 use std::time::Duration;
 
@@ -20,6 +27,8 @@ use crate::{App, AppError, Caller, Result, Role};
 
 /// How long registering waits for a service's manifest.
 const MANIFEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the scheduler compares each service's live manifest with its registration.
+pub const DRIFT_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 /// A registration as asked for.
 #[derive(Clone, Debug, serde::Deserialize, schemars::JsonSchema)]
@@ -59,6 +68,23 @@ pub struct ServiceView {
     pub registered_at: DateTime<Utc>,
     /// When its manifest was last registered.
     pub updated_at: DateTime<Utc>,
+    /// How the manifest it serves now differs from the registered one, as the last check found
+    /// (empty: it matched, or it was not checked since it was registered). Register it again
+    /// to serve what it serves now.
+    pub drift: Vec<String>,
+    /// When its live manifest was last fetched and compared.
+    pub checked_at: Option<DateTime<Utc>>,
+}
+
+/// What a check of one service's live manifest found.
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+pub struct Checked {
+    pub name: String,
+    /// How its live manifest differs from the registered one (empty: it matches).
+    pub drift: Vec<String>,
+    /// Why its manifest could not be fetched (nothing was recorded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreachable: Option<String>,
 }
 
 /// What a registration did.
@@ -96,7 +122,15 @@ fn view(row: &db::ServiceRow) -> ServiceView {
         tools,
         registered_at: row.created_at,
         updated_at: row.updated_at,
+        drift: drift_lines(row.drift.as_deref()),
+        checked_at: row.checked_at,
     }
+}
+
+fn drift_lines(drift: Option<&str>) -> Vec<String> {
+    drift
+        .map(|d| d.lines().map(str::to_string).collect())
+        .unwrap_or_default()
 }
 
 /// Fetches and checks the manifest at `url`, reaching a link-local or cloud metadata address
@@ -249,4 +283,80 @@ pub async fn remove(app: &App, caller: &Caller, name: &str) -> Result<()> {
             "no service named {name:?}: `agentq services list` shows them"
         )))
     }
+}
+
+/// Compares the live manifest of the service `name` (every service when `None`) with its
+/// registration and records what differs. Admin only: it calls the services' URLs.
+pub async fn check(app: &App, caller: &Caller, name: Option<&str>) -> Result<Vec<Checked>> {
+    caller.require(Role::Admin)?;
+    let rows: Vec<db::ServiceRow> = db::all(&app.pool)
+        .await?
+        .into_iter()
+        .filter(|r| name.is_none_or(|n| r.name == n))
+        .collect();
+    if let (Some(name), true) = (name, rows.is_empty()) {
+        return Err(AppError::NotFound(format!(
+            "no service named {name:?}: `agentq services list` shows them"
+        )));
+    }
+    let mut checked = Vec::with_capacity(rows.len());
+    for row in &rows {
+        checked.push(check_row(app, row).await?);
+    }
+    Ok(checked)
+}
+
+/// Checks every registered service every [`DRIFT_CHECK_EVERY`] until `stop` (the scheduler
+/// runs it). A failed round is logged and tried again at the next.
+pub async fn watch_drift(app: App, stop: tokio_util::sync::CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(DRIFT_CHECK_EVERY) => {}
+        }
+        let rows = match db::all(&app.pool).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the services to check their manifests failed");
+                continue;
+            }
+        };
+        for row in &rows {
+            if let Err(e) = check_row(&app, row).await {
+                tracing::warn!(service = %row.name, error = %e, "checking a service's manifest failed");
+            }
+        }
+    }
+}
+
+async fn check_row(app: &App, row: &db::ServiceRow) -> Result<Checked> {
+    let live = match fetch_manifest(&row.url, row.allow_link_local).await {
+        Ok(live) => live,
+        Err(e) => {
+            return Ok(Checked {
+                name: row.name.clone(),
+                drift: Vec::new(),
+                unreachable: Some(e.to_string()),
+            });
+        }
+    };
+    let drift = match serde_json::from_value::<Manifest>(row.manifest.clone()) {
+        Ok(registered) => registered.drift(&live),
+        Err(e) => vec![format!("its registered manifest does not decode ({e})")],
+    };
+    let text = (!drift.is_empty()).then(|| drift.join("\n"));
+    db::set_checked(&app.pool, &row.name, row.updated_at, text.as_deref()).await?;
+    agentq_core::metrics::SERVICE_DRIFT.set(&[&row.name], drift.len() as f64);
+    if !drift.is_empty() && row.drift != text {
+        tracing::warn!(
+            service = %row.name,
+            drift = %drift.join("; "),
+            "a service's live manifest differs from its registration: register it again (agentq services add --url …)"
+        );
+    }
+    Ok(Checked {
+        name: row.name.clone(),
+        drift,
+        unreachable: None,
+    })
 }

@@ -144,6 +144,8 @@ metrics! {
         "Model calls a rate limit's window held back before they were sent, by the limit's scope and what the call did (waited: in its slot, a short wait; parked: the operation went back to wait for the window without a slot; never: its reservation alone is more than the limit).";
     REMOTE_CALLS = "agentq_remote_calls_total", Counter, ["service", "outcome"], NO_BUCKETS,
         "Step protocol calls to remote kinds' services, by service and outcome (ok, resend, or the failure: unreachable, timeout, refused, status, oversized, malformed, signature, protocol; memory: the worker's memory for remote journals was held by others, the operation went back to the queue; parked: the service's circuit was open, nothing was sent).";
+    SERVICE_DRIFT = "agentq_service_drift", Gauge, ["service"], NO_BUCKETS,
+        "Differences between a registered service's live manifest and its registration, as the scheduler's last check found (0: none; register it again to clear).";
     SERVICE_BREAKER_STATE = "agentq_service_breaker_state", Gauge, ["service"], NO_BUCKETS,
         "Circuit breaker of this worker per registered service: 0 closed, 1 half-open, 2 open (its operations parked, their attempts given back).";
     REMOTE_BYTES_SENT = "agentq_remote_bytes_sent_total", Counter, ["service"], NO_BUCKETS,

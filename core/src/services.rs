@@ -80,6 +80,62 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
 }
 
 impl Manifest {
+    /// How the manifest a service serves now (`live`) differs from this one, registered: each
+    /// kind version served but not registered, registered but no longer served, or served with
+    /// another input schema, and each tool added, removed or changed. Empty: no drift. (A
+    /// description alone is no drift: nothing an operation does depends on it.)
+    pub fn drift(&self, live: &Manifest) -> Vec<String> {
+        let key = |k: &ManifestKind| (k.name.clone(), k.version.clone());
+        let registered: std::collections::BTreeMap<_, _> =
+            self.kinds.iter().map(|k| (key(k), k)).collect();
+        let served: std::collections::BTreeMap<_, _> =
+            live.kinds.iter().map(|k| (key(k), k)).collect();
+        let mut found = Vec::new();
+        for ((name, version), k) in &served {
+            match registered.get(&(name.clone(), version.clone())) {
+                None => found.push(format!(
+                    "serves kind {name:?} version {version:?}, which is not registered"
+                )),
+                Some(r) if r.input_schema != k.input_schema => found.push(format!(
+                    "kind {name:?} version {version:?} takes another input than registered (its \
+                     input_schema changed): inputs checked at enqueue may not decode"
+                )),
+                Some(_) => {}
+            }
+        }
+        for (name, version) in registered.keys() {
+            if !served.contains_key(&(name.clone(), version.clone())) {
+                found.push(format!(
+                    "no longer serves kind {name:?} version {version:?}, which is registered"
+                ));
+            }
+        }
+        let tools = |m: &Manifest| -> std::collections::BTreeMap<String, ManifestTool> {
+            m.tools
+                .iter()
+                .map(|t| (t.name.clone(), t.clone()))
+                .collect()
+        };
+        let (was, now) = (tools(self), tools(live));
+        for (name, t) in &now {
+            match was.get(name) {
+                None => found.push(format!("declares tool {name:?}, which is not registered")),
+                Some(w) if (w.replay, w.reconcile) != (t.replay, t.reconcile) => found.push(
+                    format!("tool {name:?} has another replay policy or reconcile than registered"),
+                ),
+                Some(_) => {}
+            }
+        }
+        for name in was.keys() {
+            if !now.contains_key(name) {
+                found.push(format!(
+                    "no longer declares tool {name:?}, which is registered"
+                ));
+            }
+        }
+        found
+    }
+
     /// Parses and checks a manifest as a service answered it: the protocol version, every
     /// name and version, no `(kind, version)` twice, every schema compiles.
     pub fn parse(body: &[u8]) -> Result<Self, String> {
@@ -168,6 +224,43 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    fn manifest(kinds: Value) -> Manifest {
+        serde_json::from_value(serde_json::json!({
+            "protocol": 1, "service": "billing", "kinds": kinds,
+            "tools": [{ "name": "refund", "replay": "unsafe", "reconcile": true }]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn drift_names_each_kind_version_and_tool_that_changed() {
+        let registered = manifest(serde_json::json!([
+            { "name": "refund", "version": "1", "input_schema": { "type": "object" } },
+            { "name": "old", "version": "1" },
+        ]));
+        assert!(registered.drift(&registered).is_empty());
+        let mut described = registered.clone();
+        described.kinds[0].description = "Refunds.".into();
+        assert!(
+            registered.drift(&described).is_empty(),
+            "a description is no drift"
+        );
+        let mut live = manifest(serde_json::json!([
+            { "name": "refund", "version": "1", "input_schema": { "type": "object", "required": ["order"] } },
+            { "name": "refund", "version": "2" },
+        ]));
+        live.tools[0].reconcile = false;
+        let drift = registered.drift(&live);
+        assert_eq!(drift.len(), 4, "{drift:#?}");
+        assert!(
+            drift[0].contains("\"refund\" version \"1\" takes another input"),
+            "{drift:#?}"
+        );
+        assert!(drift[1].contains("serves kind \"refund\" version \"2\", which is not registered"));
+        assert!(drift[2].contains("no longer serves kind \"old\" version \"1\""));
+        assert!(drift[3].contains("tool \"refund\" has another replay policy"));
+    }
 
     #[test]
     fn a_manifest_is_checked_whole() {

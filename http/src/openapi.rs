@@ -278,6 +278,7 @@ const ANSWERS: &[Describe] = &[
     SchemaGenerator::subschema_for::<app::services::Registered>,
     SchemaGenerator::subschema_for::<services::ServiceList>,
     SchemaGenerator::subschema_for::<services::ServiceRemoved>,
+    SchemaGenerator::subschema_for::<services::ServiceChecks>,
 ];
 
 /// JSON Schema 2020-12 (OpenAPI 3.1's dialect), shared schemas under `#/components/schemas/`.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use agentq_app as app;
-use agentq_app::services::{Registered, ServiceRequest, ServiceView};
+use agentq_app::services::{Checked, Registered, ServiceRequest, ServiceView};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
@@ -20,6 +20,12 @@ use super::{ApiState, Params, body};
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ServiceList {
     pub items: Vec<ServiceView>,
+}
+
+/// What a check of the services' live manifests found.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ServiceChecks {
+    pub items: Vec<Checked>,
 }
 
 /// What a removal removed.
@@ -48,6 +54,15 @@ pub async fn register(
     Ok(Json(
         app::services::register(&state.app, &caller.app(), &req).await?,
     ))
+}
+
+/// `POST /v1/services/check`: compare every service's live manifest with its registration.
+pub async fn check(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+) -> ApiResult<Json<ServiceChecks>> {
+    let items = app::services::check(&state.app, &caller.app(), None).await?;
+    Ok(Json(ServiceChecks { items }))
 }
 
 /// `DELETE /v1/services/{name}`.

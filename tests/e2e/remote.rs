@@ -551,6 +551,87 @@ async fn a_down_service_parks_its_operations_and_uses_no_attempt() {
     app.cleanup().await;
 }
 
+/// A service deployed with another manifest and not registered again is caught by its check
+/// (`agentq services check`, as the scheduler runs it every minute): the differences are
+/// recorded where an operator looks (`services list`, `kinds`) without touching the roles'
+/// snapshot of the table, and registering again clears them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_that_drifted_from_its_registration_is_named_until_registered_again() {
+    let manifest = Arc::new(Mutex::new(
+        json!({ "protocol": 1, "service": "drifty", "kinds": [
+            { "name": "drifty_kind", "version": "1", "input_schema": { "type": "object" } }
+        ]}),
+    ));
+    let (url, task) = serve(Router::new().route(
+        "/agentq/manifest",
+        get({
+            let manifest = manifest.clone();
+            move || async move { Json(manifest.lock().unwrap().clone()) }
+        }),
+    ))
+    .await;
+    let app = TestApp::start().await;
+    app.agentq_ok(&["services", "add", "--url", &url]);
+    let matches = app.agentq_json(&["services", "check", "--json"]);
+    assert_eq!(matches, json!([{ "name": "drifty", "drift": [] }]));
+    let registered_at: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT updated_at FROM services WHERE name = 'drifty'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+
+    // Deployed: version 1 now requires a field, and a version 2 appeared.
+    *manifest.lock().unwrap() = json!({ "protocol": 1, "service": "drifty", "kinds": [
+        { "name": "drifty_kind", "version": "1",
+          "input_schema": { "type": "object", "required": ["order"] } },
+        { "name": "drifty_kind", "version": "2", "input_schema": { "type": "object" } }
+    ]});
+    let out = app.agentq(&["services", "check"]);
+    assert_eq!(out.status.code(), Some(1), "a drift exits 1");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("drifty: DRIFT"), "{said}");
+    assert!(
+        said.contains("kind \"drifty_kind\" version \"1\" takes another input"),
+        "{said}"
+    );
+    assert!(
+        said.contains("serves kind \"drifty_kind\" version \"2\", which is not registered"),
+        "{said}"
+    );
+    let listed = app.agentq_json(&["services", "list", "--json"]);
+    assert_eq!(
+        listed[0]["drift"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+    assert!(listed[0]["checked_at"].is_string(), "{listed}");
+    let kinds = app.agentq_json(&["kinds", "--json"]);
+    let drifty = kinds["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["name"] == "drifty_kind")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(drifty["service_drift"], true, "{kinds}");
+    // Recorded beside the registration: every role's snapshot (keyed on it) stays as it was.
+    let still: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT updated_at FROM services WHERE name = 'drifty'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(still, registered_at);
+
+    // Registered again: what it serves is what is registered.
+    app.agentq_ok(&["services", "add", "--url", &url]);
+    let listed = app.agentq_json(&["services", "list", "--json"]);
+    assert_eq!(listed[0]["drift"], json!([]), "{listed}");
+    let out = app.agentq(&["services", "check"]);
+    assert_eq!(out.status.code(), Some(0));
+    task.abort();
+    app.cleanup().await;
+}
+
 /// How the fake service misbehaves.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Misbehave {

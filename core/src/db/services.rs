@@ -19,13 +19,18 @@ pub struct ServiceRow {
     pub allow_link_local: bool,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// How its live manifest differs from the registered one, one difference a line, when the
+    /// last check found it did ([`set_checked`]).
+    pub drift: Option<String>,
+    /// When its live manifest was last fetched and compared.
+    pub checked_at: Option<DateTime<Utc>>,
 }
 
 /// Every registered service, by name.
 pub async fn all(pool: &PgPool) -> Result<Vec<ServiceRow>> {
     Ok(sqlx::query_as(
         "SELECT name, url, secret, timeout_secs, manifest, allow_link_local, created_at,
-                updated_at
+                updated_at, drift, checked_at
          FROM services ORDER BY name",
     )
     .fetch_all(pool)
@@ -68,9 +73,11 @@ pub async fn register(pool: &PgPool, s: &NewService<'_>, actor: &str) -> Result<
              timeout_secs = EXCLUDED.timeout_secs,
              manifest = EXCLUDED.manifest,
              allow_link_local = EXCLUDED.allow_link_local,
-             updated_at = now()
+             updated_at = now(),
+             drift = NULL,
+             checked_at = NULL
          RETURNING name, url, secret, timeout_secs, manifest, allow_link_local, created_at,
-                   updated_at, (xmax <> 0) AS replaced",
+                   updated_at, drift, checked_at, (xmax <> 0) AS replaced",
     )
     .bind(name)
     .bind(s.url)
@@ -99,6 +106,27 @@ pub async fn register(pool: &PgPool, s: &NewService<'_>, actor: &str) -> Result<
     .await?;
     tx.commit().await?;
     Ok(registered)
+}
+
+/// Records a check of the service `name`'s live manifest against its registration of
+/// `registered_at` (its `updated_at`): `drift`, the differences (`None`: none). A registration
+/// since then wins (nothing is written). Leaves `updated_at` alone. Whether it was written.
+pub async fn set_checked(
+    pool: &PgPool,
+    name: &str,
+    registered_at: DateTime<Utc>,
+    drift: Option<&str>,
+) -> Result<bool> {
+    Ok(sqlx::query(
+        "UPDATE services SET drift = $3, checked_at = now() WHERE name = $1 AND updated_at = $2",
+    )
+    .bind(name)
+    .bind(registered_at)
+    .bind(drift)
+    .execute(pool)
+    .await?
+    .rows_affected()
+        > 0)
 }
 
 /// Removes the service `name`, audited as `service_remove`; whether there was one.

@@ -669,6 +669,7 @@ async fn answers_as_sent_match_their_schemas() {
             .map(|kind| app::kinds::KindView {
                 kind,
                 live_versions: vec!["1".into()],
+                service_drift: false,
             })
             .collect(),
         tools: vec![agentq_core::kinds::ToolInfo {
@@ -783,6 +784,8 @@ async fn answers_as_sent_match_their_schemas() {
         }],
         registered_at: Utc::now(),
         updated_at: Utc::now(),
+        drift: vec!["kind \"refund\" version \"2\" takes another input than registered".into()],
+        checked_at: Some(Utc::now()),
     };
     c.answer(&app::services::Registered {
         service: service.clone(),
@@ -794,6 +797,20 @@ async fn answers_as_sent_match_their_schemas() {
     });
     c.answer(&crate::services::ServiceRemoved {
         name: "billing".into(),
+    });
+    c.answer(&crate::services::ServiceChecks {
+        items: vec![
+            app::services::Checked {
+                name: "billing".into(),
+                drift: vec!["no longer serves kind \"refund\" version \"1\"".into()],
+                unreachable: None,
+            },
+            app::services::Checked {
+                name: "search".into(),
+                drift: vec![],
+                unreachable: Some("fetching http://10.0.0.9/agentq/manifest failed".into()),
+            },
+        ],
     });
     let mut bad = serde_json::to_value(operation(true)).unwrap();
     bad["surprise"] = json!(1);

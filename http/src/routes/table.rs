@@ -263,6 +263,15 @@ pub const ROUTES: &[Route] = &[
         (200, "Registered"),
     ),
     r(
+        "post",
+        "/v1/services/check",
+        || post(services::check),
+        "Compare every service's live manifest with its registration and record the differences (drift: a deploy not registered again), as the scheduler does every minute; what it found, service by service",
+        Access::Admin,
+        None,
+        (200, "ServiceChecks"),
+    ),
+    r(
         "delete",
         "/v1/services/{name}",
         || delete(services::remove),

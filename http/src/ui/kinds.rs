@@ -49,6 +49,9 @@ pub async fn list(State(state): State<Arc<UiState>>, session: Session) -> UiResu
                             @if let Some(service) = &k.kind.service {
                                 " " (badge(&format!("service {service}")))
                             }
+                            @if k.service_drift {
+                                " " (badge("service drifted: agentq services list"))
+                            }
                         }
                         td class="mono" { (k.kind.versions.join(", ")) }
                         td class="mono" {
