@@ -173,7 +173,7 @@ class ProcessTest(unittest.TestCase):
     def test_the_example_service(self):
         port = self.start([os.path.join(EXAMPLES, "refund_service.py"), "--port", "0"], ROOT)
         names = [k["name"] for k in self.get_manifest(port)["kinds"]]
-        self.assertEqual(names, ["refund_agent", "ten_steps", "sleeper"])
+        self.assertEqual(names, ["refund_agent", "ten_steps", "sleeper", "patched_steps"])
         body = json.dumps(request("ten_steps", [], input={"steps": 0})).encode()
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         conn.request("POST", "/agentq/invoke", body=body, headers=signed(body))
