@@ -49,7 +49,7 @@ pub use agentq_sdk::{
     ModelResponse, OperationInfo, Reconciled, Registry, Replay, SignalOutcome, Tool, ToolContext,
     TypedTool, agent, async_trait, error, model, registry, tool,
 };
-pub use served::ServedKinds;
+pub use served::{ServedKinds, Serves};
 
 /// The engine's pool on agentq's own database, which the worker gives its runs as state
 /// (`ctx.state::<EnginePool>()`) for agentq's built-in kinds and tools: their tables, the

@@ -38,15 +38,22 @@ impl From<Registry> for ServedKinds {
     }
 }
 
-impl From<&Registry> for ServedKinds {
-    fn from(registry: &Registry) -> Self {
-        Self::from(registry.clone())
+/// What the replay tester and a journal replay run: a deployment's [`Registry`], or the kinds
+/// a process serves (the registered services' among them).
+pub trait Serves {
+    /// The kinds, as a process would serve them.
+    fn served(&self) -> ServedKinds;
+}
+
+impl Serves for Registry {
+    fn served(&self) -> ServedKinds {
+        ServedKinds::from(self.clone())
     }
 }
 
-impl From<&ServedKinds> for ServedKinds {
-    fn from(kinds: &ServedKinds) -> Self {
-        kinds.clone()
+impl Serves for ServedKinds {
+    fn served(&self) -> ServedKinds {
+        self.clone()
     }
 }
 

@@ -78,7 +78,7 @@ use agentq_core::origins::Origins;
 use serde_json::Value;
 use sqlx::PgPool;
 
-use crate::served::ServedKinds;
+use crate::served::{ServedKinds, Serves};
 
 pub use fakes::{FakeTool, ModelFn, ModelScript};
 pub use replay::{
@@ -114,9 +114,9 @@ impl Tester {
     /// A tester of `kind` (its newest version in `registry`, a [`Registry`](crate::Registry))
     /// with `input`. The model is the built-in echo until [`Tester::model`] scripts it; tools
     /// are the registry's until [`Tester::fake_tool`] replaces them.
-    pub fn new(registry: impl Into<ServedKinds>, kind: &str, input: Value) -> Self {
+    pub fn new(registry: &impl Serves, kind: &str, input: Value) -> Self {
         Self {
-            kinds: registry.into(),
+            kinds: registry.served(),
             kind: kind.to_string(),
             version: None,
             input,

@@ -14,7 +14,7 @@ use super::Tester;
 use super::memory::{Memory, Scenario};
 use super::report::End;
 use super::run::{World, drive};
-use crate::served::ServedKinds;
+use crate::served::{ServedKinds, Serves};
 
 /// Reads the journal `agentq steps OP --json` printed (JSON Lines of steps), for
 /// [`replay_journal`].
@@ -75,7 +75,7 @@ impl JournalReplay {
 /// called, nothing written. A step asked for differently than recorded is `nondeterminism`:
 /// bump the kind's version, or use `ctx.patched`.
 pub async fn replay_journal(
-    registry: impl Into<ServedKinds>,
+    registry: &impl Serves,
     kind: &str,
     version: &str,
     input: Value,
@@ -95,14 +95,14 @@ pub async fn replay_journal(
 /// [`replay_journal`] for the operation `op_id` (its id as [`JobContext::info`](crate::JobContext::info) shows it to the
 /// kind, and in its steps' idempotency keys).
 pub async fn replay_operation(
-    registry: impl Into<ServedKinds>,
+    registry: &impl Serves,
     op_id: uuid::Uuid,
     kind: &str,
     version: &str,
     input: Value,
     journal: Vec<JournalEntry>,
 ) -> JournalReplay {
-    let kinds: ServedKinds = registry.into();
+    let kinds: ServedKinds = registry.served();
     let steps = journal.len();
     let world = World {
         op_id: OperationId(op_id),
