@@ -52,24 +52,73 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// The example service as a subprocess; SIGKILLed when dropped.
+/// Which SDK's example service: `sdk/python/examples/refund_service.py` (service `billing`) or
+/// `sdk/typescript/examples/refund_service.mjs` (service `ts_billing`).
+#[derive(Clone, Copy, Debug)]
+enum Sdk {
+    Python,
+    TypeScript,
+}
+
+impl Sdk {
+    fn service(self) -> &'static str {
+        match self {
+            Sdk::Python => "billing",
+            Sdk::TypeScript => "ts_billing",
+        }
+    }
+
+    fn refund_kind(self) -> &'static str {
+        match self {
+            Sdk::Python => "refund_agent",
+            Sdk::TypeScript => "ts_refund",
+        }
+    }
+
+    fn command(self, port: u16) -> Command {
+        let mut cmd = match self {
+            Sdk::Python => {
+                let mut c = Command::new(python());
+                c.arg(sdk_dir().join("examples/refund_service.py"))
+                    .env("PYTHONPATH", sdk_dir());
+                c
+            }
+            Sdk::TypeScript => {
+                let mut c = Command::new("node");
+                c.arg(ts_sdk_dir().join("examples/refund_service.mjs"));
+                c
+            }
+        };
+        cmd.args(["--port", &port.to_string()]);
+        cmd
+    }
+}
+
+fn ts_sdk_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/typescript")
+}
+
+/// An SDK's example service as a subprocess; SIGKILLed when dropped.
 struct PyService {
     child: Child,
     port: u16,
 }
 
 impl PyService {
-    /// Starts it on `port` with `secret` and waits until it serves its manifest.
+    /// Starts the Python one on `port` with `secret` and waits until it serves its manifest.
     async fn start(port: u16, secret: &str) -> Self {
-        let child = Command::new(python())
-            .arg(sdk_dir().join("examples/refund_service.py"))
-            .args(["--port", &port.to_string()])
+        Self::start_sdk(Sdk::Python, port, secret).await
+    }
+
+    /// Starts `sdk`'s on `port` with `secret` and waits until it serves its manifest.
+    async fn start_sdk(sdk: Sdk, port: u16, secret: &str) -> Self {
+        let child = sdk
+            .command(port)
             .env("AGENTQ_SERVICE_SECRET", secret)
-            .env("PYTHONPATH", sdk_dir())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
-            .expect("starting the Python example service (python3)");
+            .unwrap_or_else(|e| panic!("starting the {sdk:?} example service: {e}"));
         let svc = Self { child, port };
         let http = reqwest::Client::new();
         let end = tokio::time::Instant::now() + DEADLINE;
@@ -83,7 +132,7 @@ impl PyService {
             }
             assert!(
                 tokio::time::Instant::now() < end,
-                "the Python service did not serve its manifest within {DEADLINE:?}"
+                "the {sdk:?} service did not serve its manifest within {DEADLINE:?}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -177,6 +226,16 @@ async fn approve_waiting(app: &TestApp) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_agent_survives_killed_workers_and_a_restarted_service() {
+    refund_agent_survives_killed_workers_and_a_restarted_service(Sdk::Python).await;
+}
+
+/// The same agent written with the TypeScript SDK, through the same kills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typescript_agent_survives_killed_workers_and_a_restarted_service() {
+    refund_agent_survives_killed_workers_and_a_restarted_service(Sdk::TypeScript).await;
+}
+
+async fn refund_agent_survives_killed_workers_and_a_restarted_service(sdk: Sdk) {
     const ORDERS: usize = 10;
     const KILLS: usize = 4;
     let fake = FakeModel::start(Mode::Echo).await;
@@ -197,7 +256,7 @@ async fn a_python_agent_survives_killed_workers_and_a_restarted_service() {
     app.set_env("AGENTQ_MAX_ATTEMPTS", "30");
     let secret = Secret::generate().expose();
     let port = free_port();
-    let mut service = PyService::start(port, &secret).await;
+    let mut service = PyService::start_sdk(sdk, port, &secret).await;
     let added = app.agentq_json(&[
         "services",
         "add",
@@ -207,7 +266,7 @@ async fn a_python_agent_survives_killed_workers_and_a_restarted_service() {
         &secret,
         "--json",
     ]);
-    assert_eq!(added["service"]["name"], "billing", "{added}");
+    assert_eq!(added["service"]["name"], sdk.service(), "{added}");
     assert!(
         added.get("secret").is_none(),
         "a given secret is never echoed: {added}"
@@ -222,7 +281,7 @@ async fn a_python_agent_survives_killed_workers_and_a_restarted_service() {
             "--tenant",
             "acme",
             "--kind",
-            "refund_agent",
+            sdk.refund_kind(),
             "--input",
             &input.to_string(),
             "--json",
@@ -239,7 +298,9 @@ async fn a_python_agent_survives_killed_workers_and_a_restarted_service() {
                 let located = ops.iter().find_map(|(order, op)| {
                     if text == format!("Refund order {order}?") {
                         Some((*op, 1))
-                    } else if text.contains(&format!("\"refunded\": \"{order}\"")) {
+                    } else if text.contains(&format!("\"refunded\": \"{order}\""))
+                        || text.contains(&format!("\"refunded\":\"{order}\""))
+                    {
                         Some((*op, 4))
                     } else {
                         None
@@ -279,7 +340,7 @@ async fn a_python_agent_survives_killed_workers_and_a_restarted_service() {
             // The service dies too, mid-run, and comes back on the same address.
             service.kill();
             tokio::time::sleep(Duration::from_millis(rng.between(0, 300))).await;
-            service = PyService::start(port, &secret).await;
+            service = PyService::start_sdk(sdk, port, &secret).await;
         }
         app.kill(w);
         snapshots.push(committed(&app.pool).await);
@@ -1230,6 +1291,23 @@ fn the_python_sdk_passes_its_own_tests() {
     assert!(
         out.status.success(),
         "the Python SDK's tests failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The TypeScript SDK's own tests (signing, replay, unsafe steps, sessions, patches, the HTTP
+/// server), run with Node's test runner by CI through this suite.
+#[test]
+fn the_typescript_sdk_passes_its_own_tests() {
+    let out = Command::new("node")
+        .args(["--test", "test/"])
+        .current_dir(ts_sdk_dir())
+        .output()
+        .expect("running node (20 or newer)");
+    assert!(
+        out.status.success(),
+        "the TypeScript SDK's tests failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
