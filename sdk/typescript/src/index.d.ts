@@ -120,3 +120,56 @@ export function replayJournal(
   journal: string | Json[],
   options?: { version?: string },
 ): Promise<{ agrees: boolean; answer: Json; steps: number }>;
+
+export const Check: {
+  readonly NONDETERMINISM: "nondeterminism";
+  readonly RAN_AGAIN: "ran again";
+  readonly NO_RECONCILE: "no reconcile";
+  readonly WRONG_RECONCILE: "wrong reconcile";
+  readonly FAILED: "failed";
+};
+
+export type End =
+  | { status: "succeeded"; output: Json }
+  | { status: "failed"; errorClass: string; message: string };
+
+export interface Violation {
+  check: string;
+  seq: number | null;
+  step: string;
+  at: string;
+  message: string;
+}
+
+/** What `Tester.run` found. */
+export class Report {
+  readonly outcome: End;
+  readonly steps: [number, string, string][];
+  readonly crashPoints: number;
+  readonly violations: Violation[];
+  readonly output: Json | undefined;
+  /** No problem found, and the first run did not fail. */
+  readonly ok: boolean;
+  found(check: string): Violation[];
+  /** Throws with the report unless `ok`. */
+  assertOk(): void;
+}
+
+export type ChildEnd =
+  | { status: "succeeded"; result?: Json }
+  | { status: "dead"; errorClass?: string; errorMessage?: string }
+  | { status: "cancelled" };
+
+/** The replay tester: runs a kind to its end in memory, then again from every crash point of
+ * that run, each an operation of its own with its own idempotency keys. */
+export class Tester {
+  constructor(service: Service, kind: string, input?: Json, options?: { version?: string; tenant?: string });
+  version(v: string): this;
+  model(script: { replies?: (string | Partial<ModelResponse>)[]; fn?: (request: ModelRequest, n: number) => string | Partial<ModelResponse> }): this;
+  signal(name: string, payload?: Json, sentBy?: string): this;
+  approve(by?: string, reason?: string | null): this;
+  reject(by?: string, reason?: string | null): this;
+  child(end: ChildEnd): this;
+  children(fn: (kind: string, input: Json) => ChildEnd): this;
+  run(): Promise<Report>;
+}
