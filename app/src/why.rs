@@ -415,18 +415,14 @@ async fn queued(app: &App, row: &facts::Row, tenant: Option<&str>) -> Result<Rea
 }
 
 fn not_due(row: &facts::Row) -> Reason {
+    // A park's message (class `overloaded`): an open model breaker's, or a down service's.
     let parked = row
         .error_message
         .as_deref()
-        .filter(|_| row.error_class.as_deref() == Some(ErrorClass::Overloaded.as_str()))
-        .and_then(agentq_core::retry::breaker_parked_until);
-    let down = || {
-        row.error_message
-            .as_deref()
-            .filter(|_| row.error_class.as_deref() == Some(ErrorClass::Overloaded.as_str()))
-            .and_then(agentq_core::retry::service_parked_of)
-    };
-    match (parked, down()) {
+        .filter(|_| row.error_class.as_deref() == Some(ErrorClass::Overloaded.as_str()));
+    let breaker = parked.and_then(agentq_core::retry::breaker_parked_until);
+    let down = parked.and_then(agentq_core::retry::service_parked_of);
+    match (breaker, down) {
         (Some((provider, may_close_at)), _) => Reason::BreakerOpen {
             provider,
             may_close_at,

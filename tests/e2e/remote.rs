@@ -99,19 +99,14 @@ fn ts_sdk_dir() -> std::path::PathBuf {
 }
 
 /// An SDK's example service as a subprocess; SIGKILLed when dropped.
-struct PyService {
+struct ExampleService {
     child: Child,
     port: u16,
 }
 
-impl PyService {
-    /// Starts the Python one on `port` with `secret` and waits until it serves its manifest.
-    async fn start(port: u16, secret: &str) -> Self {
-        Self::start_sdk(Sdk::Python, port, secret).await
-    }
-
+impl ExampleService {
     /// Starts `sdk`'s on `port` with `secret` and waits until it serves its manifest.
-    async fn start_sdk(sdk: Sdk, port: u16, secret: &str) -> Self {
+    async fn start(sdk: Sdk, port: u16, secret: &str) -> Self {
         let child = sdk
             .command(port)
             .env("AGENTQ_SERVICE_SECRET", secret)
@@ -148,10 +143,25 @@ impl PyService {
     }
 }
 
-impl Drop for PyService {
+impl Drop for ExampleService {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Starts `sdk`'s example service with a new secret and registers it (`agentq services add`).
+async fn registered(app: &TestApp, sdk: Sdk, port: u16) -> (ExampleService, String) {
+    let secret = Secret::generate().expose();
+    let service = ExampleService::start(sdk, port, &secret).await;
+    app.agentq_ok(&[
+        "services",
+        "add",
+        "--url",
+        &service.url(),
+        "--secret",
+        &secret,
+    ]);
+    (service, secret)
 }
 
 /// The payments endpoint the refund step calls: a POST is applied once per key (a repeat
@@ -256,7 +266,7 @@ async fn refund_agent_survives_killed_workers_and_a_restarted_service(sdk: Sdk) 
     app.set_env("AGENTQ_MAX_ATTEMPTS", "30");
     let secret = Secret::generate().expose();
     let port = free_port();
-    let mut service = PyService::start_sdk(sdk, port, &secret).await;
+    let mut service = ExampleService::start(sdk, port, &secret).await;
     let added = app.agentq_json(&[
         "services",
         "add",
@@ -340,7 +350,7 @@ async fn refund_agent_survives_killed_workers_and_a_restarted_service(sdk: Sdk) 
             // The service dies too, mid-run, and comes back on the same address.
             service.kill();
             tokio::time::sleep(Duration::from_millis(rng.between(0, 300))).await;
-            service = PyService::start_sdk(sdk, port, &secret).await;
+            service = ExampleService::start(sdk, port, &secret).await;
         }
         app.kill(w);
         snapshots.push(committed(&app.pool).await);
@@ -421,16 +431,7 @@ async fn refund_agent_survives_killed_workers_and_a_restarted_service(sdk: Sdk) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_kinds_patch_marker_is_journaled_by_the_worker() {
     let mut app = TestApp::start().await;
-    let secret = Secret::generate().expose();
-    let service = PyService::start(free_port(), &secret).await;
-    app.agentq_ok(&[
-        "services",
-        "add",
-        "--url",
-        &service.url(),
-        "--secret",
-        &secret,
-    ]);
+    let (service, _) = registered(&app, Sdk::Python, free_port()).await;
     app.spawn(&["worker"]);
     let op = app.enqueue_as("acme", "patched_steps", &json!({}), &[]);
     let done = app.wait_status(&op, "succeeded", DEADLINE).await;
@@ -478,17 +479,8 @@ async fn a_down_service_parks_its_operations_and_uses_no_attempt() {
     const STEPS: usize = 20;
     let mut app = TestApp::start().await;
     app.set_env("AGENTQ_CONCURRENCY_INTERACTIVE", "8");
-    let secret = Secret::generate().expose();
     let port = free_port();
-    let mut service = PyService::start(port, &secret).await;
-    app.agentq_ok(&[
-        "services",
-        "add",
-        "--url",
-        &service.url(),
-        "--secret",
-        &secret,
-    ]);
+    let (mut service, secret) = registered(&app, Sdk::Python, port).await;
     app.spawn(&["worker"]);
     app.spawn(&["scheduler"]);
     let one_attempt = ["--max-attempts", "1"];
@@ -567,7 +559,7 @@ async fn a_down_service_parks_its_operations_and_uses_no_attempt() {
         .await
         .unwrap();
     assert_eq!(dead, 0, "an operation died of the outage");
-    let service = PyService::start(port, &secret).await;
+    let service = ExampleService::start(Sdk::Python, port, &secret).await;
     let outage = killed.elapsed();
     app.wait_for("every operation to finish", CRASH_DEADLINE, || async {
         unfinished(&app.pool).await == 0

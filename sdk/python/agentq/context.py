@@ -260,14 +260,7 @@ class Context:
     def _next(self, name: str, kind: str) -> Tuple[int, Optional[dict]]:
         """Takes the next position: returns ``(seq, entry)`` where ``entry`` is the completed
         entry to replay, or ``None`` when the call must be asked for (stopping is the caller's)."""
-        if self._answer is not None:
-            # The kind caught the stop and went on: stop again, with the first answer.
-            raise _Stop(self._answer)
-        if self._in_step:
-            raise RuntimeError(
-                f"ctx.{kind if kind != 'custom' else 'step'}({name!r}) was called inside a step's "
-                "function: a step's function must not call the context"
-            )
+        self._check_callable(kind if kind != "custom" else "step", name)
         self._pass_patch_markers()
         seq = self._seq
         self._seq += 1
@@ -284,6 +277,17 @@ class Context:
             if entry.get("status") == "completed":
                 return seq, entry
         return seq, None
+
+    def _check_callable(self, call: str, name: str) -> None:
+        """Refuses a context call the run may not make now: after it stopped (the kind caught the
+        stop and went on: stop again, with the first answer), or inside a step's function."""
+        if self._answer is not None:
+            raise _Stop(self._answer)
+        if self._in_step:
+            raise RuntimeError(
+                f"ctx.{call}({name!r}) was called inside a step's function: a step's function "
+                "must not call the context"
+            )
 
     def _pass_patch_markers(self) -> None:
         """Passes over patch markers at the next position: a ``patched`` call removed from the
@@ -460,13 +464,7 @@ class Context:
         journals recorded with the marker; False when replaying a journal recorded before the
         change (another step recorded here: the old path replays it). Keep both paths until
         ``agentq versions`` shows no operation older than the change (docs/versions.md)."""
-        if self._answer is not None:
-            raise _Stop(self._answer)
-        if self._in_step:
-            raise RuntimeError(
-                f"ctx.patched({change_id!r}) was called inside a step's function: a step's "
-                "function must not call the context"
-            )
+        self._check_callable("patched", change_id)
         seq = self._seq
         while True:
             entry = self._entry(seq)

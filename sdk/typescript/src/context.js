@@ -99,13 +99,20 @@ export class Context {
   }
 
   /** The next position: [seq, the completed entry to replay or null, or a halt]. */
-  #next(name, kind, call) {
-    if (this.answer !== null) return [0, null, NEVER];
+  /** Whether a context call may be made now: false once the run stopped (the call then halts
+   * too); throws inside a step's function. */
+  #callable(call, name) {
+    if (this.answer !== null) return false;
     if (this.#inStep) {
       throw new Error(
         `ctx.${call}(${JSON.stringify(name)}) was called inside a step's function: a step's function must not call the context`,
       );
     }
+    return true;
+  }
+
+  #next(name, kind, call) {
+    if (!this.#callable(call, name)) return [0, null, NEVER];
     this.#passPatchMarkers();
     const seq = this.#seq;
     this.#seq += 1;
@@ -281,8 +288,7 @@ export class Context {
    * on a first execution of this point (agentq journals a `patch` marker) and on replays of
    * journals recorded with it; false when replaying a journal recorded before the change. */
   async patched(changeId) {
-    if (this.answer !== null) return NEVER;
-    if (this.#inStep) throw new Error(`ctx.patched(${JSON.stringify(changeId)}) was called inside a step's function`);
+    if (!this.#callable("patched", changeId)) return NEVER;
     let seq = this.#seq;
     for (;;) {
       const e = this.#journal[seq];
